@@ -1,0 +1,318 @@
+"""The ``taskrunner`` command. Exit codes: 0 ok, 1 runtime failure, 2 usage, config or input
+error (one line on stderr, no traceback, nothing changed)."""
+import argparse
+import json
+import logging
+import sys
+from datetime import datetime, timedelta, timezone
+
+import peewee as pw
+
+from .config import Config
+from .db import mask_url
+from .errors import InputError
+from .models import FAILED, RUNNING, Run, Runner, Task, utcnow
+
+log = logging.getLogger("taskrunner.cli")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+EVENTS = ("task-queue:OnProcess", "task-runner:OnProcess", "task-queue:OnRotate")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line, exit 2: the usage block is for --help.
+        self.exit(EXIT_USAGE, "%s: error: %s\n" % (self.prog, message))
+
+
+def _iso(value):
+    return value.replace(tzinfo=timezone.utc).isoformat() if value is not None else None
+
+
+def _at(text):
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("invalid ISO 8601 time %r" % text) from None
+    return when if when.tzinfo is not None else when.astimezone()  # naive means local time
+
+
+def _json(text):
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError("invalid JSON: %s" % exc) from None
+
+
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise argparse.ArgumentTypeError("expected a positive number of seconds, got %r" % text)
+    return value
+
+
+def _print_table(headers, rows):
+    rows = [["" if v is None else str(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    for row in [headers] + rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def _queue(args):
+    from .queue import TaskQueue
+    return TaskQueue(args.loaded_config)
+
+
+def _task_dict(task):
+    return {
+        "id": task.id, "handler": task.handler, "data": json.loads(task.data),
+        "status": task.last_status, "given_up": task.given_up, "priority": task.priority,
+        "queued_on": _iso(task.queued_on), "queued_by": task.queued_by,
+        "scheduled_on": _iso(task.scheduled_on), "next_run_on": _iso(task.next_run_on),
+        "finished_on": _iso(task.finished_on), "runs": task.run_count,
+        "runs_failed": task.runs_failed, "max_retries": task.max_retries,
+        "run_timeout": task.run_timeout, "max_runtime": task.max_runtime,
+        "unique_key": task.unique_key, "periodic_task_id": task.periodic_task_id,
+        "last_error_code": task.last_error_code, "last_error_message": task.last_error_message,
+    }
+
+
+def _run_dict(run):
+    return {
+        "id": run.id, "task_id": run.task_id, "attempt": run.attempt, "status": run.status,
+        "runner_id": run.runner_id, "percent_completed": run.percent_completed,
+        "created_on": _iso(run.created_on), "started_on": _iso(run.started_on),
+        "updated_on": _iso(run.updated_on), "finished_on": _iso(run.finished_on),
+        "duration": (run.finished_on - run.started_on).total_seconds()
+        if run.finished_on and run.started_on else None,
+        "results": json.loads(run.results) if run.results else None,
+        "error_code": run.error_code, "error_message": run.error_message,
+    }
+
+
+# -- commands ---------------------------------------------------------------------------
+
+def cmd_init_db(args):
+    queue = _queue(args)
+    print("schema of %s is up to date" % mask_url(queue.config.database.url))
+
+
+def cmd_add(args):
+    queue = _queue(args)
+    scheduled_on = args.at
+    if args.delay is not None:
+        scheduled_on = datetime.now(timezone.utc) + timedelta(seconds=args.delay)
+    print(queue.add_task(args.handler, data=args.data, scheduled_on=scheduled_on,
+                         max_retries=args.max_retries, priority=args.priority,
+                         run_timeout=args.timeout, unique_key=args.unique_key,
+                         queued_by=args.queued_by, max_runtime=args.max_runtime))
+
+
+def cmd_runner(args):
+    from .runner import Worker, run_runner
+    queue = _queue(args)
+    if args.burst:
+        queue.process_queue()
+        Worker(queue).work(burst=True, max_runs=args.max_runs)
+        return EXIT_OK
+    if args.max_runs is not None:
+        queue.config.runner.max_runs = args.max_runs
+    return run_runner(queue)
+
+
+def cmd_run_event(args):
+    queue = _queue(args)
+    if args.event == "task-queue:OnProcess":
+        result = queue.process_queue()
+        log.info("queue processed: %d dead runners, %d runs timed out, %d runs created",
+                 len(result["dead_runners"]), len(result["timed_out_runs"]), result["created_runs"])
+    elif args.event == "task-queue:OnRotate":
+        queue.rotate()
+    else:
+        from .runner import run_runner
+        return run_runner(queue, refuse_quietly=True)
+    return EXIT_OK
+
+
+def cmd_status(args):
+    queue = _queue(args)
+    runners = list(Runner.select().where(Runner.status == RUNNING).order_by(Runner.id))
+    current = {r.runner_id: r for r in Run.select().where(Run.status == RUNNING)}
+    counts = {s: c for s, c in Task.select(Task.last_status, pw.fn.COUNT(Task.id).alias("n"))
+              .group_by(Task.last_status).tuples()}
+    rows = []
+    for r in runners:
+        run = current.get(r.id)
+        rows.append({
+            "id": r.id, "kind": r.kind, "host": r.host, "pid": r.pid, "state": r.status,
+            "slot": r.slot, "parent_id": r.parent_id,
+            "run_id": run.id if run else None, "task_id": run.task_id if run else None,
+            "progress": run.percent_completed if run else None,
+            "rss_mb": round(r.rss / 1048576, 1) if r.rss else None, "runs_done": r.runs_done,
+            "started_on": _iso(r.started_on), "heartbeat_on": _iso(r.heartbeat_on),
+        })
+    if args.json:
+        print(json.dumps({"database": mask_url(queue.config.database.url), "runners": rows,
+                          "tasks": counts}, indent=2))
+        return
+    print("database: %s" % mask_url(queue.config.database.url))
+    print("tasks: " + (", ".join("%s %d" % kv for kv in sorted(counts.items())) or "none"))
+    if not rows:
+        print("no runners running")
+        return
+    _print_table(["ID", "KIND", "HOST", "PID", "STATE", "RUN", "PROGRESS", "RSS MB", "RUNS",
+                  "STARTED", "HEARTBEAT"],
+                 [[r["id"], r["kind"], r["host"], r["pid"], r["state"],
+                   "%s (task %s)" % (r["run_id"], r["task_id"]) if r["run_id"] else "-",
+                   "%d%%" % r["progress"] if r["progress"] is not None else "-", r["rss_mb"],
+                   r["runs_done"], r["started_on"], r["heartbeat_on"]] for r in rows])
+
+
+def cmd_tasks(args):
+    queue = _queue(args)
+    tasks = [_task_dict(t) for t in queue.tasks(status=args.status, limit=args.limit)]
+    if args.json:
+        print(json.dumps(tasks, indent=2))
+        return
+    _print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "SCHEDULED", "FINISHED", "ERROR"],
+                 [[t["id"], t["handler"], "given-up" if t["given_up"] else t["status"], t["runs"],
+                   t["runs_failed"], t["scheduled_on"], t["finished_on"], t["last_error_code"]]
+                  for t in tasks])
+
+
+def cmd_show(args):
+    queue = _queue(args)
+    task = _task_dict(queue.get_task(args.id))
+    if args.json:
+        print(json.dumps(task, indent=2))
+        return
+    for key, value in task.items():
+        print("%-18s %s" % (key + ":", json.dumps(value) if key == "data" else value))
+
+
+def cmd_runs(args):
+    queue = _queue(args)
+    runs = [_run_dict(r) for r in queue.runs_of(args.id)]
+    if args.json:
+        print(json.dumps(runs, indent=2))
+        return
+    _print_table(["RUN", "ATTEMPT", "STATUS", "RUNNER", "%", "STARTED", "DURATION", "ERROR"],
+                 [[r["id"], r["attempt"], r["status"], r["runner_id"], r["percent_completed"],
+                   r["started_on"], "%.3fs" % r["duration"] if r["duration"] is not None else None,
+                   "%s: %s" % (r["error_code"], r["error_message"]) if r["error_code"] else None]
+                  for r in runs])
+
+
+def cmd_retry(args):
+    _queue(args).retry(args.id)
+    print("task %d re-armed" % args.id)
+
+
+def cmd_cancel(args):
+    _queue(args).cancel(args.id)
+    print("task %d cancelled" % args.id)
+
+
+def cmd_rotate(args):
+    result = _queue(args).rotate()
+    print("deleted %(success)d successful tasks, %(failed)d failed tasks, %(runners)d runner rows"
+          % result)
+
+
+def cmd_check(args):
+    queue = _queue(args)
+    running = Runner.select().where(Runner.status == RUNNING).count()
+    waiting = Run.select().where(Run.status == "scheduled").count()
+    failing = Task.select().where(Task.last_status.in_(FAILED) & Task.finished_on.is_null()).count()
+    print("ok: %s (%s), config %s; %d runners running, %d runs waiting, %d tasks retrying"
+          % (mask_url(queue.config.database.url), queue.backend, queue.config.source, running,
+             waiting, failing))
+
+
+# -- parser -----------------------------------------------------------------------------
+
+def build_parser():
+    parser = _Parser(prog="taskrunner", description="A durable, database-backed task queue.")
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML config file (default: $TASKRUNNER_CONFIG)")
+    parser.add_argument("--database", metavar="URL",
+                        help="database URL (default: $TASKRUNNER_DATABASE_URL, [database] url, "
+                             "sqlite:///taskrunner.db)")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                        help="log level on stderr (default: [log] level)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def command(name, func, help_text):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    command("init-db", cmd_init_db, "create or upgrade the schema")
+    p = command("add", cmd_add, "queue a task; prints its id")
+    p.add_argument("handler", help="dotted path of a TaskHandler subclass")
+    p.add_argument("--data", type=_json, default=None, help="task data as JSON")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--at", type=_at, help="run at this ISO 8601 time (naive = local time)")
+    when.add_argument("--in", dest="delay", type=_seconds, metavar="SECONDS",
+                      help="run in this many seconds")
+    p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    p.add_argument("--max-retries", type=int, help="failed runs before giving up")
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                   help="run_timeout: a run with no update for this long is timed out")
+    p.add_argument("--max-runtime", type=_seconds, metavar="SECONDS",
+                   help="hard limit on one run's duration")
+    p.add_argument("--unique-key", metavar="KEY",
+                   help="if a live task holds KEY, add nothing and print its id")
+    p.add_argument("--queued-by", metavar="WHO", help="who queued the task")
+    p = command("runner", cmd_runner, "one runner, foreground")
+    p.add_argument("--burst", action="store_true", help="exit when no run is left")
+    p.add_argument("--max-runs", type=int, help="exit after this many runs")
+    p = command("run-event", cmd_run_event, "one event, for cron or supervisord")
+    p.add_argument("event", choices=EVENTS, metavar="UNIT:EVENT", help=" | ".join(EVENTS))
+    p = command("status", cmd_status, "runners and task counts")
+    p.add_argument("--json", action="store_true")
+    p = command("tasks", cmd_tasks, "list tasks, most recent first")
+    p.add_argument("--status", choices=("scheduled", "running", "success", "error", "timeout",
+                                        "cancelled", "given-up"))
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--json", action="store_true")
+    for name, func, text in (("show", cmd_show, "one task"), ("runs", cmd_runs, "a task's runs")):
+        p = command(name, func, text)
+        p.add_argument("id", type=int)
+        p.add_argument("--json", action="store_true")
+    for name, func, text in (("retry", cmd_retry, "re-arm a failed or given-up task"),
+                             ("cancel", cmd_cancel, "cancel a task that is not running")):
+        command(name, func, text).add_argument("id", type=int)
+    command("rotate", cmd_rotate, "delete old ended tasks and runner rows")
+    command("check", cmd_check, "check the config and the database")
+    return parser
+
+
+def setup_logging(level):
+    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        args.loaded_config = Config.load(args.config, args.database)
+        setup_logging(args.log_level or args.loaded_config.log.level)
+        return args.func(args) or EXIT_OK
+    except InputError as exc:
+        print("taskrunner: error: %s" % exc, file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except pw.DatabaseError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print("taskrunner: database error: %s" % first, file=sys.stderr)
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Exceptions. `InputError` and its subclasses are the user's mistakes: the CLI prints them
+as one line and exits 2. Anything else reaching the CLI is a runtime failure (exit 1)."""
+
+
+class TaskRunnerError(Exception):
+    """Base class of taskrunner's own errors."""
+
+
+class InputError(TaskRunnerError):
+    """Bad input from the user: a handler, JSON data, an id, an argument."""
+
+
+class ConfigError(InputError):
+    """A missing, unreadable or invalid configuration file or key."""
+
+
+class DatabaseUnavailable(InputError):
+    """The database cannot be reached; the message shows the URL with its password masked."""
+
+
+class HandlerError(InputError):
+    """A handler path that is not importable, not a TaskHandler, or not allowed."""
+
+
+class TaskNotFound(InputError):
+    """No task with that id."""
+
+
+class StateError(InputError):
+    """The operation does not fit the task's state (cancel a running task, retry a success)."""
+
+
+class RunnerLimitReached(TaskRunnerError):
+    """This host already has `[runner] limit` runners running."""
+
+
+class TaskError(Exception):
+    """Raise from a handler to fail the run with a chosen error code.
+
+    ``raise TaskError("mailbox full", code="MAILBOX_FULL")`` stores error_code
+    ``MAILBOX_FULL``; any other exception stores its class name as the code.
+    """
+
+    def __init__(self, message, code=None):
+        super().__init__(message)
+        self.code = code

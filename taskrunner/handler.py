@@ -1,0 +1,100 @@
+"""Handlers: the classes that do the work of a task, and the `run` object they are given.
+
+A handler is named by its dotted path (``myapp.tasks.SendDigest``). It must subclass
+`TaskHandler` and, when ``[handlers] allow`` is set, match one of its glob patterns. The
+allow-list is checked *before* importing, so a disallowed path never runs module code.
+"""
+import fnmatch
+import importlib
+import json
+import re
+from datetime import datetime, timezone
+
+from .errors import HandlerError
+
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+class TaskHandler:
+    """Base class of every handler. Implement ``handle(self, run)``.
+
+    One instance is made per run. Return normally for ``success``; raise for ``error``
+    (``TaskError(message, code=...)`` to choose the error code). Long handlers should call
+    ``run.progress(percent)`` now and then — it also proves the run is alive, since a run
+    with no update for ``run_timeout`` seconds is marked ``timeout`` — and return early
+    when ``run.should_stop()`` is true.
+    """
+
+    def handle(self, run):
+        raise NotImplementedError("%s.handle(run) is not implemented" % type(self).__name__)
+
+
+def is_allowed(path, allow):
+    return not allow or any(fnmatch.fnmatchcase(path, pattern) for pattern in allow)
+
+
+def load_handler(path, allow=()):
+    """The handler class for `path`, or HandlerError saying why it cannot be used."""
+    if not isinstance(path, str) or not _DOTTED.match(path):
+        raise HandlerError("invalid handler %r: expected a dotted path like 'myapp.tasks.SendEmail'"
+                           % (path,))
+    if not is_allowed(path, allow):
+        raise HandlerError("handler %r is not allowed by [handlers] allow" % path)
+    module_name, _, class_name = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # an import can fail in any way; the message is what matters
+        raise HandlerError("handler %r cannot be imported: %s: %s"
+                           % (path, type(exc).__name__, exc)) from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise HandlerError("handler %r not found: module %r has no %r" % (path, module_name, class_name))
+    if not (isinstance(cls, type) and issubclass(cls, TaskHandler)):
+        raise HandlerError("handler %r is not a TaskHandler subclass" % path)
+    return cls
+
+
+def encode_data(data, max_size):
+    """Task data as JSON text; refuse what is not JSON-serialisable or too large."""
+    try:
+        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise HandlerError("task data is not JSON-serialisable: %s" % exc) from None
+    size = len(text.encode("utf-8"))
+    if size > max_size:
+        raise HandlerError("task data is %d bytes, over [task] max_data_size (%d)" % (size, max_size))
+    return text
+
+
+class RunContext:
+    """What a handler receives as `run`.
+
+    ``data`` (decoded JSON), ``results`` (set it to anything JSON-serialisable; stored when the
+    run ends), ``progress(percent)``, ``deadline`` (aware UTC datetime or None) and
+    ``should_stop()``. ``id``, ``task_id`` and ``attempt`` identify the run.
+    """
+
+    def __init__(self, run_id, task_id, attempt, data, deadline=None, report=None, stopping=None):
+        self.id = run_id
+        self.task_id = task_id
+        self.attempt = attempt
+        self.data = data
+        self.results = None
+        self.deadline = deadline
+        self.lost = False
+        self._report = report
+        self._stopping = stopping
+
+    def progress(self, percent):
+        """Store percent_completed (0..100) and mark the run as alive."""
+        percent = max(0, min(100, int(percent)))
+        if self._report is not None and not self._report(percent):
+            # The run is no longer ours (it was marked timeout): the handler should stop.
+            self.lost = True
+
+    def should_stop(self):
+        """True when the handler should wrap up: the runner is stopping, the deadline has
+        passed, or the run was taken away (marked timeout)."""
+        if self.lost or (self._stopping is not None and self._stopping()):
+            return True
+        return self.deadline is not None and datetime.now(timezone.utc) >= self.deadline

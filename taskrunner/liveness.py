@@ -1,0 +1,148 @@
+"""Runner rows: registration under the host's limit (rule 5), heartbeats, a clean exit, and
+noticing the dead (rule 7) — which makes their runs ``timeout`` and re-queues the tasks.
+
+A runner row on this host is alive when its PID exists, is not a zombie, and has the
+recorded psutil create_time (PIDs get reused), on the boot it was recorded on. A runner on
+another host is alive while its heartbeat is younger than ``[overseer] heartbeat_timeout``.
+"""
+import logging
+import os
+import socket
+from datetime import timedelta
+
+import peewee as pw
+import psutil
+
+from .errors import RunnerLimitReached
+from .models import OVERSEER, RUNNER, RUNNING, SUCCESS, TIMEOUT, Run, Runner, utcnow
+
+log = logging.getLogger("taskrunner.liveness")
+
+# psutil's create_time is derived from clock ticks since boot: stable for one process,
+# so anything beyond float noise means another process holds the PID now.
+CREATE_TIME_TOLERANCE = 0.05
+
+
+def hostname():
+    return socket.gethostname()
+
+
+def boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return "boot-%d" % int(psutil.boot_time())
+
+
+def create_time(pid):
+    return psutil.Process(pid).create_time()
+
+
+def process_alive(pid, recorded_create_time):
+    """The PID exists, is not a zombie, and is the process that registered."""
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return abs(process.create_time() - recorded_create_time) <= CREATE_TIME_TOLERANCE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True  # it exists; another user's process cannot be ours, but do not guess dead
+
+
+def register(queue, kind=RUNNER, parent_id=None, limit=None, now=None):
+    """Insert this process's runner row and return it, or raise RunnerLimitReached.
+
+    Rule 5 is a database rule: a runner takes a slot 1..limit, and (host, slot) is unique,
+    so concurrent registrations cannot exceed the limit — a slot taken by a racing process
+    makes the insert fail and this one tries the next free slot. Dead runners of this host
+    are swept first so they do not hold slots. An overseer takes no slot.
+    """
+    now = now or utcnow()
+    host, pid = hostname(), os.getpid()
+    fields = dict(host=host, boot_id=boot_id(), pid=pid, pid_create_time=create_time(pid),
+                  kind=kind, parent_id=parent_id, started_on=now, heartbeat_on=now,
+                  status=RUNNING)
+    if kind == OVERSEER:
+        return Runner.create(**fields)
+    refresh_runners(queue, now=now, other_hosts=False)
+    limit = limit or queue.config.runner.limit
+    taken = {r.slot for r in Runner.select(Runner.slot).where(
+        (Runner.host == host) & Runner.slot.is_null(False))}
+    for slot in range(1, limit + 1):
+        if slot in taken:
+            continue
+        try:
+            with queue.db.atomic():
+                return Runner.create(slot=slot, **fields)
+        except pw.IntegrityError:
+            continue  # another process took this slot a moment ago
+    raise RunnerLimitReached("this host already has %d running runners ([runner] limit)" % limit)
+
+
+def heartbeat(runner_id, rss=None, runs_done=None, now=None):
+    """Refresh the runner's heartbeat; False when the row is no longer ``running`` (someone
+    declared this runner dead), in which case it must stop claiming."""
+    values = {Runner.heartbeat_on: now or utcnow()}
+    if rss is not None:
+        values[Runner.rss] = rss
+    if runs_done is not None:
+        values[Runner.runs_done] = runs_done
+    return Runner.update(values).where(
+        (Runner.id == runner_id) & (Runner.status == RUNNING)).execute() > 0
+
+
+def retire(runner_id, reason, now=None):
+    """This runner decided to exit: ``success``, and its slot is free."""
+    Runner.update(status=SUCCESS, finished_on=now or utcnow(), slot=None, exit_reason=reason).where(
+        (Runner.id == runner_id) & (Runner.status == RUNNING)).execute()
+
+
+def mark_runner_dead(queue, runner_id, reason, now=None):
+    """Runner → ``timeout``, and every run it had ``running`` → ``timeout`` with its task
+    aggregated as after any failed run. Race closed: two processes noticing the same death —
+    the runner update is conditional on ``running``, and each run's end is conditional too
+    (rule 4), so each run is counted as failed once."""
+    now = now or utcnow()
+    marked = Runner.update(status=TIMEOUT, finished_on=now, slot=None, exit_reason=reason).where(
+        (Runner.id == runner_id) & (Runner.status == RUNNING)).execute()
+    if not marked:
+        return False
+    runs = Run.select(Run.id, Run.task_id).where(
+        (Run.runner_id == runner_id) & (Run.status == RUNNING))
+    for run in runs:
+        queue.end_run(run.id, run.task_id, TIMEOUT, runner_id=runner_id, error_code="RunnerDied",
+                      error_message="runner %d died: %s" % (runner_id, reason), now=now)
+    log.warning("runner %d marked timeout: %s", runner_id, reason)
+    return True
+
+
+def dead_reason(row, host, current_boot, now, heartbeat_timeout):
+    """Why the runner row is dead, or None while it is alive."""
+    if row.host == host:
+        if row.boot_id != current_boot:
+            return "pid %d belonged to an earlier boot" % row.pid
+        if not process_alive(row.pid, row.pid_create_time):
+            return "pid %d is gone" % row.pid
+        return None
+    if row.heartbeat_on < now - timedelta(seconds=heartbeat_timeout):
+        return "no heartbeat from %s for over %gs" % (row.host, heartbeat_timeout)
+    return None
+
+
+def refresh_runners(queue, now=None, other_hosts=True):
+    """Check every ``running`` runner row (this host by PID, other hosts by heartbeat age)
+    and mark the dead ones. Returns the ids marked."""
+    now = now or utcnow()
+    host, current_boot = hostname(), boot_id()
+    query = Runner.select().where(Runner.status == RUNNING)
+    if not other_hosts:
+        query = query.where(Runner.host == host)
+    dead = []
+    for row in list(query):
+        reason = dead_reason(row, host, current_boot, now, queue.config.overseer.heartbeat_timeout)
+        if reason and mark_runner_dead(queue, row.id, reason, now):
+            dead.append(row.id)
+    return dead

@@ -1,0 +1,122 @@
+"""One model per table. The schema itself is created by the numbered migrations in
+`taskrunner/migrations/`; these models are how the code reads and writes it.
+
+Times are naive UTC datetimes. Rule 1 (one non-final run per task) lives in the schema:
+``task_runs.active_task_id`` holds the task id while a run is scheduled or running and NULL
+once it is final, under a unique index — the database refuses a second live run.
+"""
+from datetime import datetime, timezone
+
+import peewee as pw
+
+# Run and task states.
+SCHEDULED = "scheduled"
+RUNNING = "running"
+SUCCESS = "success"
+ERROR = "error"
+TIMEOUT = "timeout"
+CANCELLED = "cancelled"
+RUN_FINAL = (SUCCESS, ERROR, TIMEOUT, CANCELLED)
+FAILED = (ERROR, TIMEOUT)
+
+# Runner kinds.
+OVERSEER = "overseer"
+RUNNER = "runner"
+
+
+def utcnow():
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def as_utc(value):
+    """A naive UTC datetime from an aware one (a naive one is taken as UTC already)."""
+    if value.tzinfo is not None:
+        value = value.astimezone(timezone.utc).replace(tzinfo=None)
+    return value
+
+
+class BaseModel(pw.Model):
+    class Meta:
+        legacy_table_names = False
+
+
+class Task(BaseModel):
+    queued_on = pw.DateTimeField()
+    queued_by = pw.CharField(null=True)
+    scheduled_on = pw.DateTimeField()
+    handler = pw.CharField()
+    data = pw.TextField()
+    priority = pw.IntegerField(default=0)
+    last_status = pw.CharField(max_length=16, default=SCHEDULED)
+    max_retries = pw.IntegerField()
+    runs_failed = pw.IntegerField(default=0)
+    run_count = pw.IntegerField(default=0)
+    run_timeout = pw.DoubleField()
+    max_runtime = pw.DoubleField(null=True)
+    retry_backoff = pw.DoubleField(null=True)
+    unique_key = pw.CharField(null=True)
+    # unique_key while the task is not final, NULL after: the unique index makes
+    # "one live task per key" a database rule.
+    active_key = pw.CharField(null=True, unique=True)
+    periodic_task_id = pw.IntegerField(null=True, index=True)
+    # When the next run may be created; NULL while a run is live or the task is final.
+    next_run_on = pw.DateTimeField(null=True, index=True)
+    updated_on = pw.DateTimeField()
+    finished_on = pw.DateTimeField(null=True, index=True)
+    last_error_code = pw.CharField(null=True)
+    last_error_message = pw.TextField(null=True)
+
+    class Meta:
+        table_name = "task_queue"
+
+    @property
+    def given_up(self):
+        return self.last_status in FAILED and self.next_run_on is None \
+            and self.runs_failed >= self.max_retries
+
+
+class Run(BaseModel):
+    task_id = pw.IntegerField(index=True)
+    created_on = pw.DateTimeField()
+    started_on = pw.DateTimeField(null=True)
+    updated_on = pw.DateTimeField()
+    finished_on = pw.DateTimeField(null=True)
+    percent_completed = pw.IntegerField(default=0)
+    results = pw.TextField(null=True)
+    status = pw.CharField(max_length=16, default=SCHEDULED)
+    error_code = pw.CharField(null=True)
+    error_message = pw.TextField(null=True)
+    runner_id = pw.IntegerField(null=True)
+    attempt = pw.IntegerField(default=1)
+    active_task_id = pw.IntegerField(null=True, unique=True)
+    # Copied from the task so the claim is one index range scan on this table.
+    priority = pw.IntegerField(default=0)
+    scheduled_on = pw.DateTimeField()
+
+    class Meta:
+        table_name = "task_runs"
+
+
+class Runner(BaseModel):
+    host = pw.CharField()
+    boot_id = pw.CharField(max_length=64)
+    pid = pw.IntegerField()
+    pid_create_time = pw.DoubleField()
+    kind = pw.CharField(max_length=16, default=RUNNER)
+    parent_id = pw.IntegerField(null=True)
+    started_on = pw.DateTimeField()
+    heartbeat_on = pw.DateTimeField()
+    finished_on = pw.DateTimeField(null=True)
+    status = pw.CharField(max_length=16, default=RUNNING)
+    # 1..limit while a runner runs, NULL after; unique per host, so the limit (rule 5)
+    # holds however many processes register at once.
+    slot = pw.IntegerField(null=True)
+    rss = pw.BigIntegerField(null=True)
+    runs_done = pw.IntegerField(default=0)
+    exit_reason = pw.TextField(null=True)
+
+    class Meta:
+        table_name = "task_runners"
+
+
+MODELS = (Task, Run, Runner)

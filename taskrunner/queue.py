@@ -1,0 +1,431 @@
+"""The task queue: adding tasks, creating runs (rule 3), claiming them (rule 2), ending them
+(rule 4) and aggregating each task after its run; retry, cancel, and the regular
+`process_queue()` pass.
+
+Every function here that changes state more than one row at a time runs in one write
+transaction (`retry_transaction`) and says in its docstring which race it closes.
+"""
+import json
+import logging
+import random
+from collections import namedtuple
+from datetime import datetime, timedelta
+
+import peewee as pw
+
+from . import liveness, rotation
+from .config import Config
+from .db import backend_of, check_connection, open_database, retry_transaction
+from .errors import ConfigError, HandlerError, InputError, StateError, TaskNotFound
+from .handler import encode_data, load_handler
+from .migrations import migrate
+from .models import (CANCELLED, ERROR, FAILED, MODELS, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
+                     Run, Runner, Task, as_utc, utcnow)
+
+log = logging.getLogger("taskrunner.queue")
+
+ClaimedRun = namedtuple("ClaimedRun", "run_id task_id attempt handler data run_timeout "
+                                      "max_runtime started_on")
+
+_UNSET = object()
+
+
+def retry_delay(runs_failed, base, cap, rand=random.random):
+    """Exponential backoff after `runs_failed` consecutive failures, capped, with jitter
+    (half fixed, half random) so failed tasks don't all come back at the same moment."""
+    delay = min(cap, base * 2 ** max(0, runs_failed - 1))
+    return delay / 2 + rand() * delay / 2
+
+
+class TaskQueue:
+    """The queue in one database.
+
+    ``TaskQueue("sqlite:///taskrunner.db")``, ``TaskQueue("postgresql://user@host/db")``,
+    ``TaskQueue("/etc/taskrunner.toml")``, ``TaskQueue(Config)``, or ``TaskQueue()`` for
+    $TASKRUNNER_CONFIG / $TASKRUNNER_DATABASE_URL / the defaults. The schema is brought up
+    to date on first use.
+    """
+
+    def __init__(self, url_or_config=None, migrate_schema=True):
+        if isinstance(url_or_config, Config):
+            config = url_or_config
+        elif url_or_config is None:
+            config = Config.load()
+        elif "://" in str(url_or_config):
+            config = Config.from_dict({"database": {"url": str(url_or_config)}}, source="<url>")
+        else:
+            config = Config.load(path=str(url_or_config))
+        self.config = config
+        self.backend = backend_of(config.database.url)
+        self.is_sqlite = self.backend == "sqlite"
+        self.db = open_database(config.database)
+        self.db.bind(MODELS)
+        if migrate_schema:
+            self.migrate()
+
+    # -- connection ---------------------------------------------------------------------
+
+    def migrate(self):
+        check_connection(self.db, self.config.database.url)
+        return migrate(self.db, self.backend)
+
+    def close(self):
+        if not self.db.is_closed():
+            self.db.close()
+
+    def _write(self, fn):
+        return retry_transaction(self.db, fn)
+
+    def _locked(self, query):
+        """SELECT ... FOR UPDATE where the database has row locks; SQLite's transaction
+        already holds the write lock."""
+        return query if self.is_sqlite else query.for_update()
+
+    # -- adding tasks -------------------------------------------------------------------
+
+    def _task_row(self, handler, data=None, scheduled_on=None, max_retries=None, priority=0,
+                  run_timeout=None, unique_key=None, queued_by=None, max_runtime=None,
+                  retry_backoff=None, periodic_task_id=None, now=None, _handlers=None):
+        """Validate one task and return the row to insert; raise InputError on bad input."""
+        defaults = self.config.task
+        if _handlers is None or handler not in _handlers:
+            load_handler(handler, self.config.handlers.allow)
+            if _handlers is not None:
+                _handlers.add(handler)
+        text = encode_data(data, defaults.max_data_size)
+        now = now or utcnow()
+        if scheduled_on is None:
+            scheduled_on = now
+        elif isinstance(scheduled_on, datetime):
+            scheduled_on = as_utc(scheduled_on)
+        else:
+            raise InputError("scheduled_on must be a datetime, not %r" % (scheduled_on,))
+        for name, value in (("max_retries", max_retries), ("priority", priority)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InputError("%s must be an integer, not %r" % (name, value))
+        if max_retries is not None and max_retries < 1:
+            raise InputError("max_retries must be at least 1")
+        for name, value in (("run_timeout", run_timeout), ("max_runtime", max_runtime),
+                            ("retry_backoff", retry_backoff)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or value <= 0):
+                raise InputError("%s must be a positive number of seconds, not %r" % (name, value))
+        if unique_key is not None and (not isinstance(unique_key, str) or not unique_key
+                                       or len(unique_key) > 255):
+            raise InputError("unique_key must be a non-empty string of at most 255 characters")
+        due = scheduled_on <= now
+        return {
+            "queued_on": now, "queued_by": queued_by, "scheduled_on": scheduled_on,
+            "handler": handler, "data": text, "priority": priority or 0,
+            "last_status": SCHEDULED,
+            "max_retries": max_retries if max_retries is not None else defaults.max_retries,
+            "runs_failed": 0, "run_count": 1 if due else 0,
+            "run_timeout": float(run_timeout or defaults.run_timeout),
+            "max_runtime": max_runtime, "retry_backoff": retry_backoff,
+            "unique_key": unique_key, "active_key": unique_key,
+            "periodic_task_id": periodic_task_id,
+            "next_run_on": None if due else scheduled_on,
+            "updated_on": now,
+        }
+
+    def _insert_task(self, row):
+        task_id = Task.insert(**row).execute()
+        if row["next_run_on"] is None:
+            # A due task gets its first run in the same transaction: runners can start it at once.
+            Run.insert(task_id=task_id, created_on=row["queued_on"], updated_on=row["queued_on"],
+                       attempt=1, active_task_id=task_id, priority=row["priority"],
+                       scheduled_on=row["scheduled_on"], status=SCHEDULED).execute()
+        return task_id
+
+    def _add_unique(self, row):
+        """Insert a task with a unique_key, or return the id of the live task holding the key.
+        Race closed: two adds of one key — the unique index on active_key lets one insert win;
+        the other reads the winner's id (and tries again if that task ended meanwhile)."""
+        for _ in range(5):
+            try:
+                return self._write(lambda: self._insert_task(row))
+            except pw.IntegrityError:
+                existing = Task.select(Task.id).where(Task.active_key == row["unique_key"]).first()
+                if existing is not None:
+                    return existing.id
+        raise StateError("unique_key %r is contended; try again" % row["unique_key"])
+
+    def add_task(self, handler, data=None, scheduled_on=None, max_retries=None, priority=0,
+                 run_timeout=None, unique_key=None, queued_by=None, max_runtime=None,
+                 retry_backoff=None, periodic_task_id=None, now=None):
+        """Queue one task and return its id.
+
+        With `unique_key`, adding a key that a not-yet-final task holds stores nothing and
+        returns that task's id.
+        """
+        row = self._task_row(handler, data, scheduled_on, max_retries, priority, run_timeout,
+                             unique_key, queued_by, max_runtime, retry_backoff, periodic_task_id,
+                             now)
+        if unique_key is not None:
+            return self._add_unique(row)
+        return self._write(lambda: self._insert_task(row))
+
+    def add_tasks(self, tasks, now=None):
+        """Queue many tasks in one transaction; `tasks` are dicts of add_task's arguments.
+        All are validated before anything is stored. Returns their ids in order."""
+        now = now or utcnow()
+        seen = set()
+        try:
+            rows = [self._task_row(now=now, _handlers=seen, **spec) for spec in tasks]
+        except TypeError as exc:
+            raise InputError("invalid task: %s" % exc) from None
+
+        def insert_all():
+            return [self._insert_task(row) for row in rows if row["unique_key"] is None]
+
+        plain = self._write(insert_all) if any(r["unique_key"] is None for r in rows) else []
+        ids, plain_ids = [], iter(plain)
+        for row in rows:
+            ids.append(next(plain_ids) if row["unique_key"] is None else self._add_unique(row))
+        return ids
+
+    # -- creating runs (rule 3) ---------------------------------------------------------
+
+    def create_missing_runs(self, now=None, batch=500):
+        """Create the next run of every task whose next_run_on has come: due delayed tasks
+        and failed tasks whose backoff has passed (given-up and final tasks have no
+        next_run_on). Race closed: two processes creating runs at once — the candidate tasks
+        are locked (SKIP LOCKED / SQLite's write lock) and the unique index on
+        task_runs.active_task_id refuses a second live run whatever happens."""
+        now = now or utcnow()
+        created = 0
+        while True:
+            def step():
+                query = (Task.select(Task.id).where(Task.next_run_on <= now)
+                         .order_by(Task.next_run_on).limit(batch))
+                if not self.is_sqlite:
+                    query = query.for_update(skip_locked=True)
+                ids = [t.id for t in query]
+                if ids:
+                    source = Task.select(Task.id, pw.Value(now), pw.Value(now), Task.run_count + 1,
+                                         Task.id, Task.priority, Task.scheduled_on,
+                                         pw.Value(SCHEDULED)).where(Task.id.in_(ids))
+                    (Run.insert_from(source, [Run.task_id, Run.created_on, Run.updated_on,
+                                              Run.attempt, Run.active_task_id, Run.priority,
+                                              Run.scheduled_on, Run.status])
+                     .on_conflict_ignore().execute())
+                    (Task.update(next_run_on=None, run_count=Task.run_count + 1,
+                                 last_status=SCHEDULED, updated_on=now)
+                     .where(Task.id.in_(ids)).execute())
+                return len(ids)
+            count = self._write(step)
+            created += count
+            if count < batch:
+                return created
+
+    # -- claiming and ending runs -------------------------------------------------------
+
+    def has_scheduled_runs(self):
+        """A cheap read (no write lock) that idle runners poll before trying to claim."""
+        return Run.select(Run.id).where(Run.status == SCHEDULED).limit(1).exists()
+
+    def claim(self, runner_id, now=None):
+        """Start the next run for `runner_id`: highest priority first, FIFO within a priority
+        (rule 2). Race closed: two runners taking the same run — PostgreSQL and MySQL lock the
+        candidate FOR UPDATE SKIP LOCKED, so a concurrent claimer passes over it instead of
+        waiting; SQLite takes the write lock up front (BEGIN IMMEDIATE), so the select and the
+        update are one step. Returns a ClaimedRun or None."""
+        now = now or utcnow()
+
+        def step():
+            query = (Run.select(Run.id, Run.task_id, Run.attempt)
+                     .where(Run.status == SCHEDULED)
+                     .order_by(Run.priority.desc(), Run.scheduled_on, Run.id).limit(1))
+            if not self.is_sqlite:
+                query = query.for_update(skip_locked=True)
+            run = query.first()
+            if run is None:
+                return None
+            Run.update(status=RUNNING, runner_id=runner_id, started_on=now,
+                       updated_on=now).where(Run.id == run.id).execute()
+            Task.update(last_status=RUNNING, updated_on=now).where(Task.id == run.task_id).execute()
+            task = (Task.select(Task.handler, Task.data, Task.run_timeout, Task.max_runtime)
+                    .where(Task.id == run.task_id).get())
+            return ClaimedRun(run.id, run.task_id, run.attempt, task.handler, task.data,
+                              task.run_timeout, task.max_runtime, now)
+        return self._write(step)
+
+    def report_progress(self, run_id, runner_id, percent, now=None):
+        """Store progress; False when the run is no longer this runner's (it was timed out)."""
+        now = now or utcnow()
+        return Run.update(percent_completed=percent, updated_on=now).where(
+            (Run.id == run_id) & (Run.status == RUNNING) & (Run.runner_id == runner_id)
+        ).execute() > 0
+
+    def end_run(self, run_id, task_id, status, runner_id=None, results=_UNSET, error_code=None,
+                error_message=None, now=None):
+        """End a running run with `status` and aggregate its task.
+
+        Rule 4: the update is conditional on the run still being ``running`` (and, for a
+        runner finishing its own run, on its runner_id), so a runner that comes back late
+        cannot overwrite a ``timeout`` set meanwhile. Returns False when it lost that race.
+        """
+        now = now or utcnow()
+        values = {Run.status: status, Run.finished_on: now, Run.updated_on: now,
+                  Run.active_task_id: None, Run.error_code: error_code,
+                  Run.error_message: error_message}
+        if status == SUCCESS:
+            values[Run.percent_completed] = 100
+        if results is not _UNSET and results is not None:
+            values[Run.results] = results
+        condition = (Run.id == run_id) & (Run.status == RUNNING)
+        if runner_id is not None:
+            condition &= Run.runner_id == runner_id
+
+        def step():
+            if not Run.update(values).where(condition).execute():
+                return False
+            self._aggregate(task_id, status, error_code, error_message, now)
+            return True
+        return self._write(step)
+
+    def _aggregate(self, task_id, status, error_code, error_message, now):
+        """The task after a run ended: last_status, runs_failed (reset by a success), the last
+        error, and when (if ever) its next run may be created."""
+        if status == SUCCESS:
+            Task.update(last_status=SUCCESS, runs_failed=0, next_run_on=None, finished_on=now,
+                        active_key=None, updated_on=now).where(Task.id == task_id).execute()
+            return
+        task = self._locked(Task.select(Task.runs_failed, Task.max_retries, Task.retry_backoff)
+                            .where(Task.id == task_id)).get()
+        runs_failed = task.runs_failed + 1
+        values = {Task.last_status: status, Task.runs_failed: runs_failed,
+                  Task.last_error_code: error_code, Task.last_error_message: error_message,
+                  Task.updated_on: now}
+        if runs_failed >= task.max_retries:
+            # Given up: final, with the reason kept in last_error_*.
+            values.update({Task.next_run_on: None, Task.finished_on: now, Task.active_key: None})
+        else:
+            base = task.retry_backoff if task.retry_backoff is not None \
+                else self.config.task.retry_backoff
+            delay = retry_delay(runs_failed, base, self.config.task.retry_backoff_max)
+            values[Task.next_run_on] = now + timedelta(seconds=delay)
+        Task.update(values).where(Task.id == task_id).execute()
+
+    def timeout_overdue_runs(self, now=None):
+        """Mark ``timeout`` every running run with no update for its task's run_timeout, or
+        running longer than its max_runtime. Returns [(run_id, runner_id)] of the runs marked,
+        so the caller can stop the processes executing them (rule 8)."""
+        now = now or utcnow()
+        running = (Run.select(Run.id, Run.task_id, Run.runner_id, Run.updated_on, Run.started_on,
+                              Task.run_timeout, Task.max_runtime)
+                   .join(Task, on=(Run.task_id == Task.id)).where(Run.status == RUNNING)
+                   .objects())
+        ended = []
+        for run in running:
+            if run.updated_on + timedelta(seconds=run.run_timeout) < now:
+                message = "no update for %gs (run_timeout)" % run.run_timeout
+                code = "RunTimeout"
+            elif run.max_runtime and run.started_on + timedelta(seconds=run.max_runtime) < now:
+                message = "running longer than %gs (max_runtime)" % run.max_runtime
+                code = "MaxRuntime"
+            else:
+                continue
+            if self.end_run(run.id, run.task_id, TIMEOUT, error_code=code, error_message=message,
+                            now=now):
+                log.warning("run %d of task %d timed out: %s", run.id, run.task_id, message)
+                ended.append((run.id, run.runner_id))
+        return ended
+
+    def process_queue(self, now=None):
+        """One pass of the queue's regular work (``run-event task-queue:OnProcess``): mark dead
+        runners and their runs ``timeout``, time out overdue runs, create missing runs."""
+        now = now or utcnow()
+        dead = liveness.refresh_runners(self, now=now)
+        overdue = self.timeout_overdue_runs(now)
+        created = self.create_missing_runs(now)
+        return {"dead_runners": dead, "timed_out_runs": overdue, "created_runs": created}
+
+    def rotate(self, now=None):
+        return rotation.rotate(self, now or utcnow())
+
+    # -- operator commands --------------------------------------------------------------
+
+    def get_task(self, task_id):
+        task = Task.get_or_none(Task.id == task_id)
+        if task is None:
+            raise TaskNotFound("no task with id %s" % task_id)
+        return task
+
+    def runs_of(self, task_id):
+        self.get_task(task_id)
+        return list(Run.select().where(Run.task_id == task_id).order_by(Run.id))
+
+    def tasks(self, status=None, limit=100):
+        """Most recent first. `status`: a run status, or ``given-up``."""
+        query = Task.select().order_by(Task.id.desc()).limit(limit)
+        if status == "given-up":
+            query = query.where(Task.last_status.in_(FAILED) & Task.next_run_on.is_null()
+                                & (Task.runs_failed >= Task.max_retries))
+        elif status is not None:
+            query = query.where(Task.last_status == status)
+        return list(query)
+
+    def retry(self, task_id, now=None):
+        """Re-arm a failed or given-up task: runs_failed back to 0 and a run now.
+        Race closed: retry against a runner finishing the task's run — the live-run unique
+        index and the conditional state check inside one transaction."""
+        now = now or utcnow()
+
+        def step():
+            task = self._locked(Task.select().where(Task.id == task_id)).first()
+            if task is None:
+                raise TaskNotFound("no task with id %s" % task_id)
+            if task.last_status not in FAILED:
+                raise StateError("task %d is %s; only a failed or given-up task can be retried"
+                                 % (task.id, task.last_status))
+            if Run.select().where(Run.active_task_id == task.id).exists():
+                raise StateError("task %d already has a run scheduled or running" % task.id)
+            try:
+                with self.db.atomic():
+                    Task.update(runs_failed=0, next_run_on=now, finished_on=None,
+                                active_key=task.unique_key, updated_on=now
+                                ).where(Task.id == task.id).execute()
+            except pw.IntegrityError:
+                raise StateError("task %d cannot be retried: another live task holds its "
+                                 "unique_key %r" % (task.id, task.unique_key)) from None
+        self._write(step)
+        self.create_missing_runs(now)
+
+    def cancel(self, task_id, now=None):
+        """Cancel a task that has no running run; its scheduled run becomes ``cancelled``.
+        Race closed: cancel against a runner claiming the run — the run is cancelled only
+        WHERE status='scheduled', in the same transaction as the task update."""
+        now = now or utcnow()
+
+        def step():
+            task = self._locked(Task.select().where(Task.id == task_id)).first()
+            if task is None:
+                raise TaskNotFound("no task with id %s" % task_id)
+            if task.last_status == CANCELLED or task.finished_on is not None:
+                raise StateError("task %d has already ended (%s)" % (task.id, task.last_status))
+            live = Run.select(Run.id, Run.status).where(Run.active_task_id == task.id).first()
+            if live is not None:
+                cancelled = Run.update(status=CANCELLED, finished_on=now, updated_on=now,
+                                       active_task_id=None).where(
+                    (Run.id == live.id) & (Run.status == SCHEDULED)).execute()
+                if not cancelled:
+                    raise StateError("task %d is running (run %d); it cannot be cancelled"
+                                     % (task.id, live.id))
+            Task.update(last_status=CANCELLED, next_run_on=None, finished_on=now,
+                        active_key=None, updated_on=now).where(Task.id == task.id).execute()
+        self._write(step)
+
+    # -- in-process work, for testing handlers ------------------------------------------
+
+    def run_pending(self, max_runs=None):
+        """Run due work in this process until none is left (or `max_runs`), and return how
+        many runs were executed. For tests of handlers: no processes, no signals."""
+        from .runner import Worker
+        self.process_queue()
+        worker = Worker(self, install_signals=False)
+        return worker.work(burst=True, max_runs=max_runs)
+
+
+__all__ = ["TaskQueue", "ClaimedRun", "retry_delay", "utcnow", "as_utc", "ConfigError",
+           "HandlerError"]

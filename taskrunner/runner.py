@@ -1,0 +1,259 @@
+"""The runner: one process that claims runs and executes them, one at a time.
+
+Loop: claim the next run, execute it, record the outcome; wait only when idle (woken at
+once by a signal). TERM, HUP or INT: finish the current run, claim nothing more, mark the
+runner ``success`` and exit 0; a second TERM or INT interrupts the handler and the run ends
+``error`` with code ``Interrupted``. The runner also exits after its current run when its
+RSS passes ``[runner] memory_limit``, after ``max_runs`` runs, when its parent overseer
+is gone, or when someone declared it dead.
+
+Contract kept for the overseer: a heartbeat thread refreshes the runner row every
+``[runner] heartbeat_interval``, whatever the handler is doing.
+"""
+import json
+import logging
+import os
+import select
+import signal
+import threading
+import time
+from datetime import timedelta, timezone
+
+import peewee as pw
+import psutil
+
+from . import liveness
+from .db import is_disconnect, is_transient
+from .errors import HandlerError, RunnerLimitReached, TaskError
+from .handler import RunContext, load_handler
+from .models import ERROR, RUNNER, SUCCESS, utcnow
+
+log = logging.getLogger("taskrunner.runner")
+
+MB = 1024 * 1024
+
+
+class Interrupted(BaseException):
+    """Raised inside a handler by a second TERM/INT. BaseException so that a handler's
+    ``except Exception`` does not swallow it."""
+
+
+class Worker:
+    STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+    INTERRUPT_SIGNALS = ("SIGTERM", "SIGINT")
+
+    def __init__(self, queue, install_signals=True, parent_pid=None, parent_id=None):
+        self.queue = queue
+        self.config = queue.config
+        self.install_signals = install_signals
+        self.parent_pid = parent_pid
+        self.parent_id = parent_id
+        self.runner_id = None
+        self.stop_reason = None
+        self.in_handler = False
+        self.runs_done = 0
+        self.disowned = False
+        self._handlers = {}
+        self._process = psutil.Process()
+        self._wake_r = self._wake_w = None
+        self._heartbeat_stop = threading.Event()
+
+    # -- signals ------------------------------------------------------------------------
+
+    def _setup_signals(self):
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        # The C-level handler writes to the pipe, so an idle select() wakes at once.
+        signal.set_wakeup_fd(self._wake_w)
+        for name in self.STOP_SIGNALS:
+            signal.signal(getattr(signal, name), self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.stop_reason is not None and self.in_handler and name in self.INTERRUPT_SIGNALS:
+            raise Interrupted("interrupted by a second %s" % name)
+        if self.stop_reason is None:
+            self.stop_reason = "received %s" % name
+
+    def _wait(self, timeout):
+        if self._wake_r is None:
+            time.sleep(timeout)
+            return
+        ready, _, _ = select.select([self._wake_r], [], [], timeout)
+        if ready:
+            try:
+                os.read(self._wake_r, 512)
+            except BlockingIOError:
+                pass
+
+    # -- heartbeat ----------------------------------------------------------------------
+
+    def _heartbeat_loop(self):
+        interval = self.config.runner.heartbeat_interval
+        while not self._heartbeat_stop.wait(interval):
+            try:
+                rss = self._process.memory_info().rss
+                if not liveness.heartbeat(self.runner_id, rss=rss, runs_done=self.runs_done):
+                    self.disowned = True
+                    self.stop_reason = self.stop_reason or "runner row is no longer running"
+            except pw.DatabaseError as exc:
+                log.warning("heartbeat failed: %s", exc)
+                self.queue.db.close()
+        if not self.queue.db.is_closed():
+            self.queue.db.close()
+
+    # -- executing one run --------------------------------------------------------------
+
+    def _handler_class(self, path):
+        cls = self._handlers.get(path)
+        if cls is None:
+            cls = self._handlers[path] = load_handler(path, self.config.handlers.allow)
+        return cls
+
+    def execute(self, claimed):
+        """Run one claimed run's handler and record its outcome."""
+        started = time.monotonic()
+        log.info("run %d of task %d started: %s (attempt %d)", claimed.run_id, claimed.task_id,
+                 claimed.handler, claimed.attempt)
+        status, code, message, results = SUCCESS, None, None, None
+        try:
+            data = json.loads(claimed.data)
+        except ValueError as exc:
+            data, status, code, message = None, ERROR, "DataDecodeError", "task data is not JSON: %s" % exc
+        cls = None
+        if status == SUCCESS:
+            try:
+                cls = self._handler_class(claimed.handler)
+            except HandlerError as exc:
+                status, code, message = ERROR, "HandlerError", str(exc)
+        context = None
+        if cls is not None:
+            deadline = None
+            if claimed.max_runtime:
+                deadline = (claimed.started_on + timedelta(seconds=claimed.max_runtime)).replace(
+                    tzinfo=timezone.utc)
+            context = RunContext(
+                claimed.run_id, claimed.task_id, claimed.attempt, data, deadline=deadline,
+                report=lambda pct: self.queue.report_progress(claimed.run_id, self.runner_id, pct),
+                stopping=lambda: self.stop_reason is not None)
+            try:
+                self.in_handler = True
+                try:
+                    cls().handle(context)
+                finally:
+                    self.in_handler = False
+            except Interrupted as exc:
+                status, code, message = ERROR, "Interrupted", str(exc)
+            except TaskError as exc:
+                status, code, message = ERROR, exc.code or type(exc).__name__, str(exc)
+            except (Exception, SystemExit) as exc:
+                status, code, message = ERROR, type(exc).__name__, str(exc) or repr(exc)
+            if context.results is not None:
+                try:
+                    results = json.dumps(context.results, allow_nan=False)
+                except (TypeError, ValueError) as exc:
+                    status, code = ERROR, "ResultsNotJSON"
+                    message = "run.results is not JSON-serialisable: %s" % exc
+        ended = self._with_database(lambda: self.queue.end_run(
+            claimed.run_id, claimed.task_id, status, runner_id=self.runner_id, results=results,
+            error_code=code, error_message=message))
+        elapsed = time.monotonic() - started
+        if ended:
+            log.info("run %d of task %d finished: %s %s in %.3fs%s", claimed.run_id,
+                     claimed.task_id, claimed.handler, status, elapsed,
+                     " (%s: %s)" % (code, message) if code else "")
+        else:
+            log.warning("run %d of task %d finished %s in %.3fs, but it had been ended meanwhile "
+                        "(timeout); its outcome is discarded", claimed.run_id, claimed.task_id,
+                        status, elapsed)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def _with_database(self, fn, patience=60.0):
+        """Call fn, riding out a database restart: on a lost connection, reconnect with
+        backoff for up to `patience` seconds (or until asked to stop)."""
+        delay, deadline = 0.1, time.monotonic() + patience
+        while True:
+            try:
+                return fn()
+            except (pw.OperationalError, pw.InterfaceError) as exc:
+                if not (is_disconnect(exc) or is_transient(exc)) or time.monotonic() > deadline:
+                    raise
+                log.warning("database unavailable (%s); retrying in %.1fs",
+                            str(exc).strip().splitlines()[0] if str(exc).strip() else exc, delay)
+                if not self.queue.db.is_closed():
+                    try:
+                        self.queue.db.close()
+                    except pw.DatabaseError:
+                        pass
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _should_exit(self, max_runs):
+        if self.stop_reason is not None:
+            return True
+        if max_runs and self.runs_done >= max_runs:
+            self.stop_reason = "max_runs (%d) reached" % max_runs
+        elif self._process.memory_info().rss > self.config.runner.memory_limit * MB:
+            self.stop_reason = "memory_limit (%d MB) exceeded" % self.config.runner.memory_limit
+        elif self.parent_pid is not None and os.getppid() != self.parent_pid:
+            self.stop_reason = "overseer %d is gone" % self.parent_pid
+        return self.stop_reason is not None
+
+    def _idle(self, standalone):
+        """Wait for work: poll a cheap read every poll_interval (a signal wakes at once).
+        A runner without an overseer also does the queue's regular work while idle."""
+        interval = self.config.runner.poll_interval
+        while self.stop_reason is None and not self._should_exit(None):
+            if standalone:
+                self.queue.process_queue()
+            if self.queue.has_scheduled_runs():
+                return
+            self._wait(interval)
+
+    def work(self, burst=False, max_runs=None):
+        """Register, then claim and execute until told to stop (or, with burst, until no run
+        is left). Returns the number of runs executed."""
+        max_runs = max_runs if max_runs is not None else self.config.runner.max_runs
+        if self.install_signals:
+            self._setup_signals()
+        row = liveness.register(self.queue, kind=RUNNER, parent_id=self.parent_id)
+        self.runner_id = row.id
+        log.info("runner %d started (pid %d, slot %d)", row.id, row.pid, row.slot)
+        beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        beat.start()
+        try:
+            while not self._should_exit(max_runs):
+                claimed = self._with_database(lambda: self.queue.claim(self.runner_id))
+                if claimed is None:
+                    if burst:
+                        self.stop_reason = "no work left"
+                        break
+                    self._with_database(lambda: self._idle(standalone=self.parent_pid is None))
+                    continue
+                self.execute(claimed)
+                self.runs_done += 1
+        finally:
+            self._heartbeat_stop.set()
+            beat.join(timeout=5)
+            if not self.disowned:
+                self._with_database(lambda: liveness.retire(self.runner_id, self.stop_reason))
+            log.info("runner %d exiting after %d runs: %s", self.runner_id, self.runs_done,
+                     self.stop_reason)
+        return self.runs_done
+
+
+def run_runner(queue, refuse_quietly=False, parent_pid=None, parent_id=None):
+    """Entry point of ``taskrunner runner`` and ``run-event task-runner:OnProcess``; returns
+    the exit code. At the host's limit: exit 1, or 0 with `refuse_quietly` (cron use)."""
+    worker = Worker(queue, parent_pid=parent_pid, parent_id=parent_id)
+    try:
+        worker.work()
+    except RunnerLimitReached as exc:
+        if refuse_quietly:
+            log.info("not starting: %s", exc)
+            return 0
+        log.error("not starting: %s", exc)
+        return 1
+    return 0
