@@ -202,13 +202,15 @@ class TaskQueue:
                     query = query.for_update(skip_locked=True)
                 ids = [t.id for t in query]
                 if ids:
-                    source = Task.select(Task.id, pw.Value(now), pw.Value(now), Task.run_count + 1,
-                                         Task.id, Task.priority, Task.scheduled_on,
-                                         pw.Value(SCHEDULED)).where(Task.id.in_(ids))
-                    (Run.insert_from(source, [Run.task_id, Run.created_on, Run.updated_on,
-                                              Run.attempt, Run.active_task_id, Run.priority,
-                                              Run.scheduled_on, Run.status])
-                     .on_conflict_ignore().execute())
+                    live = Run.select(Run.id).where(Run.active_task_id == Task.id)
+                    source = (Task.select(Task.id, pw.Value(now), pw.Value(now), Task.run_count + 1,
+                                          Task.id, Task.priority, Task.scheduled_on,
+                                          pw.Value(SCHEDULED), pw.Value(0))
+                              .where(Task.id.in_(ids) & ~pw.fn.EXISTS(live)))
+                    Run.insert_from(source, [Run.task_id, Run.created_on, Run.updated_on,
+                                             Run.attempt, Run.active_task_id, Run.priority,
+                                             Run.scheduled_on, Run.status,
+                                             Run.percent_completed]).execute()
                     (Task.update(next_run_on=None, run_count=Task.run_count + 1,
                                  last_status=SCHEDULED, updated_on=now)
                      .where(Task.id.in_(ids)).execute())

@@ -1,0 +1,187 @@
+"""Shared fixtures: a fresh database per test on SQLite, PostgreSQL and MariaDB/MySQL, and
+helpers to run real taskrunner processes.
+
+PostgreSQL and MySQL tests need a server: by default postgresql://postgres@127.0.0.1:5432/postgres
+and mysql://root@127.0.0.1:3306/test (override with TASKRUNNER_TEST_POSTGRES_URL and
+TASKRUNNER_TEST_MYSQL_URL). Without the server they are skipped with the reason — except in
+CI (CI=true or TASKRUNNER_REQUIRE_DATABASES=1), where an unreachable server fails them.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from taskrunner import Config, TaskQueue
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_DIR = os.path.dirname(TESTS_DIR)
+SERVERS = {
+    "postgresql": os.environ.get("TASKRUNNER_TEST_POSTGRES_URL",
+                                 "postgresql://postgres@127.0.0.1:5432/postgres"),
+    "mysql": os.environ.get("TASKRUNNER_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
+}
+ALL_BACKENDS = ("sqlite", "postgresql", "mysql")
+
+
+def databases_required():
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes") or \
+        os.environ.get("TASKRUNNER_REQUIRE_DATABASES") == "1"
+
+
+def _with_db(url, name):
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+def _admin(backend):
+    """A DB-API connection to the server, or skip/fail saying why."""
+    url = SERVERS[backend]
+    parts = urlsplit(url)
+    try:
+        if backend == "postgresql":
+            import psycopg
+            return psycopg.connect(host=parts.hostname, port=parts.port or 5432,
+                                   user=parts.username or "postgres", password=parts.password,
+                                   dbname=parts.path.lstrip("/") or "postgres", autocommit=True,
+                                   connect_timeout=5)
+        import pymysql
+        return pymysql.connect(host=parts.hostname, port=parts.port or 3306,
+                               user=parts.username or "root", password=parts.password or "",
+                               autocommit=True, connect_timeout=5)
+    except Exception as exc:  # any driver or network failure means "no server here"
+        reason = "%s server not reachable at %s: %s" % (backend, parts.hostname, exc)
+        if databases_required():
+            pytest.fail(reason + " (required in CI)")
+        pytest.skip(reason)
+
+
+class Database:
+    """A fresh, empty database for one test; dropped afterwards."""
+
+    def __init__(self, backend, tmp_path):
+        self.backend = backend
+        self.name = "trtest_%s" % uuid.uuid4().hex[:12]
+        if backend == "sqlite":
+            self.url = "sqlite:///%s" % (tmp_path / "taskrunner.db")
+            return
+        self.admin = _admin(backend)
+        with self.admin.cursor() as cur:
+            cur.execute("CREATE DATABASE %s" % self.name)
+        self.url = _with_db(SERVERS[backend], self.name)
+
+    def drop(self):
+        if self.backend == "sqlite":
+            return
+        with self.admin.cursor() as cur:
+            if self.backend == "postgresql":
+                cur.execute("DROP DATABASE IF EXISTS %s WITH (FORCE)" % self.name)
+            else:
+                cur.execute("DROP DATABASE IF EXISTS %s" % self.name)
+        self.admin.close()
+
+    def config(self, **sections):
+        data = {"database": {"url": self.url}}
+        for section, values in sections.items():
+            data.setdefault(section, {}).update(values)
+        return Config.from_dict(data)
+
+    def queue(self, **sections):
+        return TaskQueue(self.config(**sections))
+
+    def write_config(self, path, text=""):
+        path.write_text('[database]\nurl = "%s"\n%s' % (self.url, text))
+        return str(path)
+
+
+@pytest.fixture(params=ALL_BACKENDS)
+def database(request, tmp_path):
+    db = Database(request.param, tmp_path)
+    yield db
+    db.drop()
+
+
+@pytest.fixture(params=("sqlite", "postgresql"))
+def database_sp(request, tmp_path):
+    """SQLite and PostgreSQL only, for the slowest process tests."""
+    db = Database(request.param, tmp_path)
+    yield db
+    db.drop()
+
+
+@pytest.fixture
+def sqlite_db(tmp_path):
+    return Database("sqlite", tmp_path)
+
+
+@pytest.fixture
+def queue(database):
+    q = database.queue()
+    yield q
+    q.close()
+
+
+def process_env(extra=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([TESTS_DIR, REPO_DIR, env.get("PYTHONPATH", "")])
+    env.pop("TASKRUNNER_CONFIG", None)
+    env.pop("TASKRUNNER_DATABASE_URL", None)
+    env.update(extra or {})
+    return env
+
+
+def taskrunner(*args, config=None, url=None, check=False, timeout=60, env=None):
+    """Run the CLI to completion; returns CompletedProcess (text)."""
+    cmd = [sys.executable, "-m", "taskrunner"]
+    if config:
+        cmd += ["--config", config]
+    if url:
+        cmd += ["--database", url]
+    result = subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout,
+                            env=process_env(env))
+    if check and result.returncode != 0:
+        raise AssertionError("taskrunner %s exited %d: %s" % (" ".join(args), result.returncode,
+                                                              result.stderr))
+    return result
+
+
+def spawn(*args, config=None, url=None, env=None, log_path=None):
+    """Start the CLI in the background (its own process group); stderr to log_path."""
+    cmd = [sys.executable, "-m", "taskrunner"]
+    if config:
+        cmd += ["--config", config]
+    if url:
+        cmd += ["--database", url]
+    err = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    return subprocess.Popen(cmd + list(args), stdout=subprocess.DEVNULL, stderr=err,
+                            env=process_env(env), start_new_session=True)
+
+
+def wait_for(predicate, timeout=20.0, interval=0.05, message="condition"):
+    """Poll until predicate() is truthy; fail with what was last seen."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError("timed out after %.1fs waiting for %s (last seen: %r)"
+                         % (timeout, message, last))
+
+
+def stop_process(proc, sig=signal.SIGKILL):
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)

@@ -1,0 +1,92 @@
+"""Handlers used by the tests. Executions are recorded in a file outside the database
+(one line per execution, appended with O_APPEND), so a test can count them independently."""
+import os
+import signal
+import time
+
+from taskrunner import TaskError, TaskHandler
+
+
+def record(path, line):
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def read_records(path):
+    """[(task_id, run_id, pid)] of every recorded execution."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        return [tuple(int(x) for x in line.split()) for line in fh if line.strip()]
+
+
+class Record(TaskHandler):
+    """Records its execution; sleeps data["sleep"] seconds first if given."""
+
+    def handle(self, run):
+        if run.data.get("sleep"):
+            time.sleep(run.data["sleep"])
+        record(run.data["log"], "%d %d %d" % (run.task_id, run.id, os.getpid()))
+        run.results = {"task": run.task_id}
+
+
+class Started(TaskHandler):
+    """Writes a start marker, then sleeps data["sleep"] and records its execution."""
+
+    def handle(self, run):
+        record(run.data["log"] + ".started", "%d %d %d" % (run.task_id, run.id, os.getpid()))
+        deadline = time.monotonic() + run.data.get("sleep", 1)
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+        record(run.data["log"], "%d %d %d" % (run.task_id, run.id, os.getpid()))
+
+
+class IgnoreTerm(TaskHandler):
+    """Ignores SIGTERM while it sleeps (a badly behaved handler)."""
+
+    def handle(self, run):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        record(run.data["log"] + ".started", "%d %d %d" % (run.task_id, run.id, os.getpid()))
+        time.sleep(run.data.get("sleep", 60))
+
+
+class FailTimes(TaskHandler):
+    """Fails its first data["fail"] attempts, then succeeds."""
+
+    def handle(self, run):
+        if run.attempt <= run.data.get("fail", 1):
+            raise TaskError("attempt %d fails" % run.attempt, code="Planned")
+        run.results = {"attempt": run.attempt}
+
+
+class Boom(TaskHandler):
+    def handle(self, run):
+        raise ValueError("boom")
+
+
+class Progress(TaskHandler):
+    def handle(self, run):
+        for pct in (10, 50, 90):
+            run.progress(pct)
+        run.results = {"done": True}
+
+
+class NotAHandler:
+    def handle(self, run):
+        pass
+
+
+class SlowFirstAttempt(TaskHandler):
+    """Like Started, but only attempt 1 sleeps data["sleep"]; later attempts finish at once
+    (for tests that kill the first attempt and let a retry succeed)."""
+
+    def handle(self, run):
+        record(run.data["log"] + ".started", "%d %d %d" % (run.task_id, run.id, os.getpid()))
+        if run.attempt == 1:
+            deadline = time.monotonic() + run.data.get("sleep", 1)
+            while time.monotonic() < deadline:
+                time.sleep(0.02)
+        record(run.data["log"], "%d %d %d" % (run.task_id, run.id, os.getpid()))

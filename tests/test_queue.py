@@ -1,0 +1,378 @@
+"""The queue's rules, attacked directly on each database: one live run per task (rule 1),
+claim order and exclusivity (rule 2), run creation and backoff (rule 3), conditional ends
+(rule 4), retry, cancel, unique keys and rotation. Time is injected, never slept."""
+import sys
+import threading
+from datetime import timedelta
+
+import peewee as pw
+import pytest
+
+from taskrunner import HandlerError, InputError, StateError, TaskNotFound
+from taskrunner import liveness
+from taskrunner.models import (CANCELLED, ERROR, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
+                               Runner, Task, utcnow)
+from taskrunner.queue import retry_delay
+
+RECORD = "sample_handlers.Record"
+ECHO = "taskrunner.handlers.Echo"
+
+
+@pytest.fixture
+def runner_id(queue):
+    return liveness.register(queue).id
+
+
+def test_due_task_gets_its_run_in_the_same_transaction(queue):
+    task_id = queue.add_task(ECHO, data={"x": 1})
+    runs = queue.runs_of(task_id)
+    assert [(r.status, r.attempt, r.active_task_id) for r in runs] == [(SCHEDULED, 1, task_id)]
+
+
+def test_delayed_task_gets_its_run_only_when_due(queue):
+    now = utcnow()
+    task_id = queue.add_task(ECHO, scheduled_on=now + timedelta(minutes=5), now=now)
+    assert queue.runs_of(task_id) == []
+    assert queue.create_missing_runs(now + timedelta(minutes=4)) == 0
+    assert queue.runs_of(task_id) == []
+    assert queue.create_missing_runs(now + timedelta(minutes=5, seconds=1)) == 1
+    assert [r.status for r in queue.runs_of(task_id)] == [SCHEDULED]
+    assert queue.create_missing_runs(now + timedelta(minutes=6)) == 0
+
+
+def test_rule1_database_refuses_a_second_live_run(queue):
+    task_id = queue.add_task(ECHO)
+    now = utcnow()
+    with pytest.raises(pw.IntegrityError):
+        with queue.db.atomic():
+            Run.create(task_id=task_id, created_on=now, updated_on=now, scheduled_on=now,
+                       status=SCHEDULED, active_task_id=task_id)
+    assert len(queue.runs_of(task_id)) == 1
+
+
+def test_rule1_create_missing_runs_never_doubles_a_live_run(queue):
+    now = utcnow()
+    task_id = queue.add_task(ECHO)
+    # Corrupt next_run_on as if a second creator raced: the unique index still holds.
+    Task.update(next_run_on=now - timedelta(seconds=1)).where(Task.id == task_id).execute()
+    queue.create_missing_runs(now)
+    assert len(queue.runs_of(task_id)) == 1
+
+
+def test_claim_order_is_priority_then_fifo(queue, runner_id):
+    now = utcnow()
+    low_old = queue.add_task(ECHO, scheduled_on=now - timedelta(seconds=30), now=now)
+    high_new = queue.add_task(ECHO, priority=5, now=now)
+    low_new = queue.add_task(ECHO, now=now)
+    high_old = queue.add_task(ECHO, priority=5, scheduled_on=now - timedelta(seconds=10), now=now)
+    order = [queue.claim(runner_id).task_id for _ in range(4)]
+    assert order == [high_old, high_new, low_old, low_new]
+    assert queue.claim(runner_id) is None
+
+
+def test_claim_marks_run_and_task_running(queue, runner_id):
+    task_id = queue.add_task(ECHO, data={"a": 1})
+    claimed = queue.claim(runner_id)
+    assert (claimed.task_id, claimed.handler, claimed.data) == (task_id, ECHO, '{"a":1}')
+    run = Run.get_by_id(claimed.run_id)
+    assert (run.status, run.runner_id) == (RUNNING, runner_id)
+    assert run.started_on is not None
+    assert queue.get_task(task_id).last_status == RUNNING
+
+
+def test_concurrent_claims_take_each_run_once(database):
+    queue = database.queue()
+    queue.add_tasks([{"handler": ECHO} for _ in range(200)])
+    runner_ids = [liveness.register(queue).id for _ in range(4)]
+    claimed, errors = [], []
+
+    def claim_all(rid):
+        try:
+            while (c := queue.claim(rid)) is not None:
+                claimed.append(c.run_id)
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            queue.db.close()
+
+    threads = [threading.Thread(target=claim_all, args=(rid,)) for rid in runner_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert len(claimed) == 200 and len(set(claimed)) == 200
+    queue.close()
+
+
+def test_success_aggregates_the_task(queue, runner_id):
+    task_id = queue.add_task(ECHO)
+    claimed = queue.claim(runner_id)
+    assert queue.end_run(claimed.run_id, task_id, SUCCESS, runner_id=runner_id, results='{"r":1}')
+    task = queue.get_task(task_id)
+    assert (task.last_status, task.runs_failed, task.next_run_on) == (SUCCESS, 0, None)
+    assert task.finished_on is not None and task.active_key is None
+    run = Run.get_by_id(claimed.run_id)
+    assert (run.status, run.percent_completed, run.results, run.active_task_id) == \
+        (SUCCESS, 100, '{"r":1}', None)
+
+
+def test_rule4_late_finisher_cannot_overwrite_timeout(queue, runner_id):
+    task_id = queue.add_task(ECHO, max_retries=3)
+    claimed = queue.claim(runner_id)
+    assert queue.end_run(claimed.run_id, task_id, TIMEOUT, error_code="RunTimeout",
+                         error_message="no update")
+    # The runner comes back late and reports success: refused, nothing changes.
+    assert not queue.end_run(claimed.run_id, task_id, SUCCESS, runner_id=runner_id)
+    assert not queue.report_progress(claimed.run_id, runner_id, 50)
+    run = Run.get_by_id(claimed.run_id)
+    assert (run.status, run.error_code) == (TIMEOUT, "RunTimeout")
+    task = queue.get_task(task_id)
+    assert (task.last_status, task.runs_failed) == (TIMEOUT, 1)
+
+
+def test_rule4_another_runner_cannot_end_a_run(queue, runner_id):
+    other = liveness.register(queue).id
+    task_id = queue.add_task(ECHO)
+    claimed = queue.claim(runner_id)
+    assert not queue.end_run(claimed.run_id, task_id, ERROR, runner_id=other)
+    assert Run.get_by_id(claimed.run_id).status == RUNNING
+
+
+def test_failures_back_off_then_give_up_after_max_retries(queue, runner_id):
+    queue.config.task.retry_backoff = 10
+    task_id = queue.add_task(ECHO, max_retries=3)
+    now = utcnow()
+    for attempt in (1, 2, 3):
+        claimed = queue.claim(runner_id, now=now)
+        assert claimed is not None and claimed.attempt == attempt
+        queue.end_run(claimed.run_id, task_id, ERROR, runner_id=runner_id, error_code="E",
+                      error_message="failed %d" % attempt, now=now)
+        task = queue.get_task(task_id)
+        assert task.runs_failed == attempt
+        if attempt == 3:
+            break
+        delay = (task.next_run_on - now).total_seconds()
+        full = 10 * 2 ** (attempt - 1)
+        assert full / 2 <= delay <= full
+        # Rule 3: not before finished_on + backoff.
+        assert queue.create_missing_runs(now + timedelta(seconds=full / 2 - 0.5)) == 0
+        now = now + timedelta(seconds=full + 1)
+        assert queue.create_missing_runs(now) == 1
+    task = queue.get_task(task_id)
+    assert task.given_up and task.next_run_on is None and task.finished_on is not None
+    assert (task.last_error_code, task.last_error_message) == ("E", "failed 3")
+    assert queue.create_missing_runs(now + timedelta(days=1)) == 0
+    assert [t.id for t in queue.tasks(status="given-up")] == [task_id]
+
+
+def test_success_resets_runs_failed(queue, runner_id):
+    queue.config.task.retry_backoff = 0
+    task_id = queue.add_task(ECHO, max_retries=5)
+    claimed = queue.claim(runner_id)
+    queue.end_run(claimed.run_id, task_id, ERROR, runner_id=runner_id, error_code="E")
+    queue.create_missing_runs(utcnow() + timedelta(seconds=1))
+    claimed = queue.claim(runner_id)
+    assert claimed.attempt == 2
+    queue.end_run(claimed.run_id, task_id, SUCCESS, runner_id=runner_id)
+    task = queue.get_task(task_id)
+    assert (task.last_status, task.runs_failed, task.last_error_code) == (SUCCESS, 0, "E")
+
+
+def test_retry_delay_is_exponential_capped_and_jittered():
+    assert retry_delay(1, 10, 3600, rand=lambda: 0) == 5
+    assert retry_delay(1, 10, 3600, rand=lambda: 1) == 10
+    assert retry_delay(4, 10, 3600, rand=lambda: 1) == 80
+    assert retry_delay(30, 10, 3600, rand=lambda: 1) == 3600
+
+
+def test_retry_rearms_a_given_up_task(queue, runner_id):
+    task_id = queue.add_task(ECHO, max_retries=1)
+    claimed = queue.claim(runner_id)
+    queue.end_run(claimed.run_id, task_id, ERROR, runner_id=runner_id, error_code="E")
+    assert queue.get_task(task_id).given_up
+    queue.retry(task_id)
+    task = queue.get_task(task_id)
+    assert (task.runs_failed, task.finished_on, task.given_up) == (0, None, False)
+    assert [r.status for r in queue.runs_of(task_id)] == [ERROR, SCHEDULED]
+    with pytest.raises(StateError):
+        queue.retry(task_id)  # it has a live run now
+
+
+def test_retry_refuses_a_successful_task_and_unknown_ids(queue, runner_id):
+    task_id = queue.add_task(ECHO)
+    claimed = queue.claim(runner_id)
+    queue.end_run(claimed.run_id, task_id, SUCCESS, runner_id=runner_id)
+    with pytest.raises(StateError):
+        queue.retry(task_id)
+    with pytest.raises(TaskNotFound):
+        queue.retry(999999)
+
+
+def test_cancel_scheduled_task(queue):
+    task_id = queue.add_task(ECHO)
+    queue.cancel(task_id)
+    task = queue.get_task(task_id)
+    assert task.last_status == CANCELLED and task.finished_on is not None
+    assert [r.status for r in queue.runs_of(task_id)] == [CANCELLED]
+    with pytest.raises(StateError):
+        queue.cancel(task_id)
+
+
+def test_cancel_delayed_task_stops_it_for_good(queue):
+    now = utcnow()
+    task_id = queue.add_task(ECHO, scheduled_on=now + timedelta(seconds=5))
+    queue.cancel(task_id)
+    assert queue.create_missing_runs(now + timedelta(minutes=1)) == 0
+    assert queue.runs_of(task_id) == []
+
+
+def test_cancel_refuses_a_running_task(queue, runner_id):
+    task_id = queue.add_task(ECHO)
+    queue.claim(runner_id)
+    with pytest.raises(StateError, match="running"):
+        queue.cancel(task_id)
+    assert queue.get_task(task_id).last_status == RUNNING
+
+
+def test_unique_key_returns_the_live_task(queue, runner_id):
+    first = queue.add_task(ECHO, unique_key="report-42")
+    assert queue.add_task(ECHO, unique_key="report-42") == first
+    assert Task.select().count() == 1
+    claimed = queue.claim(runner_id)
+    queue.end_run(claimed.run_id, first, SUCCESS, runner_id=runner_id)
+    second = queue.add_task(ECHO, unique_key="report-42")
+    assert second != first
+
+
+def test_unique_key_race_yields_one_task(database):
+    queue = database.queue()
+    ids, errors = [], []
+    barrier = threading.Barrier(8)
+
+    def add():
+        try:
+            barrier.wait()
+            ids.append(queue.add_task(ECHO, unique_key="only-one"))
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            queue.db.close()
+
+    threads = [threading.Thread(target=add) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert len(set(ids)) == 1 and len(ids) == 8
+    assert Task.select().where(Task.unique_key == "only-one").count() == 1
+    queue.close()
+
+
+@pytest.mark.parametrize("handler,match", [
+    ("nosuchmodule.Handler", "cannot be imported"),
+    ("taskrunner.handlers.Missing", "not found"),
+    ("sample_handlers.NotAHandler", "not a TaskHandler"),
+    ("not a path", "invalid handler"),
+])
+def test_add_refuses_bad_handlers_and_stores_nothing(queue, handler, match):
+    with pytest.raises(HandlerError, match=match):
+        queue.add_task(handler)
+    assert Task.select().count() == 0 and Run.select().count() == 0
+
+
+def test_allow_list_is_checked_before_import(database):
+    queue = database.queue(handlers={"allow": ["taskrunner.handlers.*"]})
+    queue.add_task(ECHO)
+    sys.modules.pop("sample_handlers", None)
+    with pytest.raises(HandlerError, match="not allowed"):
+        queue.add_task(RECORD)
+    assert "sample_handlers" not in sys.modules
+    assert Task.select().count() == 1
+
+
+@pytest.mark.parametrize("data", [{"x": object()}, {"x": float("nan")}, "x" * 2000])
+def test_add_refuses_bad_data_and_stores_nothing(database, data):
+    queue = database.queue(task={"max_data_size": 1024})
+    with pytest.raises(HandlerError):
+        queue.add_task(ECHO, data=data)
+    assert Task.select().count() == 0
+
+
+def test_bulk_add_is_all_or_nothing(queue):
+    with pytest.raises(InputError):
+        queue.add_tasks([{"handler": ECHO}, {"handler": "nosuch.Handler"}])
+    assert Task.select().count() == 0
+    ids = queue.add_tasks([{"handler": ECHO, "data": i} for i in range(1000)])
+    assert len(ids) == len(set(ids)) == 1000
+    assert Run.select().where(Run.status == SCHEDULED).count() == 1000
+
+
+def test_run_timeout_without_update_marks_run_timeout(queue, runner_id):
+    task_id = queue.add_task(ECHO, run_timeout=60, max_retries=2)
+    claimed = queue.claim(runner_id)
+    now = utcnow()
+    assert queue.timeout_overdue_runs(now + timedelta(seconds=59)) == []
+    assert queue.report_progress(claimed.run_id, runner_id, 40, now=now + timedelta(seconds=50))
+    assert queue.timeout_overdue_runs(now + timedelta(seconds=100)) == []
+    ended = queue.timeout_overdue_runs(now + timedelta(seconds=111))
+    assert ended == [(claimed.run_id, runner_id)]
+    run = Run.get_by_id(claimed.run_id)
+    assert (run.status, run.error_code, run.percent_completed) == (TIMEOUT, "RunTimeout", 40)
+    assert queue.get_task(task_id).runs_failed == 1
+
+
+def test_max_runtime_marks_run_timeout(queue, runner_id):
+    queue.add_task(ECHO, max_runtime=30)
+    claimed = queue.claim(runner_id)
+    now = utcnow()
+    queue.report_progress(claimed.run_id, runner_id, 90, now=now + timedelta(seconds=29))
+    assert queue.timeout_overdue_runs(now + timedelta(seconds=31)) == [(claimed.run_id, runner_id)]
+    assert Run.get_by_id(claimed.run_id).error_code == "MaxRuntime"
+
+
+def test_dead_runner_rows_become_timeout_with_their_runs(queue, runner_id):
+    task_id = queue.add_task(ECHO)
+    claimed = queue.claim(runner_id)
+    # A row of this host whose PID is alive but whose create_time differs: PID reuse.
+    Runner.update(pid_create_time=Runner.pid_create_time - 1000).where(
+        Runner.id == runner_id).execute()
+    result = queue.process_queue()
+    assert result["dead_runners"] == [runner_id]
+    assert Runner.get_by_id(runner_id).status == TIMEOUT
+    run = Run.get_by_id(claimed.run_id)
+    assert (run.status, run.error_code) == (TIMEOUT, "RunnerDied")
+    assert queue.get_task(task_id).runs_failed == 1
+
+
+def test_other_hosts_are_dead_by_heartbeat_age(queue):
+    now = utcnow()
+    row = Runner.create(host="elsewhere", boot_id="b", pid=1, pid_create_time=0, started_on=now,
+                        heartbeat_on=now - timedelta(seconds=30), slot=1)
+    assert liveness.refresh_runners(queue, now=now) == []
+    assert liveness.refresh_runners(queue, now=now + timedelta(seconds=31)) == [row.id]
+
+
+def test_rotation_deletes_only_old_ended_tasks(queue, runner_id):
+    now = utcnow()
+    old_success = queue.add_task(ECHO)
+    old_failed = queue.add_task(ECHO, max_retries=1)
+    for task_id, status in ((old_success, SUCCESS), (old_failed, ERROR)):
+        claimed = queue.claim(runner_id)
+        assert claimed.task_id == task_id
+        queue.end_run(claimed.run_id, task_id, status, runner_id=runner_id,
+                      now=now - timedelta(days=8))
+    live = queue.add_task(ECHO, scheduled_on=now + timedelta(days=60))
+    recent = queue.add_task(ECHO)
+    claimed = queue.claim(runner_id)
+    queue.end_run(claimed.run_id, claimed.task_id, SUCCESS, runner_id=runner_id)
+    queue.config.rotation.batch_size = 1
+    result = queue.rotate(now)
+    assert result["success"] == 1 and result["failed"] == 0
+    remaining = {t.id for t in Task.select()}
+    assert remaining == {old_failed, live, recent}
+    assert Run.select().where(Run.task_id == old_success).count() == 0
+    result = queue.rotate(now + timedelta(days=23))
+    assert (result["success"], result["failed"]) == (1, 1)
+    assert {t.id for t in Task.select()} == {live}
