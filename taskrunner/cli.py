@@ -3,6 +3,7 @@ error (one line on stderr, no traceback, nothing changed)."""
 import argparse
 import json
 import logging
+import math
 import sys
 from datetime import datetime, timedelta, timezone
 
@@ -11,6 +12,7 @@ import peewee as pw
 from .config import Config
 from .db import mask_url
 from .errors import InputError
+from .handler import encode_data, load_handler
 from .models import FAILED, RUNNING, Run, Runner, Task, utcnow
 
 log = logging.getLogger("taskrunner.cli")
@@ -21,8 +23,11 @@ EVENTS = ("task-queue:OnProcess", "task-runner:OnProcess", "task-queue:OnRotate"
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        # One line, exit 2: the usage block is for --help.
-        self.exit(EXIT_USAGE, "%s: error: %s\n" % (self.prog, message))
+        # One line starting "taskrunner: ", like every other error; exit 2. The usage block
+        # is for --help. A subcommand's parser names the command: "taskrunner: error: add: ...".
+        command = self.prog.partition(" ")[2]
+        self.exit(EXIT_USAGE, "taskrunner: error: %s%s\n"
+                  % (command + ": " if command else "", message))
 
 
 def _iso(value):
@@ -32,9 +37,11 @@ def _iso(value):
 def _at(text):
     try:
         when = datetime.fromisoformat(text)
-    except ValueError:
+        if when.tzinfo is None:
+            when = when.astimezone()  # naive means local time
+        return when.astimezone(timezone.utc)
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError("invalid ISO 8601 time %r" % text) from None
-    return when if when.tzinfo is not None else when.astimezone()  # naive means local time
 
 
 def _json(text):
@@ -49,8 +56,18 @@ def _seconds(text):
         value = float(text)
     except ValueError:
         value = -1
-    if value <= 0:
+    if not (0 < value < math.inf):  # also refuses nan
         raise argparse.ArgumentTypeError("expected a positive number of seconds, got %r" % text)
+    return value
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % text)
     return value
 
 
@@ -101,10 +118,18 @@ def cmd_init_db(args):
 
 
 def cmd_add(args):
-    queue = _queue(args)
+    # Refuse a bad handler or data before opening the database: a refused add creates
+    # nothing, not even the schema, and prints nothing but its one error line.
+    config = args.loaded_config
+    load_handler(args.handler, config.handlers.allow)
+    encode_data(args.data, config.task.max_data_size)
     scheduled_on = args.at
     if args.delay is not None:
-        scheduled_on = datetime.now(timezone.utc) + timedelta(seconds=args.delay)
+        try:
+            scheduled_on = datetime.now(timezone.utc) + timedelta(seconds=args.delay)
+        except OverflowError:
+            raise InputError("--in %g seconds is too far in the future" % args.delay) from None
+    queue = _queue(args)
     print(queue.add_task(args.handler, data=args.data, scheduled_on=scheduled_on,
                          max_retries=args.max_retries, priority=args.priority,
                          run_timeout=args.timeout, unique_key=args.unique_key,
@@ -121,6 +146,11 @@ def cmd_runner(args):
     if args.max_runs is not None:
         queue.config.runner.max_runs = args.max_runs
     return run_runner(queue)
+
+
+def cmd_overseer(args):
+    from .overseer import run_overseer
+    return run_overseer(args.loaded_config, args.config, args.database)
 
 
 def cmd_run_event(args):
@@ -268,6 +298,7 @@ def build_parser():
     p.add_argument("--unique-key", metavar="KEY",
                    help="if a live task holds KEY, add nothing and print its id")
     p.add_argument("--queued-by", metavar="WHO", help="who queued the task")
+    command("overseer", cmd_overseer, "the supervised parent of the runners, foreground")
     p = command("runner", cmd_runner, "one runner, foreground")
     p.add_argument("--burst", action="store_true", help="exit when no run is left")
     p.add_argument("--max-runs", type=int, help="exit after this many runs")
@@ -278,7 +309,7 @@ def build_parser():
     p = command("tasks", cmd_tasks, "list tasks, most recent first")
     p.add_argument("--status", choices=("scheduled", "running", "success", "error", "timeout",
                                         "cancelled", "given-up"))
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--limit", type=_positive_int, default=100)
     p.add_argument("--json", action="store_true")
     for name, func, text in (("show", cmd_show, "one task"), ("runs", cmd_runs, "a task's runs")):
         p = command(name, func, text)

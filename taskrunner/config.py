@@ -95,6 +95,7 @@ SCHEMA = {
         "heartbeat_timeout": (60.0, _positive_seconds),
         "graceful_timeout": (30.0, _seconds),
         "kill_grace": (10.0, _seconds),
+        "max_start_failures": (10, _int(1)),
     },
     "log": {
         "level": ("info", _choice("debug", "info", "warning", "error")),

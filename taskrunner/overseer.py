@@ -1,0 +1,410 @@
+"""The overseer: the pre-fork parent that supervisord or systemd starts.
+
+It registers itself (kind ``overseer``), forks runners up to ``[runner] limit`` and keeps
+them alive, reaps and replaces the ones that exit (with a backoff when they fail at start,
+and a non-zero exit if that goes on), checks every runner of this host every
+``[overseer] check_interval`` (rule 7), stops the runner of a run that timed out (rule 8:
+TERM, a second TERM to interrupt the handler, KILL after ``kill_grace``), processes the
+queue and runs rotation.
+
+Signals are only recorded by their handlers; the main loop handles them, one tick at a time:
+TERM/INT graceful stop (a second one: fast), QUIT immediate stop, HUP reload the config and
+replace the runners, TTIN/TTOU one runner more/less. No database connection crosses a fork:
+the overseer closes its connection before forking and each child opens its own.
+"""
+import ctypes
+import ctypes.util
+import logging
+import os
+import random
+import select
+import signal
+import sys
+import time
+
+import peewee as pw
+
+from . import liveness
+from .config import Config
+from .errors import ConfigError, RunnerLimitReached
+from .models import OVERSEER, RUNNING, Runner, utcnow
+
+log = logging.getLogger("taskrunner.overseer")
+
+PR_SET_PDEATHSIG = 1
+
+
+class Child:
+    """One forked runner, as the overseer sees it."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.started = time.monotonic()
+        self.retiring = False      # told to stop (TERM sent); not counted as capacity
+        self.term_sent = None      # monotonic time of the first TERM
+        self.interrupted = False   # second TERM sent
+        self.kill_at = None        # monotonic time at which it gets KILL
+
+
+class Overseer:
+    SIGNALS = ("SIGHUP", "SIGQUIT", "SIGINT", "SIGTERM", "SIGTTIN", "SIGTTOU", "SIGCHLD")
+    EXIT_OK = 0
+    EXIT_START_FAILED = 1
+    # A child exits with this when the host is at its limit (not a crash).
+    EXIT_LIMIT = 3
+    START_WINDOW = 5.0           # a runner dying sooner than this after its start "failed to start"
+    MAX_START_BACKOFF = 30.0
+
+    def __init__(self, config, config_path=None, database_url=None, queue_factory=None):
+        from .queue import TaskQueue
+        self.config = config
+        self.config_path = config_path
+        self.database_url = database_url
+        self.queue_factory = queue_factory or TaskQueue
+        self.queue = self.queue_factory(config)
+        self.pid = os.getpid()
+        self.row_id = None
+        self.children = {}
+        self.num_runners = config.runner.limit
+        self.signals = []
+        self.stopping = None          # None, "graceful", "fast" or "immediate"
+        self.stop_deadline = None
+        self.start_failures = 0
+        self.next_spawn_at = 0.0
+        self.exit_code = self.EXIT_OK
+        self.exit_reason = None
+        self.next_check = 0.0
+        self.next_rotation = time.monotonic() + config.rotation.interval
+        self._wake_r = self._wake_w = None
+
+    # -- signals ------------------------------------------------------------------------
+
+    def _setup_signals(self):
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(self._wake_w)
+        for name in self.SIGNALS:
+            signal.signal(getattr(signal, name), self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        # Record only; the main loop acts. SIGCHLD just wakes the loop to reap.
+        if signum != signal.SIGCHLD:
+            self.signals.append(signum)
+
+    def _sleep(self, timeout):
+        if timeout > 0:
+            ready, _, _ = select.select([self._wake_r], [], [], timeout)
+            if ready:
+                try:
+                    while os.read(self._wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+
+    def handle_term(self):
+        self._begin_stop()
+
+    handle_int = handle_term
+
+    def handle_quit(self):
+        self.stopping = "immediate"
+
+    def handle_hup(self):
+        try:
+            config = Config.load(self.config_path, self.database_url)
+        except ConfigError as exc:
+            log.error("reload failed, keeping the current config: %s", exc)
+            return
+        if config.database.url != self.config.database.url:
+            log.error("reload refused: [database] url cannot change while running; "
+                      "keeping the current config")
+            return
+        log.info("config reloaded from %s; replacing runners", config.source)
+        self.config = self.queue.config = config
+        self.num_runners = config.runner.limit
+        for child in self.children.values():
+            self._retire(child)
+
+    def handle_ttin(self):
+        self.num_runners = min(self.num_runners + 1, self.config.runner.limit)
+        log.info("runners wanted: %d", self.num_runners)
+
+    def handle_ttou(self):
+        self.num_runners = max(self.num_runners - 1, 0)
+        log.info("runners wanted: %d", self.num_runners)
+
+    def _begin_stop(self):
+        if self.stopping is None:
+            log.info("stopping gracefully: runners finish their current run (up to %gs)",
+                     self.config.overseer.graceful_timeout)
+            self.stopping = "graceful"
+            self.stop_deadline = time.monotonic() + self.config.overseer.graceful_timeout
+            for child in self.children.values():
+                self._retire(child)
+        elif self.stopping == "graceful":
+            log.info("stopping fast: interrupting the runners' handlers")
+            self.stopping = "fast"
+            grace = self.config.overseer.kill_grace
+            self.stop_deadline = min(self.stop_deadline, time.monotonic() + grace)
+            for child in self.children.values():
+                self._interrupt(child)
+
+    # -- children -----------------------------------------------------------------------
+
+    def _signal(self, pid, sig):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _retire(self, child, kill_after=None):
+        """TERM: finish the current run, claim nothing more, exit."""
+        if not child.retiring:
+            child.retiring = True
+            child.term_sent = time.monotonic()
+            self._signal(child.pid, signal.SIGTERM)
+        if kill_after is not None:
+            kill_at = time.monotonic() + kill_after
+            child.kill_at = kill_at if child.kill_at is None else min(child.kill_at, kill_at)
+
+    def _interrupt(self, child):
+        """A second TERM: the runner interrupts its handler."""
+        self._retire(child)
+        if not child.interrupted:
+            child.interrupted = True
+            self._signal(child.pid, signal.SIGTERM)
+
+    def spawn_runner(self):
+        # No connection may cross the fork: the child would share the socket.
+        self.queue.close()
+        jitter = random.randint(0, max(1, self.config.runner.max_runs // 10)) \
+            if self.config.runner.max_runs else 0
+        pid = os.fork()
+        if pid:
+            self.children[pid] = Child(pid)
+            log.debug("spawned runner pid %d", pid)
+            return pid
+        os._exit(self._run_child(jitter))
+
+    def _run_child(self, jitter):
+        code = 1
+        try:
+            for name in self.SIGNALS:
+                signal.signal(getattr(signal, name), signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            _set_parent_death_signal(signal.SIGTERM)
+            from .runner import Worker
+            queue = self.queue_factory(self.config, migrate_schema=False)
+            worker = Worker(queue, parent_pid=self.pid, parent_id=self.row_id)
+            try:
+                worker.work(max_runs=(self.config.runner.max_runs + jitter) or None)
+                code = 0
+            except RunnerLimitReached as exc:
+                log.info("runner not started: %s", exc)
+                code = self.EXIT_LIMIT
+        except BaseException:  # the child must never return into the overseer's loop
+            log.exception("runner crashed")
+        finally:
+            logging.shutdown()
+        return code
+
+    def reap_runners(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self.children.pop(pid, None)
+            if child is None:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            self._account_exit(child, code)
+            # Rows of runners that died without retiring are marked at once, not at the
+            # next check (rule 7).
+            self._guarded(lambda: self._mark_child_dead(pid, "exited with %s" % _describe_exit(code)))
+
+    def _account_exit(self, child, code):
+        lived = time.monotonic() - child.started
+        if code == self.EXIT_LIMIT:
+            self.next_spawn_at = time.monotonic() + self.config.overseer.check_interval
+        elif code != 0 and not child.retiring and lived < self.START_WINDOW:
+            self.start_failures += 1
+            delay = min(self.MAX_START_BACKOFF, 0.5 * 2 ** (self.start_failures - 1))
+            self.next_spawn_at = time.monotonic() + delay
+            log.error("runner pid %d failed at start (%s); %d in a row, next start in %.1fs",
+                      child.pid, _describe_exit(code), self.start_failures, delay)
+            if self.start_failures >= self.config.overseer.max_start_failures:
+                self.exit_code = self.EXIT_START_FAILED
+                self.exit_reason = ("runners keep failing at start (%d in a row, last: %s)"
+                                    % (self.start_failures, _describe_exit(code)))
+                self.stopping = self.stopping or "graceful"
+                self.stop_deadline = self.stop_deadline or time.monotonic()
+        else:
+            if code != 0 and not child.retiring:
+                log.warning("runner pid %d exited with %s", child.pid, _describe_exit(code))
+            if lived >= self.START_WINDOW or code == 0:
+                self.start_failures = 0
+
+    def _mark_child_dead(self, pid, reason):
+        rows = Runner.select(Runner.id).where(
+            (Runner.parent_id == self.row_id) & (Runner.pid == pid) & (Runner.status == RUNNING))
+        for row in rows:
+            liveness.mark_runner_dead(self.queue, row.id, reason)
+
+    def _others_running(self):
+        """Runners of this host that are not this overseer's children (supervisord numprocs,
+        cron run-event, an earlier overseer's children still finishing)."""
+        return Runner.select().where(
+            (Runner.host == liveness.hostname()) & (Runner.status == RUNNING)
+            & Runner.slot.is_null(False)
+            & ((Runner.parent_id != self.row_id) | Runner.parent_id.is_null())).count()
+
+    def manage_runners(self):
+        """Keep the wanted number of runners, within the host's limit (rule 5)."""
+        active = [c for c in self.children.values() if not c.retiring]
+        surplus = len(active) - self.num_runners
+        for child in sorted(active, key=lambda c: c.started)[:max(0, surplus)]:
+            self._retire(child)
+        if self.stopping or time.monotonic() < self.next_spawn_at:
+            return
+        wanted = min(self.num_runners, self.config.runner.limit - self._others_running())
+        # Retiring children still hold their slots: count them until they are gone.
+        missing = wanted - len(self.children)
+        for _ in range(max(0, missing)):
+            self.spawn_runner()
+
+    def kill_overdue(self):
+        """KILL children past their deadline, and interrupt those told to stop a while ago."""
+        now = time.monotonic()
+        for child in list(self.children.values()):
+            if child.kill_at is not None and now >= child.kill_at:
+                log.warning("killing runner pid %d", child.pid)
+                self._signal(child.pid, signal.SIGKILL)
+                child.kill_at = None
+
+    # -- regular work -------------------------------------------------------------------
+
+    def check(self):
+        """Once per check_interval: liveness of every runner of this host (and heartbeats of
+        other hosts), overdue runs and their runners, missing runs, our own heartbeat."""
+        result = self.queue.process_queue()
+        for run_id, runner_id in result["timed_out_runs"]:
+            self._stop_runner_of(runner_id)
+        liveness.heartbeat(self.row_id)
+        if time.monotonic() >= self.next_rotation:
+            self.next_rotation = time.monotonic() + self.config.rotation.interval
+            self.queue.rotate()
+
+    def _stop_runner_of(self, runner_id):
+        """Rule 8: the run was marked timeout; stop the process still executing it."""
+        row = Runner.get_or_none(Runner.id == runner_id)
+        if row is None or row.status != RUNNING or row.host != liveness.hostname():
+            return
+        child = self.children.get(row.pid)
+        grace = self.config.overseer.kill_grace
+        if child is not None:
+            self._interrupt(child)
+            self._retire(child, kill_after=grace)
+        elif liveness.process_alive(row.pid, row.pid_create_time):
+            # Not ours (supervisord, cron): TERM twice now; the next check marks it dead
+            # once gone.
+            self._signal(row.pid, signal.SIGTERM)
+            log.warning("sent TERM to runner %d (pid %d) whose run timed out", row.id, row.pid)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def run(self):
+        self._setup_signals()
+        self.queue.migrate()
+        # Sweep what earlier processes of this host left behind (dead PIDs, an older boot).
+        swept = liveness.refresh_runners(self.queue, other_hosts=False)
+        if swept:
+            log.info("swept %d stale runner rows", len(swept))
+        self.row_id = liveness.register(self.queue, kind=OVERSEER).id
+        log.info("overseer %d started (pid %d): %d runners, check every %gs", self.row_id,
+                 self.pid, self.num_runners, self.config.overseer.check_interval)
+        try:
+            while True:
+                while self.signals:
+                    name = signal.Signals(self.signals.pop(0)).name
+                    log.info("received %s", name)
+                    getattr(self, "handle_" + name[3:].lower())()
+                self.reap_runners()
+                if self.stopping == "immediate" or (self.stopping and self._stopped()):
+                    break
+                now = time.monotonic()
+                if now >= self.next_check:
+                    self.next_check = now + self.config.overseer.check_interval
+                    self._guarded(self.check)
+                self.kill_overdue()
+                self._guarded(self.manage_runners)
+                self._sleep(min(self.next_check - time.monotonic(), 1.0))
+        finally:
+            self._shutdown()
+        return self.exit_code
+
+    def _guarded(self, step):
+        """A database hiccup must not kill the overseer: log it and try again next tick."""
+        try:
+            step()
+        except (pw.OperationalError, pw.InterfaceError) as exc:
+            log.warning("database error (will retry): %s", str(exc).strip().splitlines()[0]
+                        if str(exc).strip() else type(exc).__name__)
+            try:
+                self.queue.close()
+            except pw.DatabaseError:
+                pass
+
+    def _stopped(self):
+        """During a stop: True once every child is gone; KILL them at the deadline."""
+        if not self.children:
+            return True
+        if time.monotonic() >= self.stop_deadline:
+            for child in self.children.values():
+                log.warning("graceful_timeout: killing runner pid %d", child.pid)
+                self._signal(child.pid, signal.SIGKILL)
+            self.stop_deadline = float("inf")
+        return False
+
+    def _shutdown(self):
+        for child in list(self.children.values()):
+            self._signal(child.pid, signal.SIGKILL)
+        for pid in list(self.children):
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+            self._guarded(lambda: self._mark_child_dead(pid, "killed at overseer stop"))
+        self.children.clear()
+        if self.row_id is not None:
+            self._guarded(lambda: liveness.retire(self.row_id, self.exit_reason or "stopped"))
+        if self.exit_reason:
+            log.error("overseer exiting: %s", self.exit_reason)
+        else:
+            log.info("overseer stopped")
+
+
+def _describe_exit(code):
+    return "signal %s" % signal.Signals(-code).name if code < 0 else "exit code %d" % code
+
+
+def _set_parent_death_signal(sig):
+    """Linux: the kernel sends `sig` to this process when its parent dies. Elsewhere the
+    runner's parent-pid check does the same, one poll later."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except OSError:
+        pass
+
+
+def run_overseer(config, config_path=None, database_url=None):
+    """Entry point of ``taskrunner overseer``; returns the exit code."""
+    return Overseer(config, config_path, database_url).run()
