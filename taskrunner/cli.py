@@ -18,7 +18,8 @@ from .models import FAILED, RUNNING, Run, Runner, Task, utcnow
 log = logging.getLogger("taskrunner.cli")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-EVENTS = ("task-queue:OnProcess", "task-runner:OnProcess", "task-queue:OnRotate")
+EVENTS = ("task-queue:OnProcess", "task-runner:OnProcess", "task-queue:OnRotate",
+          "periodic-task:OnProcess")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -161,6 +162,14 @@ def cmd_run_event(args):
                  len(result["dead_runners"]), len(result["timed_out_runs"]), result["created_runs"])
     elif args.event == "task-queue:OnRotate":
         queue.rotate()
+    elif args.event == "periodic-task:OnProcess":
+        from . import periodic
+        periodic.sync_definitions(queue)
+        scheduler = periodic.PeriodicScheduler(queue)
+        scheduler.clear_stale_marks()
+        result = scheduler.run_pending()
+        log.info("periodic tasks: %d submitted, %d skipped", len(result["submitted"]),
+                 len(result["skipped"]))
     else:
         from .runner import run_runner
         return run_runner(queue, refuse_quietly=True)
@@ -262,6 +271,61 @@ def cmd_check(args):
              waiting, failing))
 
 
+def _periodic_dict(row):
+    return {
+        "name": row.name, "enabled": row.enabled, "handler": row.handler,
+        "data": json.loads(row.data), "timer": row.timer, "nextrun": _iso(row.nextrun),
+        "last_due": _iso(row.last_due), "last_run": _iso(row.last_run),
+        "last_task_id": row.last_task_id, "last_status": row.last_status,
+        "consecutive_failures": row.consecutive_failures, "submitted": row.submitted_count,
+        "skipped": row.skipped_count, "priority": row.priority, "catch_up": row.catch_up,
+        "max_runtime": row.max_runtime, "min_spacing": row.min_spacing, "owner": row.owner,
+        "source": row.source, "worker": row.worker, "marked": _iso(row.marked),
+    }
+
+
+def cmd_periodic(args):
+    from . import periodic
+    queue = _queue(args)
+    if args.action == "add":
+        options = {"priority": args.priority, "catch_up": args.catch_up,
+                   "max_runtime": args.max_runtime, "min_spacing": args.min_spacing,
+                   "max_retries": args.max_retries, "owner": args.owner,
+                   "enabled": not args.disabled}
+        row = periodic.add_periodic(queue, args.name, args.handler, args.timer, data=args.data,
+                                    **options)
+        print("periodic task %r added; next run %s" % (row.name, _iso(row.nextrun) or "never"))
+    elif args.action == "list":
+        rows = [_periodic_dict(r) for r in periodic.list_periodic(args.owner)]
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return
+        _print_table(["NAME", "ENABLED", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS",
+                      "FAILURES", "HANDLER"],
+                     [[r["name"], "yes" if r["enabled"] else "no", r["timer"], r["nextrun"],
+                       r["last_run"], r["last_status"], r["consecutive_failures"], r["handler"]]
+                      for r in rows])
+    elif args.action in ("enable", "disable"):
+        periodic.set_enabled(queue, args.name, args.action == "enable", owner=args.owner)
+        print("periodic task %r %sd" % (args.name, args.action))
+    else:
+        periodic.remove_periodic(queue, args.name, owner=args.owner)
+        print("periodic task %r removed" % args.name)
+
+
+def cmd_calendar(args):
+    from .calendar import CalendarError, parse_calendar, render_analyze, render_json
+    try:
+        event = parse_calendar(args.expression)
+    except CalendarError as exc:
+        raise InputError(str(exc)) from None
+    base = args.base or datetime.now(timezone.utc)
+    if args.json:
+        print(json.dumps(render_json(event, base, args.iterations)))
+    else:
+        print(render_analyze(event, base, args.iterations))
+
+
 # -- parser -----------------------------------------------------------------------------
 
 def build_parser():
@@ -320,6 +384,37 @@ def build_parser():
         command(name, func, text).add_argument("id", type=int)
     command("rotate", cmd_rotate, "delete old ended tasks and runner rows")
     command("check", cmd_check, "check the config and the database")
+
+    p = command("periodic", cmd_periodic, "manage periodic tasks")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    actions.required = True
+    a = actions.add_parser("add", help="add a periodic task")
+    a.add_argument("name")
+    a.add_argument("handler")
+    a.add_argument("timer", help="calendar event (e.g. 'Mon..Fri 07:30') or 'every SPAN'")
+    a.add_argument("--data", type=_json, default=None)
+    a.add_argument("--priority", type=int, default=0)
+    a.add_argument("--catch-up", choices=("once", "skip"), default="once")
+    a.add_argument("--max-runtime", metavar="SPAN", help="timebox of each submitted task")
+    a.add_argument("--min-spacing", metavar="SPAN",
+                   help="drop a task at start if the previous one started less than this ago")
+    a.add_argument("--max-retries", type=int)
+    a.add_argument("--owner")
+    a.add_argument("--disabled", action="store_true")
+    a = actions.add_parser("list", help="list periodic tasks")
+    a.add_argument("--owner")
+    a.add_argument("--json", action="store_true")
+    for action in ("enable", "disable", "remove"):
+        a = actions.add_parser(action, help="%s a periodic task" % action)
+        a.add_argument("name")
+        a.add_argument("--owner", help="refuse unless the task has this owner")
+
+    p = command("calendar", cmd_calendar, "next elapses of a calendar event, like "
+                                          "systemd-analyze calendar")
+    p.add_argument("expression")
+    p.add_argument("--base", type=_at, help="ISO 8601 base time (default: now)")
+    p.add_argument("-n", "--iterations", type=int, default=1)
+    p.add_argument("--json", action="store_true")
     return parser
 
 

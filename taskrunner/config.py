@@ -88,7 +88,7 @@ SCHEMA = {
         "keep_failed": (30 * 86400.0, _seconds),
         "keep_runners": (86400.0, _seconds),
         "batch_size": (1000, _int(1)),
-        "interval": (3600.0, _positive_seconds),
+        "timer": ("hourly", _string),
     },
     "overseer": {
         "check_interval": (1.0, _positive_seconds),
@@ -104,15 +104,19 @@ SCHEMA = {
 
 
 class Config(SimpleNamespace):
-    """Sections as attributes: ``config.runner.limit``. ``config.source`` is the file or None."""
+    """Sections as attributes: ``config.runner.limit``; ``config.periodic`` is the list of
+    ``[[periodic]]`` tables; ``config.source`` is the file or ``<defaults>``."""
 
     @classmethod
     def from_dict(cls, data, source="<config>"):
         if not isinstance(data, dict):
             raise ConfigError("%s: expected a table of sections" % source)
         for section in data:
-            if section not in SCHEMA:
+            if section not in SCHEMA and section != "periodic":
                 raise ConfigError("%s: unknown section [%s]" % (source, section))
+        periodic = data.get("periodic", [])
+        if not isinstance(periodic, list) or not all(isinstance(p, dict) for p in periodic):
+            raise ConfigError("%s: periodic tasks are written as [[periodic]] tables" % source)
         sections = {}
         for section, keys in SCHEMA.items():
             given = data.get(section, {})
@@ -131,7 +135,8 @@ class Config(SimpleNamespace):
                 else:
                     values[key] = list(default) if isinstance(default, list) else default
             sections[section] = SimpleNamespace(**values)
-        return cls(source=source, **sections)
+        # [[periodic]] entries are checked when they are synced (that needs the handlers).
+        return cls(source=source, periodic=[dict(p) for p in periodic], **sections)
 
     @classmethod
     def load(cls, path=None, database_url=None, environ=None):

@@ -71,11 +71,14 @@ class RunContext:
 
     ``data`` (decoded JSON), ``results`` (set it to anything JSON-serialisable; stored when the
     run ends), ``progress(percent)``, ``deadline`` (aware UTC datetime or None) and
-    ``should_stop()``. ``id``, ``task_id`` and ``attempt`` identify the run.
+    ``should_stop()``. ``id``, ``task_id`` and ``attempt`` identify the run; ``queue`` is the
+    TaskQueue executing it (to queue follow-up tasks).
     """
 
-    def __init__(self, run_id, task_id, attempt, data, deadline=None, report=None, stopping=None):
+    def __init__(self, run_id, task_id, attempt, data, deadline=None, report=None, stopping=None,
+                 queue=None):
         self.id = run_id
+        self.queue = queue
         self.task_id = task_id
         self.attempt = attempt
         self.data = data

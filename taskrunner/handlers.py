@@ -32,3 +32,10 @@ class Fail(TaskHandler):
     def handle(self, run):
         data = run.data or {}
         raise TaskError(data.get("message", "failed on purpose"), code=data.get("code", "Fail"))
+
+
+class Rotate(TaskHandler):
+    """Rotation as a task: the built-in periodic task ``taskrunner.rotate`` runs it."""
+
+    def handle(self, run):
+        run.results = run.queue.rotate()

@@ -119,4 +119,39 @@ class Runner(BaseModel):
         table_name = "task_runners"
 
 
-MODELS = (Task, Run, Runner)
+class PeriodicTask(BaseModel):
+    """A timer that submits tasks (the Docspell ADR's periodic_task, with Nuntium's owner,
+    spacing and timebox). ``worker``/``marked`` say which scheduler is submitting it now."""
+    name = pw.CharField(unique=True)
+    enabled = pw.BooleanField(default=True)
+    handler = pw.CharField()
+    data = pw.TextField()
+    priority = pw.IntegerField(default=0)
+    submitter = pw.CharField(null=True)
+    worker = pw.CharField(null=True)
+    marked = pw.DateTimeField(null=True)
+    timer = pw.CharField()
+    # NULL when the timer will never elapse again.
+    nextrun = pw.DateTimeField(null=True, index=True)
+    created = pw.DateTimeField()
+    owner = pw.CharField(null=True, index=True)
+    catch_up = pw.CharField(max_length=8, default="once")
+    max_runtime = pw.DoubleField(null=True)
+    min_spacing = pw.DoubleField(null=True)
+    max_retries = pw.IntegerField(null=True)
+    # Where the definition came from: "config" rows are synced from the config file.
+    source = pw.CharField(max_length=16, default="api")
+    last_due = pw.DateTimeField(null=True)
+    last_run = pw.DateTimeField(null=True)
+    last_task_id = pw.IntegerField(null=True)
+    last_status = pw.CharField(max_length=16, null=True)
+    consecutive_failures = pw.IntegerField(default=0)
+    submitted_count = pw.IntegerField(default=0)
+    skipped_count = pw.IntegerField(default=0)
+    updated_on = pw.DateTimeField()
+
+    class Meta:
+        table_name = "periodic_tasks"
+
+
+MODELS = (Task, Run, Runner, PeriodicTask)

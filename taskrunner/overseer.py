@@ -5,7 +5,7 @@ them alive, reaps and replaces the ones that exit (with a backoff when they fail
 and a non-zero exit if that goes on), checks every runner of this host every
 ``[overseer] check_interval`` (rule 7), stops the runner of a run that timed out (rule 8:
 TERM, a second TERM to interrupt the handler, KILL after ``kill_grace``), processes the
-queue and runs rotation.
+queue and runs the periodic scheduler (rotation is one of its periodic tasks).
 
 Signals are only recorded by their handlers; the main loop handles them, one tick at a time:
 TERM/INT graceful stop (a second one: fast), QUIT immediate stop, HUP reload the config and
@@ -24,9 +24,9 @@ import time
 
 import peewee as pw
 
-from . import liveness
+from . import liveness, periodic
 from .config import Config
-from .errors import ConfigError, RunnerLimitReached
+from .errors import ConfigError, InputError, RunnerLimitReached
 from .models import OVERSEER, RUNNING, Runner, utcnow
 
 log = logging.getLogger("taskrunner.overseer")
@@ -74,7 +74,8 @@ class Overseer:
         self.exit_code = self.EXIT_OK
         self.exit_reason = None
         self.next_check = 0.0
-        self.next_rotation = time.monotonic() + config.rotation.interval
+        self.scheduler = None
+        self.next_periodic = 0.0
         self._wake_r = self._wake_w = None
 
     # -- signals ------------------------------------------------------------------------
@@ -120,6 +121,12 @@ class Overseer:
             log.error("reload refused: [database] url cannot change while running; "
                       "keeping the current config")
             return
+        try:
+            periodic.sync_definitions(self.queue, config)
+        except InputError as exc:
+            log.error("reload failed, keeping the current config: %s", exc)
+            return
+        self.next_periodic = 0.0
         log.info("config reloaded from %s; replacing runners", config.source)
         self.config = self.queue.config = config
         self.num_runners = config.runner.limit
@@ -291,14 +298,24 @@ class Overseer:
 
     def check(self):
         """Once per check_interval: liveness of every runner of this host (and heartbeats of
-        other hosts), overdue runs and their runners, missing runs, our own heartbeat."""
+        other hosts), overdue runs and their runners, missing runs, our own heartbeat, and
+        the next periodic due time."""
         result = self.queue.process_queue()
         for run_id, runner_id in result["timed_out_runs"]:
             self._stop_runner_of(runner_id)
         liveness.heartbeat(self.row_id)
-        if time.monotonic() >= self.next_rotation:
-            self.next_rotation = time.monotonic() + self.config.rotation.interval
-            self.queue.rotate()
+        self._plan_periodic()
+
+    def run_periodic(self):
+        """Submit due periodic tasks, then sleep until the next due time (rechecked every
+        check_interval, which is how changes made elsewhere are noticed)."""
+        self.scheduler.run_pending()
+        self._plan_periodic()
+
+    def _plan_periodic(self):
+        due = self.scheduler.next_due()
+        wait = float("inf") if due is None else (due - utcnow()).total_seconds()
+        self.next_periodic = time.monotonic() + max(0.0, wait)
 
     def _stop_runner_of(self, runner_id):
         """Rule 8: the run was marked timeout; stop the process still executing it."""
@@ -325,6 +342,9 @@ class Overseer:
         swept = liveness.refresh_runners(self.queue, other_hosts=False)
         if swept:
             log.info("swept %d stale runner rows", len(swept))
+        periodic.sync_definitions(self.queue)
+        self.scheduler = periodic.PeriodicScheduler(self.queue)
+        self.scheduler.clear_stale_marks()
         self.row_id = liveness.register(self.queue, kind=OVERSEER).id
         log.info("overseer %d started (pid %d): %d runners, check every %gs", self.row_id,
                  self.pid, self.num_runners, self.config.overseer.check_interval)
@@ -341,9 +361,12 @@ class Overseer:
                 if now >= self.next_check:
                     self.next_check = now + self.config.overseer.check_interval
                     self._guarded(self.check)
+                if not self.stopping and time.monotonic() >= self.next_periodic:
+                    self._guarded(self.run_periodic)
                 self.kill_overdue()
                 self._guarded(self.manage_runners)
-                self._sleep(min(self.next_check - time.monotonic(), 1.0))
+                wake = min(self.next_check, self.next_periodic)
+                self._sleep(min(wake - time.monotonic(), 1.0))
         finally:
             self._shutdown()
         return self.exit_code

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 import peewee as pw
 
-from . import liveness, rotation
+from . import liveness, periodic, rotation
 from .config import Config
 from .db import backend_of, check_connection, open_database, retry_transaction
 from .errors import ConfigError, HandlerError, InputError, StateError, TaskNotFound
@@ -25,7 +25,7 @@ from .models import (CANCELLED, ERROR, FAILED, MODELS, RUNNING, SCHEDULED, SUCCE
 log = logging.getLogger("taskrunner.queue")
 
 ClaimedRun = namedtuple("ClaimedRun", "run_id task_id attempt handler data run_timeout "
-                                      "max_runtime started_on")
+                                      "max_runtime started_on periodic_task_id")
 
 _UNSET = object()
 
@@ -246,10 +246,11 @@ class TaskQueue:
             Run.update(status=RUNNING, runner_id=runner_id, started_on=now,
                        updated_on=now).where(Run.id == run.id).execute()
             Task.update(last_status=RUNNING, updated_on=now).where(Task.id == run.task_id).execute()
-            task = (Task.select(Task.handler, Task.data, Task.run_timeout, Task.max_runtime)
+            task = (Task.select(Task.handler, Task.data, Task.run_timeout, Task.max_runtime,
+                                Task.periodic_task_id)
                     .where(Task.id == run.task_id).get())
             return ClaimedRun(run.id, run.task_id, run.attempt, task.handler, task.data,
-                              task.run_timeout, task.max_runtime, now)
+                              task.run_timeout, task.max_runtime, now, task.periodic_task_id)
         return self._write(step)
 
     def report_progress(self, run_id, runner_id, percent, now=None):
@@ -260,7 +261,7 @@ class TaskQueue:
         ).execute() > 0
 
     def end_run(self, run_id, task_id, status, runner_id=None, results=_UNSET, error_code=None,
-                error_message=None, now=None):
+                error_message=None, now=None, periodic_task_id=None):
         """End a running run with `status` and aggregate its task.
 
         Rule 4: the update is conditional on the run still being ``running`` (and, for a
@@ -282,19 +283,25 @@ class TaskQueue:
         def step():
             if not Run.update(values).where(condition).execute():
                 return False
-            self._aggregate(task_id, status, error_code, error_message, now)
+            self._aggregate(task_id, status, error_code, error_message, now, periodic_task_id)
             return True
         return self._write(step)
 
-    def _aggregate(self, task_id, status, error_code, error_message, now):
+    def _aggregate(self, task_id, status, error_code, error_message, now, periodic_task_id=None):
         """The task after a run ended: last_status, runs_failed (reset by a success), the last
-        error, and when (if ever) its next run may be created."""
-        if status == SUCCESS:
-            Task.update(last_status=SUCCESS, runs_failed=0, next_run_on=None, finished_on=now,
-                        active_key=None, updated_on=now).where(Task.id == task_id).execute()
+        error, and when (if ever) its next run may be created. A success needs no read; the
+        caller passes the periodic task id it knows from the claim."""
+        if status in (SUCCESS, CANCELLED):
+            values = {Task.last_status: status, Task.next_run_on: None, Task.finished_on: now,
+                      Task.active_key: None, Task.updated_on: now}
+            if status == SUCCESS:
+                values[Task.runs_failed] = 0
+            Task.update(values).where(Task.id == task_id).execute()
+            if periodic_task_id is not None:
+                periodic.record_outcome(periodic_task_id, status, now)
             return
-        task = self._locked(Task.select(Task.runs_failed, Task.max_retries, Task.retry_backoff)
-                            .where(Task.id == task_id)).get()
+        task = self._locked(Task.select(Task.runs_failed, Task.max_retries, Task.retry_backoff,
+                                        Task.periodic_task_id).where(Task.id == task_id)).get()
         runs_failed = task.runs_failed + 1
         values = {Task.last_status: status, Task.runs_failed: runs_failed,
                   Task.last_error_code: error_code, Task.last_error_message: error_message,
@@ -308,6 +315,8 @@ class TaskQueue:
             delay = retry_delay(runs_failed, base, self.config.task.retry_backoff_max)
             values[Task.next_run_on] = now + timedelta(seconds=delay)
         Task.update(values).where(Task.id == task_id).execute()
+        if task.periodic_task_id is not None:
+            periodic.record_outcome(task.periodic_task_id, status, now)
 
     def timeout_overdue_runs(self, now=None):
         """Mark ``timeout`` every running run with no update for its task's run_timeout, or

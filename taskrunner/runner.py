@@ -22,11 +22,11 @@ from datetime import timedelta, timezone
 import peewee as pw
 import psutil
 
-from . import liveness
+from . import liveness, periodic
 from .db import is_disconnect, is_transient
 from .errors import HandlerError, RunnerLimitReached, TaskError
 from .handler import RunContext, load_handler
-from .models import ERROR, RUNNER, SUCCESS, utcnow
+from .models import CANCELLED, ERROR, RUNNER, SUCCESS
 
 log = logging.getLogger("taskrunner.runner")
 
@@ -127,6 +127,12 @@ class Worker:
                 cls = self._handler_class(claimed.handler)
             except HandlerError as exc:
                 status, code, message = ERROR, "HandlerError", str(exc)
+        if cls is not None and claimed.periodic_task_id is not None and \
+                not periodic.allow_start(claimed.periodic_task_id):
+            # Nuntium's tolerance: the previous task of this periodic task started too recently.
+            cls, status, code = None, CANCELLED, "MinSpacing"
+            message = "dropped: the previous task of this periodic task started less than " \
+                      "min_spacing ago"
         context = None
         if cls is not None:
             deadline = None
@@ -136,7 +142,7 @@ class Worker:
             context = RunContext(
                 claimed.run_id, claimed.task_id, claimed.attempt, data, deadline=deadline,
                 report=lambda pct: self.queue.report_progress(claimed.run_id, self.runner_id, pct),
-                stopping=lambda: self.stop_reason is not None)
+                stopping=lambda: self.stop_reason is not None, queue=self.queue)
             try:
                 self.in_handler = True
                 try:
@@ -157,7 +163,7 @@ class Worker:
                     message = "run.results is not JSON-serialisable: %s" % exc
         ended = self._with_database(lambda: self.queue.end_run(
             claimed.run_id, claimed.task_id, status, runner_id=self.runner_id, results=results,
-            error_code=code, error_message=message))
+            error_code=code, error_message=message, periodic_task_id=claimed.periodic_task_id))
         elapsed = time.monotonic() - started
         if ended:
             log.info("run %d of task %d finished: %s %s in %.3fs%s", claimed.run_id,
