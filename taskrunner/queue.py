@@ -226,6 +226,13 @@ class TaskQueue:
         """A cheap read (no write lock) that idle runners poll before trying to claim."""
         return Run.select(Run.id).where(Run.status == SCHEDULED).limit(1).exists()
 
+    def claim_query(self):
+        """The next scheduled run: one range scan of the task_runs_claim index
+        (status, priority DESC, scheduled_on, id), whatever the backlog."""
+        query = (Run.select(Run.id, Run.task_id, Run.attempt).where(Run.status == SCHEDULED)
+                 .order_by(Run.priority.desc(), Run.scheduled_on, Run.id).limit(1))
+        return query if self.is_sqlite else query.for_update(skip_locked=True)
+
     def claim(self, runner_id, now=None):
         """Start the next run for `runner_id`: highest priority first, FIFO within a priority
         (rule 2). Race closed: two runners taking the same run — PostgreSQL and MySQL lock the
@@ -235,12 +242,7 @@ class TaskQueue:
         now = now or utcnow()
 
         def step():
-            query = (Run.select(Run.id, Run.task_id, Run.attempt)
-                     .where(Run.status == SCHEDULED)
-                     .order_by(Run.priority.desc(), Run.scheduled_on, Run.id).limit(1))
-            if not self.is_sqlite:
-                query = query.for_update(skip_locked=True)
-            run = query.first()
+            run = self.claim_query().first()
             if run is None:
                 return None
             Run.update(status=RUNNING, runner_id=runner_id, started_on=now,
