@@ -20,7 +20,7 @@ from datetime import timedelta, timezone
 
 import peewee as pw
 
-from . import liveness
+from . import liveness, wakeup
 from .calendar import CalendarError, parse_calendar
 from .errors import InputError, StateError
 from .handler import encode_data, load_handler
@@ -315,6 +315,7 @@ class PeriodicScheduler:
         else:
             log.info("periodic task %r: submitted task %d for %s", row.name, task_id, due)
             result["submitted"].append(task_id)
+            wakeup.notify_local(self.queue.config.database.url)
 
     def _skip_reason(self, row, due, now):
         if row.catch_up == "skip" and due < now - self.MISFIRE_GRACE:

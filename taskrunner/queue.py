@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 import peewee as pw
 
-from . import liveness, periodic, rotation
+from . import liveness, periodic, rotation, wakeup
 from .config import Config
 from .db import backend_of, check_connection, open_database, retry_transaction
 from .errors import ConfigError, HandlerError, InputError, StateError, TaskNotFound
@@ -60,6 +60,7 @@ class TaskQueue:
         self.is_sqlite = self.backend == "sqlite"
         self.db = open_database(config.database)
         self.db.bind(MODELS)
+        self._wake_pending = False
         if migrate_schema:
             self.migrate()
 
@@ -135,7 +136,24 @@ class TaskQueue:
             Run.insert(task_id=task_id, created_on=row["queued_on"], updated_on=row["queued_on"],
                        attempt=1, active_task_id=task_id, priority=row["priority"],
                        scheduled_on=row["scheduled_on"], status=SCHEDULED).execute()
+            self._wake_pending = True
         return task_id
+
+    def _write_and_wake(self, fn):
+        """Run fn in a write transaction; if it made runs claimable, wake idle runners (on
+        PostgreSQL by NOTIFY inside the transaction, on this host after the commit)."""
+        self._wake_pending = False
+
+        def step():
+            result = fn()
+            if self._wake_pending:
+                wakeup.notify_in_transaction(self.db, self.backend)
+            return result
+        result = self._write(step)
+        if self._wake_pending:
+            wakeup.notify_local(self.config.database.url)
+            self._wake_pending = False
+        return result
 
     def _add_unique(self, row):
         """Insert a task with a unique_key, or return the id of the live task holding the key.
@@ -143,7 +161,7 @@ class TaskQueue:
         the other reads the winner's id (and tries again if that task ended meanwhile)."""
         for _ in range(5):
             try:
-                return self._write(lambda: self._insert_task(row))
+                return self._write_and_wake(lambda: self._insert_task(row))
             except pw.IntegrityError:
                 existing = Task.select(Task.id).where(Task.active_key == row["unique_key"]).first()
                 if existing is not None:
@@ -163,7 +181,7 @@ class TaskQueue:
                              now)
         if unique_key is not None:
             return self._add_unique(row)
-        return self._write(lambda: self._insert_task(row))
+        return self._write_and_wake(lambda: self._insert_task(row))
 
     def add_tasks(self, tasks, now=None):
         """Queue many tasks in one transaction; `tasks` are dicts of add_task's arguments.
@@ -178,7 +196,8 @@ class TaskQueue:
         def insert_all():
             return [self._insert_task(row) for row in rows if row["unique_key"] is None]
 
-        plain = self._write(insert_all) if any(r["unique_key"] is None for r in rows) else []
+        plain = self._write_and_wake(insert_all) if any(r["unique_key"] is None for r in rows) \
+            else []
         ids, plain_ids = [], iter(plain)
         for row in rows:
             ids.append(next(plain_ids) if row["unique_key"] is None else self._add_unique(row))
@@ -194,6 +213,9 @@ class TaskQueue:
         task_runs.active_task_id refuses a second live run whatever happens."""
         now = now or utcnow()
         created = 0
+        # A cheap read first: most passes find nothing and need no write lock.
+        if not Task.select(Task.id).where(Task.next_run_on <= now).exists():
+            return 0
         while True:
             def step():
                 query = (Task.select(Task.id).where(Task.next_run_on <= now)
@@ -214,8 +236,9 @@ class TaskQueue:
                     (Task.update(next_run_on=None, run_count=Task.run_count + 1,
                                  last_status=SCHEDULED, updated_on=now)
                      .where(Task.id.in_(ids)).execute())
+                    self._wake_pending = True
                 return len(ids)
-            count = self._write(step)
+            count = self._write_and_wake(step)
             created += count
             if count < batch:
                 return created

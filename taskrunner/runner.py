@@ -22,7 +22,7 @@ from datetime import timedelta, timezone
 import peewee as pw
 import psutil
 
-from . import liveness, periodic
+from . import liveness, periodic, wakeup
 from .db import is_disconnect, is_transient
 from .errors import HandlerError, RunnerLimitReached, TaskError
 from .handler import RunContext, load_handler
@@ -56,6 +56,7 @@ class Worker:
         self._handlers = {}
         self._process = psutil.Process()
         self._wake_r = self._wake_w = None
+        self._listener = self._pg_listener = None
         self._heartbeat_stop = threading.Event()
 
     # -- signals ------------------------------------------------------------------------
@@ -77,15 +78,26 @@ class Worker:
             self.stop_reason = "received %s" % name
 
     def _wait(self, timeout):
-        if self._wake_r is None:
+        """Sleep until a signal, a wake-up from whoever added work, or `timeout`."""
+        sources = [fd for fd in (self._wake_r, self._listener) if fd is not None]
+        if self._pg_listener is not None:
+            self._pg_listener.ensure()
+            if self._pg_listener.pending:
+                self._pg_listener.drain()
+                return
+            sources.append(self._pg_listener)
+        if not sources:
             time.sleep(timeout)
             return
-        ready, _, _ = select.select([self._wake_r], [], [], timeout)
-        if ready:
-            try:
-                os.read(self._wake_r, 512)
-            except BlockingIOError:
-                pass
+        ready, _, _ = select.select(sources, [], [], timeout)
+        for source in ready:
+            if source is self._wake_r:
+                try:
+                    os.read(self._wake_r, 512)
+                except BlockingIOError:
+                    pass
+            else:
+                source.drain()
 
     # -- heartbeat ----------------------------------------------------------------------
 
@@ -226,6 +238,10 @@ class Worker:
             self._setup_signals()
         row = liveness.register(self.queue, kind=RUNNER, parent_id=self.parent_id)
         self.runner_id = row.id
+        if not burst:
+            self._listener = wakeup.Listener(self.config.database.url)
+            if self.queue.backend == "postgresql":
+                self._pg_listener = wakeup.PostgresListener(self.queue.db)
         log.info("runner %d started (pid %d, slot %d)", row.id, row.pid, row.slot)
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
@@ -241,6 +257,8 @@ class Worker:
                 self.execute(claimed)
                 self.runs_done += 1
         finally:
+            if self._listener is not None:
+                self._listener.close()
             self._heartbeat_stop.set()
             beat.join(timeout=5)
             if not self.disowned:

@@ -1,0 +1,120 @@
+"""Waking idle runners when work arrives, so they need not poll fast.
+
+Same host, every database: each idle runner listens on a Unix datagram socket in a
+directory named after the database; whoever makes a run claimable sends one byte to each
+socket there. PostgreSQL also carries the news across hosts: runners LISTEN on a channel,
+and adding a task NOTIFYs it in the same transaction (delivered on commit).
+
+A lost wake-up costs at most ``[runner] poll_interval``: runners still poll.
+"""
+import errno
+import hashlib
+import os
+import socket
+import tempfile
+
+CHANNEL = "taskrunner_runs"
+
+
+def _directory(url):
+    digest = hashlib.sha1(url.encode()).hexdigest()[:16]
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return os.path.join(base, "taskrunner-%s" % digest)
+
+
+class Listener:
+    """A runner's end: a socket (and, on PostgreSQL, a LISTEN) to wait on while idle."""
+
+    def __init__(self, url):
+        self.directory = _directory(url)
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        self.path = os.path.join(self.directory, "%d.sock" % os.getpid())
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.setblocking(False)
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def drain(self):
+        try:
+            while self.sock.recv(64):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def close(self):
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def notify_local(url):
+    """Wake the idle runners of this host that work on `url`'s database."""
+    directory = _directory(url)
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sender.setblocking(False)
+    try:
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                sender.sendto(b"!", path)
+            except (ConnectionRefusedError, FileNotFoundError):
+                # The runner is gone: its socket file is stale.
+                _unlink_quietly(path)
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.ENOBUFS):
+                    raise
+                # Its queue is full: it has wake-ups pending already.
+    finally:
+        sender.close()
+
+
+def _unlink_quietly(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def notify_in_transaction(db, backend):
+    """PostgreSQL: NOTIFY the runners of every host, delivered when the transaction commits."""
+    if backend == "postgresql":
+        db.execute_sql("SELECT pg_notify(%s, '')", (CHANNEL,))
+
+
+class PostgresListener:
+    """LISTEN on the runner's own connection. A NOTIFY makes its socket readable; one that
+    psycopg reads during another query sets `pending`, so it is not lost either."""
+
+    def __init__(self, db):
+        self.db = db
+        self.connection = None
+        self.pending = False
+
+    def ensure(self):
+        """LISTEN on the current connection (again after a reconnect)."""
+        connection = self.db.connection()
+        if connection is not self.connection:
+            self.db.execute_sql("LISTEN %s" % CHANNEL)
+            connection.add_notify_handler(self._on_notify)
+            self.connection = connection
+
+    def _on_notify(self, notify):
+        self.pending = True
+
+    def fileno(self):
+        return self.connection.fileno()
+
+    def drain(self):
+        for _ in self.connection.notifies(timeout=0):
+            pass
+        self.pending = False

@@ -1,0 +1,63 @@
+"""Idle runners are woken when work arrives instead of waiting out their poll interval:
+a same-host socket on every database, and LISTEN/NOTIFY across hosts on PostgreSQL."""
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from conftest import spawn, stop_process, wait_for
+from sample_handlers import read_records
+from taskrunner import wakeup
+from taskrunner.models import RUNNING, Runner
+
+
+def _idle_runner(database, tmp_path):
+    config = database.write_config(tmp_path / "c.toml", "[runner]\npoll_interval = 60\n")
+    proc = spawn("runner", config=config, log_path=tmp_path / "runner.log")
+    queue = database.queue()
+    wait_for(lambda: Runner.select().where(Runner.status == RUNNING).count() == 1,
+             message="the runner to register")
+    # Once registered it claims, finds nothing and waits: give it a moment to get there.
+    directory = wakeup._directory(database.url)
+    wait_for(lambda: os.path.isdir(directory) and os.listdir(directory), message="its socket")
+    return proc, queue
+
+
+@pytest.mark.timeout(90)
+def test_idle_runner_starts_new_task_at_once(database, tmp_path):
+    proc, queue = _idle_runner(database, tmp_path)
+    try:
+        log = str(tmp_path / "records")
+        time.sleep(0.5)  # let the runner settle into its 60 s wait; correctness does not depend on it
+        started = time.monotonic()
+        queue.add_task("sample_handlers.Record", data={"log": log})
+        wait_for(lambda: read_records(log), timeout=10, message="the task to run")
+        # Far below the 60 s poll interval: it was woken, not polling.
+        assert time.monotonic() - started < 5
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+        stop_process(proc)
+
+
+@pytest.mark.timeout(90)
+def test_postgres_notify_wakes_runners_without_the_local_socket(tmp_path, request):
+    from conftest import Database
+    database = Database("postgresql", tmp_path)
+    request.addfinalizer(database.drop)
+    proc, queue = _idle_runner(database, tmp_path)
+    try:
+        time.sleep(0.5)
+        # As if the task came from another host: no local wake-up can reach the runner.
+        shutil.rmtree(wakeup._directory(database.url))
+        log = str(tmp_path / "records")
+        started = time.monotonic()
+        queue.add_task("sample_handlers.Record", data={"log": log})
+        wait_for(lambda: read_records(log), timeout=10, message="the task to run")
+        assert time.monotonic() - started < 5
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+        stop_process(proc)
