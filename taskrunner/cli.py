@@ -138,15 +138,8 @@ def cmd_add(args):
 
 
 def cmd_runner(args):
-    from .runner import Worker, run_runner
-    queue = _queue(args)
-    if args.burst:
-        queue.process_queue()
-        Worker(queue).work(burst=True, max_runs=args.max_runs)
-        return EXIT_OK
-    if args.max_runs is not None:
-        queue.config.runner.max_runs = args.max_runs
-    return run_runner(queue)
+    from .runner import run_runner
+    return run_runner(_queue(args), burst=args.burst, max_runs=args.max_runs)
 
 
 def cmd_overseer(args):

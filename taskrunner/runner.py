@@ -213,7 +213,8 @@ class Worker:
             return True
         if max_runs and self.runs_done >= max_runs:
             self.stop_reason = "max_runs (%d) reached" % max_runs
-        elif self._process.memory_info().rss > self.config.runner.memory_limit * MB:
+        elif self.runs_done and self._process.memory_info().rss > self.config.runner.memory_limit * MB:
+            # Checked after a run, never before the first: a runner must always do some work.
             self.stop_reason = "memory_limit (%d MB) exceeded" % self.config.runner.memory_limit
         elif self.parent_pid is not None and os.getppid() != self.parent_pid:
             self.stop_reason = "overseer %d is gone" % self.parent_pid
@@ -268,12 +269,14 @@ class Worker:
         return self.runs_done
 
 
-def run_runner(queue, refuse_quietly=False, parent_pid=None, parent_id=None):
+def run_runner(queue, refuse_quietly=False, burst=False, max_runs=None):
     """Entry point of ``taskrunner runner`` and ``run-event task-runner:OnProcess``; returns
     the exit code. At the host's limit: exit 1, or 0 with `refuse_quietly` (cron use)."""
-    worker = Worker(queue, parent_pid=parent_pid, parent_id=parent_id)
+    worker = Worker(queue)
     try:
-        worker.work()
+        if burst:
+            queue.process_queue()
+        worker.work(burst=burst, max_runs=max_runs)
     except RunnerLimitReached as exc:
         if refuse_quietly:
             log.info("not starting: %s", exc)

@@ -1,0 +1,450 @@
+"""Real runner processes against real databases: many runners sharing a queue, signals,
+kill -9 and the overseer's sweep, the host limit (rule 5), bad runs, and recycling.
+
+Every test starts `taskrunner` processes (conftest's `spawn`) and reads the outcome both from
+the database and from a file the handlers append to outside it (`sample_handlers`), so "ran
+exactly once" is counted independently of what the runners recorded.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import process_env, spawn, stop_process, taskrunner, wait_for
+from sample_handlers import read_records
+from taskrunner.liveness import hostname
+from taskrunner.models import ERROR, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner, Task
+
+# Generous but finite: the machine is shared and has two cores.
+START_TIMEOUT = 60.0
+EXIT_TIMEOUT = 30.0
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+class Processes:
+    """The processes a test started; whatever is still running at teardown is killed."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path = tmp_path
+        self.started = []
+
+    def spawn(self, *args, config=None, name="runner"):
+        log_path = self.tmp_path / ("%s-%d.log" % (name, len(self.started)))
+        proc = spawn(*args, config=config, log_path=log_path)
+        proc.log_path = log_path
+        self.started.append(proc)
+        return proc
+
+    def add(self, proc, log_path):
+        proc.log_path = log_path
+        self.started.append(proc)
+        return proc
+
+    def logs(self, procs=None):
+        """The stderr of the given processes (default: all), for assertion messages."""
+        out = []
+        for proc in procs or self.started:
+            text = proc.log_path.read_text(errors="replace") if proc.log_path.exists() else ""
+            out.append("--- pid %d (exit %s):\n%s" % (proc.pid, proc.poll(), text[-3000:]))
+        return "\n".join(out)
+
+    def wait(self, proc, timeout=EXIT_TIMEOUT):
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("pid %d still running after %.0fs\n%s"
+                                 % (proc.pid, timeout, self.logs([proc]))) from None
+
+    def kill_all(self):
+        for proc in self.started:
+            stop_process(proc)
+
+
+@pytest.fixture
+def procs(tmp_path):
+    group = Processes(tmp_path)
+    yield group
+    group.kill_all()
+
+
+def config_file(database, tmp_path, runner="", task="retry_backoff = 0", poll_interval=0.1):
+    """A config with a short poll interval (and no retry backoff) plus the given keys."""
+    return database.write_config(
+        tmp_path / "c.toml",
+        "[runner]\npoll_interval = %s\n%s\n[task]\n%s\n" % (poll_interval, runner, task))
+
+
+def runner_row(pid):
+    return Runner.get_or_none(Runner.pid == pid)
+
+
+def wait_registered(proc, procs, timeout=START_TIMEOUT):
+    """The runner row of `proc` once it has registered (fail if the process exits first)."""
+    def registered():
+        if proc.poll() is not None:
+            raise AssertionError("pid %d exited %s before registering\n%s"
+                                 % (proc.pid, proc.returncode, procs.logs([proc])))
+        return runner_row(proc.pid)
+    return wait_for(registered, timeout=timeout, message="runner %d to register" % proc.pid)
+
+
+def wait_started(log, count=1, timeout=START_TIMEOUT):
+    """The `.started` markers once `count` handlers have started."""
+    return wait_for(lambda: len(read_records(log + ".started")) >= count and
+                    read_records(log + ".started"), timeout=timeout,
+                    message="%d handler(s) to start" % count)
+
+
+def waiting_in_select(pid):
+    """True while the process's main thread sleeps in select()/poll() — the idle wait.
+    When the kernel hides wchan, say True: the test then only loses precision."""
+    try:
+        with open("/proc/%d/wchan" % pid) as fh:
+            wchan = fh.read().strip()
+    except OSError:
+        return True
+    return wchan in ("", "0") or "poll" in wchan or "select" in wchan
+
+
+def runs_of(task_id):
+    return list(Run.select().where(Run.task_id == task_id).order_by(Run.id))
+
+
+def running_runners_here():
+    return Runner.select().where((Runner.status == RUNNING) & (Runner.host == hostname()))
+
+
+# -- 1. many tasks, several runners --------------------------------------------------------
+
+@pytest.mark.timeout(240)
+def test_2000_tasks_4_runners_each_succeeds_exactly_once(database, procs, tmp_path):
+    queue = database.queue()
+    log = str(tmp_path / "records")
+    task_ids = queue.add_tasks([{"handler": "sample_handlers.Record", "data": {"log": log}}
+                                for _ in range(2000)])
+    config = config_file(database, tmp_path)
+
+    runners = [procs.spawn("runner", "--burst", config=config) for _ in range(4)]
+    for proc in runners:
+        assert procs.wait(proc, timeout=180) == 0, procs.logs([proc])
+
+    records = read_records(log)
+    recorded_tasks = [task for task, _, _ in records]
+    recorded_runs = [run for _, run, _ in records]
+    assert sorted(recorded_tasks) == sorted(task_ids), "some task ran twice or never"
+    assert len(set(recorded_runs)) == len(recorded_runs) == 2000
+
+    assert Task.select().where(Task.last_status != SUCCESS).count() == 0
+    runs = list(Run.select(Run.id, Run.task_id, Run.status, Run.runner_id))
+    assert len(runs) == 2000
+    assert len({run.task_id for run in runs}) == 2000, "a task has more than one run"
+    assert {run.status for run in runs} == {SUCCESS}
+    assert sorted(run.id for run in runs) == sorted(recorded_runs)
+    assert len({run.runner_id for run in runs}) > 1, "one runner did everything"
+    assert len({pid for _, _, pid in records}) > 1
+    assert {r.status for r in Runner.select()} == {SUCCESS}
+    queue.close()
+
+
+# -- 2. signals -----------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_signal_to_a_busy_runner_finishes_the_run_and_exits_0(signame, sqlite_db, procs,
+                                                              tmp_path):
+    queue = sqlite_db.queue()
+    log = str(tmp_path / "records")
+    busy = queue.add_task("sample_handlers.Started", data={"log": log, "sleep": 1.5})
+    waiting = queue.add_task("sample_handlers.Record", data={"log": log})
+    proc = procs.spawn("runner", config=config_file(sqlite_db, tmp_path))
+
+    wait_started(log)
+    proc.send_signal(getattr(signal, signame))
+    assert procs.wait(proc) == 0, procs.logs()
+
+    assert [r.status for r in runs_of(busy)] == [SUCCESS]
+    assert [task for task, _, _ in read_records(log)] == [busy], "the run was not finished"
+    # Claim nothing more after the signal.
+    assert [r.status for r in runs_of(waiting)] == [SCHEDULED]
+    row = runner_row(proc.pid)
+    assert row.status == SUCCESS
+    assert signame in row.exit_reason
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_signal_to_an_idle_runner_exits_within_a_second(signame, sqlite_db, procs, tmp_path):
+    queue = sqlite_db.queue()
+    config = sqlite_db.write_config(tmp_path / "c.toml", "[runner]\npoll_interval = 5\n")
+    proc = procs.spawn("runner", config=config)
+    wait_registered(proc, procs)
+    # Idle: the main thread is in its select() on the wake-up pipe, with up to 5 s to go.
+    wait_for(lambda: waiting_in_select(proc.pid), timeout=START_TIMEOUT,
+             message="the runner to wait idle")
+
+    sent = time.monotonic()
+    proc.send_signal(getattr(signal, signame))
+    code = procs.wait(proc)
+    elapsed = time.monotonic() - sent
+
+    assert code == 0, procs.logs()
+    # Includes retiring the row and interpreter shutdown; a missed wake-up would take ~5 s.
+    assert elapsed < 1.0, "exited %.2fs after %s" % (elapsed, signame)
+    row = runner_row(proc.pid)
+    assert row.status == SUCCESS
+    assert signame in row.exit_reason
+    queue.close()
+
+
+# -- 3. a second TERM -----------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_second_signal_interrupts_the_handler(signame, sqlite_db, procs, tmp_path):
+    queue = sqlite_db.queue()
+    log = str(tmp_path / "records")
+    task_id = queue.add_task("sample_handlers.Started", data={"log": log, "sleep": 120})
+    proc = procs.spawn("runner", config=sqlite_db.write_config(
+        tmp_path / "c.toml", "[runner]\npoll_interval = 0.1\n[task]\nretry_backoff = 60\n"))
+    wait_started(log)
+    sig = getattr(signal, signame)
+    proc.send_signal(sig)
+
+    # Signals of one kind that arrive before Python ran the handler of the first merge
+    # into one, so keep sending until the run has ended: any one after the first
+    # has been handled is "the second".
+    def interrupted():
+        if proc.poll() is None:
+            proc.send_signal(sig)
+        return runs_of(task_id)[0].status != RUNNING
+    wait_for(interrupted, timeout=EXIT_TIMEOUT, interval=0.25, message="the run to end")
+    assert procs.wait(proc) == 0, procs.logs()
+
+    [run] = runs_of(task_id)
+    assert run.status == ERROR
+    assert run.error_code == "Interrupted"
+    assert signame in run.error_message
+    assert read_records(log) == [], "the handler ran to its end"
+    task = Task.get_by_id(task_id)
+    assert task.last_status == ERROR
+    assert task.runs_failed == 1
+    assert task.next_run_on is not None, "the task will not be retried"
+    assert runner_row(proc.pid).status == SUCCESS
+    queue.close()
+
+
+# -- 4. kill -9 -----------------------------------------------------------------------------
+
+@pytest.mark.timeout(180)
+def test_killed_runner_and_its_run_become_timeout_and_the_task_runs_again(database, procs,
+                                                                           tmp_path):
+    queue = database.queue()
+    log = str(tmp_path / "records")
+    task_id = queue.add_task("sample_handlers.SlowFirstAttempt", data={"log": log, "sleep": 120})
+    config = config_file(database, tmp_path)
+    victim = procs.spawn("runner", config=config)
+    wait_started(log)
+    victim_row = runner_row(victim.pid)
+
+    os.kill(victim.pid, signal.SIGKILL)
+    assert procs.wait(victim) == -signal.SIGKILL
+    taskrunner("run-event", "task-queue:OnProcess", config=config, check=True)
+
+    row = Runner.get_by_id(victim_row.id)
+    assert row.status == TIMEOUT
+    assert row.slot is None
+    first, second = runs_of(task_id)
+    assert (first.status, first.runner_id, first.error_code) == (TIMEOUT, row.id, "RunnerDied")
+    assert second.status == SCHEDULED and second.attempt == 2
+    assert Task.get_by_id(task_id).runs_failed == 1
+
+    rescuer = procs.spawn("runner", "--burst", config=config)
+    assert procs.wait(rescuer) == 0, procs.logs([rescuer])
+    assert [(r.status, r.attempt) for r in runs_of(task_id)] == [(TIMEOUT, 1), (SUCCESS, 2)]
+    assert runs_of(task_id)[1].runner_id == runner_row(rescuer.pid).id
+    assert [task for task, _, _ in read_records(log)] == [task_id]
+    assert len(read_records(log + ".started")) == 2
+    task = Task.get_by_id(task_id)
+    assert (task.last_status, task.runs_failed) == (SUCCESS, 0)
+    queue.close()
+
+
+# -- 5. rule 5: the host limit under a crowd -----------------------------------------------
+
+# Imports everything first, then blocks on opening a FIFO: the test opens its write end once
+# every process is ready, so all of them register at the same moment.
+BARRIER = """
+import os, sys
+import taskrunner.cli, taskrunner.queue, taskrunner.runner, taskrunner.liveness
+for driver in ("psycopg", "pymysql"):
+    try:
+        __import__(driver)
+    except ImportError:
+        pass
+fifo, ready = sys.argv[1], sys.argv[2]
+fd = os.open(ready, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+os.write(fd, b"%d\\n" % os.getpid())
+os.close(fd)
+os.close(os.open(fifo, os.O_RDONLY))
+sys.exit(taskrunner.cli.main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.timeout(240)
+def test_20_runners_started_at_once_never_exceed_the_limit(database, procs, tmp_path):
+    queue = database.queue()
+    config = config_file(database, tmp_path, runner="limit = 8", poll_interval=0.5)
+    fifo, ready = str(tmp_path / "go"), tmp_path / "ready"
+    os.mkfifo(fifo)
+    crowd = []
+    for i in range(20):
+        log_path = tmp_path / ("crowd-%d.log" % i)
+        with open(log_path, "ab") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", BARRIER, fifo, str(ready), "--config", config,
+                 "run-event", "task-runner:OnProcess"],
+                stdout=subprocess.DEVNULL, stderr=err, env=process_env(), start_new_session=True)
+        crowd.append(procs.add(proc, log_path))
+
+    def all_ready():
+        for proc in crowd:
+            if proc.poll() is not None:
+                raise AssertionError("pid %d exited early\n%s" % (proc.pid, procs.logs([proc])))
+        return ready.exists() and len(ready.read_text().split()) == 20
+    wait_for(all_ready, timeout=START_TIMEOUT, message="20 processes at the barrier")
+
+    most = 0
+
+    def settled():
+        nonlocal most
+        rows = list(running_runners_here())
+        most = max(most, len(rows))
+        assert most <= 8, "%d runners running on this host (limit 8)" % most
+        pids = {row.pid for row in rows}
+        return all(proc.poll() is not None or proc.pid in pids for proc in crowd)
+
+    go = os.open(fifo, os.O_WRONLY)  # releases every process blocked opening the FIFO
+    try:
+        wait_for(settled, timeout=START_TIMEOUT, interval=0.02,
+                 message="every process to register or exit")
+    finally:
+        os.close(go)
+
+    rows = list(running_runners_here())
+    assert len(rows) == 8, procs.logs()
+    assert sorted(row.slot for row in rows) == list(range(1, 9))
+    exited = [proc for proc in crowd if proc.poll() is not None]
+    alive = [proc for proc in crowd if proc.poll() is None]
+    assert len(exited) == 12, procs.logs()
+    assert [proc.returncode for proc in exited] == [0] * 12, procs.logs(exited)
+    assert sorted(proc.pid for proc in alive) == sorted(row.pid for row in rows)
+    # The refused ones never held a row, not even briefly.
+    assert Runner.select().count() == 8
+
+    for proc in alive:
+        proc.send_signal(signal.SIGTERM)
+    for proc in alive:
+        assert procs.wait(proc) == 0, procs.logs([proc])
+    assert [r.status for r in Runner.select()] == [SUCCESS] * 8
+    assert running_runners_here().count() == 0
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, code", [
+    (("run-event", "task-runner:OnProcess"), 0),
+    (("runner",), 1),
+    (("runner", "--burst"), 1),
+], ids=["run-event", "runner", "runner-burst"])
+def test_a_runner_at_the_limit_refuses_without_a_traceback(args, code, sqlite_db, procs,
+                                                           tmp_path):
+    queue = sqlite_db.queue()
+    config = config_file(sqlite_db, tmp_path, runner="limit = 1", poll_interval=0.5)
+    first = procs.spawn("runner", config=config)
+    wait_registered(first, procs)
+
+    result = taskrunner(*args, config=config)
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "limit" in result.stderr
+    assert Runner.select().count() == 1
+    first.send_signal(signal.SIGTERM)
+    assert procs.wait(first) == 0
+    queue.close()
+
+
+# -- 6. bad runs do not stop a runner --------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_runner_carries_on_after_a_missing_handler_and_undecodable_data(database, procs,
+                                                                        tmp_path):
+    queue = database.queue()
+    log = str(tmp_path / "records")
+    missing, bad_data, good = queue.add_tasks(
+        [{"handler": "sample_handlers.Record", "data": {"log": log}, "max_retries": 1}
+         for _ in range(3)])
+    # Valid when added, broken by the time a runner gets them.
+    Task.update(handler="nope.Missing").where(Task.id == missing).execute()
+    Task.update(data="{bad").where(Task.id == bad_data).execute()
+
+    proc = procs.spawn("runner", "--burst", config=config_file(database, tmp_path))
+    assert procs.wait(proc) == 0, procs.logs()
+
+    runner_id = runner_row(proc.pid).id
+    for task_id, status, code in ((missing, ERROR, "HandlerError"),
+                                  (bad_data, ERROR, "DataDecodeError"),
+                                  (good, SUCCESS, None)):
+        [run] = runs_of(task_id)
+        assert (run.status, run.error_code, run.runner_id) == (status, code, runner_id), \
+            procs.logs()
+        task = Task.get_by_id(task_id)
+        assert (task.last_status, task.last_error_code) == (status, code)
+    assert "nope.Missing" in runs_of(missing)[0].error_message
+    assert Task.get_by_id(missing).given_up and Task.get_by_id(bad_data).given_up
+    assert [task for task, _, _ in read_records(log)] == [good]
+    assert runner_row(proc.pid).status == SUCCESS
+    queue.close()
+
+
+# -- 7. recycling ---------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_runner_exits_after_max_runs(sqlite_db, procs, tmp_path):
+    queue = sqlite_db.queue()
+    log = str(tmp_path / "records")
+    queue.add_tasks([{"handler": "sample_handlers.Record", "data": {"log": log}}
+                     for _ in range(5)])
+    proc = procs.spawn("runner", config=config_file(sqlite_db, tmp_path, runner="max_runs = 3"))
+    assert procs.wait(proc) == 0, procs.logs()
+
+    row = runner_row(proc.pid)
+    assert row.status == SUCCESS
+    assert "max_runs" in row.exit_reason
+    assert Run.select().where((Run.runner_id == row.id) & (Run.status == SUCCESS)).count() == 3
+    assert len(read_records(log)) == 3
+    assert Run.select().where(Run.status == SCHEDULED).count() == 2
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_runner_exits_after_a_run_that_passes_memory_limit(sqlite_db, procs, tmp_path):
+    queue = sqlite_db.queue()
+    log = str(tmp_path / "records")
+    queue.add_tasks([{"handler": "sample_handlers.Record", "data": {"log": log}}
+                     for _ in range(2)])
+    # Any Python process is over 1 MB: the limit is passed as soon as a run ends.
+    proc = procs.spawn("runner",
+                       config=config_file(sqlite_db, tmp_path, runner="memory_limit = 1"))
+    assert procs.wait(proc) == 0, procs.logs()
+
+    row = runner_row(proc.pid)
+    assert row.status == SUCCESS
+    assert "memory_limit" in row.exit_reason
+    assert Run.select().where((Run.runner_id == row.id) & (Run.status == SUCCESS)).count() == 1
+    assert len(read_records(log)) == 1
+    queue.close()
