@@ -37,7 +37,8 @@ def _iso(value):
 
 def _at(text):
     try:
-        when = datetime.fromisoformat(text)
+        # "Z" is not understood by fromisoformat before Python 3.11.
+        when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
         if when.tzinfo is None:
             when = when.astimezone()  # naive means local time
         return when.astimezone(timezone.utc)

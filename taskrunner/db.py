@@ -22,8 +22,13 @@ SCHEMES = {
 
 
 def mask_url(url):
-    """The URL with its password replaced by ***, safe for logs, errors and status output."""
-    return re.sub(r"(//[^/:@]*:)[^@/]*@", r"\1***@", url)
+    """The URL with its password replaced by ***, safe for logs, errors and status output.
+    The password runs from the first ':' after '//' to the last '@' (an unencoded '@' or '/'
+    in a password must not leak part of it)."""
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@]*:)(.*)@([^@]*)$", url)
+    if not match:
+        return url
+    return "%s***@%s" % (match.group(1), match.group(3))
 
 
 def backend_of(url):

@@ -28,6 +28,7 @@ ClaimedRun = namedtuple("ClaimedRun", "run_id task_id attempt handler data run_t
                                       "max_runtime started_on periodic_task_id")
 
 _UNSET = object()
+MAX_INT = 2 ** 31 - 1  # INTEGER columns on every database
 
 
 def retry_delay(runs_failed, base, cap, rand=random.random):
@@ -104,8 +105,10 @@ class TaskQueue:
         for name, value in (("max_retries", max_retries), ("priority", priority)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise InputError("%s must be an integer, not %r" % (name, value))
-        if max_retries is not None and max_retries < 1:
-            raise InputError("max_retries must be at least 1")
+        if max_retries is not None and not 1 <= max_retries <= MAX_INT:
+            raise InputError("max_retries must be between 1 and %d" % MAX_INT)
+        if priority is not None and not -MAX_INT <= priority <= MAX_INT:
+            raise InputError("priority must be between %d and %d" % (-MAX_INT, MAX_INT))
         for name, value in (("run_timeout", run_timeout), ("max_runtime", max_runtime),
                             ("retry_backoff", retry_backoff)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))

@@ -376,3 +376,11 @@ def test_rotation_deletes_only_old_ended_tasks(queue, runner_id):
     result = queue.rotate(now + timedelta(days=23))
     assert (result["success"], result["failed"]) == (1, 1)
     assert {t.id for t in Task.select()} == {live}
+
+
+@pytest.mark.parametrize("field,value", [("priority", 2 ** 31), ("priority", -2 ** 31),
+                                         ("max_retries", 0), ("max_retries", 2 ** 31)])
+def test_add_refuses_integers_the_columns_cannot_hold(queue, field, value):
+    with pytest.raises(InputError, match=field):
+        queue.add_task(ECHO, **{field: value})
+    assert Task.select().count() == 0
