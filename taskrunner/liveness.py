@@ -62,9 +62,10 @@ def register(queue, kind=RUNNER, parent_id=None, limit=None, now=None):
     """
     now = now or utcnow()
     host, pid = hostname(), os.getpid()
-    fields = dict(host=host, boot_id=boot_id(), pid=pid, pid_create_time=create_time(pid),
+    process = psutil.Process(pid)
+    fields = dict(host=host, boot_id=boot_id(), pid=pid, pid_create_time=process.create_time(),
                   kind=kind, parent_id=parent_id, started_on=now, heartbeat_on=now,
-                  status=RUNNING)
+                  status=RUNNING, rss=process.memory_info().rss)
     if kind == OVERSEER:
         return Runner.create(**fields)
     refresh_runners(queue, now=now, other_hosts=False)

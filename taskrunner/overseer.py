@@ -23,6 +23,7 @@ import sys
 import time
 
 import peewee as pw
+import psutil
 
 from . import liveness, periodic
 from .config import Config
@@ -63,6 +64,7 @@ class Overseer:
         self.queue_factory = queue_factory or TaskQueue
         self.queue = self.queue_factory(config)
         self.pid = os.getpid()
+        self._process = psutil.Process(self.pid)
         self.row_id = None
         self.children = {}
         self.num_runners = config.runner.limit
@@ -303,7 +305,7 @@ class Overseer:
         result = self.queue.process_queue()
         for run_id, runner_id in result["timed_out_runs"]:
             self._stop_runner_of(runner_id)
-        liveness.heartbeat(self.row_id)
+        liveness.heartbeat(self.row_id, rss=self._process.memory_info().rss)
         self._plan_periodic()
 
     def run_periodic(self):
