@@ -10,9 +10,18 @@ instead of scanning.  That search runs on broken-down local time and glibc's mkt
 wall-clock times are skipped in a DST gap and which instance of a repeated hour fires depend on
 mktime's details; :class:`_Clock` reproduces them on top of zoneinfo.
 
-One deliberate difference: systemd gives up after 1000 search steps and reports an error for
-valid expressions that take longer to rule out, such as ``*-02,04,06,09,11-31``.  We carry the
-search to the end of year 2199 and answer "never" (``None``).
+Known differences from systemd 252:
+
+* systemd gives up after 1000 search passes with an error ("Infinite loop in calendar
+  calculation"), both for valid expressions that take long to rule out, such as
+  ``*-02,04,06,09,11-31``, and for searches that really go round in circles next to a DST change.
+  We search on to the end of 2199 and stop only on a real cycle; either way we answer "never".
+* The local zone's own abbreviations ("CET", "EDT") are recognised as glibc's tzname[] reads in a
+  fresh process; glibc changes tzname[] as a side effect of localtime(), so for zones whose names
+  changed since their last DST transition (Moscow's "MSD") a long-running systemd may differ.
+* Zones with leap seconds ("right/...") are computed without them, and a POSIX rule string in
+  $TZ ("CET-1CEST,M3.5.0,M10.5.0/3") is not understood (UTC is used).
+* The "From now" line of render_analyze() only approximates systemd's wording.
 """
 
 from __future__ import annotations
@@ -30,12 +39,12 @@ from zoneinfo import ZoneInfo
 
 __all__ = ["CalendarError", "CalendarEvent", "parse_calendar", "render_analyze", "render_json"]
 
-USEC = 1_000_000
+_USEC = 1_000_000
 _INT_MAX = 2**31 - 1
 _MIN_YEAR, _MAX_YEAR = 1970, 2199
 _MAX_LIST = 241  # systemd refuses longer comma lists
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_MAX_TIMESTAMP = (datetime(_MAX_YEAR + 1, 1, 1, tzinfo=timezone.utc) - _EPOCH) // timedelta(seconds=1) - 1
+_MAX_TIMESTAMP = (datetime(_MAX_YEAR + 1, 1, 1, tzinfo=timezone.utc) - _EPOCH).days * 86400 - 1
 _ZONEINFO_DIR = "/usr/share/zoneinfo"
 
 _DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -94,7 +103,9 @@ def _tzif_rules(data: bytes) -> tuple[tuple[str, str], bool]:
     """tzname[] and the UTC test as glibc derives them from a TZif file.
 
     glibc takes both from the last transition into a standard and into a daylight-saving type,
-    not from the current date, so a zone that dropped DST still has a tzname[1]."""
+    not from the current date, so a zone that dropped DST still has a tzname[1] (Moscow: MSD).
+    That is what a fresh process sees; glibc rewrites tzname[] as a side effect of localtime(),
+    so a long-running systemd may no longer accept such a name."""
     header = struct.Struct(">4sc15x6l")
     _, version, isut, isstd, leaps, count, ntypes, nchars = header.unpack_from(data)
     pos, time_size = header.size, 4
@@ -213,17 +224,19 @@ def _normalize_chain(ranges: list[list[int]] | None) -> _Chain | None:
 def _show(value: int, usec: bool) -> str:
     if not usec:
         return str(value)
-    whole, fraction = divmod(value, USEC)
+    whole, fraction = divmod(value, _USEC)
     return f"{whole}.{fraction:06d}".rstrip("0") if fraction else str(whole)
 
 
-def _chain_problem(chain: _Chain | None, what: str, low: int, high: int, usec=False, eom=False) -> str | None:
-    if chain is None:
-        return None
-    if eom:
-        high -= 3  # '~' may count back at most 28 days
-    bounds = f"{_show(low, usec)}..{_show(high, usec)}"
-    for r in chain:
+def _chain_problem(
+    chain: _Chain | None, what: str, low: int, high: int, usec: bool = False, eom: bool = False
+) -> str | None:
+    for r in chain or ():
+        if eom:
+            # '~' counts back at most 28 days, and systemd lowers that limit by 3 again for
+            # every further list item (so "~10,1..2,23" is refused); it decides what parses.
+            high -= 3
+        bounds = f"{_show(low, usec)}..{_show(high, usec)}"
         for value in (r.start, r.stop) if r.stop >= 0 else (r.start,):
             if not low <= value <= high:
                 return f"{what} {_show(value, usec)} is out of range {bounds}"
@@ -237,9 +250,10 @@ def _chain_problem(chain: _Chain | None, what: str, low: int, high: int, usec=Fa
 
 
 def _format_chain(chain: _Chain | None, width: int, usec=False) -> str:
-    if chain is None or (usec and chain == ((0, -1, USEC),)):
+    # systemd 252 shows the whole seconds list as "*" when any item is "every second"
+    if chain is None or (usec and (0, -1, _USEC) in chain):
         return "*"
-    unit = USEC if usec else 1
+    unit = _USEC if usec else 1
     parts = []
     for start, stop, repeat in chain:
         text = f"{start // unit:0{width}d}" + (f".{start % unit:06d}" if start % unit else "")
@@ -273,7 +287,8 @@ def _spec_to_string(spec: _Spec, local: _Zone) -> str:
     text += (
         f"{_format_chain(spec.year, 4)}-{_format_chain(spec.month, 2)}"
         f"{'~' if spec.end_of_month else '-'}{_format_chain(spec.day, 2)} "
-        f"{_format_chain(spec.hour, 2)}:{_format_chain(spec.minute, 2)}:{_format_chain(spec.second, 2, True)}"
+        f"{_format_chain(spec.hour, 2)}:{_format_chain(spec.minute, 2)}:"
+        f"{_format_chain(spec.second, 2, usec=True)}"
     )
     if spec.utc:
         return text + " UTC"
@@ -293,7 +308,8 @@ class _Parser:
     def __init__(self, expr: str, text: str):
         self.expr, self.s = expr, text
         self.weekdays = 0
-        self.chains: dict[str, list[list[int]] | None] = dict.fromkeys(("year", "month", "day", "hour", "minute"))
+        names = ("year", "month", "day", "hour", "minute")
+        self.chains: dict[str, list[list[int]] | None] = dict.fromkeys(names)
         self.second: list[list[int]] = []
         self.end_of_month = False
         self.utc = False
@@ -313,8 +329,11 @@ class _Parser:
             if not complete:
                 i = self.parse_time(i)
         except CalendarError:
+            word = s.split(" ")[0]
+            if start_of_date == 0 and _lower(word) in _SHORTHANDS:
+                raise self.fail(f"{word!r} cannot be combined with anything but a time zone") from None
             if start_of_date == 0 and s[:1].isascii() and s[:1].isalpha():
-                raise self.fail(f"unknown weekday or keyword {s.split(' ')[0]!r}") from None
+                raise self.fail(f"unknown weekday or keyword {word!r}") from None
             raise
         if i != len(s):
             raise self.fail(f"unexpected {self.rest(i)}")
@@ -335,7 +354,8 @@ class _Parser:
             bits |= 1 << nr
             if range_from >= 0:
                 if range_from > nr:
-                    raise self.fail(f"weekday range {_DAY_NAMES[range_from]}..{_DAY_NAMES[nr]} goes backwards")
+                    backwards = f"{_DAY_NAMES[range_from]}..{_DAY_NAMES[nr]}"
+                    raise self.fail(f"weekday range {backwards} goes backwards")
                 bits |= (1 << nr) - (1 << range_from)
             self.weekdays = bits
             if i == len(s) or s[i] == " ":
@@ -362,7 +382,7 @@ class _Parser:
             raise self.fail(f"expected a number at {self.rest(i)}")
         value, i = int(match.group()), match.end()
         if usec:
-            value *= USEC
+            value *= _USEC
             if self.s.startswith(".", i) and not self.s.startswith("..", i):
                 match = _DIGITS.match(self.s, i + 1)
                 if not match:
@@ -376,7 +396,7 @@ class _Parser:
 
     def parse_chain(self, i: int, usec: bool) -> tuple[list[list[int]] | None, int]:
         if self.s.startswith("*", i):
-            return ([[0, -1, USEC]] if usec else None), i + 1
+            return ([[0, -1, _USEC]] if usec else None), i + 1
         ranges: list[list[int]] = []
         while True:
             if len(ranges) == _MAX_LIST:
@@ -385,7 +405,7 @@ class _Parser:
             stop, repeat = -1, 0
             if self.s.startswith("..", i):
                 stop, i = self.parse_number(i + 2, usec)
-                repeat = USEC if usec else 1
+                repeat = _USEC if usec else 1
             if self.s.startswith("/", i):
                 repeat, i = self.parse_number(i + 1, usec)
                 if repeat == 0:
@@ -448,14 +468,14 @@ class _Parser:
         when = _EPOCH + timedelta(seconds=seconds)
         for name, field in zip(("year", "month", "day", "hour", "minute"), when.timetuple()):
             self.chains[name] = [[field, -1, 0]]
-        self.second = [[when.second * USEC, -1, 0]]
+        self.second = [[when.second * _USEC, -1, 0]]
         self.utc = True
         return match.end()
 
     def parse_time(self, i: int) -> int:
         s = self.s
         if i == len(s):
-            self.chains["hour"] = self.chains["minute"] = [[0, -1, 0]]
+            self.chains["hour"], self.chains["minute"] = [[0, -1, 0]], [[0, -1, 0]]
             self.second = [[0, -1, 0]]
             return i
         self.chains["hour"], i = self.parse_chain(i, False)
@@ -491,7 +511,7 @@ class _Parser:
             or _chain_problem(spec.day, "day", 1, 31, eom=spec.end_of_month)
             or _chain_problem(spec.hour, "hour", 0, 23)
             or _chain_problem(spec.minute, "minute", 0, 59)
-            or _chain_problem(spec.second, "second", 0, 60 * USEC - 1, usec=True)
+            or _chain_problem(spec.second, "second", 0, 60 * _USEC - 1, usec=True)
         )
         if problem:
             raise self.fail(problem)
@@ -503,7 +523,8 @@ def _split_zone(text: str, local: _Zone) -> tuple[str, bool, str | None, int, _Z
     if _lower(text).endswith(" utc"):
         return text[:-4], True, None, -1, _UTC
     for dst, name in enumerate(local.names):
-        if name and len(text) > len(name) and _lower(text).endswith(_lower(name)) and text[-len(name) - 1] == " ":
+        suffix = text[-len(name) - 1 :]
+        if name and len(text) > len(name) and _lower(suffix) == " " + _lower(name):
             return text[: -len(name) - 1], False, None, dst, local
     head, space, last = text.rpartition(" ")
     zone = _named_zone(last) if space else None
@@ -523,7 +544,13 @@ def parse_calendar(expr: str) -> CalendarEvent:
     if shorthand:
         parser.s = shorthand
     parser.utc = utc
-    parser.parse()
+    try:
+        parser.parse()
+    except CalendarError:
+        last = text.rpartition(" ")[2]
+        if " " in text and "/" in last and any(c.isalpha() for c in last):
+            raise parser.fail(f"unknown time zone {last!r}") from None
+        raise
     spec = parser.spec(zone_name, dst)
     if spec.utc:
         zone = _UTC
@@ -578,7 +605,8 @@ class _Clock:
             error = wall - _wall_seconds(probe.fields)
             if error == 0:
                 break
-            if t == t1 and t != t2 and (previous_dst <= probe.isdst if isdst < 0 else bool(isdst) != probe.isdst):
+            settle = previous_dst <= probe.isdst if isdst < 0 else bool(isdst) != probe.isdst
+            if t == t1 and t != t2 and settle:
                 self.offset = wall - t
                 return probe  # in a gap: glibc gives up on an exact match
             probes -= 1
@@ -617,37 +645,51 @@ class _Search:
         self.fields: list[int] = []
         self.usec = 0
         self.isdst = -1
+        # Set once a match had to be pushed past the start; from then on systemd leaves the
+        # DST flag as mktime() last set it instead of re-applying the expression's.
+        self.keep_dst = False
 
     def next_usec(self, usec: int) -> int | None:
         usec += 1
-        start = self.clock.localtime(usec // USEC)
-        self.fields, self.isdst, self.usec = list(start.fields), start.isdst, usec % USEC
-        reached = None
+        start = self.clock.localtime(usec // _USEC)
+        self.fields, self.isdst, self.usec = list(start.fields), start.isdst, usec % _USEC
+        begin = (start.fields, self.usec)
+        # systemd gives up after 1000 passes.  We search on, but the walk is deterministic, so
+        # a pass that starts in a state seen before means it would go round forever.
+        seen = set()
         while True:
+            state = (tuple(self.fields), self.usec, self.isdst, self.keep_dst, self.clock.offset)
+            if state in seen:
+                return None
+            seen.add(state)
             normal = self.clock.mktime(self.fields, self.isdst)
             if normal is not None:
-                # systemd caps this loop at 1000 passes to escape an endless one; a pass that
-                # does not move forward in time is the only way to get there.
-                if reached is not None and normal.t <= reached:
-                    return None
-                reached = normal.t
-                self.fields = list(normal.fields)
-            self.isdst = self.spec.dst
+                self.fields, self.isdst = list(normal.fields), normal.isdst
+            if not self.keep_dst:
+                self.isdst = self.spec.dst
             outcome = self._one_pass()
             if outcome is None:
                 return None
-            if outcome:
-                final = self.clock.mktime(self.fields, self.isdst)
-                return None if final is None else final.t * USEC + self.usec
+            if not outcome:
+                continue
+            if (tuple(self.fields), self.usec) < begin:
+                # Not after the start on the wall clock (mktime() moved it back across a DST
+                # change); systemd 252 then steps one hour on, keeping minutes and seconds.
+                self.fields[_HOUR] += 1
+                self.keep_dst = True
+                continue
+            final = self.clock.mktime(self.fields, self.isdst)
+            assert final is not None, "the seconds step has just resolved these very fields"
+            return final.t * _USEC + self.usec
 
     def _one_pass(self) -> bool | None:
         """True: all components match; False: moved on, try again; None: never."""
         for level, chain in enumerate(self.chains):
-            current = self.fields[level] * USEC + self.usec if level == _SECOND else self.fields[level]
+            current = self.fields[level] * _USEC + self.usec if level == _SECOND else self.fields[level]
             found = current if chain is None else self._earliest(level, chain, current)
             if found is not None and found != current:
                 if level == _SECOND:
-                    self.fields[level], self.usec = divmod(found, USEC)
+                    self.fields[level], self.usec = divmod(found, _USEC)
                 else:
                     self.fields[level] = found
                     self._reset_below(level)
@@ -703,8 +745,9 @@ class _Search:
         return probe.fields[_DAY] if probe is not None and probe.fields[_MONTH] == month else -1
 
     def _within_bounds(self) -> int:
-        """systemd's tm_within_bounds(): 1 if the fields name an existing time as they are,
-        0 if mktime() moved them forward (we continue from there, smaller fields reset),
+        """systemd's tm_within_bounds(): 1 if the fields name an existing time as they are;
+        0 if mktime() moved them forward: we continue from there with only the field below the
+        first changed one reset, which is how systemd loses e.g. 03:00:00 of "*:*:0/7";
         -1 if they are out of range or were moved backward."""
         if self.fields[_YEAR] > _MAX_YEAR:
             return -1
@@ -789,14 +832,14 @@ class CalendarEvent:
 
 
 def _format_timestamp(usec: int, tz: tzinfo) -> str:
-    d = datetime.fromtimestamp(usec // USEC, tz)
+    d = datetime.fromtimestamp(usec // _USEC, tz)
     return f"{_DAY_NAMES[d.weekday()]} {d:%Y-%m-%d %H:%M:%S} {d.tzname()}"
 
 
 def _format_relative(usec: int, now_usec: int) -> str:
     """Roughly systemd's format_timestamp_relative()."""
     delta, suffix = (usec - now_usec, "left") if usec > now_usec else (now_usec - usec, "ago")
-    s = delta // USEC
+    s = delta // _USEC
     year, month, day, hour, minute = 31557600, 2629800, 86400, 3600, 60
     if s >= year:
         text = f"{s // year} years {s % year // month} months"
@@ -839,12 +882,19 @@ def render_analyze(event: CalendarEvent, base: datetime, n: int, now: datetime |
     if n > 0 and not elapses:
         rows.append(("Next elapse", "never"))
     for number, usec in enumerate(elapses, 1):
-        rows.append(("Next elapse" if number == 1 else f"Iter. #{number}", _format_timestamp(usec, local.tz)))
+        label = "Next elapse" if number == 1 else f"Iter. #{number}"
+        rows.append((label, _format_timestamp(usec, local.tz)))
         if not local.utc_like:
             rows.append(("(in UTC)", _format_timestamp(usec, timezone.utc)))
         rows.append(("From now", _format_relative(usec, now_usec)))
-    width = max(len(field) for field, _ in rows) + 1
-    return "\n".join(f"{field + ':':>{width}} {value}" for field, value in rows)
+    names = max(len(field) for field, _ in rows) + 1
+    values = max(len(value) for _, value in rows)
+    # systemd's table pads narrower cells and then trims trailing white space (an original form
+    # "Mon " loses its space), but prints the widest cell of the column as it is.
+    return "\n".join(
+        f"{field + ':':>{names}} {value if len(value) == values else value.rstrip()}"
+        for field, value in rows
+    )
 
 
 def render_json(event: CalendarEvent, base: datetime, n: int) -> dict:

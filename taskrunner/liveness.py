@@ -107,15 +107,23 @@ def mark_runner_dead(queue, runner_id, reason, now=None):
     the runner update is conditional on ``running``, and each run's end is conditional too
     (rule 4), so each run is counted as failed once."""
     now = now or utcnow()
-    marked = Runner.update(status=TIMEOUT, finished_on=now, slot=None, exit_reason=reason).where(
-        (Runner.id == runner_id) & (Runner.status == RUNNING)).execute()
-    if not marked:
+
+    def step():
+        # One transaction: a process dying half-way must not leave the runner `timeout`
+        # with runs still `running` (no check would visit them again).
+        marked = Runner.update(status=TIMEOUT, finished_on=now, slot=None, exit_reason=reason
+                               ).where((Runner.id == runner_id) & (Runner.status == RUNNING)).execute()
+        if not marked:
+            return False
+        runs = list(Run.select(Run.id, Run.task_id).where(
+            (Run.runner_id == runner_id) & (Run.status == RUNNING)))
+        for run in runs:
+            queue.end_run(run.id, run.task_id, TIMEOUT, runner_id=runner_id,
+                          error_code="RunnerDied",
+                          error_message="runner %d died: %s" % (runner_id, reason), now=now)
+        return True
+    if not queue._write(step):
         return False
-    runs = Run.select(Run.id, Run.task_id).where(
-        (Run.runner_id == runner_id) & (Run.status == RUNNING))
-    for run in runs:
-        queue.end_run(run.id, run.task_id, TIMEOUT, runner_id=runner_id, error_code="RunnerDied",
-                      error_message="runner %d died: %s" % (runner_id, reason), now=now)
     log.warning("runner %d marked timeout: %s", runner_id, reason)
     return True
 

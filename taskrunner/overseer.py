@@ -232,16 +232,26 @@ class Overseer:
             if child is None:
                 continue
             code = os.waitstatus_to_exitcode(status)
-            self._account_exit(child, code)
+            self._account_exit(child, code, self._registered(pid))
             # Rows of runners that died without retiring are marked at once, not at the
             # next check (rule 7).
             self._guarded(lambda: self._mark_child_dead(pid, "exited with %s" % _describe_exit(code)))
 
-    def _account_exit(self, child, code):
+    def _registered(self, pid):
+        """Did this child register its runner row? (False when the database cannot say.)"""
+        try:
+            return Runner.select(Runner.id).where(
+                (Runner.parent_id == self.row_id) & (Runner.pid == pid)).exists()
+        except (pw.OperationalError, pw.InterfaceError):
+            return False
+
+    def _account_exit(self, child, code, registered=False):
         lived = time.monotonic() - child.started
+        # Killed by a signal after it registered: someone killed a runner that had started.
+        killed = code < 0 and registered
         if code == self.EXIT_LIMIT:
             self.next_spawn_at = time.monotonic() + self.config.overseer.check_interval
-        elif code != 0 and not child.retiring and lived < self.START_WINDOW:
+        elif code != 0 and not child.retiring and not killed and lived < self.START_WINDOW:
             self.start_failures += 1
             delay = min(self.MAX_START_BACKOFF, 0.5 * 2 ** (self.start_failures - 1))
             self.next_spawn_at = time.monotonic() + delay
@@ -256,7 +266,7 @@ class Overseer:
         else:
             if code != 0 and not child.retiring:
                 log.warning("runner pid %d exited with %s", child.pid, _describe_exit(code))
-            if lived >= self.START_WINDOW or code == 0:
+            if lived >= self.START_WINDOW or code == 0 or killed:
                 self.start_failures = 0
 
     def _mark_child_dead(self, pid, reason):
@@ -291,6 +301,10 @@ class Overseer:
         """KILL children past their deadline, and interrupt those told to stop a while ago."""
         now = time.monotonic()
         for child in list(self.children.values()):
+            if child.interrupted:
+                # Two TERMs sent back to back can merge into one: repeat the second until
+                # the runner is gone (a TERM after the first one was handled interrupts).
+                self._signal(child.pid, signal.SIGTERM)
             if child.kill_at is not None and now >= child.kill_at:
                 log.warning("killing runner pid %d", child.pid)
                 self._signal(child.pid, signal.SIGKILL)
@@ -306,6 +320,7 @@ class Overseer:
         for run_id, runner_id in result["timed_out_runs"]:
             self._stop_runner_of(runner_id)
         liveness.heartbeat(self.row_id, rss=self._process.memory_info().rss)
+        self.scheduler.clear_stale_marks()
         self._plan_periodic()
 
     def run_periodic(self):

@@ -106,6 +106,10 @@ def _definition(config, spec, where):
         raise InputError("%s: priority must be an integer" % where)
     if not isinstance(values["enabled"], bool):
         raise InputError("%s: enabled must be true or false" % where)
+    retries = values["max_retries"]
+    if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int)
+                                or retries < 1):
+        raise InputError("%s: max_retries must be an integer of at least 1" % where)
     for key in ("max_runtime", "min_spacing"):
         value = spec.get(key)
         if value is not None:
@@ -113,6 +117,8 @@ def _definition(config, spec, where):
                 value = parse_timespan(value)
             except ValueError as exc:
                 raise InputError("%s: %s: %s" % (where, key, exc)) from None
+            if key == "max_runtime" and value <= 0:
+                raise InputError("%s: max_runtime must be greater than zero" % where)
         values[key] = value
     return values, timer
 
@@ -202,7 +208,13 @@ def sync_definitions(queue, config=None, now=None):
         PeriodicTask.update(enabled=False, updated_on=now).where(
             (PeriodicTask.source == "config") & PeriodicTask.name.not_in(list(validated))
             & (PeriodicTask.enabled == True)).execute()  # noqa: E712 - SQL comparison
-    queue._write(step)
+    for attempt in range(3):
+        try:
+            return queue._write(step)
+        except pw.IntegrityError:
+            # Another overseer synced the same new row a moment ago: sync again over it.
+            if attempt == 2:
+                raise
 
 
 # -- the scheduler ------------------------------------------------------------------------
@@ -238,7 +250,8 @@ class PeriodicScheduler:
     def next_due(self):
         """The earliest nextrun of an enabled periodic task, or None."""
         row = (PeriodicTask.select(pw.fn.MIN(PeriodicTask.nextrun).alias("due"))
-               .where(PeriodicTask.enabled == True).get())  # noqa: E712
+               .where((PeriodicTask.enabled == True)  # noqa: E712
+                      & PeriodicTask.marked.is_null()).get())
         return row.due
 
     def run_pending(self, now=None):

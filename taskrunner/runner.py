@@ -82,9 +82,6 @@ class Worker:
         sources = [fd for fd in (self._wake_r, self._listener) if fd is not None]
         if self._pg_listener is not None:
             self._pg_listener.ensure()
-            if self._pg_listener.pending:
-                self._pg_listener.drain()
-                return
             sources.append(self._pg_listener)
         if not sources:
             time.sleep(timeout)
@@ -139,9 +136,10 @@ class Worker:
                 cls = self._handler_class(claimed.handler)
             except HandlerError as exc:
                 status, code, message = ERROR, "HandlerError", str(exc)
-        if cls is not None and claimed.periodic_task_id is not None and \
-                not periodic.allow_start(claimed.periodic_task_id):
-            # Nuntium's tolerance: the previous task of this periodic task started too recently.
+        if cls is not None and claimed.periodic_task_id is not None and claimed.attempt == 1 \
+                and not periodic.allow_start(claimed.periodic_task_id):
+            # Nuntium's tolerance: the previous task of this periodic task started too recently
+            # (a retry of the same task is not a new occurrence).
             cls, status, code = None, CANCELLED, "MinSpacing"
             message = "dropped: the previous task of this periodic task started less than " \
                       "min_spacing ago"

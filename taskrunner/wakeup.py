@@ -92,24 +92,20 @@ def notify_in_transaction(db, backend):
 
 
 class PostgresListener:
-    """LISTEN on the runner's own connection. A NOTIFY makes its socket readable; one that
-    psycopg reads during another query sets `pending`, so it is not lost either."""
+    """LISTEN on the runner's own connection; a NOTIFY makes its socket readable. One that
+    arrives during another query is kept by psycopg and yielded by the next drain, and the
+    runner checks for work after every wait anyway."""
 
     def __init__(self, db):
         self.db = db
         self.connection = None
-        self.pending = False
 
     def ensure(self):
         """LISTEN on the current connection (again after a reconnect)."""
         connection = self.db.connection()
         if connection is not self.connection:
             self.db.execute_sql("LISTEN %s" % CHANNEL)
-            connection.add_notify_handler(self._on_notify)
             self.connection = connection
-
-    def _on_notify(self, notify):
-        self.pending = True
 
     def fileno(self):
         return self.connection.fileno()
@@ -117,4 +113,3 @@ class PostgresListener:
     def drain(self):
         for _ in self.connection.notifies(timeout=0):
             pass
-        self.pending = False

@@ -102,3 +102,13 @@ class BackendPid(TaskHandler):
         record(run.data["log"], "%d %d %d %d" % (run.task_id, run.id, os.getpid(), backend))
         if run.data.get("sleep"):
             time.sleep(run.data["sleep"])
+
+
+class Span(TaskHandler):
+    """Appends "start TASK PID", sleeps data["sleep"] seconds, then appends "end TASK PID" to
+    data["log"]: one O_APPEND file, so its lines are the true order of starts and ends."""
+
+    def handle(self, run):
+        record(run.data["log"], "start %d %d" % (run.task_id, os.getpid()))
+        time.sleep(run.data.get("sleep", 1))
+        record(run.data["log"], "end %d %d" % (run.task_id, os.getpid()))
