@@ -236,6 +236,8 @@ class Overseer:
             # Rows of runners that died without retiring are marked at once, not at the
             # next check (rule 7).
             self._guarded(lambda: self._mark_child_dead(pid, "exited with %s" % _describe_exit(code)))
+            # Its run may need a retry run now, not one check_interval later.
+            self.next_check = 0.0
 
     def _registered(self, pid):
         """Did this child register its runner row? (False when the database cannot say.)"""

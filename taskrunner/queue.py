@@ -28,6 +28,49 @@ ClaimedRun = namedtuple("ClaimedRun", "run_id task_id attempt handler data run_t
                                       "max_runtime started_on periodic_task_id")
 
 _UNSET = object()
+
+# Claiming and successfully finishing happen once per job, so on SQLite and PostgreSQL they
+# are plain SQL (one statement each on PostgreSQL): building them with peewee costs more
+# than the database work. MySQL has no UPDATE ... RETURNING and uses the peewee queries.
+_CLAIM_SQL = {
+    "postgresql": """
+        WITH next AS (
+            SELECT id FROM task_runs WHERE status = 'scheduled'
+            ORDER BY priority DESC, scheduled_on, id LIMIT 1 FOR UPDATE SKIP LOCKED),
+        claimed AS (
+            UPDATE task_runs AS r SET status = 'running', runner_id = %s, started_on = %s,
+                updated_on = %s
+            FROM next WHERE r.id = next.id RETURNING r.id, r.task_id, r.attempt)
+        UPDATE task_queue AS t SET last_status = 'running', updated_on = %s FROM claimed
+        WHERE t.id = claimed.task_id
+        RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
+            t.run_timeout, t.max_runtime, t.periodic_task_id""",
+    "sqlite": ("""
+        UPDATE task_runs SET status = 'running', runner_id = ?, started_on = ?, updated_on = ?
+        WHERE id = (SELECT id FROM task_runs WHERE status = 'scheduled'
+                    ORDER BY priority DESC, scheduled_on, id LIMIT 1)
+        RETURNING id, task_id, attempt""", """
+        UPDATE task_queue SET last_status = 'running', updated_on = ? WHERE id = ?
+        RETURNING handler, data, run_timeout, max_runtime, periodic_task_id"""),
+}
+_SUCCESS_SQL = {
+    "postgresql": """
+        WITH ended AS (
+            UPDATE task_runs SET status = 'success', finished_on = %s, updated_on = %s,
+                active_task_id = NULL, error_code = NULL, error_message = NULL,
+                percent_completed = 100, results = %s
+            WHERE id = %s AND status = 'running' AND runner_id = %s RETURNING task_id)
+        UPDATE task_queue AS t SET last_status = 'success', runs_failed = 0,
+            next_run_on = NULL, finished_on = %s, active_key = NULL, updated_on = %s
+        FROM ended WHERE t.id = ended.task_id RETURNING t.id""",
+    "sqlite": ("""
+        UPDATE task_runs SET status = 'success', finished_on = ?, updated_on = ?,
+            active_task_id = NULL, error_code = NULL, error_message = NULL,
+            percent_completed = 100, results = ?
+        WHERE id = ? AND status = 'running' AND runner_id = ?""", """
+        UPDATE task_queue SET last_status = 'success', runs_failed = 0, next_run_on = NULL,
+            finished_on = ?, active_key = NULL, updated_on = ? WHERE id = ?"""),
+}
 MAX_INT = 2 ** 31 - 1  # INTEGER columns on every database
 
 
@@ -266,6 +309,12 @@ class TaskQueue:
         waiting; SQLite takes the write lock up front (BEGIN IMMEDIATE), so the select and the
         update are one step. Returns a ClaimedRun or None."""
         now = now or utcnow()
+        if self.backend == "postgresql":
+            row = self.db.execute_sql(_CLAIM_SQL["postgresql"],
+                                      (runner_id, now, now, now)).fetchone()
+            return None if row is None else ClaimedRun(*row[:7], now, row[7])
+        if self.is_sqlite:
+            return self._write(lambda: self._claim_sqlite(runner_id, now))
 
         def step():
             run = self.claim_query().first()
@@ -279,6 +328,28 @@ class TaskQueue:
                     .where(Task.id == run.task_id).get())
             return ClaimedRun(run.id, run.task_id, run.attempt, task.handler, task.data,
                               task.run_timeout, task.max_runtime, now, task.periodic_task_id)
+        return self._write(step)
+
+    def _claim_sqlite(self, runner_id, now):
+        claim_run, claim_task = _CLAIM_SQL["sqlite"]
+        run = self.db.execute_sql(claim_run, (runner_id, now, now)).fetchone()
+        if run is None:
+            return None
+        task = self.db.execute_sql(claim_task, (now, run[1])).fetchone()
+        return ClaimedRun(*run, *task[:4], now, task[4])
+
+    def _end_success(self, run_id, task_id, runner_id, results, now):
+        """end_run(SUCCESS) by the run's runner, as plain SQL; same conditions (rule 4)."""
+        if self.backend == "postgresql":
+            return self.db.execute_sql(_SUCCESS_SQL["postgresql"], (
+                now, now, results, run_id, runner_id, now, now)).fetchone() is not None
+        end_run, end_task = _SUCCESS_SQL["sqlite"]
+
+        def step():
+            if not self.db.execute_sql(end_run, (now, now, results, run_id, runner_id)).rowcount:
+                return False
+            self.db.execute_sql(end_task, (now, now, task_id))
+            return True
         return self._write(step)
 
     def report_progress(self, run_id, runner_id, percent, now=None):
@@ -297,6 +368,12 @@ class TaskQueue:
         cannot overwrite a ``timeout`` set meanwhile. Returns False when it lost that race.
         """
         now = now or utcnow()
+        if status == SUCCESS and runner_id is not None and self.backend != "mysql":
+            ended = self._end_success(run_id, task_id, runner_id,
+                                      None if results is _UNSET else results, now)
+            if ended and periodic_task_id is not None:
+                periodic.record_outcome(periodic_task_id, status, now)
+            return ended
         values = {Run.status: status, Run.finished_on: now, Run.updated_on: now,
                   Run.active_task_id: None, Run.error_code: error_code,
                   Run.error_message: error_message}

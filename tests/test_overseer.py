@@ -749,12 +749,16 @@ def test_each_runner_has_its_own_postgresql_connection(pg_overseers, tmp_path):
         for other in tree:
             if pid < other:
                 assert not ports[pid] & ports[other], (pid, other, ports)
-    with database.admin.cursor() as cur:
-        cur.execute("SELECT pid, client_port FROM pg_stat_activity WHERE datname = %s",
-                    (database.name,))
-        by_port = {port: backend for backend, port in cur.fetchall()}
-    mine = {by_port[p] for p in ports[proc.pid] if p in by_port}
-    assert mine, "the overseer holds no connection: %r" % ports
+
+    def overseer_backends():
+        # Right after forking the overseer holds no connection (it closes it before a
+        # fork); it opens its own again at its next check.
+        with database.admin.cursor() as cur:
+            cur.execute("SELECT pid, client_port FROM pg_stat_activity WHERE datname = %s",
+                        (database.name,))
+            by_port = {port: backend for backend, port in cur.fetchall()}
+        return {by_port[p] for p in pg_ports(proc.pid) if p in by_port}
+    mine = wait_for(overseer_backends, timeout=10, message="the overseer's own connection")
     assert not mine & set(seen), (mine, backends)
 
     # kill -9 every runner: the overseer (and its connection) carries on.
