@@ -13,7 +13,7 @@ from .config import Config
 from .db import mask_url
 from .errors import InputError
 from .handler import encode_data, load_handler
-from .models import FAILED, RUNNING, Run, Runner, Task, utcnow
+from .models import FAILED, RUNNING, Run, Runner, Task
 
 log = logging.getLogger("taskrunner.cli")
 

@@ -5,7 +5,6 @@
 Every function here that changes state more than one row at a time runs in one write
 transaction (`retry_transaction`) and says in its docstring which race it closes.
 """
-import json
 import logging
 import random
 from collections import namedtuple
@@ -19,8 +18,8 @@ from .db import backend_of, check_connection, open_database, retry_transaction
 from .errors import ConfigError, HandlerError, InputError, StateError, TaskNotFound
 from .handler import encode_data, load_handler
 from .migrations import migrate
-from .models import (CANCELLED, ERROR, FAILED, MODELS, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
-                     Run, Runner, Task, as_utc, utcnow)
+from .models import (CANCELLED, FAILED, MODELS, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
+                     Run, Task, as_utc, utcnow)
 
 log = logging.getLogger("taskrunner.queue")
 

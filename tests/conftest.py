@@ -185,3 +185,71 @@ def stop_process(proc, sig=signal.SIGKILL):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+class Processes:
+    """The processes a test started; whatever still runs at teardown is killed."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path = tmp_path
+        self.started = []
+
+    def spawn(self, *args, config=None, name="proc"):
+        log_path = self.tmp_path / ("%s-%d.log" % (name, len(self.started)))
+        proc = spawn(*args, config=config, log_path=log_path)
+        proc.log_path = log_path
+        self.started.append(proc)
+        return proc
+
+    def add(self, proc, log_path):
+        """Track a process started elsewhere, logging to log_path."""
+        proc.log_path = log_path
+        self.started.append(proc)
+        return proc
+
+    def log(self, proc):
+        return proc.log_path.read_text(errors="replace") if proc.log_path.exists() else ""
+
+    def logs(self, procs=None):
+        return "\n".join("--- pid %d (exit %s):\n%s" % (p.pid, p.poll(), self.log(p)[-3000:])
+                         for p in (procs or self.started))
+
+    def wait(self, proc, timeout=60.0):
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("pid %d still running after %.0fs\n%s"
+                                 % (proc.pid, timeout, self.logs([proc]))) from None
+
+    def kill_all(self):
+        for proc in self.started:
+            stop_process(proc)
+
+
+@pytest.fixture
+def procs(tmp_path):
+    group = Processes(tmp_path)
+    yield group
+    group.kill_all()
+
+
+def usage_error(result, *fragments):
+    """Exit 2, exactly one non-empty line on stderr starting "taskrunner: ", no traceback,
+    nothing on stdout; the line contains every fragment. Returns the line."""
+    output = "stdout: %r\nstderr: %r" % (result.stdout, result.stderr)
+    assert result.returncode == 2, output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, output
+    assert lines[0].startswith("taskrunner: "), output
+    assert "Traceback" not in result.stderr + result.stdout, output
+    assert result.stdout.strip() == "", output
+    for fragment in fragments:
+        assert fragment in lines[0], output
+    return lines[0]
+
+
+def ok(result):
+    assert result.returncode == 0, "exit %d\nstdout: %r\nstderr: %r" % (
+        result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    return result.stdout

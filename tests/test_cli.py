@@ -11,7 +11,7 @@ import pytest
 from taskrunner import TaskQueue
 from taskrunner.models import RUNNING, SCHEDULED, SUCCESS, utcnow
 
-from conftest import REPO_DIR, TESTS_DIR, spawn, stop_process, taskrunner, wait_for
+from conftest import REPO_DIR, TESTS_DIR, ok, spawn, stop_process, taskrunner, usage_error, wait_for
 
 ECHO = "taskrunner.handlers.Echo"
 TASK_FIELDS = {"id", "handler", "data", "status", "given_up", "priority", "queued_on",
@@ -25,26 +25,6 @@ RUNNER_FIELDS = {"id", "kind", "host", "pid", "state", "run_id", "task_id", "pro
                  "rss_mb", "runs_done", "started_on", "heartbeat_on"}
 
 
-def usage_error(result, *fragments):
-    """Exit 2, exactly one non-empty line on stderr starting "taskrunner: ", no traceback,
-    nothing on stdout; the line contains every fragment. Returns the line."""
-    output = "stdout: %r\nstderr: %r" % (result.stdout, result.stderr)
-    assert result.returncode == 2, output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, output
-    assert lines[0].startswith("taskrunner: "), output
-    assert "Traceback" not in result.stderr + result.stdout, output
-    assert result.stdout.strip() == "", output
-    for fragment in fragments:
-        assert fragment in lines[0], output
-    return lines[0]
-
-
-def ok(result):
-    assert result.returncode == 0, "exit %d\nstdout: %r\nstderr: %r" % (
-        result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    return result.stdout
 
 
 def added_id(result):

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 import psutil
 import pytest
 
-from conftest import spawn, stop_process, taskrunner, wait_for
+from conftest import ok, taskrunner, usage_error, wait_for
 from taskrunner import Config, InputError
 from taskrunner.liveness import hostname
 from taskrunner.models import (CANCELLED, ERROR, SUCCESS, PeriodicTask, Run, Runner, Task,
@@ -64,24 +64,6 @@ def config_with(database, periodic_entries, **sections):
     return Config.from_dict(data)
 
 
-def one_line_error(result, *fragments):
-    """Exit 2, exactly one non-empty stderr line starting "taskrunner: ", no traceback."""
-    output = "exit %s\nstdout: %r\nstderr: %r" % (result.returncode, result.stdout, result.stderr)
-    assert result.returncode == 2, output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, output
-    assert lines[0].startswith("taskrunner: "), output
-    assert "Traceback" not in result.stderr + result.stdout, output
-    for fragment in fragments:
-        assert fragment in lines[0], output
-    return lines[0]
-
-
-def ok(result):
-    assert result.returncode == 0, "exit %d\nstdout: %r\nstderr: %r" % (
-        result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result.stdout
 
 
 def on_grid(value, anchor, interval, tolerance=0.002):
@@ -595,7 +577,7 @@ def test_cli_periodic_add_refusals_exit_2_with_one_line_and_store_nothing(sqlite
     queue = fresh_schema(sqlite_db)
     add_periodic(queue, "existing", ECHO, "every 1h")
     before = snapshot()
-    one_line_error(taskrunner("periodic", "add", *args, url=sqlite_db.url), fragment)
+    usage_error(taskrunner("periodic", "add", *args, url=sqlite_db.url), fragment)
     assert snapshot() == before
     queue.close()
 
@@ -661,10 +643,10 @@ def test_cli_enable_disable_remove_and_owner_mismatch(sqlite_db):
     ok(taskrunner("periodic", "add", "other", ECHO, "every 1h", url=url))
 
     before = snapshot()
-    one_line_error(taskrunner("periodic", "disable", "job", "--owner", "bob", url=url),
+    usage_error(taskrunner("periodic", "disable", "job", "--owner", "bob", url=url),
                    "job", "bob")
-    one_line_error(taskrunner("periodic", "remove", "job", "--owner", "bob", url=url), "bob")
-    one_line_error(taskrunner("periodic", "enable", "nosuch", url=url), "nosuch")
+    usage_error(taskrunner("periodic", "remove", "job", "--owner", "bob", url=url), "bob")
+    usage_error(taskrunner("periodic", "enable", "nosuch", url=url), "nosuch")
     assert snapshot() == before
 
     ok(taskrunner("periodic", "disable", "job", "--owner", "alice", url=url))
@@ -678,7 +660,7 @@ def test_cli_enable_disable_remove_and_owner_mismatch(sqlite_db):
     assert job.nextrun < utcnow() + timedelta(hours=1, seconds=1)
     ok(taskrunner("periodic", "remove", "job", "--owner", "alice", url=url))
     assert PeriodicTask.get_or_none(PeriodicTask.name == "job") is None
-    one_line_error(taskrunner("periodic", "remove", "job", url=url), "no periodic task")
+    usage_error(taskrunner("periodic", "remove", "job", url=url), "no periodic task")
     assert row("other").enabled
     queue.close()
 
@@ -730,8 +712,8 @@ def test_a_bad_periodic_config_is_refused_by_run_event_and_overseer(sqlite_db, t
     config = sqlite_db.write_config(tmp_path / "c.toml",
                                     '[[periodic]]\nname = "good"\nhandler = "%s"\n'
                                     'timer = "every 1h"\n%s' % (ECHO, text))
-    one_line_error(taskrunner("run-event", "periodic-task:OnProcess", config=config), fragment)
-    one_line_error(taskrunner("overseer", config=config, timeout=90), fragment)
+    usage_error(taskrunner("run-event", "periodic-task:OnProcess", config=config), fragment)
+    usage_error(taskrunner("overseer", config=config, timeout=90), fragment)
     assert snapshot() == before
     assert Runner.select().count() == 0
     queue.close()
@@ -743,44 +725,6 @@ DUE_LINE = re.compile(r"periodic task '([^']*)': (?:submitted task (\d+) for|due
                       r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?)( skipped)?")
 
 
-class Processes:
-    """The processes a test started; whatever still runs at teardown is killed."""
-
-    def __init__(self, tmp_path):
-        self.tmp_path = tmp_path
-        self.started = []
-
-    def spawn(self, *args, config=None, name="proc"):
-        log_path = self.tmp_path / ("%s-%d.log" % (name, len(self.started)))
-        proc = spawn(*args, config=config, log_path=log_path)
-        proc.log_path = log_path
-        self.started.append(proc)
-        return proc
-
-    def log(self, proc):
-        return proc.log_path.read_text(errors="replace") if proc.log_path.exists() else ""
-
-    def logs(self, procs=None):
-        return "\n".join("--- pid %d (exit %s):\n%s" % (p.pid, p.poll(), self.log(p)[-3000:])
-                         for p in (procs or self.started))
-
-    def wait(self, proc, timeout=EXIT_TIMEOUT):
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("pid %d still running after %.0fs\n%s"
-                                 % (proc.pid, timeout, self.logs([proc]))) from None
-
-    def kill_all(self):
-        for proc in self.started:
-            stop_process(proc)
-
-
-@pytest.fixture
-def procs(tmp_path):
-    group = Processes(tmp_path)
-    yield group
-    group.kill_all()
 
 
 def scheduler_events(texts):
@@ -829,7 +773,6 @@ def test_three_overseers_submit_each_due_time_at_most_once(database_sp, procs, t
     overseers = [procs.spawn("overseer", config=config, name="overseer") for _ in range(3)]
     for proc in overseers:
         wait_overseer(proc, procs)
-    window_start = utcnow()
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         assert all(p.poll() is None for p in overseers), procs.logs()

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import process_env, spawn, stop_process, taskrunner, wait_for
+from conftest import process_env, taskrunner, wait_for
 from sample_handlers import read_records
 from taskrunner.liveness import hostname
 from taskrunner.models import ERROR, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner, Task
@@ -25,50 +25,6 @@ EXIT_TIMEOUT = 30.0
 
 # -- helpers ------------------------------------------------------------------------------
 
-class Processes:
-    """The processes a test started; whatever is still running at teardown is killed."""
-
-    def __init__(self, tmp_path):
-        self.tmp_path = tmp_path
-        self.started = []
-
-    def spawn(self, *args, config=None, name="runner"):
-        log_path = self.tmp_path / ("%s-%d.log" % (name, len(self.started)))
-        proc = spawn(*args, config=config, log_path=log_path)
-        proc.log_path = log_path
-        self.started.append(proc)
-        return proc
-
-    def add(self, proc, log_path):
-        proc.log_path = log_path
-        self.started.append(proc)
-        return proc
-
-    def logs(self, procs=None):
-        """The stderr of the given processes (default: all), for assertion messages."""
-        out = []
-        for proc in procs or self.started:
-            text = proc.log_path.read_text(errors="replace") if proc.log_path.exists() else ""
-            out.append("--- pid %d (exit %s):\n%s" % (proc.pid, proc.poll(), text[-3000:]))
-        return "\n".join(out)
-
-    def wait(self, proc, timeout=EXIT_TIMEOUT):
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("pid %d still running after %.0fs\n%s"
-                                 % (proc.pid, timeout, self.logs([proc]))) from None
-
-    def kill_all(self):
-        for proc in self.started:
-            stop_process(proc)
-
-
-@pytest.fixture
-def procs(tmp_path):
-    group = Processes(tmp_path)
-    yield group
-    group.kill_all()
 
 
 def config_file(database, tmp_path, runner="", task="retry_backoff = 0", poll_interval=0.1):
