@@ -103,7 +103,6 @@ class TaskQueue:
         self.is_sqlite = self.backend == "sqlite"
         self.db = open_database(config.database)
         self.db.bind(MODELS)
-        self._wake_pending = False
         if migrate_schema:
             self.migrate()
 
@@ -181,24 +180,25 @@ class TaskQueue:
             Run.insert(task_id=task_id, created_on=row["queued_on"], updated_on=row["queued_on"],
                        attempt=1, active_task_id=task_id, priority=row["priority"],
                        scheduled_on=row["scheduled_on"], status=SCHEDULED).execute()
-            self._wake_pending = True
         return task_id
 
-    def _write_and_wake(self, fn):
-        """Run fn in a write transaction; if it made runs claimable, wake idle runners (on
-        PostgreSQL by NOTIFY inside the transaction, on this host after the commit)."""
-        self._wake_pending = False
-
+    def _write_and_wake(self, fn, wake):
+        """Run fn in a write transaction; when ``wake(result)`` says it made runs claimable,
+        wake idle runners (on PostgreSQL by NOTIFY inside the transaction, on this host after
+        the commit)."""
         def step():
             result = fn()
-            if self._wake_pending:
+            if wake(result):
                 wakeup.notify_in_transaction(self.db, self.backend)
             return result
         result = self._write(step)
-        if self._wake_pending:
+        if wake(result):
             wakeup.notify_local(self.config.database.url)
-            self._wake_pending = False
         return result
+
+    @staticmethod
+    def _is_due(row):
+        return row["next_run_on"] is None
 
     def _add_unique(self, row):
         """Insert a task with a unique_key, or return the id of the live task holding the key.
@@ -206,7 +206,8 @@ class TaskQueue:
         the other reads the winner's id (and tries again if that task ended meanwhile)."""
         for _ in range(5):
             try:
-                return self._write_and_wake(lambda: self._insert_task(row))
+                return self._write_and_wake(lambda: self._insert_task(row),
+                                            lambda _: self._is_due(row))
             except pw.IntegrityError:
                 existing = Task.select(Task.id).where(Task.active_key == row["unique_key"]).first()
                 if existing is not None:
@@ -226,7 +227,7 @@ class TaskQueue:
                              now)
         if unique_key is not None:
             return self._add_unique(row)
-        return self._write_and_wake(lambda: self._insert_task(row))
+        return self._write_and_wake(lambda: self._insert_task(row), lambda _: self._is_due(row))
 
     def add_tasks(self, tasks, now=None):
         """Queue many tasks in one transaction; `tasks` are dicts of add_task's arguments.
@@ -238,11 +239,10 @@ class TaskQueue:
         except TypeError as exc:
             raise InputError("invalid task: %s" % exc) from None
 
-        def insert_all():
-            return [self._insert_task(row) for row in rows if row["unique_key"] is None]
-
-        plain = self._write_and_wake(insert_all) if any(r["unique_key"] is None for r in rows) \
-            else []
+        plain_rows = [row for row in rows if row["unique_key"] is None]
+        due = any(self._is_due(row) for row in plain_rows)
+        plain = self._write_and_wake(lambda: [self._insert_task(row) for row in plain_rows],
+                                     lambda _: due) if plain_rows else []
         ids, plain_ids = [], iter(plain)
         for row in rows:
             ids.append(next(plain_ids) if row["unique_key"] is None else self._add_unique(row))
@@ -281,9 +281,8 @@ class TaskQueue:
                     (Task.update(next_run_on=None, run_count=Task.run_count + 1,
                                  last_status=SCHEDULED, updated_on=now)
                      .where(Task.id.in_(ids)).execute())
-                    self._wake_pending = True
                 return len(ids)
-            count = self._write_and_wake(step)
+            count = self._write_and_wake(step, bool)
             created += count
             if count < batch:
                 return created
