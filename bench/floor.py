@@ -1,16 +1,19 @@
 """The floor: the least a durable database queue must do per run, in raw SQL on
 taskrunner's own tables (same rows, same indexes, same durability), so taskrunner's
-throughput can be read as a fraction of it.
+throughput can be read as a fraction of it: what is left is the library's own cost.
 
-Per run, in two transactions like taskrunner:
-  claim  — select the next scheduled run exclusively (SQLite: BEGIN IMMEDIATE; PostgreSQL
-           and MySQL: FOR UPDATE SKIP LOCKED) with its task's handler and data, mark it
-           running (runner, started_on);
-  finish — mark the run success (conditional on it still being this runner's running run,
-           active_task_id cleared) and update its task (last_status, finished_on,
-           next_run_on, active_key, runs_failed).
+Per run, one transaction, as a busy taskrunner runner does (the first claim has its own):
+  finish — mark the previous run success (conditional on it still being this runner's
+           running run, active_task_id cleared) and update its task (last_status,
+           finished_on, next_run_on, active_key, runs_failed);
+  claim  — take the next scheduled run exclusively (SQLite: BEGIN IMMEDIATE; PostgreSQL
+           and MySQL: FOR UPDATE SKIP LOCKED), mark it and its task running (runner,
+           started_on) and read the task's handler and data.
+Each database gets its cheapest form: on PostgreSQL the whole cycle is one statement of
+data-modifying CTEs (one round trip); SQLite uses UPDATE ... RETURNING; MySQL, which has
+no RETURNING, a locking SELECT joined to the task, then the updates.
 SQLite runs in WAL with synchronous=FULL (taskrunner's default); PostgreSQL and MySQL with
-their default durable commits, autocommit off.
+their default durable commits.
 
 Run as ``python -m bench.floor URL RUNNER_ID [SQLITE_SYNCHRONOUS]``: one worker, exits when
 no run is left.
@@ -21,17 +24,32 @@ from datetime import datetime, timezone
 
 from bench.common import backend_of, connect
 
-CLAIM = ("SELECT r.id, r.task_id, t.handler, t.data FROM task_runs r "
-         "JOIN task_queue t ON t.id = r.task_id WHERE r.status = 'scheduled' "
-         "ORDER BY r.priority DESC, r.scheduled_on, r.id LIMIT 1")
-LOCK = {"sqlite": "", "postgresql": " FOR UPDATE OF r SKIP LOCKED", "mysql": " FOR UPDATE SKIP LOCKED"}
-MARK_RUNNING = ("UPDATE task_runs SET status = 'running', runner_id = ?, started_on = ?, "
-                "updated_on = ? WHERE id = ?")
-MARK_SUCCESS = ("UPDATE task_runs SET status = 'success', finished_on = ?, updated_on = ?, "
-                "percent_completed = 100, active_task_id = NULL "
-                "WHERE id = ? AND status = 'running' AND runner_id = ?")
-UPDATE_TASK = ("UPDATE task_queue SET last_status = 'success', finished_on = ?, updated_on = ?, "
-               "next_run_on = NULL, active_key = NULL, runs_failed = 0 WHERE id = ?")
+NEXT = ("SELECT id FROM task_runs WHERE status = 'scheduled' "
+        "ORDER BY priority DESC, scheduled_on, id LIMIT 1")
+RUN_STARTED = "UPDATE task_runs SET status = 'running', runner_id = {p}, started_on = {p}, updated_on = {p}"
+TASK_STARTED = "UPDATE task_queue SET last_status = 'running', updated_on = {p}"
+RUN_DONE = ("UPDATE task_runs SET status = 'success', finished_on = {p}, updated_on = {p}, "
+            "percent_completed = 100, active_task_id = NULL "
+            "WHERE id = {p} AND status = 'running' AND runner_id = {p}")
+TASK_DONE = ("UPDATE task_queue SET last_status = 'success', finished_on = {p}, updated_on = {p}, "
+             "next_run_on = NULL, active_key = NULL, runs_failed = 0 WHERE id = {p}")
+
+SQLITE_CLAIM = (RUN_STARTED + " WHERE id = (" + NEXT + ") RETURNING id, task_id",
+                TASK_STARTED + " WHERE id = {p} RETURNING handler, data")
+MYSQL_CLAIM = ("SELECT r.id, r.task_id, t.handler, t.data FROM task_runs r "
+               "JOIN task_queue t ON t.id = r.task_id WHERE r.status = 'scheduled' "
+               "ORDER BY r.priority DESC, r.scheduled_on, r.id LIMIT 1 FOR UPDATE SKIP LOCKED",
+               RUN_STARTED + " WHERE id = {p}", TASK_STARTED + " WHERE id = {p}")
+# PostgreSQL: finish (when there is a previous run) and claim in one statement.
+PG_CYCLE = """
+WITH done AS ({run_done} RETURNING task_id),
+     task_done AS ({task_done_from} FROM done WHERE task_queue.id = done.task_id),
+     pick AS ({next} FOR UPDATE SKIP LOCKED),
+     started AS ({run_started} FROM pick WHERE task_runs.id = pick.id RETURNING task_runs.id, task_id)
+{task_started} FROM started WHERE task_queue.id = started.task_id
+RETURNING started.id, started.task_id, handler, data""".format(
+    run_done=RUN_DONE.format(p="%s"), task_done_from=TASK_DONE.format(p="%s").split(" WHERE")[0],
+    next=NEXT, run_started=RUN_STARTED.format(p="%s"), task_started=TASK_STARTED.format(p="%s"))
 
 
 def now(backend):
@@ -41,15 +59,14 @@ def now(backend):
 
 def work(url, runner_id, synchronous="full"):
     backend = backend_of(url)
-    conn = connect(url)
+    conn = connect(url, autocommit=backend == "postgresql")
+    p = "?" if backend == "sqlite" else "%s"
     if backend == "sqlite":
         conn.isolation_level = None            # explicit BEGIN IMMEDIATE below
         conn.execute("PRAGMA journal_mode=wal")
         conn.execute("PRAGMA synchronous=%s" % synchronous)
         conn.execute("PRAGMA busy_timeout=30000")
-    p = "?" if backend == "sqlite" else "%s"
-    claim_sql = CLAIM + LOCK[backend]
-    running_sql, success_sql, task_sql = (s.replace("?", p) for s in (MARK_RUNNING, MARK_SUCCESS, UPDATE_TASK))
+    run_done, task_done = RUN_DONE.format(p=p), TASK_DONE.format(p=p)
     cur = conn.cursor()
 
     def transaction(step):
@@ -62,7 +79,7 @@ def work(url, runner_id, synchronous="full"):
                 result = step()
                 if backend == "sqlite":
                     cur.execute("COMMIT")
-                else:
+                elif backend == "mysql":
                     conn.commit()
                 return result
             except Exception as exc:
@@ -70,28 +87,41 @@ def work(url, runner_id, synchronous="full"):
                     raise
                 conn.rollback()
 
-    def claim():
-        cur.execute(claim_sql)
+    def finish(previous, t):
+        if previous is not None:
+            cur.execute(run_done, (t, t, previous[0], runner_id))
+            if cur.rowcount == 1:
+                cur.execute(task_done, (t, t, previous[1]))
+
+    def cycle(previous):
+        """Finish `previous` (run id, task id) if any, claim the next: (run id, task id,
+        handler, data) or None."""
+        t = now(backend)
+        if backend == "postgresql":
+            prev = previous or (None, None)
+            cur.execute(PG_CYCLE, (t, t, prev[0], runner_id, t, t, runner_id, t, t, t))
+            return cur.fetchone()
+        finish(previous, t)
+        if backend == "sqlite":
+            cur.execute(SQLITE_CLAIM[0].format(p=p), (runner_id, t, t))
+            run = cur.fetchone()
+            if run is None:
+                return None
+            cur.execute(SQLITE_CLAIM[1].format(p=p), (t, run[1]))
+            return run + cur.fetchone()
+        cur.execute(MYSQL_CLAIM[0])
         row = cur.fetchone()
         if row is not None:
-            t = now(backend)
-            cur.execute(running_sql, (runner_id, t, t, row[0]))
+            cur.execute(MYSQL_CLAIM[1].format(p=p), (runner_id, t, t, row[0]))
+            cur.execute(MYSQL_CLAIM[2].format(p=p), (t, row[1]))
         return row
 
-    def finish(run_id, task_id):
-        t = now(backend)
-        cur.execute(success_sql, (t, t, run_id, runner_id))
-        if cur.rowcount == 1:
-            cur.execute(task_sql, (t, t, task_id))
-
     done = 0
-    while True:
-        row = transaction(claim)
-        if row is None:
-            break
+    row = transaction(lambda: cycle(None))
+    while row is not None:
         run_id, task_id, handler, data = row
         json.loads(data)                       # the no-op "handler": decode its data
-        transaction(lambda: finish(run_id, task_id))
+        row = transaction(lambda: cycle((run_id, task_id)))
         done += 1
     conn.close()
     return done

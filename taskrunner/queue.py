@@ -29,47 +29,68 @@ ClaimedRun = namedtuple("ClaimedRun", "run_id task_id attempt handler data run_t
 _UNSET = object()
 
 # Claiming and successfully finishing happen once per job, so on SQLite and PostgreSQL they
-# are plain SQL (one statement each on PostgreSQL): building them with peewee costs more
-# than the database work. MySQL has no UPDATE ... RETURNING and uses the peewee queries.
-_CLAIM_SQL = {
-    "postgresql": """
-        WITH next AS (
-            SELECT id FROM task_runs WHERE status = 'scheduled'
-            ORDER BY priority DESC, scheduled_on, id LIMIT 1 FOR UPDATE SKIP LOCKED),
-        claimed AS (
-            UPDATE task_runs AS r SET status = 'running', runner_id = %s, started_on = %s,
-                updated_on = %s
-            FROM next WHERE r.id = next.id RETURNING r.id, r.task_id, r.attempt)
+# are plain SQL: building them with peewee costs more than the database work. On PostgreSQL
+# each is one statement of data-modifying CTEs, and a runner that goes on working finishes
+# its run and claims the next in one statement too (one round trip, one commit per job).
+# MySQL has no UPDATE ... RETURNING and uses the peewee queries.
+_PG_CLAIM_CTES = """
+    next AS (
+        SELECT id FROM task_runs WHERE status = 'scheduled'
+        ORDER BY priority DESC, scheduled_on, id LIMIT 1 FOR UPDATE SKIP LOCKED),
+    claimed AS (
+        UPDATE task_runs AS r SET status = 'running', runner_id = %s, started_on = %s,
+            updated_on = %s
+        FROM next WHERE r.id = next.id RETURNING r.id, r.task_id, r.attempt),
+    claimed_task AS (
         UPDATE task_queue AS t SET last_status = 'running', updated_on = %s FROM claimed
         WHERE t.id = claimed.task_id
         RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
-            t.run_timeout, t.max_runtime, t.periodic_task_id""",
-    "sqlite": ("""
-        UPDATE task_runs SET status = 'running', runner_id = ?, started_on = ?, updated_on = ?
-        WHERE id = (SELECT id FROM task_runs WHERE status = 'scheduled'
-                    ORDER BY priority DESC, scheduled_on, id LIMIT 1)
-        RETURNING id, task_id, attempt""", """
-        UPDATE task_queue SET last_status = 'running', updated_on = ? WHERE id = ?
-        RETURNING handler, data, run_timeout, max_runtime, periodic_task_id"""),
-}
-_SUCCESS_SQL = {
-    "postgresql": """
-        WITH ended AS (
-            UPDATE task_runs SET status = 'success', finished_on = %s, updated_on = %s,
-                active_task_id = NULL, error_code = NULL, error_message = NULL,
-                percent_completed = 100, results = %s
-            WHERE id = %s AND status = 'running' AND runner_id = %s RETURNING task_id)
+            t.run_timeout, t.max_runtime, t.periodic_task_id)"""
+_PG_SUCCESS_CTES = """
+    ended AS (
+        UPDATE task_runs SET status = 'success', finished_on = %s, updated_on = %s,
+            active_task_id = NULL, error_code = NULL, error_message = NULL,
+            percent_completed = 100, results = %s
+        WHERE id = %s AND status = 'running' AND runner_id = %s RETURNING task_id),
+    ended_task AS (
         UPDATE task_queue AS t SET last_status = 'success', runs_failed = 0,
             next_run_on = NULL, finished_on = %s, active_key = NULL, updated_on = %s
-        FROM ended WHERE t.id = ended.task_id RETURNING t.id""",
-    "sqlite": ("""
-        UPDATE task_runs SET status = 'success', finished_on = ?, updated_on = ?,
-            active_task_id = NULL, error_code = NULL, error_message = NULL,
-            percent_completed = 100, results = ?
-        WHERE id = ? AND status = 'running' AND runner_id = ?""", """
-        UPDATE task_queue SET last_status = 'success', runs_failed = 0, next_run_on = NULL,
-            finished_on = ?, active_key = NULL, updated_on = ? WHERE id = ?"""),
-}
+        FROM ended WHERE t.id = ended.task_id RETURNING t.id)"""
+_PG_CLAIM = "WITH" + _PG_CLAIM_CTES + " SELECT * FROM claimed_task"
+_PG_SUCCESS = "WITH" + _PG_SUCCESS_CTES + " SELECT count(*) FROM ended_task"
+# Every data-modifying CTE runs to completion whether or not the final SELECT reads it.
+_PG_SUCCESS_AND_CLAIM = ("WITH" + _PG_SUCCESS_CTES + "," + _PG_CLAIM_CTES + """
+    SELECT (SELECT count(*) FROM ended_task), c.* FROM (VALUES (1)) AS one
+    LEFT JOIN claimed_task AS c ON true""")
+_SQLITE_CLAIM = ("""
+    UPDATE task_runs SET status = 'running', runner_id = ?, started_on = ?, updated_on = ?
+    WHERE id = (SELECT id FROM task_runs WHERE status = 'scheduled'
+                ORDER BY priority DESC, scheduled_on, id LIMIT 1)
+    RETURNING id, task_id, attempt""", """
+    UPDATE task_queue SET last_status = 'running', updated_on = ? WHERE id = ?
+    RETURNING handler, data, run_timeout, max_runtime, periodic_task_id""")
+_SUCCESS_STATEMENTS = ("""
+    UPDATE task_runs SET status = 'success', finished_on = ?, updated_on = ?,
+        active_task_id = NULL, error_code = NULL, error_message = NULL,
+        percent_completed = 100, results = ?
+    WHERE id = ? AND status = 'running' AND runner_id = ?""", """
+    UPDATE task_queue SET last_status = 'success', runs_failed = 0, next_run_on = NULL,
+        finished_on = ?, active_key = NULL, updated_on = ? WHERE id = ?""")
+# SQLite and MySQL, by the driver's placeholder.
+_SUCCESS = {"?": _SUCCESS_STATEMENTS,
+            "%s": tuple(s.replace("?", "%s") for s in _SUCCESS_STATEMENTS)}
+# MySQL: the candidate and its task locked and read at once (InnoDB locks the joined task
+# row too, which the claim updates anyway), then both marked.
+_MYSQL_CLAIM = """
+    SELECT r.id, r.task_id, r.attempt, t.handler, t.data, t.run_timeout, t.max_runtime,
+        t.periodic_task_id
+    FROM task_runs AS r JOIN task_queue AS t ON t.id = r.task_id
+    WHERE r.status = 'scheduled' ORDER BY r.priority DESC, r.scheduled_on, r.id LIMIT 1
+    FOR UPDATE SKIP LOCKED"""
+_MYSQL_START = (
+    "UPDATE task_runs SET status = 'running', runner_id = %s, started_on = %s, updated_on = %s "
+    "WHERE id = %s",
+    "UPDATE task_queue SET last_status = 'running', updated_on = %s WHERE id = %s")
 MAX_INT = 2 ** 31 - 1  # INTEGER columns on every database
 
 
@@ -293,13 +314,6 @@ class TaskQueue:
         """A cheap read (no write lock) that idle runners poll before trying to claim."""
         return Run.select(Run.id).where(Run.status == SCHEDULED).limit(1).exists()
 
-    def claim_query(self):
-        """The next scheduled run: one range scan of the task_runs_claim index
-        (status, priority DESC, scheduled_on, id), whatever the backlog."""
-        query = (Run.select(Run.id, Run.task_id, Run.attempt).where(Run.status == SCHEDULED)
-                 .order_by(Run.priority.desc(), Run.scheduled_on, Run.id).limit(1))
-        return query if self.is_sqlite else query.for_update(skip_locked=True)
-
     def claim(self, runner_id, now=None):
         """Start the next run for `runner_id`: highest priority first, FIFO within a priority
         (rule 2). Race closed: two runners taking the same run — PostgreSQL and MySQL lock the
@@ -308,47 +322,46 @@ class TaskQueue:
         update are one step. Returns a ClaimedRun or None."""
         now = now or utcnow()
         if self.backend == "postgresql":
-            row = self.db.execute_sql(_CLAIM_SQL["postgresql"],
-                                      (runner_id, now, now, now)).fetchone()
+            return self._claim_step(runner_id, now)     # one statement: its own transaction
+        return self._write(lambda: self._claim_step(runner_id, now))
+
+    def _claim_step(self, runner_id, now):
+        """claim() inside the caller's write transaction."""
+        sql = self.db.execute_sql
+        if self.backend == "postgresql":
+            row = sql(_PG_CLAIM, (runner_id, now, now, now)).fetchone()
             return None if row is None else ClaimedRun(*row[:7], now, row[7])
         if self.is_sqlite:
-            return self._write(lambda: self._claim_sqlite(runner_id, now))
-
-        def step():
-            run = self.claim_query().first()
+            claim_run, claim_task = _SQLITE_CLAIM
+            run = sql(claim_run, (runner_id, now, now)).fetchone()
             if run is None:
                 return None
-            Run.update(status=RUNNING, runner_id=runner_id, started_on=now,
-                       updated_on=now).where(Run.id == run.id).execute()
-            Task.update(last_status=RUNNING, updated_on=now).where(Task.id == run.task_id).execute()
-            task = (Task.select(Task.handler, Task.data, Task.run_timeout, Task.max_runtime,
-                                Task.periodic_task_id)
-                    .where(Task.id == run.task_id).get())
-            return ClaimedRun(run.id, run.task_id, run.attempt, task.handler, task.data,
-                              task.run_timeout, task.max_runtime, now, task.periodic_task_id)
-        return self._write(step)
-
-    def _claim_sqlite(self, runner_id, now):
-        claim_run, claim_task = _CLAIM_SQL["sqlite"]
-        run = self.db.execute_sql(claim_run, (runner_id, now, now)).fetchone()
-        if run is None:
+            task = sql(claim_task, (now, run[1])).fetchone()
+            return ClaimedRun(*run, *task[:4], now, task[4])
+        row = sql(_MYSQL_CLAIM).fetchone()
+        if row is None:
             return None
-        task = self.db.execute_sql(claim_task, (now, run[1])).fetchone()
-        return ClaimedRun(*run, *task[:4], now, task[4])
+        sql(_MYSQL_START[0], (runner_id, now, now, row[0]))
+        sql(_MYSQL_START[1], (now, row[1]))
+        return ClaimedRun(*row[:7], now, row[7])
 
-    def _end_success(self, run_id, task_id, runner_id, results, now):
-        """end_run(SUCCESS) by the run's runner, as plain SQL; same conditions (rule 4)."""
-        if self.backend == "postgresql":
-            return self.db.execute_sql(_SUCCESS_SQL["postgresql"], (
-                now, now, results, run_id, runner_id, now, now)).fetchone() is not None
-        end_run, end_task = _SUCCESS_SQL["sqlite"]
+    def release_run(self, run_id, runner_id, now=None):
+        """Give back a run this runner claimed but did not start (it was told to stop in
+        between): the run is ``scheduled`` again for any runner. False if it was no longer
+        this runner's running run."""
+        now = now or utcnow()
 
         def step():
-            if not self.db.execute_sql(end_run, (now, now, results, run_id, runner_id)).rowcount:
+            run = Run.select(Run.task_id).where(
+                (Run.id == run_id) & (Run.status == RUNNING) & (Run.runner_id == runner_id)).first()
+            if run is None:
                 return False
-            self.db.execute_sql(end_task, (now, now, task_id))
+            Run.update(status=SCHEDULED, runner_id=None, started_on=None, updated_on=now).where(
+                Run.id == run_id).execute()
+            Task.update(last_status=SCHEDULED, updated_on=now).where(
+                Task.id == run.task_id).execute()
             return True
-        return self._write(step)
+        return self._write_and_wake(step, bool)
 
     def report_progress(self, run_id, runner_id, percent, now=None):
         """Store progress; False when the run is no longer this runner's (it was timed out)."""
@@ -366,9 +379,49 @@ class TaskQueue:
         cannot overwrite a ``timeout`` set meanwhile. Returns False when it lost that race.
         """
         now = now or utcnow()
-        if status == SUCCESS and runner_id is not None and self.backend != "mysql":
-            ended = self._end_success(run_id, task_id, runner_id,
-                                      None if results is _UNSET else results, now)
+        args = (run_id, task_id, status, runner_id, results, error_code, error_message, now,
+                periodic_task_id)
+        if self._single_statement_end(status, runner_id, periodic_task_id):
+            return self._end_step(*args)
+        return self._write(lambda: self._end_step(*args))
+
+    def end_run_and_claim(self, run_id, task_id, status, runner_id, results=None,
+                          error_code=None, error_message=None, now=None, periodic_task_id=None):
+        """end_run() of a runner's own run and claim() of its next in one transaction, so a
+        busy runner pays one commit per job (one statement on PostgreSQL for a success).
+        Same rules as the two calls; the claim happens even when the end lost its race.
+        Returns (ended, ClaimedRun or None)."""
+        now = now or utcnow()
+        if self._single_statement_end(status, runner_id, periodic_task_id):
+            row = self.db.execute_sql(_PG_SUCCESS_AND_CLAIM, (
+                now, now, results, run_id, runner_id, now, now,
+                runner_id, now, now, now)).fetchone()
+            claimed = None if row[1] is None else ClaimedRun(*row[1:8], now, row[8])
+            return row[0] > 0, claimed
+        return self._write(lambda: (
+            self._end_step(run_id, task_id, status, runner_id, results, error_code,
+                           error_message, now, periodic_task_id),
+            self._claim_step(runner_id, now)))
+
+    def _single_statement_end(self, status, runner_id, periodic_task_id):
+        """A runner's success of a plain task on PostgreSQL: one statement, no transaction."""
+        return (self.backend == "postgresql" and status == SUCCESS and runner_id is not None
+                and periodic_task_id is None)
+
+    def _end_step(self, run_id, task_id, status, runner_id, results, error_code, error_message,
+                  now, periodic_task_id):
+        """end_run() inside the caller's write transaction."""
+        if status == SUCCESS and runner_id is not None:
+            # The hot path, as plain SQL with the same conditions.
+            results = None if results is _UNSET else results
+            if self.backend == "postgresql":
+                ended = self.db.execute_sql(_PG_SUCCESS, (
+                    now, now, results, run_id, runner_id, now, now)).fetchone()[0] > 0
+            else:
+                end_run, end_task = _SUCCESS[self.db.param]
+                ended = self.db.execute_sql(end_run, (now, now, results, run_id, runner_id)).rowcount > 0
+                if ended:
+                    self.db.execute_sql(end_task, (now, now, task_id))
             if ended and periodic_task_id is not None:
                 periodic.record_outcome(periodic_task_id, status, now)
             return ended
@@ -382,13 +435,10 @@ class TaskQueue:
         condition = (Run.id == run_id) & (Run.status == RUNNING)
         if runner_id is not None:
             condition &= Run.runner_id == runner_id
-
-        def step():
-            if not Run.update(values).where(condition).execute():
-                return False
-            self._aggregate(task_id, status, error_code, error_message, now, periodic_task_id)
-            return True
-        return self._write(step)
+        if not Run.update(values).where(condition).execute():
+            return False
+        self._aggregate(task_id, status, error_code, error_message, now, periodic_task_id)
+        return True
 
     def _aggregate(self, task_id, status, error_code, error_message, now, periodic_task_id=None):
         """The task after a run ended: last_status, runs_failed (reset by a success), the last

@@ -52,6 +52,7 @@ class Worker:
         self.stop_reason = None
         self.in_handler = False
         self.runs_done = 0
+        self.max_runs = None
         self.disowned = False
         self._handlers = {}
         self._process = psutil.Process()
@@ -120,60 +121,22 @@ class Worker:
             cls = self._handlers[path] = load_handler(path, self.config.handlers.allow)
         return cls
 
-    def execute(self, claimed):
-        """Run one claimed run's handler and record its outcome."""
+    def execute(self, claimed, claim_next=False):
+        """Run one claimed run's handler and record its outcome. With `claim_next`, unless
+        the runner is now due to exit, the outcome and the claim of its next run are one
+        transaction (one commit per job); returns that run, or None."""
         started = time.monotonic()
         log.info("run %d of task %d started: %s (attempt %d)", claimed.run_id, claimed.task_id,
                  claimed.handler, claimed.attempt)
-        status, code, message, results = SUCCESS, None, None, None
-        try:
-            data = json.loads(claimed.data)
-        except ValueError as exc:
-            data, status, code, message = None, ERROR, "DataDecodeError", "task data is not JSON: %s" % exc
-        cls = None
-        if status == SUCCESS:
-            try:
-                cls = self._handler_class(claimed.handler)
-            except HandlerError as exc:
-                status, code, message = ERROR, "HandlerError", str(exc)
-        if cls is not None and claimed.periodic_task_id is not None and claimed.attempt == 1 \
-                and not periodic.allow_start(claimed.periodic_task_id):
-            # Nuntium's tolerance: the previous task of this periodic task started too recently
-            # (a retry of the same task is not a new occurrence).
-            cls, status, code = None, CANCELLED, "MinSpacing"
-            message = "dropped: the previous task of this periodic task started less than " \
-                      "min_spacing ago"
-        context = None
-        if cls is not None:
-            deadline = None
-            if claimed.max_runtime:
-                deadline = (claimed.started_on + timedelta(seconds=claimed.max_runtime)).replace(
-                    tzinfo=timezone.utc)
-            context = RunContext(
-                claimed.run_id, claimed.task_id, claimed.attempt, data, deadline=deadline,
-                report=lambda pct: self.queue.report_progress(claimed.run_id, self.runner_id, pct),
-                stopping=lambda: self.stop_reason is not None, queue=self.queue)
-            try:
-                self.in_handler = True
-                try:
-                    cls().handle(context)
-                finally:
-                    self.in_handler = False
-            except Interrupted as exc:
-                status, code, message = ERROR, "Interrupted", str(exc)
-            except TaskError as exc:
-                status, code, message = ERROR, exc.code or type(exc).__name__, str(exc)
-            except (Exception, SystemExit) as exc:
-                status, code, message = ERROR, type(exc).__name__, str(exc) or repr(exc)
-            if context.results is not None:
-                try:
-                    results = json.dumps(context.results, allow_nan=False)
-                except (TypeError, ValueError) as exc:
-                    status, code = ERROR, "ResultsNotJSON"
-                    message = "run.results is not JSON-serialisable: %s" % exc
-        ended = self._with_database(lambda: self.queue.end_run(
-            claimed.run_id, claimed.task_id, status, runner_id=self.runner_id, results=results,
-            error_code=code, error_message=message, periodic_task_id=claimed.periodic_task_id))
+        status, code, message, results = self._run_handler(claimed)
+        self.runs_done += 1
+        args = (claimed.run_id, claimed.task_id, status, self.runner_id, results, code, message)
+        if claim_next and not self._should_exit(self.max_runs):
+            ended, following = self._with_database(lambda: self.queue.end_run_and_claim(
+                *args, periodic_task_id=claimed.periodic_task_id))
+        else:
+            ended, following = self._with_database(lambda: self.queue.end_run(
+                *args, periodic_task_id=claimed.periodic_task_id)), None
         elapsed = time.monotonic() - started
         if ended:
             log.info("run %d of task %d finished: %s %s in %.3fs%s", claimed.run_id,
@@ -183,6 +146,53 @@ class Worker:
             log.warning("run %d of task %d finished %s in %.3fs, but it had been ended meanwhile "
                         "(timeout); its outcome is discarded", claimed.run_id, claimed.task_id,
                         status, elapsed)
+        return following
+
+    def _run_handler(self, claimed):
+        """Decode the data, load the handler and run it; returns (status, error_code,
+        error_message, results as JSON text)."""
+        status, code, message, results = SUCCESS, None, None, None
+        try:
+            data = json.loads(claimed.data)
+        except ValueError as exc:
+            return ERROR, "DataDecodeError", "task data is not JSON: %s" % exc, None
+        try:
+            cls = self._handler_class(claimed.handler)
+        except HandlerError as exc:
+            return ERROR, "HandlerError", str(exc), None
+        if claimed.periodic_task_id is not None and claimed.attempt == 1 \
+                and not periodic.allow_start(claimed.periodic_task_id):
+            # Nuntium's tolerance: the previous task of this periodic task started too recently
+            # (a retry of the same task is not a new occurrence).
+            return CANCELLED, "MinSpacing", "dropped: the previous task of this periodic task " \
+                "started less than min_spacing ago", None
+        deadline = None
+        if claimed.max_runtime:
+            deadline = (claimed.started_on + timedelta(seconds=claimed.max_runtime)).replace(
+                tzinfo=timezone.utc)
+        context = RunContext(
+            claimed.run_id, claimed.task_id, claimed.attempt, data, deadline=deadline,
+            report=lambda pct: self.queue.report_progress(claimed.run_id, self.runner_id, pct),
+            stopping=lambda: self.stop_reason is not None, queue=self.queue)
+        try:
+            self.in_handler = True
+            try:
+                cls().handle(context)
+            finally:
+                self.in_handler = False
+        except Interrupted as exc:
+            status, code, message = ERROR, "Interrupted", str(exc)
+        except TaskError as exc:
+            status, code, message = ERROR, exc.code or type(exc).__name__, str(exc)
+        except (Exception, SystemExit) as exc:
+            status, code, message = ERROR, type(exc).__name__, str(exc) or repr(exc)
+        if context.results is not None:
+            try:
+                results = json.dumps(context.results, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                status, code = ERROR, "ResultsNotJSON"
+                message = "run.results is not JSON-serialisable: %s" % exc
+        return status, code, message, results
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -218,6 +228,16 @@ class Worker:
             self.stop_reason = "overseer %d is gone" % self.parent_pid
         return self.stop_reason is not None
 
+    def _unless_stopping(self, claimed):
+        """A run claimed together with the last outcome, kept unless a stop signal came in
+        meanwhile: then it is given back unstarted, since a stopping runner claims nothing."""
+        if claimed is None or self.stop_reason is None:
+            return claimed
+        if self._with_database(lambda: self.queue.release_run(claimed.run_id, self.runner_id)):
+            log.info("run %d of task %d given back unstarted: %s", claimed.run_id,
+                     claimed.task_id, self.stop_reason)
+        return None
+
     def _idle(self, standalone):
         """Wait for work: poll a cheap read every poll_interval (a signal wakes at once).
         A runner without an overseer also does the queue's regular work while idle."""
@@ -232,7 +252,7 @@ class Worker:
     def work(self, burst=False, max_runs=None):
         """Register, then claim and execute until told to stop (or, with burst, until no run
         is left). Returns the number of runs executed."""
-        max_runs = max_runs if max_runs is not None else self.config.runner.max_runs
+        max_runs = self.max_runs = max_runs if max_runs is not None else self.config.runner.max_runs
         if self.install_signals:
             self._setup_signals()
         row = liveness.register(self.queue, kind=RUNNER, parent_id=self.parent_id)
@@ -244,17 +264,18 @@ class Worker:
         log.info("runner %d started (pid %d, slot %d)", row.id, row.pid, row.slot)
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
+        claimed = None
         try:
-            while not self._should_exit(max_runs):
-                claimed = self._with_database(lambda: self.queue.claim(self.runner_id))
+            while claimed is not None or not self._should_exit(max_runs):
                 if claimed is None:
-                    if burst:
-                        self.stop_reason = "no work left"
-                        break
-                    self._with_database(lambda: self._idle(standalone=self.parent_pid is None))
-                    continue
-                self.execute(claimed)
-                self.runs_done += 1
+                    claimed = self._with_database(lambda: self.queue.claim(self.runner_id))
+                    if claimed is None:
+                        if burst:
+                            self.stop_reason = "no work left"
+                            break
+                        self._with_database(lambda: self._idle(standalone=self.parent_pid is None))
+                        continue
+                claimed = self._unless_stopping(self.execute(claimed, claim_next=True))
         finally:
             if self._listener is not None:
                 self._listener.close()
