@@ -413,6 +413,10 @@ def build_parser():
 
 
 def setup_logging(level):
+    # The format names no source file, function or thread: skip collecting them (the
+    # logging HOWTO's "Optimization"), which a runner would otherwise do for every run.
+    logging._srcfile = None
+    logging.logThreads = logging.logMultiprocessing = False
     logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
 

@@ -5,8 +5,10 @@
 Every function here that changes state more than one row at a time runs in one write
 transaction (`retry_transaction`) and says in its docstring which race it closes.
 """
+import json
 import logging
 import random
+import sqlite3
 from collections import namedtuple
 from datetime import datetime, timedelta
 
@@ -123,6 +125,7 @@ class TaskQueue:
         self.backend = backend_of(config.database.url)
         self.is_sqlite = self.backend == "sqlite"
         self.db = open_database(config.database)
+        self._returning = None
         self.db.bind(MODELS)
         if migrate_schema:
             self.migrate()
@@ -196,12 +199,16 @@ class TaskQueue:
 
     def _insert_task(self, row):
         task_id = Task.insert(**row).execute()
-        if row["next_run_on"] is None:
+        if self._is_due(row):
             # A due task gets its first run in the same transaction: runners can start it at once.
-            Run.insert(task_id=task_id, created_on=row["queued_on"], updated_on=row["queued_on"],
-                       attempt=1, active_task_id=task_id, priority=row["priority"],
-                       scheduled_on=row["scheduled_on"], status=SCHEDULED).execute()
+            Run.insert(**self._first_run(task_id, row)).execute()
         return task_id
+
+    @staticmethod
+    def _first_run(task_id, row):
+        return {"task_id": task_id, "created_on": row["queued_on"], "updated_on": row["queued_on"],
+                "attempt": 1, "active_task_id": task_id, "priority": row["priority"],
+                "scheduled_on": row["scheduled_on"], "status": SCHEDULED, "percent_completed": 0}
 
     def _write_and_wake(self, fn, wake):
         """Run fn in a write transaction; when ``wake(result)`` says it made runs claimable,
@@ -262,12 +269,67 @@ class TaskQueue:
 
         plain_rows = [row for row in rows if row["unique_key"] is None]
         due = any(self._is_due(row) for row in plain_rows)
-        plain = self._write_and_wake(lambda: [self._insert_task(row) for row in plain_rows],
+        plain = self._write_and_wake(lambda: self._insert_many(plain_rows),
                                      lambda _: due) if plain_rows else []
         ids, plain_ids = [], iter(plain)
         for row in rows:
             ids.append(next(plain_ids) if row["unique_key"] is None else self._add_unique(row))
         return ids
+
+    BULK_ROWS = 500     # rows per INSERT: within every database's limit on bound parameters
+
+    def _insert_many(self, rows):
+        """Insert task rows (and the first run of each due one) in multi-row INSERTs, inside
+        the caller's transaction; returns the task ids in order. Without INSERT ... RETURNING
+        (MySQL), row by row."""
+        if not self._insert_returning():
+            return [self._insert_task(row) for row in rows]
+        ids = []
+        for start in range(0, len(rows), self.BULK_ROWS):
+            chunk = rows[start:start + self.BULK_ROWS]
+            chunk_ids = self._insert_values(Task, chunk, returning=True)
+            runs = [self._first_run(task_id, row) for task_id, row in zip(chunk_ids, chunk)
+                    if self._is_due(row)]
+            if runs:
+                self._insert_values(Run, runs)
+            ids.extend(chunk_ids)
+        return ids
+
+    def _insert_values(self, model, rows, returning=False):
+        """One multi-row INSERT of `rows` (dicts with the same keys), as plain SQL: peewee
+        builds a node per value, which costs more than the insert itself. With `returning`,
+        the new ids in row order (they are assigned in row order within one statement;
+        RETURNING's own order is not promised everywhere, hence the sort)."""
+        fields = [model._meta.fields[name] for name in rows[0]]
+        table, columns = model._meta.table_name, ", ".join(f.column_name for f in fields)
+        if self.backend == "postgresql":
+            # psycopg parses each of thousands of placeholders in Python; one JSON parameter
+            # expanded by the server costs a fraction of that.
+            sql = "INSERT INTO %s (%s) SELECT %s FROM json_populate_recordset(NULL::%s, %%s)" % (
+                table, columns, columns, table)
+            params = [json.dumps([{f.column_name: f.db_value(row[f.name]) for f in fields}
+                                  for row in rows], default=str)]
+        else:
+            values = "(%s)" % ", ".join([self.db.param] * len(fields))
+            sql = "INSERT INTO %s (%s) VALUES %s" % (table, columns, ", ".join([values] * len(rows)))
+            params = [f.db_value(row[f.name]) for row in rows for f in fields]
+        if not returning:
+            self.db.execute_sql(sql, params)
+            return None
+        return sorted(row[0] for row in self.db.execute_sql(sql + " RETURNING id", params))
+
+    def _insert_returning(self):
+        """Whether INSERT ... RETURNING works here: PostgreSQL, SQLite 3.35+, MariaDB 10.5+."""
+        if self._returning is None:
+            if self.backend == "postgresql":
+                self._returning = True
+            elif self.is_sqlite:
+                self._returning = sqlite3.sqlite_version_info >= (3, 35)
+            else:
+                version = self.db.execute_sql("SELECT VERSION()").fetchone()[0]
+                numbers = tuple(int(n) for n in version.split("-")[0].split(".")[:2])
+                self._returning = "mariadb" in version.lower() and numbers >= (10, 5)
+        return self._returning
 
     # -- creating runs (rule 3) ---------------------------------------------------------
 

@@ -1,11 +1,13 @@
 """The queue's rules, attacked directly on each database: one live run per task (rule 1),
 claim order and exclusivity (rule 2), run creation and backoff (rule 3), conditional ends
 (rule 4), retry, cancel, unique keys and rotation. Time is injected, never slept."""
+import json
 import sys
 import threading
 from datetime import timedelta
 
 import peewee as pw
+import psutil
 import pytest
 
 from taskrunner import HandlerError, InputError, StateError, TaskNotFound
@@ -13,6 +15,7 @@ from taskrunner import liveness
 from taskrunner.models import (CANCELLED, ERROR, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
                                Runner, Task, utcnow)
 from taskrunner.queue import retry_delay
+from taskrunner.runner import ResidentSize, Worker
 
 RECORD = "sample_handlers.Record"
 ECHO = "taskrunner.handlers.Echo"
@@ -115,6 +118,83 @@ def test_success_aggregates_the_task(queue, runner_id):
     run = Run.get_by_id(claimed.run_id)
     assert (run.status, run.percent_completed, run.results, run.active_task_id) == \
         (SUCCESS, 100, '{"r":1}', None)
+
+
+@pytest.mark.parametrize("status", [SUCCESS, ERROR])
+def test_end_run_and_claim_ends_one_run_and_starts_the_next(queue, runner_id, status):
+    first, second = queue.add_tasks([{"handler": ECHO, "priority": 1}, {"handler": ECHO}])
+    claimed = queue.claim(runner_id)
+    assert claimed.task_id == first
+    ended, following = queue.end_run_and_claim(claimed.run_id, first, status, runner_id,
+                                               results='{"r":1}' if status == SUCCESS else None,
+                                               error_code=None if status == SUCCESS else "Boom")
+    assert ended and following.task_id == second and following.attempt == 1
+    assert (following.handler, following.data) == (ECHO, "null")
+    assert Run.get_by_id(claimed.run_id).status == status
+    assert queue.get_task(first).last_status == status
+    run = Run.get_by_id(following.run_id)
+    assert (run.status, run.runner_id, queue.get_task(second).last_status) == \
+        (RUNNING, runner_id, RUNNING)
+    # Nothing left to claim: the end still happens.
+    assert queue.end_run_and_claim(following.run_id, second, SUCCESS, runner_id) == (True, None)
+    assert queue.get_task(second).last_status == SUCCESS
+
+
+def test_end_run_and_claim_after_losing_the_race_still_claims(queue, runner_id):
+    first, second = queue.add_tasks([{"handler": ECHO, "priority": 1}, {"handler": ECHO}])
+    claimed = queue.claim(runner_id)
+    assert queue.end_run(claimed.run_id, first, TIMEOUT, error_code="RunTimeout")
+    ended, following = queue.end_run_and_claim(claimed.run_id, first, SUCCESS, runner_id)
+    assert not ended and following.task_id == second
+    assert Run.get_by_id(claimed.run_id).status == TIMEOUT         # rule 4 held
+
+
+def test_release_run_gives_an_unstarted_claim_back(queue, runner_id):
+    other = liveness.register(queue).id
+    task_id = queue.add_task(ECHO)
+    claimed = queue.claim(runner_id)
+    assert not queue.release_run(claimed.run_id, other)             # not its run
+    assert queue.release_run(claimed.run_id, runner_id)
+    run = Run.get_by_id(claimed.run_id)
+    assert (run.status, run.runner_id, run.started_on) == (SCHEDULED, None, None)
+    assert queue.get_task(task_id).last_status == SCHEDULED
+    assert not queue.release_run(claimed.run_id, runner_id)         # already given back
+    again = queue.claim(other)
+    assert (again.run_id, again.attempt) == (claimed.run_id, 1)
+
+
+def test_a_stopping_runner_gives_back_a_run_claimed_with_its_last_outcome(queue):
+    worker = Worker(queue, install_signals=False)
+    worker.runner_id = liveness.register(queue).id
+    queue.add_task(ECHO)
+    claimed = queue.claim(worker.runner_id)
+    assert worker._unless_stopping(claimed) is claimed
+    worker.stop_reason = "received SIGTERM"          # arrived while the claim was made
+    assert worker._unless_stopping(claimed) is None
+    assert Run.get_by_id(claimed.run_id).status == SCHEDULED
+
+
+def test_resident_size_reads_what_psutil_reads():
+    reader = ResidentSize()
+    try:
+        ballast = b"x" * (256 * 1024 * 1024)        # written, so resident
+        ours, theirs = reader(), psutil.Process().memory_info().rss
+        assert abs(ours - theirs) < 4 * 1024 * 1024 and ours > len(ballast), (ours, theirs)
+    finally:
+        reader.close()
+
+
+def test_a_busy_runner_commits_once_per_run(sqlite_db):
+    """Ending a run and claiming the next share one transaction: counted on the real SQLite
+    connection, N runs cost N commits plus a constant, not 2 N."""
+    queue = sqlite_db.queue()
+    queue.add_tasks([{"handler": ECHO} for _ in range(100)])
+    statements = []
+    queue.db.connection().set_trace_callback(statements.append)
+    assert Worker(queue, install_signals=False).work(burst=True) == 100
+    commits = sum(1 for sql in statements if sql.strip().upper() == "COMMIT")
+    assert 100 <= commits <= 105, commits
+    queue.close()
 
 
 def test_rule4_late_finisher_cannot_overwrite_timeout(queue, runner_id):
@@ -307,6 +387,36 @@ def test_bulk_add_is_all_or_nothing(queue):
     ids = queue.add_tasks([{"handler": ECHO, "data": i} for i in range(1000)])
     assert len(ids) == len(set(ids)) == 1000
     assert Run.select().where(Run.status == SCHEDULED).count() == 1000
+
+
+def _stored(task_id):
+    task = Task.get_by_id(task_id).__data__
+    runs = [r.__data__ for r in Run.select().where(Run.task_id == task_id)]
+    for row in [task] + runs:
+        for key in ("id", "task_id", "active_task_id", "active_key", "unique_key"):
+            row.pop(key, None)
+    return task, runs
+
+
+def test_bulk_add_stores_what_single_adds_store_in_order(queue):
+    """add_tasks() writes multi-row INSERTs (several chunks here): the rows must be those
+    add_task() writes, and the ids must come back in the order of the specs."""
+    now = utcnow()
+    specs = [{"handler": ECHO, "data": {"i": i, "text": "naïve 'quoted' \"x\" ✓"},
+              "priority": i % 7 - 3, "queued_by": "bulk-test"} for i in range(1100)]
+    specs[5].update(scheduled_on=now + timedelta(minutes=5), max_retries=2, run_timeout=12.5,
+                    max_runtime=30, retry_backoff=4)
+    specs[600].update(data=None, unique_key="only-once")
+    ids = queue.add_tasks(specs, now=now)
+    assert len(set(ids)) == len(specs)
+    assert [json.loads(queue.get_task(i).data) for i in ids] == [spec["data"] for spec in specs]
+    assert [queue.get_task(i).priority for i in ids] == [spec["priority"] for spec in specs]
+    assert queue.get_task(ids[600]).active_key == "only-once"
+    assert Run.select().count() == len(specs) - 1           # the delayed one has no run yet
+    for index in (0, 5, 499, 500, 600, 1099):
+        spec = dict(specs[index], unique_key=None)
+        single = queue.add_task(now=now, **spec)
+        assert _stored(single) == _stored(ids[index]), index
 
 
 def test_run_timeout_without_update_marks_run_timeout(queue, runner_id):
