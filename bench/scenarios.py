@@ -185,20 +185,22 @@ def _footprint(main, runners):
 # -- 4: scale ----------------------------------------------------------------------------
 
 def _drain_worker(url, runner_id, count, barrier):
-    """One process of the claim/finish loop: taskrunner's own claim() and end_run()."""
+    """One process of the claim/finish loop as a busy runner runs it: taskrunner's own
+    claim(), then end_run_and_claim() (end_run() for the last)."""
     from taskrunner.models import SUCCESS
     queue = make_queue(url, migrate=False)
     queue.db.connect(reuse_if_open=True)
     barrier.wait(60)
     done = 0
-    while done < count:
-        claimed = queue.claim(runner_id)
-        if claimed is None:
-            break
+    claimed = queue.claim(runner_id)
+    while claimed is not None:
         json.loads(claimed.data)
-        queue.end_run(claimed.run_id, claimed.task_id, SUCCESS, runner_id=runner_id,
-                      periodic_task_id=claimed.periodic_task_id)
+        args = (claimed.run_id, claimed.task_id, SUCCESS, runner_id)
         done += 1
+        if done == count:
+            queue.end_run(*args, periodic_task_id=claimed.periodic_task_id)
+            break
+        _, claimed = queue.end_run_and_claim(*args, periodic_task_id=claimed.periodic_task_id)
     queue.close()
     os._exit(0 if done == count else 3)
 
