@@ -59,6 +59,21 @@ def show_floor(results):
             for b, r in results.items() if "floor" in r]
     print_table("floor: raw SQL claim+finish, same schema, rows, durability, W processes",
                 ["db", "floor jobs/s", "floor steady", "taskrunner/floor", "steady ratio"], rows)
+    show_ceiling(results)
+
+
+def show_ceiling(results):
+    rows = []
+    for b, r in results.items():
+        if "ceiling" in r:
+            c = r["ceiling"]
+            rows.append([b, _mmm(c["jobs_per_s"]), "%.0f %%" % (100 * c["ratio"]["jobs_per_s"]),
+                         "%.2f ×" % c["over_huey"] if "over_huey" in c else "-"])
+    if rows:
+        print_table("ceiling: one row taken off a one-table queue per commit, W processes "
+                    "(no queue committing once per job can beat it)",
+                    ["db", "ceiling jobs/s", "taskrunner/ceiling", "ceiling/Huey (bounds taskrunner/Huey)"],
+                    rows)
 
 
 def show_peers(results):
@@ -128,7 +143,9 @@ def evaluate(report):
     for backend, r in report.get("peers", {}).items():
         if "huey" in r:
             v = r["huey"]["ratio"]["jobs_per_s"]
-            add("SQLite throughput ≥ 1.5 × Huey", backend, v, v >= 1.5, "%.2f ×" % v)
+            bound = report.get("floor", {}).get(backend, {}).get("ceiling", {}).get("over_huey")
+            add("SQLite throughput ≥ 1.5 × Huey", backend, v, v >= 1.5,
+                "%.2f ×" % v + (" (disk's bound: %.2f ×)" % bound if bound else ""))
         if "procrastinate" in r:
             v = r["procrastinate"]["ratio"]["jobs_per_s"]
             add("PostgreSQL throughput ≥ 3 × Procrastinate", backend, v, v >= 3, "%.2f ×" % v)
@@ -283,6 +300,8 @@ def _store(report, name, backend, result):
     """Split a scenario's result into the JSON's keys (throughput → floor, peers; latency → rss)."""
     if name == "throughput":
         report["floor"][backend] = {"floor": result.pop("floor")}
+        if "ceiling" in result:
+            report["floor"][backend]["ceiling"] = result.pop("ceiling")
         peers = {p: result.pop(p) for p in ("huey", "procrastinate") if p in result}
         peers["skipped"] = result.pop("skipped")
         if peers.keys() - {"skipped"} or peers["skipped"]:

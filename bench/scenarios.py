@@ -16,7 +16,7 @@ from bench import common
 from bench.backlog import add_backlog, queue_backlog
 from bench.common import (OverseerProcess, add_noop_tasks, create_database, drop_url, make_queue,
                           median, percentile, query, ratio, to_epoch, wait_until)
-from bench.systems import PEERS, Floor, Taskrunner, measure
+from bench.systems import PEERS, Ceiling, Floor, Taskrunner, measure
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,11 @@ def _summary(values):
 # -- 1, 7, 8: throughput, the floor, the peers -------------------------------------------
 
 def throughput(backend, s):
-    """taskrunner, the floor and the peer of this backend, alternating, s.rounds rounds."""
+    """taskrunner, the floor, the peer of this backend and (SQLite) the disk's ceiling,
+    alternating, s.rounds rounds."""
     systems = [Taskrunner(), Floor()]
+    if backend in Ceiling.backends:
+        systems.append(Ceiling())
     skipped = {}
     for peer in PEERS:
         why = peer.available(backend)
@@ -81,6 +84,10 @@ def throughput(backend, s):
             result[name]["ratio"] = {key: round(median([ratio(t[key], o[key]) for t, o in
                                                         zip(runs["taskrunner"], per_round)]), 3)
                                      for key in ("jobs_per_s", "steady_jobs_per_s")}
+    if "ceiling" in runs and "huey" in runs:
+        # The bound on taskrunner / Huey that the disk sets: ceiling / Huey, per round.
+        result["ceiling"]["over_huey"] = round(median([
+            ratio(c["jobs_per_s"], h["jobs_per_s"]) for c, h in zip(runs["ceiling"], runs["huey"])]), 3)
     return result
 
 

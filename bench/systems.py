@@ -40,27 +40,66 @@ class Taskrunner:
         drop_url(url)
 
 
+def _drain_with(commands, name, n, timeout):
+    """Start one `python -m` process per command, wait until all have exited (drained the
+    queue), and return the launch time; a failed or hung worker raises."""
+    launched = time.time()
+    procs = [spawn([sys.executable, "-m"] + argv, name + ".log") for argv in commands]
+    try:
+        wait_until(lambda: all(p.poll() is not None for p in procs), timeout,
+                   "the %s workers to drain %d jobs" % (name, n), interval=0.1)
+    finally:
+        for proc in procs:
+            stop(proc)
+    if any(p.returncode for p in procs):
+        raise RuntimeError("a %s worker failed (log: %s)" % (name, common.workdir()))
+    return launched
+
+
 class Floor(Taskrunner):
     """bench/floor.py: W raw-SQL worker processes on taskrunner's schema and rows."""
     name = "floor"
 
     def run(self, url, n, workers, timeout):
-        launched = time.time()
-        procs = [spawn([sys.executable, "-m", "bench.floor", url, str(i + 1), common.SQLITE_SYNCHRONOUS],
-                       "floor.log")
-                 for i in range(workers)]
-        try:
-            wait_until(lambda: all(p.poll() is not None for p in procs), timeout,
-                       "the floor workers to drain %d runs" % n, interval=0.1)
-        finally:
-            for proc in procs:
-                stop(proc)
-        if any(p.returncode for p in procs):
-            raise RuntimeError("a floor worker failed (log: %s)" % common.workdir())
+        launched = _drain_with([["bench.floor", url, str(i + 1), common.SQLITE_SYNCHRONOUS]
+                                for i in range(workers)], "floor", n, timeout)
         finishes = finish_times(url)
         if len(finishes) != n:
             raise RuntimeError("floor: %d of %d runs finished" % (len(finishes), n))
         return rates(launched, finishes)
+
+
+class Ceiling:
+    """bench/ceiling.py: W processes taking one row per commit off a one-table SQLite queue —
+    the most any queue that commits once per job can do on this disk."""
+    name = "ceiling"
+    backends = ("sqlite",)
+
+    def prepare(self, backend, n):
+        base = os.path.join(common.workdir(), "ceiling-%d-%d" % (os.getpid(), time.monotonic_ns()))
+        proc = spawn([sys.executable, "-m", "bench.ceiling", "prepare", base + ".db", str(n)],
+                     "ceiling.log")
+        wait_until(lambda: proc.poll() is not None, 300, "the ceiling's queue", procs=())
+        if proc.returncode:
+            raise RuntimeError("ceiling prepare failed (log: %s)" % common.workdir())
+        return base
+
+    def run(self, base, n, workers, timeout):
+        outs = ["%s.%d.finishes" % (base, i) for i in range(workers)]
+        launched = _drain_with([["bench.ceiling", "work", base + ".db", common.SQLITE_SYNCHRONOUS,
+                                 out] for out in outs], "ceiling", n, timeout)
+        finishes = []
+        for out in outs:
+            with open(out) as fh:
+                finishes.extend(float(line) for line in fh)
+        if len(finishes) != n:
+            raise RuntimeError("ceiling: %d of %d jobs finished" % (len(finishes), n))
+        return rates(launched, sorted(finishes))
+
+    def teardown(self, base):
+        for suffix in (".db", ".db-wal", ".db-shm"):
+            if os.path.exists(base + suffix):
+                os.unlink(base + suffix)
 
 
 def _installed(*modules):
@@ -183,4 +222,4 @@ def measure(system, backend, n, workers, timeout):
         system.teardown(ctx)
 
 
-__all__ = ["Taskrunner", "Floor", "Huey", "Procrastinate", "PEERS", "measure", "BenchTimeout"]
+__all__ = ["Taskrunner", "Floor", "Ceiling", "Huey", "Procrastinate", "PEERS", "measure", "BenchTimeout"]

@@ -13,7 +13,7 @@ from .config import Config
 from .db import mask_url
 from .errors import InputError
 from .handler import encode_data, load_handler
-from .models import FAILED, RUNNING, Run, Runner, Task
+from .models import FAILED, RUNNING, SCHEDULED, Run, Runner, Task, run_status_is
 
 log = logging.getLogger("taskrunner.cli")
 
@@ -173,7 +173,7 @@ def cmd_run_event(args):
 def cmd_status(args):
     queue = _queue(args)
     runners = list(Runner.select().where(Runner.status == RUNNING).order_by(Runner.id))
-    current = {r.runner_id: r for r in Run.select().where(Run.status == RUNNING)}
+    current = {r.runner_id: r for r in Run.select().where(run_status_is(RUNNING))}
     counts = {s: c for s, c in Task.select(Task.last_status, pw.fn.COUNT(Task.id).alias("n"))
               .group_by(Task.last_status).tuples()}
     rows = []
@@ -258,7 +258,7 @@ def cmd_rotate(args):
 def cmd_check(args):
     queue = _queue(args)
     running = Runner.select().where(Runner.status == RUNNING).count()
-    waiting = Run.select().where(Run.status == "scheduled").count()
+    waiting = Run.select().where(run_status_is(SCHEDULED)).count()
     failing = Task.select().where(Task.last_status.in_(FAILED) & Task.finished_on.is_null()).count()
     print("ok: %s (%s), config %s; %d runners running, %d runs waiting, %d tasks retrying"
           % (mask_url(queue.config.database.url), queue.backend, queue.config.source, running,

@@ -14,7 +14,7 @@ import peewee as pw
 import psutil
 
 from .errors import RunnerLimitReached
-from .models import OVERSEER, RUNNER, RUNNING, SUCCESS, TIMEOUT, Run, Runner, utcnow
+from .models import OVERSEER, RUNNER, RUNNING, SUCCESS, TIMEOUT, Run, Runner, run_status_is, utcnow
 
 log = logging.getLogger("taskrunner.liveness")
 
@@ -115,8 +115,7 @@ def mark_runner_dead(queue, runner_id, reason, now=None):
                                ).where((Runner.id == runner_id) & (Runner.status == RUNNING)).execute()
         if not marked:
             return False
-        runs = list(Run.select(Run.id, Run.task_id).where(
-            (Run.runner_id == runner_id) & (Run.status == RUNNING)))
+        runs = list(runs_of_runner_query(runner_id))
         for run in runs:
             queue.end_run(run.id, run.task_id, TIMEOUT, runner_id=runner_id,
                           error_code="RunnerDied",
@@ -126,6 +125,12 @@ def mark_runner_dead(queue, runner_id, reason, now=None):
         return False
     log.warning("runner %d marked timeout: %s", runner_id, reason)
     return True
+
+
+def runs_of_runner_query(runner_id):
+    """The runs a runner has running, from the partial runner index."""
+    return Run.select(Run.id, Run.task_id).where((Run.runner_id == runner_id)
+                                                 & run_status_is(RUNNING))
 
 
 def dead_reason(row, host, current_boot, now, heartbeat_timeout):

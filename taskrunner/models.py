@@ -97,6 +97,18 @@ class Run(BaseModel):
         table_name = "task_runs"
 
 
+RUN_STATUSES = (SCHEDULED, RUNNING) + RUN_FINAL
+
+
+def run_status_is(status):
+    """``task_runs.status = '<status>'`` with the value written into the SQL, not bound:
+    SQLite and PostgreSQL use the partial indexes on task_runs (claim: scheduled runs;
+    runner: running runs) only for a query that names their predicate."""
+    if status not in RUN_STATUSES:
+        raise ValueError("not a run status: %r" % (status,))
+    return Run.status == pw.SQL("'%s'" % status)
+
+
 class Runner(BaseModel):
     host = pw.CharField()
     boot_id = pw.CharField(max_length=64)

@@ -21,7 +21,7 @@ from .errors import ConfigError, HandlerError, InputError, StateError, TaskNotFo
 from .handler import encode_data, load_handler
 from .migrations import migrate
 from .models import (CANCELLED, FAILED, MODELS, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
-                     Run, Task, as_utc, utcnow)
+                     Run, Task, as_utc, run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.queue")
 
@@ -30,11 +30,11 @@ ClaimedRun = namedtuple("ClaimedRun", "run_id task_id attempt handler data run_t
 
 _UNSET = object()
 
-# Claiming and successfully finishing happen once per job, so on SQLite and PostgreSQL they
-# are plain SQL: building them with peewee costs more than the database work. On PostgreSQL
-# each is one statement of data-modifying CTEs, and a runner that goes on working finishes
-# its run and claims the next in one statement too (one round trip, one commit per job).
-# MySQL has no UPDATE ... RETURNING and uses the peewee queries.
+# Claiming and successfully finishing happen once per job, so they are plain SQL: building
+# them with peewee costs more than the database work. On PostgreSQL each is one statement of
+# data-modifying CTEs, and a runner that goes on working finishes its run and claims the
+# next in one statement too (one round trip, one commit per job). SQLite uses UPDATE ...
+# RETURNING; MySQL, which has none, a locking SELECT of the run joined to its task.
 _PG_CLAIM_CTES = """
     next AS (
         SELECT id FROM task_runs WHERE status = 'scheduled'
@@ -374,7 +374,19 @@ class TaskQueue:
 
     def has_scheduled_runs(self):
         """A cheap read (no write lock) that idle runners poll before trying to claim."""
-        return Run.select(Run.id).where(Run.status == SCHEDULED).limit(1).exists()
+        return self.scheduled_runs_query().exists()
+
+    @staticmethod
+    def scheduled_runs_query():
+        """Scheduled runs, read from the partial claim index (never the run history)."""
+        return Run.select(Run.id).where(run_status_is(SCHEDULED)).limit(1)
+
+    @staticmethod
+    def running_runs_query():
+        """Running runs with their task's timeouts, from the partial runner index."""
+        return (Run.select(Run.id, Run.task_id, Run.runner_id, Run.updated_on, Run.started_on,
+                           Task.run_timeout, Task.max_runtime)
+                .join(Task, on=(Run.task_id == Task.id)).where(run_status_is(RUNNING)))
 
     def claim(self, runner_id, now=None):
         """Start the next run for `runner_id`: highest priority first, FIFO within a priority
@@ -538,10 +550,7 @@ class TaskQueue:
         running longer than its max_runtime. Returns [(run_id, runner_id)] of the runs marked,
         so the caller can stop the processes executing them (rule 8)."""
         now = now or utcnow()
-        running = (Run.select(Run.id, Run.task_id, Run.runner_id, Run.updated_on, Run.started_on,
-                              Task.run_timeout, Task.max_runtime)
-                   .join(Task, on=(Run.task_id == Task.id)).where(Run.status == RUNNING)
-                   .objects())
+        running = self.running_runs_query().objects()
         ended = []
         for run in running:
             if run.updated_on + timedelta(seconds=run.run_timeout) < now:

@@ -1,10 +1,13 @@
 """The claim reads the next run from the task_runs_claim index, in index order, on every
 database: no scan of the backlog and no sort, so it does not slow down as the backlog grows.
-(The speed itself is measured by bench/, not here.)"""
+The reads of live runs (scheduled, running) use indexes that hold live runs only, so a long
+history does not slow them either. (The speed itself is measured by bench/, not here.)"""
 import pytest
 
-from taskrunner.models import utcnow
-from taskrunner.queue import _MYSQL_CLAIM, _PG_CLAIM, _PG_SUCCESS_AND_CLAIM, _SQLITE_CLAIM
+from taskrunner import liveness
+from taskrunner.models import Run, utcnow
+from taskrunner.queue import (_MYSQL_CLAIM, _PG_CLAIM, _PG_SUCCESS_AND_CLAIM, _SQLITE_CLAIM,
+                              _SUCCESS_STATEMENTS)
 
 
 def _plans(queue, backend):
@@ -38,4 +41,39 @@ def test_claim_uses_the_claim_index_without_sorting(database):
     for plan in plans:
         assert "task_runs_claim" in plan, plan
         assert "TEMP B-TREE" not in plan and "filesort" not in plan and "Sort" not in plan, plan
+    queue.close()
+
+
+def _explain(queue, backend, sql, params):
+    if backend == "sqlite":
+        return " | ".join(str(r[-1]) for r in queue.db.execute_sql("EXPLAIN QUERY PLAN " + sql, params))
+    return " | ".join(r[0] for r in queue.db.execute_sql("EXPLAIN " + sql, params))
+
+
+@pytest.mark.timeout(120)
+def test_live_runs_are_read_from_partial_indexes_not_the_history(database_sp):
+    """3,000 runs of history, a few live ones: every read of live runs, and the end of a run,
+    goes through an index (task_runs_claim / task_runs_runner hold live runs only) — never
+    a scan of task_runs, and never the claim index's range of ended runs."""
+    backend = database_sp.backend
+    queue = database_sp.queue()
+    runner_id = liveness.register(queue).id
+    queue.add_tasks([{"handler": "taskrunner.handlers.Echo"} for _ in range(3000)])
+    Run.update(status="success", active_task_id=None).where(Run.id > 20).execute()
+    claimed = queue.claim(runner_id)
+    if backend == "postgresql":
+        queue.db.execute_sql("ANALYZE task_runs")
+    now = utcnow()
+    finish = (_PG_SUCCESS_AND_CLAIM, (now, now, None, claimed.run_id, runner_id, now, now,
+                                      runner_id, now, now, now)) if backend == "postgresql" \
+        else (_SUCCESS_STATEMENTS[0], (now, now, None, claimed.run_id, runner_id))
+    statements = [query.sql() for query in (queue.scheduled_runs_query(),
+                                            queue.running_runs_query(),
+                                            liveness.runs_of_runner_query(runner_id))]
+    for sql, params in statements + [finish]:
+        plan = _explain(queue, backend, sql, params)
+        assert "Seq Scan on task_runs" not in plan, (sql, plan)
+        assert not any(step.strip().startswith("SCAN task_runs") and "INDEX" not in step
+                       for step in plan.split(" | ")), (sql, plan)
+        assert "task_runs_claim" not in plan or "scheduled" in sql, (sql, plan)
     queue.close()
