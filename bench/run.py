@@ -55,10 +55,12 @@ def show_throughput(results):
 def show_floor(results):
     rows = [[b, _mmm(r["floor"]["jobs_per_s"]), _mmm(r["floor"]["steady_jobs_per_s"]),
              "%.0f %%" % (100 * r["floor"]["ratio"]["jobs_per_s"]),
-             "%.0f %%" % (100 * r["floor"]["ratio"]["steady_jobs_per_s"])]
+             "%.0f %%" % (100 * r["floor"]["ratio"]["steady_jobs_per_s"]),
+             "%.2f ×" % r["floor"]["over_peer"] if "over_peer" in r["floor"] else "-"]
             for b, r in results.items() if "floor" in r]
     print_table("floor: raw SQL claim+finish, same schema, rows, durability, W processes",
-                ["db", "floor jobs/s", "floor steady", "taskrunner/floor", "steady ratio"], rows)
+                ["db", "floor jobs/s", "floor steady", "taskrunner/floor", "steady ratio",
+                 "floor/peer (bounds taskrunner/peer)"], rows)
     show_ceiling(results)
 
 
@@ -68,12 +70,11 @@ def show_ceiling(results):
         if "ceiling" in r:
             c = r["ceiling"]
             rows.append([b, _mmm(c["jobs_per_s"]), "%.0f %%" % (100 * c["ratio"]["jobs_per_s"]),
-                         "%.2f ×" % c["over_huey"] if "over_huey" in c else "-"])
+                         "%.2f ×" % c["over_peer"] if "over_peer" in c else "-"])
     if rows:
         print_table("ceiling: one row taken off a one-table queue per commit, W processes "
                     "(no queue committing once per job can beat it)",
-                    ["db", "ceiling jobs/s", "taskrunner/ceiling", "ceiling/Huey (bounds taskrunner/Huey)"],
-                    rows)
+                    ["db", "ceiling jobs/s", "taskrunner/ceiling", "ceiling/peer"], rows)
 
 
 def show_peers(results):
@@ -133,6 +134,16 @@ SHOW = {"throughput": show_throughput, "floor": show_floor, "peers": show_peers,
 
 # -- targets -----------------------------------------------------------------------------
 
+def _bounds(report, backend):
+    """What bounds taskrunner / peer in this run: the raw floor / peer and (SQLite) the
+    disk's ceiling / peer."""
+    measured = report.get("floor", {}).get(backend, {})
+    shown = ["%s %.2f ×" % (name, measured[key]["over_peer"])
+             for key, name in (("floor", "raw floor"), ("ceiling", "disk"))
+             if "over_peer" in measured.get(key, {})]
+    return " (bounds: %s)" % ", ".join(shown) if shown else ""
+
+
 def evaluate(report):
     """(target, db, measured, met) for every target that was measured."""
     out = []
@@ -143,12 +154,12 @@ def evaluate(report):
     for backend, r in report.get("peers", {}).items():
         if "huey" in r:
             v = r["huey"]["ratio"]["jobs_per_s"]
-            bound = report.get("floor", {}).get(backend, {}).get("ceiling", {}).get("over_huey")
             add("SQLite throughput ≥ 1.5 × Huey", backend, v, v >= 1.5,
-                "%.2f ×" % v + (" (disk's bound: %.2f ×)" % bound if bound else ""))
+                "%.2f ×" % v + _bounds(report, backend))
         if "procrastinate" in r:
             v = r["procrastinate"]["ratio"]["jobs_per_s"]
-            add("PostgreSQL throughput ≥ 3 × Procrastinate", backend, v, v >= 3, "%.2f ×" % v)
+            add("PostgreSQL throughput ≥ 3 × Procrastinate", backend, v, v >= 3,
+                "%.2f ×" % v + _bounds(report, backend))
     for backend, r in report.get("floor", {}).items():
         v = r["floor"]["ratio"]["jobs_per_s"]
         add("throughput ≥ 60 % of the raw floor", backend, v, v >= 0.6, "%.0f %%" % (100 * v))

@@ -84,10 +84,15 @@ def throughput(backend, s):
             result[name]["ratio"] = {key: round(median([ratio(t[key], o[key]) for t, o in
                                                         zip(runs["taskrunner"], per_round)]), 3)
                                      for key in ("jobs_per_s", "steady_jobs_per_s")}
-    if "ceiling" in runs and "huey" in runs:
-        # The bound on taskrunner / Huey that the disk sets: ceiling / Huey, per round.
-        result["ceiling"]["over_huey"] = round(median([
-            ratio(c["jobs_per_s"], h["jobs_per_s"]) for c, h in zip(runs["ceiling"], runs["huey"])]), 3)
+    for peer in PEERS:
+        if peer.name in runs:
+            # Bounds on taskrunner / peer, per round: what the same transaction in raw SQL
+            # reaches (floor / peer), and what the disk allows (ceiling / peer).
+            for bound in ("floor", "ceiling"):
+                if bound in runs:
+                    result[bound]["over_peer"] = round(median([
+                        ratio(b["jobs_per_s"], p["jobs_per_s"])
+                        for b, p in zip(runs[bound], runs[peer.name])]), 3)
     return result
 
 
