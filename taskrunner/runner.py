@@ -151,7 +151,7 @@ class Worker:
         transaction (one commit per job); returns that run, or None."""
         started = time.monotonic()
         log.debug("run %d of task %d started: %s (attempt %d)", claimed.run_id, claimed.task_id,
-                 claimed.handler, claimed.attempt)
+                  claimed.handler, claimed.attempt)
         status, code, message, results = self._run_handler(claimed)
         self.runs_done += 1
         args = (claimed.run_id, claimed.task_id, status, self.runner_id, results, code, message)
