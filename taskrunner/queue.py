@@ -423,19 +423,35 @@ class TaskQueue:
         """Give back a run this runner claimed but did not start (it was told to stop in
         between): the run is ``scheduled`` again for any runner. False if it was no longer
         this runner's running run."""
+        return self.release_runs_of(runner_id, only=run_id, now=now) > 0
+
+    def release_runs_of(self, runner_id, only=None, keep=None, now=None):
+        """Give back, unstarted, the runs `runner_id` has ``running`` (just `only`, or all
+        but `keep`): a runner that lost its connection while claiming cannot know whether
+        the claim committed, and a run claimed that way would otherwise stay ``running``
+        until its run_timeout. Returns how many were given back."""
         now = now or utcnow()
 
         def step():
-            run = Run.select(Run.task_id).where(
-                (Run.id == run_id) & (Run.status == RUNNING) & (Run.runner_id == runner_id)).first()
-            if run is None:
-                return False
-            Run.update(status=SCHEDULED, runner_id=None, started_on=None, updated_on=now).where(
-                Run.id == run_id).execute()
-            Task.update(last_status=SCHEDULED, updated_on=now).where(
-                Task.id == run.task_id).execute()
-            return True
+            query = liveness.runs_of_runner_query(runner_id)
+            if only is not None:
+                query = query.where(Run.id == only)
+            if keep is not None:
+                query = query.where(Run.id != keep)
+            runs = list(query)
+            for run in runs:
+                Run.update(status=SCHEDULED, runner_id=None, started_on=None, updated_on=now
+                           ).where(Run.id == run.id).execute()
+                Task.update(last_status=SCHEDULED, updated_on=now).where(
+                    Task.id == run.task_id).execute()
+            return len(runs)
         return self._write_and_wake(step, bool)
+
+    def was_ended_by(self, run_id, runner_id, status):
+        """Whether the run ended with `status` by `runner_id`'s own end (not a timeout set
+        by someone else): after a lost connection, did the end commit?"""
+        return Run.select().where((Run.id == run_id) & (Run.runner_id == runner_id)
+                                  & (Run.status == status)).exists()
 
     def report_progress(self, run_id, runner_id, percent, now=None):
         """Store progress; False when the run is no longer this runner's (it was timed out)."""

@@ -157,10 +157,15 @@ class Worker:
         args = (claimed.run_id, claimed.task_id, status, self.runner_id, results, code, message)
         if claim_next and not self._should_exit(self.max_runs):
             ended, following = self._with_database(lambda: self.queue.end_run_and_claim(
-                *args, periodic_task_id=claimed.periodic_task_id))
+                *args, periodic_task_id=claimed.periodic_task_id),
+                reconnected=lambda: self._give_back_lost_claims(keep=claimed.run_id))
         else:
             ended, following = self._with_database(lambda: self.queue.end_run(
                 *args, periodic_task_id=claimed.periodic_task_id)), None
+        if not ended:
+            # Refused, or the connection was lost after the end committed: which one?
+            ended = self._with_database(lambda: self.queue.was_ended_by(
+                claimed.run_id, self.runner_id, status))
         elapsed = time.monotonic() - started
         if ended:
             log.info("run %d of task %d finished: %s %s in %.3fs%s", claimed.run_id,
@@ -220,16 +225,21 @@ class Worker:
 
     # -- the loop -----------------------------------------------------------------------
 
-    def _with_database(self, fn, patience=60.0):
+    def _with_database(self, fn, patience=60.0, reconnected=None):
         """Call fn, riding out a database restart: on a lost connection, reconnect with
-        backoff for up to `patience` seconds (or until asked to stop)."""
+        backoff for up to `patience` seconds (or until asked to stop). `reconnected` runs
+        first on the new connection, before fn is tried again."""
         delay, deadline = 0.1, time.monotonic() + patience
+        lost = False
         while True:
             try:
+                if lost and reconnected is not None:
+                    reconnected()
                 return fn()
             except (pw.OperationalError, pw.InterfaceError) as exc:
                 if not (is_disconnect(exc) or is_transient(exc)) or time.monotonic() > deadline:
                     raise
+                lost = lost or is_disconnect(exc)
                 log.warning("database unavailable (%s); retrying in %.1fs",
                             str(exc).strip().splitlines()[0] if str(exc).strip() else exc, delay)
                 if not self.queue.db.is_closed():
@@ -251,6 +261,14 @@ class Worker:
         elif self.parent_pid is not None and os.getppid() != self.parent_pid:
             self.stop_reason = "overseer %d is gone" % self.parent_pid
         return self.stop_reason is not None
+
+    def _give_back_lost_claims(self, keep=None):
+        """After the connection dropped during a claim: whether that claim committed is
+        unknown, so every run still ``running`` under this runner, but the one it is
+        ending (`keep`), goes back to the queue."""
+        count = self.queue.release_runs_of(self.runner_id, keep=keep)
+        if count:
+            log.warning("gave back %d run(s) claimed as the connection was lost", count)
 
     def _unless_stopping(self, claimed):
         """A run claimed together with the last outcome, kept unless a stop signal came in
@@ -293,7 +311,8 @@ class Worker:
         try:
             while claimed is not None or not self._should_exit(max_runs):
                 if claimed is None:
-                    claimed = self._with_database(lambda: self.queue.claim(self.runner_id))
+                    claimed = self._with_database(lambda: self.queue.claim(self.runner_id),
+                                                  reconnected=self._give_back_lost_claims)
                     if claimed is None:
                         if burst:
                             self.stop_reason = "no work left"

@@ -17,6 +17,8 @@ from taskrunner.models import (CANCELLED, ERROR, RUNNING, SCHEDULED, SUCCESS, TI
 from taskrunner.queue import retry_delay
 from taskrunner.runner import ResidentSize, Worker
 
+from conftest import Database
+
 RECORD = "sample_handlers.Record"
 ECHO = "taskrunner.handlers.Echo"
 
@@ -494,3 +496,58 @@ def test_add_refuses_integers_the_columns_cannot_hold(queue, field, value):
     with pytest.raises(InputError, match=field):
         queue.add_task(ECHO, **{field: value})
     assert Task.select().count() == 0
+
+
+@pytest.fixture(params=("postgresql", "mysql"))
+def server_database(request, tmp_path):
+    """A database behind a connection that the server can cut."""
+    db = Database(request.param, tmp_path)
+    yield db
+    db.drop()
+
+
+def _cut_connection(database, queue):
+    """The server ends the queue's connection, as a restart or a network cut would."""
+    if database.backend == "postgresql":
+        pid = queue.db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
+        sql = "SELECT pg_terminate_backend(%d)" % pid
+    else:
+        pid = queue.db.execute_sql("SELECT CONNECTION_ID()").fetchone()[0]
+        sql = "KILL %d" % pid
+    with database.admin.cursor() as cur:
+        cur.execute(sql)
+
+
+def test_runs_claimed_as_the_connection_was_lost_are_given_back(server_database):
+    """A claim can commit and its reply be lost with the connection: the runner does not know
+    the run is its own, and it would stay `running` until run_timeout (a day by default).
+    After reconnecting, the runner gives back every run it has running but the one it is
+    ending, before it claims again."""
+    queue = server_database.queue()
+    worker = Worker(queue, install_signals=False)
+    worker.runner_id = liveness.register(queue).id
+    ending, lost, waiting = queue.add_tasks([{"handler": ECHO, "priority": p} for p in (3, 2, 1)])
+    in_hand = queue.claim(worker.runner_id)
+    orphan = queue.claim(worker.runner_id)          # committed; its reply "never came"
+    assert (in_hand.task_id, orphan.task_id) == (ending, lost)
+    _cut_connection(server_database, queue)
+    ended, following = worker._with_database(
+        lambda: queue.end_run_and_claim(in_hand.run_id, ending, SUCCESS, worker.runner_id),
+        reconnected=lambda: worker._give_back_lost_claims(keep=in_hand.run_id))
+    assert ended and following.run_id == orphan.run_id       # back in the queue, claimed anew
+    assert Run.get_by_id(in_hand.run_id).status == SUCCESS
+    running = [r.id for r in Run.select().where(Run.status == RUNNING)]
+    assert running == [orphan.run_id]
+    assert queue.get_task(waiting).last_status == SCHEDULED
+    queue.close()
+
+
+def test_an_end_that_committed_before_the_reply_was_lost_counts_as_ended(queue, runner_id):
+    task_id = queue.add_task(ECHO)
+    claimed = queue.claim(runner_id)
+    assert queue.end_run(claimed.run_id, task_id, SUCCESS, runner_id=runner_id)
+    assert queue.was_ended_by(claimed.run_id, runner_id, SUCCESS)
+    other = queue.add_task(ECHO)
+    timed_out = queue.claim(runner_id)
+    queue.end_run(timed_out.run_id, other, TIMEOUT, error_code="RunTimeout")
+    assert not queue.was_ended_by(timed_out.run_id, runner_id, SUCCESS)
