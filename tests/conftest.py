@@ -17,6 +17,9 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from taskrunner import Config, TaskQueue
+from taskrunner.models import Run
+
+from sample_handlers import read_records
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(TESTS_DIR)
@@ -172,6 +175,20 @@ def wait_for(predicate, timeout=20.0, interval=0.05, message="condition"):
         time.sleep(interval)
     raise AssertionError("timed out after %.1fs waiting for %s (last seen: %r)"
                          % (timeout, message, last))
+
+
+START_TIMEOUT = 60.0   # processes up and registered, on a loaded machine
+
+
+def wait_started(log, count=1, timeout=START_TIMEOUT):
+    """The `.started` markers (sample_handlers) once `count` handlers have started."""
+    return wait_for(lambda: len(read_records(log + ".started")) >= count and
+                    read_records(log + ".started"), timeout=timeout,
+                    message="%d handler(s) to start" % count)
+
+
+def runs_of(task_id):
+    return list(Run.select().where(Run.task_id == task_id).order_by(Run.id))
 
 
 def stop_process(proc, sig=signal.SIGKILL):

@@ -18,13 +18,12 @@ from datetime import timedelta
 import psutil
 import pytest
 
-from conftest import Database, spawn, wait_for
+from conftest import START_TIMEOUT, Database, runs_of, spawn, wait_for, wait_started
 from sample_handlers import read_records
 from taskrunner.liveness import boot_id, create_time, hostname
 from taskrunner.models import (OVERSEER, RUNNER, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
                                Runner, Task, utcnow)
 
-START_TIMEOUT = 60.0   # overseer up and its runners registered, on a loaded machine
 EXIT_TIMEOUT = 30.0
 CHECK_INTERVAL = 1.0
 # Rule 7 says "within about one check interval"; the tests allow two, plus this much for a
@@ -175,12 +174,6 @@ def wait_up(overseers, proc, runners):
                     message="overseer with %d registered runners" % runners)
 
 
-def wait_started(log, count=1, timeout=START_TIMEOUT):
-    return wait_for(lambda: len(read_records(log + ".started")) >= count and
-                    read_records(log + ".started"), timeout=timeout,
-                    message="%d handler(s) to start" % count)
-
-
 def wait_all_final(overseers, timeout=120.0):
     def final():
         for proc in overseers.started[-1:]:
@@ -189,10 +182,6 @@ def wait_all_final(overseers, timeout=120.0):
                                      % (proc.returncode, overseers.log(proc)))
         return Task.select().where(Task.finished_on.is_null()).count() == 0
     wait_for(final, timeout=timeout, interval=0.2, message="every task to end")
-
-
-def runs_of(task_id):
-    return list(Run.select().where(Run.task_id == task_id).order_by(Run.id))
 
 
 def group_members(pgid):

@@ -19,10 +19,10 @@ from datetime import datetime, timedelta
 import psutil
 import pytest
 
-from conftest import ok, taskrunner, usage_error, wait_for
+from conftest import ok, runs_of, taskrunner, usage_error, wait_for
 from taskrunner import Config, InputError
 from taskrunner.liveness import hostname
-from taskrunner.models import (CANCELLED, ERROR, SUCCESS, PeriodicTask, Run, Runner, Task,
+from taskrunner.models import (CANCELLED, ERROR, SUCCESS, PeriodicTask, Runner, Task,
                                utcnow)
 from taskrunner.periodic import (BUILTIN_ROTATION, PeriodicScheduler, add_periodic, parse_timer,
                                  set_enabled, sync_definitions)
@@ -45,10 +45,6 @@ def tasks_of(name):
     return list(Task.select().where(Task.periodic_task_id == row(name).id).order_by(Task.id))
 
 
-def runs_of(task_id):
-    return list(Run.select().where(Run.task_id == task_id).order_by(Run.id))
-
-
 def unfinished(name):
     return [t for t in tasks_of(name) if t.finished_on is None and t.last_status != CANCELLED]
 
@@ -62,8 +58,6 @@ def config_with(database, periodic_entries, **sections):
     data = {"database": {"url": database.url}, "periodic": periodic_entries}
     data.update(sections)
     return Config.from_dict(data)
-
-
 
 
 def on_grid(value, anchor, interval, tolerance=0.002):
@@ -723,8 +717,6 @@ def test_a_bad_periodic_config_is_refused_by_run_event_and_overseer(sqlite_db, t
 
 DUE_LINE = re.compile(r"periodic task '([^']*)': (?:submitted task (\d+) for|due time) "
                       r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?)( skipped)?")
-
-
 
 
 def scheduler_events(texts):
