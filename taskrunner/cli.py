@@ -63,6 +63,16 @@ def _seconds(text):
     return value
 
 
+def _task_id(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("invalid int value: %r" % text) from None
+    if not 0 < value < 2 ** 63:  # what an id column holds on every database
+        raise argparse.ArgumentTypeError("no task can have id %r" % text)
+    return value
+
+
 def _positive_int(text):
     try:
         value = int(text)
@@ -371,11 +381,11 @@ def build_parser():
     p.add_argument("--json", action="store_true")
     for name, func, text in (("show", cmd_show, "one task"), ("runs", cmd_runs, "a task's runs")):
         p = command(name, func, text)
-        p.add_argument("id", type=int)
+        p.add_argument("id", type=_task_id)
         p.add_argument("--json", action="store_true")
     for name, func, text in (("retry", cmd_retry, "re-arm a failed or given-up task"),
                              ("cancel", cmd_cancel, "cancel a task that is not running")):
-        command(name, func, text).add_argument("id", type=int)
+        command(name, func, text).add_argument("id", type=_task_id)
     command("rotate", cmd_rotate, "delete old ended tasks and runner rows")
     command("check", cmd_check, "check the config and the database")
 

@@ -155,6 +155,8 @@ class Config(SimpleNamespace):
                 raise ConfigError("%s: cannot read config file: %s" % (path, exc.strerror)) from None
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigError("%s: invalid TOML: %s" % (path, exc)) from None
+            except UnicodeDecodeError:
+                raise ConfigError("%s: invalid TOML: not UTF-8 text" % path) from None
         config = cls.from_dict(data, source=path or "<defaults>")
         url = database_url or environ.get("TASKRUNNER_DATABASE_URL")
         if url:

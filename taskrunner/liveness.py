@@ -14,7 +14,8 @@ import peewee as pw
 import psutil
 
 from .errors import RunnerLimitReached
-from .models import OVERSEER, RUNNER, RUNNING, SUCCESS, TIMEOUT, Run, Runner, run_status_is, utcnow
+from .models import (ERROR, OVERSEER, RUNNER, RUNNING, SUCCESS, TIMEOUT, Run, Runner,
+                     run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.liveness")
 
@@ -52,7 +53,7 @@ def process_alive(pid, recorded_create_time):
         return True  # it exists; another user's process cannot be ours, but do not guess dead
 
 
-def register(queue, kind=RUNNER, parent_id=None, limit=None, now=None):
+def register(queue, kind=RUNNER, parent_id=None, now=None):
     """Insert this process's runner row and return it, or raise RunnerLimitReached.
 
     Rule 5 is a database rule: a runner takes a slot 1..limit, and (host, slot) is unique,
@@ -69,7 +70,7 @@ def register(queue, kind=RUNNER, parent_id=None, limit=None, now=None):
     if kind == OVERSEER:
         return Runner.create(**fields)
     refresh_runners(queue, now=now, other_hosts=False)
-    limit = limit or queue.config.runner.limit
+    limit = queue.config.runner.limit
     taken = {r.slot for r in Runner.select(Runner.slot).where(
         (Runner.host == host) & Runner.slot.is_null(False))}
     for slot in range(1, limit + 1):
@@ -95,10 +96,12 @@ def heartbeat(runner_id, rss=None, runs_done=None, now=None):
         (Runner.id == runner_id) & (Runner.status == RUNNING)).execute() > 0
 
 
-def retire(runner_id, reason, now=None):
-    """This runner decided to exit: ``success``, and its slot is free."""
-    Runner.update(status=SUCCESS, finished_on=now or utcnow(), slot=None, exit_reason=reason).where(
-        (Runner.id == runner_id) & (Runner.status == RUNNING)).execute()
+def retire(queue, runner_id, reason, now=None):
+    """This runner decided to exit: ``success``, and its slot is free. A run it still has
+    ``running`` (it is leaving through an error) ends ``error`` / ``RunnerExited`` in the
+    same transaction, so the task is retried instead of waiting for its run_timeout."""
+    return _end_runner(queue, runner_id, SUCCESS, reason, ERROR, "RunnerExited",
+                       "runner %d exited: %s" % (runner_id, reason), now)
 
 
 def mark_runner_dead(queue, runner_id, reason, now=None):
@@ -106,25 +109,29 @@ def mark_runner_dead(queue, runner_id, reason, now=None):
     aggregated as after any failed run. Race closed: two processes noticing the same death —
     the runner update is conditional on ``running``, and each run's end is conditional too
     (rule 4), so each run is counted as failed once."""
-    now = now or utcnow()
-
-    def step():
-        # One transaction: a process dying half-way must not leave the runner `timeout`
-        # with runs still `running` (no check would visit them again).
-        marked = Runner.update(status=TIMEOUT, finished_on=now, slot=None, exit_reason=reason
-                               ).where((Runner.id == runner_id) & (Runner.status == RUNNING)).execute()
-        if not marked:
-            return False
-        runs = list(runs_of_runner_query(runner_id))
-        for run in runs:
-            queue.end_run(run.id, run.task_id, TIMEOUT, runner_id=runner_id,
-                          error_code="RunnerDied",
-                          error_message="runner %d died: %s" % (runner_id, reason), now=now)
-        return True
-    if not queue._write(step):
+    if not _end_runner(queue, runner_id, TIMEOUT, reason, TIMEOUT, "RunnerDied",
+                       "runner %d died: %s" % (runner_id, reason), now):
         return False
     log.warning("runner %d marked timeout: %s", runner_id, reason)
     return True
+
+
+def _end_runner(queue, runner_id, status, reason, run_status, error_code, error_message, now):
+    """The runner row → `status` and its running runs → `run_status`, in one transaction: a
+    process dying half-way must not leave the runner ended with runs still ``running`` (no
+    check would visit them again)."""
+    now = now or utcnow()
+
+    def step():
+        ended = Runner.update(status=status, finished_on=now, slot=None, exit_reason=reason
+                              ).where((Runner.id == runner_id) & (Runner.status == RUNNING)).execute()
+        if not ended:
+            return False
+        for run in list(runs_of_runner_query(runner_id)):
+            queue._end_step(run.id, run.task_id, run_status, runner_id, None, error_code,
+                            error_message, now, None)
+        return True
+    return queue._write(step)
 
 
 def runs_of_runner_query(runner_id):

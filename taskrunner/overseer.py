@@ -125,7 +125,8 @@ class Overseer:
             return
         try:
             periodic.sync_definitions(self.queue, config)
-        except InputError as exc:
+        except (InputError, pw.DatabaseError) as exc:
+            # A database hiccup during a reload must not stop the overseer either.
             log.error("reload failed, keeping the current config: %s", exc)
             return
         self.next_periodic = 0.0
@@ -381,10 +382,14 @@ class Overseer:
                     self.next_check = now + self.config.overseer.check_interval
                     self._guarded(self.check)
                 if not self.stopping and time.monotonic() >= self.next_periodic:
+                    # Planned again by a run that succeeds; after a database error, the
+                    # next try is one check_interval away, not at once.
+                    self.next_periodic = time.monotonic() + self.config.overseer.check_interval
                     self._guarded(self.run_periodic)
                 self.kill_overdue()
                 self._guarded(self.manage_runners)
-                wake = min(self.next_check, self.next_periodic)
+                wake = self.next_check if self.stopping else min(self.next_check,
+                                                                 self.next_periodic)
                 self._sleep(min(wake - time.monotonic(), 1.0))
         finally:
             self._shutdown()
@@ -424,7 +429,8 @@ class Overseer:
             self._guarded(lambda: self._mark_child_dead(pid, "killed at overseer stop"))
         self.children.clear()
         if self.row_id is not None:
-            self._guarded(lambda: liveness.retire(self.row_id, self.exit_reason or "stopped"))
+            self._guarded(lambda: liveness.retire(self.queue, self.row_id,
+                                                  self.exit_reason or "stopped"))
         if self.exit_reason:
             log.error("overseer exiting: %s", self.exit_reason)
         else:

@@ -317,10 +317,15 @@ class PeriodicScheduler:
             return reason, None if reason else task_id
         try:
             reason, task_id = self.queue._write(step)
+        except StateError as exc:
+            # Another scheduler took the mark over: the due time is its to submit.
+            log.info("periodic task %r: %s", row.name, exc)
+            return
         except InputError as exc:
             log.error("periodic task %r: %s", row.name, exc)
             PeriodicTask.update(worker=None, marked=None, nextrun=following, last_status="error"
-                                ).where(PeriodicTask.id == row.id).execute()
+                                ).where((PeriodicTask.id == row.id)
+                                        & (PeriodicTask.worker == self.worker)).execute()
             return
         if reason:
             log.info("periodic task %r: due time %s skipped: %s", row.name, due, reason)

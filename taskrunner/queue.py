@@ -20,15 +20,14 @@ from .db import backend_of, check_connection, open_database, retry_transaction
 from .errors import ConfigError, HandlerError, InputError, StateError, TaskNotFound
 from .handler import encode_data, load_handler
 from .migrations import migrate
+from .timespan import MAX_SPAN
 from .models import (CANCELLED, FAILED, MODELS, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
                      Run, Task, as_utc, run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.queue")
 
-ClaimedRun = namedtuple("ClaimedRun", "run_id task_id attempt handler data run_timeout "
-                                      "max_runtime started_on periodic_task_id")
-
-_UNSET = object()
+ClaimedRun = namedtuple("ClaimedRun", "run_id task_id attempt handler data max_runtime "
+                                      "periodic_task_id started_on")
 
 # Claiming and successfully finishing happen once per job, so they are plain SQL: building
 # them with peewee costs more than the database work. On PostgreSQL each is one statement of
@@ -47,7 +46,7 @@ _PG_CLAIM_CTES = """
         UPDATE task_queue AS t SET last_status = 'running', updated_on = %s FROM claimed
         WHERE t.id = claimed.task_id
         RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
-            t.run_timeout, t.max_runtime, t.periodic_task_id)"""
+            t.max_runtime, t.periodic_task_id)"""
 _PG_SUCCESS_CTES = """
     ended AS (
         UPDATE task_runs SET status = 'success', finished_on = %s, updated_on = %s,
@@ -70,7 +69,7 @@ _SQLITE_CLAIM = ("""
                 ORDER BY priority DESC, scheduled_on, id LIMIT 1)
     RETURNING id, task_id, attempt""", """
     UPDATE task_queue SET last_status = 'running', updated_on = ? WHERE id = ?
-    RETURNING handler, data, run_timeout, max_runtime, periodic_task_id""")
+    RETURNING handler, data, max_runtime, periodic_task_id""")
 _SUCCESS_STATEMENTS = ("""
     UPDATE task_runs SET status = 'success', finished_on = ?, updated_on = ?,
         active_task_id = NULL, error_code = NULL, error_message = NULL,
@@ -84,8 +83,7 @@ _SUCCESS = {"?": _SUCCESS_STATEMENTS,
 # MySQL: the candidate and its task locked and read at once (InnoDB locks the joined task
 # row too, which the claim updates anyway), then both marked.
 _MYSQL_CLAIM = """
-    SELECT r.id, r.task_id, r.attempt, t.handler, t.data, t.run_timeout, t.max_runtime,
-        t.periodic_task_id
+    SELECT r.id, r.task_id, r.attempt, t.handler, t.data, t.max_runtime, t.periodic_task_id
     FROM task_runs AS r JOIN task_queue AS t ON t.id = r.task_id
     WHERE r.status = 'scheduled' ORDER BY r.priority DESC, r.scheduled_on, r.id LIMIT 1
     FOR UPDATE SKIP LOCKED"""
@@ -99,7 +97,8 @@ MAX_INT = 2 ** 31 - 1  # INTEGER columns on every database
 def retry_delay(runs_failed, base, cap, rand=random.random):
     """Exponential backoff after `runs_failed` consecutive failures, capped, with jitter
     (half fixed, half random) so failed tasks don't all come back at the same moment."""
-    delay = min(cap, base * 2 ** max(0, runs_failed - 1))
+    # The exponent is capped: 2 ** 1025 no longer fits a float, and max_retries may be huge.
+    delay = min(cap, base * 2 ** min(max(0, runs_failed - 1), 64))
     return delay / 2 + rand() * delay / 2
 
 
@@ -177,8 +176,9 @@ class TaskQueue:
         for name, value in (("run_timeout", run_timeout), ("max_runtime", max_runtime),
                             ("retry_backoff", retry_backoff)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or value <= 0):
-                raise InputError("%s must be a positive number of seconds, not %r" % (name, value))
+                                      or not 0 < value <= MAX_SPAN):
+                raise InputError("%s must be a positive number of seconds (at most 100 years), "
+                                 "not %r" % (name, value))
         if unique_key is not None and (not isinstance(unique_key, str) or not unique_key
                                        or len(unique_key) > 255):
             raise InputError("unique_key must be a non-empty string of at most 255 characters")
@@ -258,8 +258,9 @@ class TaskQueue:
         return self._write_and_wake(lambda: self._insert_task(row), lambda _: self._is_due(row))
 
     def add_tasks(self, tasks, now=None):
-        """Queue many tasks in one transaction; `tasks` are dicts of add_task's arguments.
-        All are validated before anything is stored. Returns their ids in order."""
+        """Queue many tasks; `tasks` are dicts of add_task's arguments. All are validated
+        before anything is stored; those without a unique_key are stored in one transaction,
+        those with one each as add_task() stores them. Returns their ids in order."""
         now = now or utcnow()
         seen = set()
         try:
@@ -404,20 +405,20 @@ class TaskQueue:
         sql = self.db.execute_sql
         if self.backend == "postgresql":
             row = sql(_PG_CLAIM, (runner_id, now, now, now)).fetchone()
-            return None if row is None else ClaimedRun(*row[:7], now, row[7])
+            return None if row is None else ClaimedRun(*row, now)
         if self.is_sqlite:
             claim_run, claim_task = _SQLITE_CLAIM
             run = sql(claim_run, (runner_id, now, now)).fetchone()
             if run is None:
                 return None
             task = sql(claim_task, (now, run[1])).fetchone()
-            return ClaimedRun(*run, *task[:4], now, task[4])
+            return ClaimedRun(*run, *task, now)
         row = sql(_MYSQL_CLAIM).fetchone()
         if row is None:
             return None
         sql(_MYSQL_START[0], (runner_id, now, now, row[0]))
         sql(_MYSQL_START[1], (now, row[1]))
-        return ClaimedRun(*row[:7], now, row[7])
+        return ClaimedRun(*row, now)
 
     def release_run(self, run_id, runner_id, now=None):
         """Give back a run this runner claimed but did not start (it was told to stop in
@@ -438,13 +439,16 @@ class TaskQueue:
                 query = query.where(Run.id == only)
             if keep is not None:
                 query = query.where(Run.id != keep)
-            runs = list(query)
-            for run in runs:
-                Run.update(status=SCHEDULED, runner_id=None, started_on=None, updated_on=now
-                           ).where(Run.id == run.id).execute()
-                Task.update(last_status=SCHEDULED, updated_on=now).where(
-                    Task.id == run.task_id).execute()
-            return len(runs)
+            released = 0
+            for run in list(query):
+                # Conditional like every end (rule 4): an overseer may have timed it out since.
+                if Run.update(status=SCHEDULED, runner_id=None, started_on=None, updated_on=now
+                              ).where((Run.id == run.id) & run_status_is(RUNNING)
+                                      & (Run.runner_id == runner_id)).execute():
+                    Task.update(last_status=SCHEDULED, updated_on=now).where(
+                        Task.id == run.task_id).execute()
+                    released += 1
+            return released
         return self._write_and_wake(step, bool)
 
     def was_ended_by(self, run_id, runner_id, status):
@@ -460,7 +464,7 @@ class TaskQueue:
             (Run.id == run_id) & (Run.status == RUNNING) & (Run.runner_id == runner_id)
         ).execute() > 0
 
-    def end_run(self, run_id, task_id, status, runner_id=None, results=_UNSET, error_code=None,
+    def end_run(self, run_id, task_id, status, runner_id=None, results=None, error_code=None,
                 error_message=None, now=None, periodic_task_id=None):
         """End a running run with `status` and aggregate its task.
 
@@ -486,7 +490,7 @@ class TaskQueue:
             row = self.db.execute_sql(_PG_SUCCESS_AND_CLAIM, (
                 now, now, results, run_id, runner_id, now, now,
                 runner_id, now, now, now)).fetchone()
-            claimed = None if row[1] is None else ClaimedRun(*row[1:8], now, row[8])
+            claimed = None if row[1] is None else ClaimedRun(*row[1:], now)
             return row[0] > 0, claimed
         return self._write(lambda: (
             self._end_step(run_id, task_id, status, runner_id, results, error_code,
@@ -503,7 +507,6 @@ class TaskQueue:
         """end_run() inside the caller's write transaction."""
         if status == SUCCESS and runner_id is not None:
             # The hot path, as plain SQL with the same conditions.
-            results = None if results is _UNSET else results
             if self.backend == "postgresql":
                 ended = self.db.execute_sql(_PG_SUCCESS, (
                     now, now, results, run_id, runner_id, now, now)).fetchone()[0] > 0
@@ -520,7 +523,7 @@ class TaskQueue:
                   Run.error_message: error_message}
         if status == SUCCESS:
             values[Run.percent_completed] = 100
-        if results is not _UNSET and results is not None:
+        if results is not None:
             values[Run.results] = results
         condition = (Run.id == run_id) & (Run.status == RUNNING)
         if runner_id is not None:
@@ -566,7 +569,9 @@ class TaskQueue:
         running longer than its max_runtime. Returns [(run_id, runner_id)] of the runs marked,
         so the caller can stop the processes executing them (rule 8)."""
         now = now or utcnow()
-        running = self.running_runs_query().objects()
+        # Read in full before writing: on SQLite an open SELECT would make each end's write
+        # transaction fail as soon as another process had committed meanwhile.
+        running = list(self.running_runs_query().objects())
         ended = []
         for run in running:
             if run.updated_on + timedelta(seconds=run.run_timeout) < now:

@@ -78,7 +78,6 @@ class Worker:
         self.max_runs = None
         self.disowned = False
         self._handlers = {}
-        self._process = psutil.Process()
         self._rss = None
         self._wake_r = self._wake_w = None
         self._listener = self._pg_listener = None
@@ -94,6 +93,9 @@ class Worker:
         signal.set_wakeup_fd(self._wake_w)
         for name in self.STOP_SIGNALS:
             signal.signal(getattr(signal, name), self._on_signal)
+        for name in ("SIGTTIN", "SIGTTOU"):
+            # The overseer's signals; their default action would suspend a runner.
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
 
     def _on_signal(self, signum, frame):
         name = signal.Signals(signum).name
@@ -127,7 +129,7 @@ class Worker:
         interval = self.config.runner.heartbeat_interval
         while not self._heartbeat_stop.wait(interval):
             try:
-                rss = self._process.memory_info().rss
+                rss = self._rss()
                 if not liveness.heartbeat(self.runner_id, rss=rss, runs_done=self.runs_done):
                     self.disowned = True
                     self.stop_reason = self.stop_reason or "runner row is no longer running"
@@ -155,7 +157,7 @@ class Worker:
         status, code, message, results = self._run_handler(claimed)
         self.runs_done += 1
         args = (claimed.run_id, claimed.task_id, status, self.runner_id, results, code, message)
-        if claim_next and not self._should_exit(self.max_runs):
+        if claim_next and not self._should_exit():
             ended, following = self._with_database(lambda: self.queue.end_run_and_claim(
                 *args, periodic_task_id=claimed.periodic_task_id),
                 reconnected=lambda: self._give_back_lost_claims(keep=claimed.run_id))
@@ -239,18 +241,22 @@ class Worker:
             except (pw.OperationalError, pw.InterfaceError) as exc:
                 if not (is_disconnect(exc) or is_transient(exc)) or time.monotonic() > deadline:
                     raise
-                lost = lost or is_disconnect(exc)
                 log.warning("database unavailable (%s); retrying in %.1fs",
                             str(exc).strip().splitlines()[0] if str(exc).strip() else exc, delay)
-                if not self.queue.db.is_closed():
-                    try:
-                        self.queue.db.close()
-                    except pw.DatabaseError:
-                        pass
+                # A deadlock or a busy database rolled back the transaction and left the
+                # connection usable (closing it would also drop PostgreSQL's LISTEN).
+                if is_disconnect(exc):
+                    lost = True
+                    if not self.queue.db.is_closed():
+                        try:
+                            self.queue.db.close()
+                        except pw.DatabaseError:
+                            pass
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    def _should_exit(self, max_runs):
+    def _should_exit(self):
+        max_runs = self.max_runs
         if self.stop_reason is not None:
             return True
         if max_runs and self.runs_done >= max_runs:
@@ -284,7 +290,7 @@ class Worker:
         """Wait for work: poll a cheap read every poll_interval (a signal wakes at once).
         A runner without an overseer also does the queue's regular work while idle."""
         interval = self.config.runner.poll_interval
-        while self.stop_reason is None and not self._should_exit(None):
+        while not self._should_exit():
             if standalone:
                 self.queue.process_queue()
             if self.queue.has_scheduled_runs():
@@ -304,12 +310,12 @@ class Worker:
             if self.queue.backend == "postgresql":
                 self._pg_listener = wakeup.PostgresListener(self.queue.db)
         log.info("runner %d started (pid %d, slot %d)", row.id, row.pid, row.slot)
+        self._rss = ResidentSize()
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
-        self._rss = ResidentSize()
         claimed = None
         try:
-            while claimed is not None or not self._should_exit(max_runs):
+            while claimed is not None or not self._should_exit():
                 if claimed is None:
                     claimed = self._with_database(lambda: self.queue.claim(self.runner_id),
                                                   reconnected=self._give_back_lost_claims)
@@ -323,11 +329,12 @@ class Worker:
         finally:
             if self._listener is not None:
                 self._listener.close()
-            self._rss.close()
             self._heartbeat_stop.set()
             beat.join(timeout=5)
+            self._rss.close()
             if not self.disowned:
-                self._with_database(lambda: liveness.retire(self.runner_id, self.stop_reason))
+                self._with_database(lambda: liveness.retire(self.queue, self.runner_id,
+                                                            self.stop_reason))
             log.info("runner %d exiting after %d runs: %s", self.runner_id, self.runs_done,
                      self.stop_reason)
         return self.runs_done

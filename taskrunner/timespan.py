@@ -15,6 +15,9 @@ _UNITS = {
     "M": 2629800, "month": 2629800, "months": 2629800,
     "y": 31557600, "year": 31557600, "years": 31557600,
 }
+# The longest span accepted anywhere (timeouts, backoffs, timers): a century. Longer ones,
+# infinity and NaN would overflow datetime arithmetic later, far from the input.
+MAX_SPAN = 100 * 31557600.0
 _PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
 
 
@@ -25,7 +28,7 @@ def parse_timespan(text):
     if isinstance(text, (int, float)):
         if text < 0:
             raise ValueError("a time span cannot be negative")
-        return float(text)
+        return _bounded(float(text), text)
     s = str(text).strip()
     if not s:
         raise ValueError("empty time span")
@@ -41,4 +44,12 @@ def parse_timespan(text):
         pos = m.end()
         while pos < len(s) and s[pos].isspace():
             pos += 1
-    return total
+    return _bounded(total, text)
+
+
+def _bounded(seconds, text):
+    if seconds != seconds:
+        raise ValueError("%r is not a time span" % (text,))
+    if seconds > MAX_SPAN:
+        raise ValueError("time span %r is longer than 100 years" % (text,))
+    return seconds

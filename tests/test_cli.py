@@ -134,6 +134,13 @@ def test_unknown_task_id_exits_2_and_changes_nothing(sqlite_db, command):
     assert snapshot(sqlite_db) == before
 
 
+@pytest.mark.parametrize("command", ["show", "cancel"])
+def test_a_task_id_no_database_can_hold_exits_2(sqlite_db, command):
+    _, before = seeded(sqlite_db)
+    usage_error(taskrunner(command, "9" * 20, url=sqlite_db.url), command, "no task can have id")
+    assert snapshot(sqlite_db) == before
+
+
 @pytest.mark.parametrize("command", ["show", "retry"])
 def test_non_integer_task_id_exits_2(sqlite_db, command):
     _, before = seeded(sqlite_db)
@@ -148,6 +155,8 @@ BAD_WHEN = [
     ("in-negative", ["--in", "-5"], "positive number of seconds"),
     ("in-nan", ["--in", "nan"], "positive number of seconds"),
     ("in-too-far", ["--in", "1e12"], "too far"),
+    ("timeout-too-long", ["--timeout", "1e300"], "at most 100 years"),
+    ("max-runtime-inf", ["--max-runtime", "inf"], "positive number of seconds"),
     ("at-and-in", ["--at", "2030-01-01T00:00:00+00:00", "--in", "5"], "not allowed with"),
 ]
 
@@ -166,6 +175,7 @@ BAD_CONFIGS = [
     ("unknown-section", "[runners]\nlimit = 2\n", ["unknown section", "[runners]"]),
     ("unknown-key", "[runner]\nlimitt = 2\n", ["unknown key", "limitt"]),
     ("wrong-type", '[runner]\nlimit = "eight"\n', ["[runner]", "limit"]),
+    ("nan-duration", "[overseer]\ncheck_interval = nan\n", ["check_interval", "not a time span"]),
 ]
 
 

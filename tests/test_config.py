@@ -32,6 +32,13 @@ def load(path):
     return Config.load(path, environ={})
 
 
+def refused(path):
+    """The one-line ConfigError that loading `path` raises."""
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    return str(err.value)
+
+
 def test_the_schema_declares_durations():
     # Guards the parametrizations below against silently becoming empty.
     assert ("task", "run_timeout") in POSITIVE_DURATION_KEYS
@@ -100,9 +107,8 @@ def test_durations_accept_numbers_and_time_spans(tmp_path, section, key, value, 
                          ids=["%s.%s" % sk for sk in POSITIVE_DURATION_KEYS])
 def test_a_zero_duration_is_refused_where_it_must_be_positive(tmp_path, section, key):
     path = write(tmp_path, "[%s]\n%s = 0\n" % (section, key))
-    with pytest.raises(ConfigError) as err:
-        load(path)
-    assert "[%s] %s" % (section, key) in str(err.value) and path in str(err.value)
+    message = refused(path)
+    assert "[%s] %s" % (section, key) in message and path in message
 
 
 @pytest.mark.parametrize("section,key,value", [
@@ -123,55 +129,57 @@ def test_a_zero_duration_is_refused_where_it_must_be_positive(tmp_path, section,
     ("rotation", "keep_success", "true"),
     ("overseer", "graceful_timeout", '""'),
     ("log", "level", '"loud"'),
+    ("overseer", "check_interval", "nan"),
+    ("task", "run_timeout", "inf"),
+    ("task", "retry_backoff", '"200y"'),
 ])
 def test_a_bad_value_names_the_file_the_section_and_the_key(tmp_path, section, key, value):
     path = write(tmp_path, "[%s]\n%s = %s\n" % (section, key, value))
-    with pytest.raises(ConfigError) as err:
-        load(path)
-    message = str(err.value)
+    message = refused(path)
     assert path in message and "[%s]" % section in message and key in message
     assert "\n" not in message
 
 
 def test_an_unknown_key_names_the_file_and_the_key(tmp_path):
     path = write(tmp_path, "[runner]\nlimit = 2\nlimitt = 3\n")
-    with pytest.raises(ConfigError) as err:
-        load(path)
-    assert path in str(err.value) and "limitt" in str(err.value) and "[runner]" in str(err.value)
+    message = refused(path)
+    assert path in message and "limitt" in message and "[runner]" in message
 
 
 def test_an_unknown_section_names_the_file_and_the_section(tmp_path):
     path = write(tmp_path, "[runners]\nlimit = 2\n")
-    with pytest.raises(ConfigError) as err:
-        load(path)
-    assert path in str(err.value) and "[runners]" in str(err.value)
+    message = refused(path)
+    assert path in message and "[runners]" in message
 
 
 def test_a_section_that_is_not_a_table_is_refused(tmp_path):
     path = write(tmp_path, "runner = 5\n")
-    with pytest.raises(ConfigError) as err:
-        load(path)
-    assert path in str(err.value) and "[runner]" in str(err.value)
+    message = refused(path)
+    assert path in message and "[runner]" in message
 
 
 def test_invalid_toml_names_the_file(tmp_path):
     path = write(tmp_path, "[runner\nlimit = 2\n")
-    with pytest.raises(ConfigError) as err:
-        load(path)
-    assert path in str(err.value) and "invalid TOML" in str(err.value)
+    message = refused(path)
+    assert path in message and "invalid TOML" in message
+
+
+def test_a_file_that_is_not_utf8_names_the_file(tmp_path):
+    path = tmp_path / "taskrunner.toml"
+    path.write_bytes(b"[runner]\nlimit = \xff\n")
+    message = refused(str(path))
+    assert str(path) in message and "UTF-8" in message
 
 
 def test_a_missing_file_names_the_file(tmp_path):
     path = str(tmp_path / "nowhere.toml")
-    with pytest.raises(ConfigError) as err:
-        load(path)
-    assert path in str(err.value) and "not found" in str(err.value)
+    message = refused(path)
+    assert path in message and "not found" in message
 
 
 def test_a_path_that_cannot_be_read_names_the_file(tmp_path):
-    with pytest.raises(ConfigError) as err:
-        load(str(tmp_path))  # a directory: unreadable as a file, even for root
-    assert str(tmp_path) in str(err.value) and "cannot read" in str(err.value)
+    message = refused(str(tmp_path))  # a directory: unreadable as a file, even for root
+    assert str(tmp_path) in message and "cannot read" in message
 
 
 def test_an_unreadable_file_names_the_file(tmp_path):
@@ -180,9 +188,8 @@ def test_an_unreadable_file_names_the_file(tmp_path):
     try:
         if os.access(path, os.R_OK):
             pytest.skip("this user (root?) can read a mode-000 file")
-        with pytest.raises(ConfigError) as err:
-            load(path)
-        assert path in str(err.value) and "cannot read" in str(err.value)
+        message = refused(path)
+        assert path in message and "cannot read" in message
     finally:
         os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
 

@@ -266,6 +266,8 @@ def test_retry_delay_is_exponential_capped_and_jittered():
     assert retry_delay(1, 10, 3600, rand=lambda: 1) == 10
     assert retry_delay(4, 10, 3600, rand=lambda: 1) == 80
     assert retry_delay(30, 10, 3600, rand=lambda: 1) == 3600
+    # "Retry for ever" (a huge max_retries) must not overflow after ~1,000 failures.
+    assert retry_delay(5000, 10, 3600, rand=lambda: 1) == 3600
 
 
 def test_retry_rearms_a_given_up_task(queue, runner_id):
@@ -551,3 +553,33 @@ def test_an_end_that_committed_before_the_reply_was_lost_counts_as_ended(queue, 
     timed_out = queue.claim(runner_id)
     queue.end_run(timed_out.run_id, other, TIMEOUT, error_code="RunTimeout")
     assert not queue.was_ended_by(timed_out.run_id, runner_id, SUCCESS)
+
+
+def test_a_runner_leaving_through_an_error_ends_the_run_it_still_had(queue, runner_id):
+    """retire() with a run still `running` (the runner is leaving through an exception): the
+    run ends `error` / RunnerExited and the task will be retried, instead of waiting for
+    its run_timeout (no check visits the run of a retired runner)."""
+    task_id = queue.add_task(ECHO, max_retries=3)
+    claimed = queue.claim(runner_id)
+    assert liveness.retire(queue, runner_id, "crashed")
+    run = Run.get_by_id(claimed.run_id)
+    assert (run.status, run.error_code) == (ERROR, "RunnerExited")
+    task = queue.get_task(task_id)
+    assert (task.last_status, task.runs_failed) == (ERROR, 1) and task.next_run_on is not None
+    assert Runner.get_by_id(runner_id).status == SUCCESS
+
+
+def test_giving_back_runs_leaves_a_run_timed_out_meanwhile_alone(queue, runner_id):
+    task_id = queue.add_task(ECHO, max_retries=3)
+    claimed = queue.claim(runner_id)
+    assert queue.end_run(claimed.run_id, task_id, TIMEOUT, error_code="RunTimeout")
+    assert queue.release_runs_of(runner_id) == 0
+    assert Run.get_by_id(claimed.run_id).status == TIMEOUT       # rule 4 held
+    assert queue.get_task(task_id).last_status == TIMEOUT
+
+
+@pytest.mark.parametrize("name", ["run_timeout", "max_runtime", "retry_backoff"])
+def test_spans_beyond_a_century_are_refused(queue, name):
+    with pytest.raises(InputError):
+        queue.add_task(ECHO, **{name: 1e300})
+    assert Task.select().count() == 0

@@ -11,21 +11,19 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
-from conftest import process_env, taskrunner, wait_for
+from conftest import START_TIMEOUT, process_env, runs_of, taskrunner, wait_for, wait_started
 from sample_handlers import read_records
 from taskrunner.liveness import hostname
 from taskrunner.models import ERROR, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner, Task
 
 # Generous but finite: the machine is shared and has two cores.
-START_TIMEOUT = 60.0
 EXIT_TIMEOUT = 30.0
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
 
 def config_file(database, tmp_path, runner="", task="retry_backoff = 0", poll_interval=0.1):
     """A config with a short poll interval (and no retry backoff) plus the given keys."""
@@ -48,13 +46,6 @@ def wait_registered(proc, procs, timeout=START_TIMEOUT):
     return wait_for(registered, timeout=timeout, message="runner %d to register" % proc.pid)
 
 
-def wait_started(log, count=1, timeout=START_TIMEOUT):
-    """The `.started` markers once `count` handlers have started."""
-    return wait_for(lambda: len(read_records(log + ".started")) >= count and
-                    read_records(log + ".started"), timeout=timeout,
-                    message="%d handler(s) to start" % count)
-
-
 def waiting_in_select(pid):
     """True while the process's main thread sleeps in select()/poll() — the idle wait.
     When the kernel hides wchan, say True: the test then only loses precision."""
@@ -64,10 +55,6 @@ def waiting_in_select(pid):
     except OSError:
         return True
     return wchan in ("", "0") or "poll" in wchan or "select" in wchan
-
-
-def runs_of(task_id):
-    return list(Run.select().where(Run.task_id == task_id).order_by(Run.id))
 
 
 def running_runners_here():
@@ -154,6 +141,22 @@ def test_signal_to_an_idle_runner_exits_within_a_second(signame, sqlite_db, proc
     row = runner_row(proc.pid)
     assert row.status == SUCCESS
     assert signame in row.exit_reason
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signame", ["SIGTTIN", "SIGTTOU"])
+def test_the_overseers_ttin_and_ttou_leave_a_runner_working(signame, sqlite_db, procs, tmp_path):
+    """Their default action would suspend the process: a runner ignores them."""
+    queue = sqlite_db.queue()
+    log = str(tmp_path / "records")
+    proc = procs.spawn("runner", config=config_file(sqlite_db, tmp_path))
+    wait_registered(proc, procs)
+    proc.send_signal(getattr(signal, signame))
+    task_id = queue.add_task("sample_handlers.Record", data={"log": log})
+    wait_for(lambda: [t for t, _, _ in read_records(log)] == [task_id], timeout=START_TIMEOUT,
+             message="the task to run after %s" % signame)
+    assert psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED
     queue.close()
 
 
