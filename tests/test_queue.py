@@ -583,3 +583,14 @@ def test_spans_beyond_a_century_are_refused(queue, name):
     with pytest.raises(InputError):
         queue.add_task(ECHO, **{name: 1e300})
     assert Task.select().count() == 0
+
+
+def test_data_and_results_up_to_max_data_size_are_stored_whole(queue, runner_id):
+    """1 MiB is the default max_data_size; MySQL's TEXT would hold 64 KiB of it."""
+    data = {"text": "é" * 300_000}                   # about 600 KB of JSON
+    task_id = queue.add_task(ECHO, data=data)
+    claimed = queue.claim(runner_id)
+    assert json.loads(claimed.data) == data
+    results = json.dumps({"echo": data})
+    assert queue.end_run(claimed.run_id, task_id, SUCCESS, runner_id=runner_id, results=results)
+    assert Run.get_by_id(claimed.run_id).results == results
