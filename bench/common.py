@@ -314,7 +314,7 @@ def make_queue(url, migrate=True):
     from taskrunner import TaskQueue
     from taskrunner.config import Config
     config = Config.from_dict({"database": _database_section(url)}, source="<bench>")
-    return TaskQueue(config, migrate_schema=migrate)
+    return TaskQueue(config, migrate=migrate)
 
 
 def add_noop_tasks(url, n, handler=NOOP, data=None, batch=5000, **options):

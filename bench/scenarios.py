@@ -199,20 +199,21 @@ def _footprint(main, runners):
 def _drain_worker(url, runner_id, count, barrier):
     """One process of the claim/finish loop as a busy runner runs it: taskrunner's own
     claim(), then end_run_and_claim() (end_run() for the last)."""
+    from taskrunner.lifecycle import claim, end_run, end_run_and_claim
     from taskrunner.models import SUCCESS
     queue = make_queue(url, migrate=False)
-    queue.db.connect(reuse_if_open=True)
+    store = queue.store
     barrier.wait(60)
     done = 0
-    claimed = queue.claim(runner_id)
+    claimed = claim(store, runner_id)
     while claimed is not None:
         json.loads(claimed.data)
         args = (claimed.run_id, claimed.task_id, SUCCESS, runner_id)
         done += 1
         if done == count:
-            queue.end_run(*args, periodic_task_id=claimed.periodic_task_id)
+            end_run(store, *args, periodic_task_id=claimed.periodic_task_id)
             break
-        _, claimed = queue.end_run_and_claim(*args, periodic_task_id=claimed.periodic_task_id)
+        _, claimed = end_run_and_claim(store, *args, periodic_task_id=claimed.periodic_task_id)
     queue.close()
     os._exit(0 if done == count else 3)
 

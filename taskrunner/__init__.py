@@ -1,12 +1,34 @@
-"""taskrunner: a durable, database-backed task queue and calendar scheduler."""
-from .config import Config
-from .errors import (ConfigError, DatabaseUnavailable, HandlerError, InputError, StateError,
-                     TaskError, TaskNotFound, TaskRunnerError)
+"""taskrunner: a durable, database-backed task queue and calendar scheduler.
+
+The names below are loaded on first use: ``import taskrunner`` (and the CLI's commands that
+need no database) must not pay for peewee and the database drivers it imports.
+"""
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .errors import (ConfigError, DatabaseUnavailable, HandlerError, InputError, SchemaBehind,
+                     StateError, TaskError, TaskNotFound, TaskRunnerError)
 from .handler import RunContext, TaskHandler
-from .queue import TaskQueue
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .queue import TaskQueue
+    from .reads import PeriodicTaskInfo, RunInfo, RunnerInfo, TaskInfo
 
 __version__ = "0.1.0"
 
-__all__ = ["TaskQueue", "TaskHandler", "RunContext", "TaskError", "Config", "TaskRunnerError",
-           "InputError", "ConfigError", "DatabaseUnavailable", "HandlerError", "StateError",
-           "TaskNotFound"]
+_LAZY = {"TaskQueue": "queue", "Config": "config", "TaskInfo": "reads", "RunInfo": "reads",
+         "RunnerInfo": "reads", "PeriodicTaskInfo": "reads"}
+
+__all__ = ["TaskQueue", "TaskHandler", "RunContext", "TaskError", "Config", "TaskInfo",
+           "RunInfo", "RunnerInfo", "PeriodicTaskInfo", "TaskRunnerError", "InputError",
+           "ConfigError", "DatabaseUnavailable", "HandlerError", "StateError", "TaskNotFound",
+           "SchemaBehind"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module("." + _LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -1,5 +1,9 @@
 """The ``taskrunner`` command. Exit codes: 0 ok, 1 runtime failure, 2 usage, config or input
-error (one line on stderr, no traceback, nothing changed)."""
+error (one line on stderr, no traceback, nothing changed).
+
+Commands that need no database (``--help``, ``calendar``) import no database code: peewee
+loads every driver it finds, which costs more than the rest of the CLI. Commands that do
+open the database bring its schema up to date first, under the migration lock."""
 import argparse
 import json
 import logging
@@ -7,13 +11,9 @@ import math
 import sys
 from datetime import datetime, timedelta, timezone
 
-import peewee as pw
-
 from .config import Config
-from .db import mask_url
 from .errors import InputError
 from .handler import encode_data, load_handler
-from .models import FAILED, RUNNING, SCHEDULED, Run, Runner, Task, run_status_is
 
 log = logging.getLogger("taskrunner.cli")
 
@@ -29,10 +29,6 @@ class _Parser(argparse.ArgumentParser):
         command = self.prog.partition(" ")[2]
         self.exit(EXIT_USAGE, "taskrunner: error: %s%s\n"
                   % (command + ": " if command else "", message))
-
-
-def _iso(value):
-    return value.replace(tzinfo=timezone.utc).isoformat() if value is not None else None
 
 
 def _at(text):
@@ -92,41 +88,23 @@ def _print_table(headers, rows):
 
 def _queue(args):
     from .queue import TaskQueue
-    return TaskQueue(args.loaded_config)
+    return TaskQueue(args.loaded_config, migrate=True)
 
 
-def _task_dict(task):
-    return {
-        "id": task.id, "handler": task.handler, "data": json.loads(task.data),
-        "status": task.last_status, "given_up": task.given_up, "priority": task.priority,
-        "queued_on": _iso(task.queued_on), "queued_by": task.queued_by,
-        "scheduled_on": _iso(task.scheduled_on), "next_run_on": _iso(task.next_run_on),
-        "finished_on": _iso(task.finished_on), "runs": task.run_count,
-        "runs_failed": task.runs_failed, "max_retries": task.max_retries,
-        "run_timeout": task.run_timeout, "max_runtime": task.max_runtime,
-        "unique_key": task.unique_key, "periodic_task_id": task.periodic_task_id,
-        "last_error_code": task.last_error_code, "last_error_message": task.last_error_message,
-    }
+def _masked_url(queue):
+    from .db import mask_url
+    return mask_url(queue.config.database.url)
 
 
-def _run_dict(run):
-    return {
-        "id": run.id, "task_id": run.task_id, "attempt": run.attempt, "status": run.status,
-        "runner_id": run.runner_id, "percent_completed": run.percent_completed,
-        "created_on": _iso(run.created_on), "started_on": _iso(run.started_on),
-        "updated_on": _iso(run.updated_on), "finished_on": _iso(run.finished_on),
-        "duration": (run.finished_on - run.started_on).total_seconds()
-        if run.finished_on and run.started_on else None,
-        "results": json.loads(run.results) if run.results else None,
-        "error_code": run.error_code, "error_message": run.error_message,
-    }
+def _print_json(value):
+    print(json.dumps(value, indent=2))
 
 
 # -- commands ---------------------------------------------------------------------------
 
 def cmd_init_db(args):
     queue = _queue(args)
-    print("schema of %s is up to date" % mask_url(queue.config.database.url))
+    print("schema of %s is up to date" % _masked_url(queue))
 
 
 def cmd_add(args):
@@ -150,7 +128,7 @@ def cmd_add(args):
 
 def cmd_runner(args):
     from .runner import run_runner
-    return run_runner(_queue(args), burst=args.burst, max_runs=args.max_runs)
+    return run_runner(_queue(args).store, burst=args.burst, max_runs=args.max_runs)
 
 
 def cmd_overseer(args):
@@ -168,40 +146,27 @@ def cmd_run_event(args):
         queue.rotate()
     elif args.event == "periodic-task:OnProcess":
         from . import periodic
-        periodic.sync_definitions(queue)
-        scheduler = periodic.PeriodicScheduler(queue)
+        periodic.sync_definitions(queue.store)
+        scheduler = periodic.PeriodicScheduler(queue.store)
         scheduler.clear_stale_marks()
         result = scheduler.run_pending()
         log.info("periodic tasks: %d submitted, %d skipped", len(result["submitted"]),
                  len(result["skipped"]))
     else:
         from .runner import run_runner
-        return run_runner(queue, refuse_quietly=True)
+        return run_runner(queue.store, refuse_quietly=True)
     return EXIT_OK
 
 
 def cmd_status(args):
+    from . import reads
     queue = _queue(args)
-    runners = list(Runner.select().where(Runner.status == RUNNING).order_by(Runner.id))
-    current = {r.runner_id: r for r in Run.select().where(run_status_is(RUNNING))}
-    counts = {s: c for s, c in Task.select(Task.last_status, pw.fn.COUNT(Task.id).alias("n"))
-              .group_by(Task.last_status).tuples()}
-    rows = []
-    for r in runners:
-        run = current.get(r.id)
-        rows.append({
-            "id": r.id, "kind": r.kind, "host": r.host, "pid": r.pid, "state": r.status,
-            "slot": r.slot, "parent_id": r.parent_id,
-            "run_id": run.id if run else None, "task_id": run.task_id if run else None,
-            "progress": run.percent_completed if run else None,
-            "rss_mb": round(r.rss / 1048576, 1) if r.rss else None, "runs_done": r.runs_done,
-            "started_on": _iso(r.started_on), "heartbeat_on": _iso(r.heartbeat_on),
-        })
+    rows = [r.to_json() for r in reads.running_runners(queue.store)]
+    counts = reads.task_counts(queue.store)
     if args.json:
-        print(json.dumps({"database": mask_url(queue.config.database.url), "runners": rows,
-                          "tasks": counts}, indent=2))
+        _print_json({"database": _masked_url(queue), "runners": rows, "tasks": counts})
         return
-    print("database: %s" % mask_url(queue.config.database.url))
+    print("database: %s" % _masked_url(queue))
     print("tasks: " + (", ".join("%s %d" % kv for kv in sorted(counts.items())) or "none"))
     if not rows:
         print("no runners running")
@@ -216,9 +181,9 @@ def cmd_status(args):
 
 def cmd_tasks(args):
     queue = _queue(args)
-    tasks = [_task_dict(t) for t in queue.tasks(status=args.status, limit=args.limit)]
+    tasks = [t.to_json() for t in queue.tasks(status=args.status, limit=args.limit)]
     if args.json:
-        print(json.dumps(tasks, indent=2))
+        _print_json(tasks)
         return
     _print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "SCHEDULED", "FINISHED", "ERROR"],
                  [[t["id"], t["handler"], "given-up" if t["given_up"] else t["status"], t["runs"],
@@ -227,20 +192,18 @@ def cmd_tasks(args):
 
 
 def cmd_show(args):
-    queue = _queue(args)
-    task = _task_dict(queue.get_task(args.id))
+    task = _queue(args).get_task(args.id).to_json()
     if args.json:
-        print(json.dumps(task, indent=2))
+        _print_json(task)
         return
     for key, value in task.items():
         print("%-18s %s" % (key + ":", json.dumps(value) if key == "data" else value))
 
 
 def cmd_runs(args):
-    queue = _queue(args)
-    runs = [_run_dict(r) for r in queue.runs_of(args.id)]
+    runs = [r.to_json() for r in _queue(args).runs_of(args.id)]
     if args.json:
-        print(json.dumps(runs, indent=2))
+        _print_json(runs)
         return
     _print_table(["RUN", "ATTEMPT", "STATUS", "RUNNER", "%", "STARTED", "DURATION", "ERROR"],
                  [[r["id"], r["attempt"], r["status"], r["runner_id"], r["percent_completed"],
@@ -266,43 +229,30 @@ def cmd_rotate(args):
 
 
 def cmd_check(args):
+    from . import reads
     queue = _queue(args)
-    running = Runner.select().where(Runner.status == RUNNING).count()
-    waiting = Run.select().where(run_status_is(SCHEDULED)).count()
-    failing = Task.select().where(Task.last_status.in_(FAILED) & Task.finished_on.is_null()).count()
+    figures = reads.health(queue.store)
     print("ok: %s (%s), config %s; %d runners running, %d runs waiting, %d tasks retrying"
-          % (mask_url(queue.config.database.url), queue.backend, queue.config.source, running,
-             waiting, failing))
-
-
-def _periodic_dict(row):
-    return {
-        "name": row.name, "enabled": row.enabled, "handler": row.handler,
-        "data": json.loads(row.data), "timer": row.timer, "nextrun": _iso(row.nextrun),
-        "last_due": _iso(row.last_due), "last_run": _iso(row.last_run),
-        "last_task_id": row.last_task_id, "last_status": row.last_status,
-        "consecutive_failures": row.consecutive_failures, "submitted": row.submitted_count,
-        "skipped": row.skipped_count, "priority": row.priority, "catch_up": row.catch_up,
-        "max_runtime": row.max_runtime, "min_spacing": row.min_spacing, "owner": row.owner,
-        "source": row.source, "worker": row.worker, "marked": _iso(row.marked),
-    }
+          % (_masked_url(queue), queue.store.backend, queue.config.source,
+             figures["runners_running"], figures["runs_waiting"], figures["tasks_retrying"]))
 
 
 def cmd_periodic(args):
-    from . import periodic
-    queue = _queue(args)
+    from . import periodic, reads
+    store = _queue(args).store
     if args.action == "add":
         options = {"priority": args.priority, "catch_up": args.catch_up,
                    "max_runtime": args.max_runtime, "min_spacing": args.min_spacing,
                    "max_retries": args.max_retries, "owner": args.owner,
                    "enabled": not args.disabled}
-        row = periodic.add_periodic(queue, args.name, args.handler, args.timer, data=args.data,
-                                    **options)
-        print("periodic task %r added; next run %s" % (row.name, _iso(row.nextrun) or "never"))
+        row = reads.periodic_info(periodic.add_periodic(
+            store, args.name, args.handler, args.timer, data=args.data, **options))
+        print("periodic task %r added; next run %s"
+              % (row.name, row.nextrun.isoformat() if row.nextrun else "never"))
     elif args.action == "list":
-        rows = [_periodic_dict(r) for r in periodic.list_periodic(args.owner)]
+        rows = [r.to_json() for r in reads.list_periodic(store, args.owner)]
         if args.json:
-            print(json.dumps(rows, indent=2))
+            _print_json(rows)
             return
         _print_table(["NAME", "ENABLED", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS",
                       "FAILURES", "HANDLER"],
@@ -310,10 +260,10 @@ def cmd_periodic(args):
                        r["last_run"], r["last_status"], r["consecutive_failures"], r["handler"]]
                       for r in rows])
     elif args.action in ("enable", "disable"):
-        periodic.set_enabled(queue, args.name, args.action == "enable", owner=args.owner)
+        periodic.set_enabled(store, args.name, args.action == "enable", owner=args.owner)
         print("periodic task %r %sd" % (args.name, args.action))
     else:
-        periodic.remove_periodic(queue, args.name, owner=args.owner)
+        periodic.remove_periodic(store, args.name, owner=args.owner)
         print("periodic task %r removed" % args.name)
 
 
@@ -442,7 +392,10 @@ def main(argv=None):
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
-    except pw.DatabaseError as exc:
+    except Exception as exc:
+        peewee = sys.modules.get("peewee")   # loaded only by commands that use a database
+        if peewee is None or not isinstance(exc, peewee.DatabaseError):
+            raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print("taskrunner: database error: %s" % first, file=sys.stderr)
         return EXIT_FAILURE

@@ -44,3 +44,7 @@ class TaskError(Exception):
     def __init__(self, message, code=None):
         super().__init__(message)
         self.code = code
+
+
+class SchemaBehind(InputError):
+    """The database schema is older than this code and the caller did not ask to migrate."""

@@ -14,8 +14,8 @@ import peewee as pw
 import psutil
 
 from .errors import RunnerLimitReached
-from .models import (ERROR, OVERSEER, RUNNER, RUNNING, SUCCESS, TIMEOUT, Run, Runner,
-                     run_status_is, utcnow)
+from .lifecycle import end_in_transaction, runs_of_runner_query
+from .models import ERROR, OVERSEER, RUNNER, RUNNING, SUCCESS, TIMEOUT, utcnow
 
 log = logging.getLogger("taskrunner.liveness")
 
@@ -53,7 +53,7 @@ def process_alive(pid, recorded_create_time):
         return True  # it exists; another user's process cannot be ours, but do not guess dead
 
 
-def register(queue, kind=RUNNER, parent_id=None, now=None):
+def register(store, kind=RUNNER, parent_id=None, now=None):
     """Insert this process's runner row and return it, or raise RunnerLimitReached.
 
     Rule 5 is a database rule: a runner takes a slot 1..limit, and (host, slot) is unique,
@@ -61,6 +61,7 @@ def register(queue, kind=RUNNER, parent_id=None, now=None):
     makes the insert fail and this one tries the next free slot. Dead runners of this host
     are swept first so they do not hold slots. An overseer takes no slot.
     """
+    Runner = store.Runner
     now = now or utcnow()
     host, pid = hostname(), os.getpid()
     process = psutil.Process(pid)
@@ -69,24 +70,25 @@ def register(queue, kind=RUNNER, parent_id=None, now=None):
                   status=RUNNING, rss=process.memory_info().rss)
     if kind == OVERSEER:
         return Runner.create(**fields)
-    refresh_runners(queue, now=now, other_hosts=False)
-    limit = queue.config.runner.limit
+    refresh_runners(store, now=now, other_hosts=False)
+    limit = store.config.runner.limit
     taken = {r.slot for r in Runner.select(Runner.slot).where(
         (Runner.host == host) & Runner.slot.is_null(False))}
     for slot in range(1, limit + 1):
         if slot in taken:
             continue
         try:
-            with queue.db.atomic():
+            with store.db.atomic():
                 return Runner.create(slot=slot, **fields)
         except pw.IntegrityError:
             continue  # another process took this slot a moment ago
     raise RunnerLimitReached("this host already has %d running runners ([runner] limit)" % limit)
 
 
-def heartbeat(runner_id, rss=None, runs_done=None, now=None):
+def heartbeat(store, runner_id, rss=None, runs_done=None, now=None):
     """Refresh the runner's heartbeat; False when the row is no longer ``running`` (someone
     declared this runner dead), in which case it must stop claiming."""
+    Runner = store.Runner
     values = {Runner.heartbeat_on: now or utcnow()}
     if rss is not None:
         values[Runner.rss] = rss
@@ -96,30 +98,31 @@ def heartbeat(runner_id, rss=None, runs_done=None, now=None):
         (Runner.id == runner_id) & (Runner.status == RUNNING)).execute() > 0
 
 
-def retire(queue, runner_id, reason, now=None):
+def retire(store, runner_id, reason, now=None):
     """This runner decided to exit: ``success``, and its slot is free. A run it still has
     ``running`` (it is leaving through an error) ends ``error`` / ``RunnerExited`` in the
     same transaction, so the task is retried instead of waiting for its run_timeout."""
-    return _end_runner(queue, runner_id, SUCCESS, reason, ERROR, "RunnerExited",
+    return _end_runner(store, runner_id, SUCCESS, reason, ERROR, "RunnerExited",
                        "runner %d exited: %s" % (runner_id, reason), now)
 
 
-def mark_runner_dead(queue, runner_id, reason, now=None):
+def mark_runner_dead(store, runner_id, reason, now=None):
     """Runner → ``timeout``, and every run it had ``running`` → ``timeout`` with its task
     aggregated as after any failed run. Race closed: two processes noticing the same death —
     the runner update is conditional on ``running``, and each run's end is conditional too
     (rule 4), so each run is counted as failed once."""
-    if not _end_runner(queue, runner_id, TIMEOUT, reason, TIMEOUT, "RunnerDied",
+    if not _end_runner(store, runner_id, TIMEOUT, reason, TIMEOUT, "RunnerDied",
                        "runner %d died: %s" % (runner_id, reason), now):
         return False
     log.warning("runner %d marked timeout: %s", runner_id, reason)
     return True
 
 
-def _end_runner(queue, runner_id, status, reason, run_status, error_code, error_message, now):
+def _end_runner(store, runner_id, status, reason, run_status, error_code, error_message, now):
     """The runner row → `status` and its running runs → `run_status`, in one transaction: a
     process dying half-way must not leave the runner ended with runs still ``running`` (no
     check would visit them again)."""
+    Runner = store.Runner
     now = now or utcnow()
 
     def step():
@@ -127,17 +130,11 @@ def _end_runner(queue, runner_id, status, reason, run_status, error_code, error_
                               ).where((Runner.id == runner_id) & (Runner.status == RUNNING)).execute()
         if not ended:
             return False
-        for run in list(runs_of_runner_query(runner_id)):
-            queue._end_step(run.id, run.task_id, run_status, runner_id, None, error_code,
-                            error_message, now, None)
+        for run in list(runs_of_runner_query(store, runner_id)):
+            end_in_transaction(store, run.id, run.task_id, run_status, runner_id, None,
+                               error_code, error_message, now)
         return True
-    return queue._write(step)
-
-
-def runs_of_runner_query(runner_id):
-    """The runs a runner has running, from the partial runner index."""
-    return Run.select(Run.id, Run.task_id).where((Run.runner_id == runner_id)
-                                                 & run_status_is(RUNNING))
+    return store.write(step)
 
 
 def dead_reason(row, host, current_boot, now, heartbeat_timeout):
@@ -153,9 +150,10 @@ def dead_reason(row, host, current_boot, now, heartbeat_timeout):
     return None
 
 
-def refresh_runners(queue, now=None, other_hosts=True):
+def refresh_runners(store, now=None, other_hosts=True):
     """Check every ``running`` runner row (this host by PID, other hosts by heartbeat age)
     and mark the dead ones. Returns the ids marked."""
+    Runner = store.Runner
     now = now or utcnow()
     host, current_boot = hostname(), boot_id()
     query = Runner.select().where(Runner.status == RUNNING)
@@ -163,7 +161,43 @@ def refresh_runners(queue, now=None, other_hosts=True):
         query = query.where(Runner.host == host)
     dead = []
     for row in list(query):
-        reason = dead_reason(row, host, current_boot, now, queue.config.overseer.heartbeat_timeout)
-        if reason and mark_runner_dead(queue, row.id, reason, now):
+        reason = dead_reason(row, host, current_boot, now, store.config.overseer.heartbeat_timeout)
+        if reason and mark_runner_dead(store, row.id, reason, now):
             dead.append(row.id)
     return dead
+
+
+# -- what an overseer asks about its own children ---------------------------------------------
+
+def child_registered(store, parent_id, pid):
+    """Did the overseer's child `pid` register a runner row?"""
+    Runner = store.Runner
+    return Runner.select(Runner.id).where(
+        (Runner.parent_id == parent_id) & (Runner.pid == pid)).exists()
+
+
+def mark_child_dead(store, parent_id, pid, reason, now=None):
+    """The overseer reaped child `pid`: its row, if still ``running``, and its runs become
+    ``timeout`` at once rather than at the next check."""
+    Runner = store.Runner
+    rows = list(Runner.select(Runner.id).where(
+        (Runner.parent_id == parent_id) & (Runner.pid == pid) & (Runner.status == RUNNING)))
+    return [row.id for row in rows if mark_runner_dead(store, row.id, reason, now)]
+
+
+def others_running(store, parent_id):
+    """Runners of this host that are not this overseer's children (supervisord numprocs,
+    cron run-event, an earlier overseer's children still finishing): they share the limit."""
+    Runner = store.Runner
+    return Runner.select().where(
+        (Runner.host == hostname()) & (Runner.status == RUNNING) & Runner.slot.is_null(False)
+        & ((Runner.parent_id != parent_id) | Runner.parent_id.is_null())).count()
+
+
+def running_on_this_host(store, runner_id):
+    """The runner's row if it is ``running`` on this host (its PID means something here)."""
+    Runner = store.Runner
+    row = Runner.get_or_none(Runner.id == runner_id)
+    if row is None or row.status != RUNNING or row.host != hostname():
+        return None
+    return row

@@ -1,11 +1,15 @@
 """One model per table. The schema itself is created by the numbered migrations in
 `taskrunner/migrations/`; these models are how the code reads and writes it.
 
-Times are naive UTC datetimes. Rule 1 (one non-final run per task) lives in the schema:
+The classes here are unbound templates: each `Store` binds its own subclasses to its own
+database (`bind_models`), so two queues in one process never share a binding.
+
+Times are stored as naive UTC datetimes. Rule 1 (one non-final run per task) lives in the schema:
 ``task_runs.active_task_id`` holds the task id while a run is scheduled or running and NULL
 once it is final, under a unique index — the database refuses a second live run.
 """
 from datetime import datetime, timezone
+from typing import NamedTuple, Type
 
 import peewee as pw
 
@@ -100,13 +104,13 @@ class Run(BaseModel):
 RUN_STATUSES = (SCHEDULED, RUNNING) + RUN_FINAL
 
 
-def run_status_is(status):
+def run_status_is(run_model, status):
     """``task_runs.status = '<status>'`` with the value written into the SQL, not bound:
     SQLite and PostgreSQL use the partial indexes on task_runs (claim: scheduled runs;
     runner: running runs) only for a query that names their predicate."""
     if status not in RUN_STATUSES:
         raise ValueError("not a run status: %r" % (status,))
-    return Run.status == pw.SQL("'%s'" % status)
+    return run_model.status == pw.SQL("'%s'" % status)
 
 
 class Runner(BaseModel):
@@ -167,3 +171,23 @@ class PeriodicTask(BaseModel):
 
 
 MODELS = (Task, Run, Runner, PeriodicTask)
+
+
+class BoundModels(NamedTuple):
+    """The models of one database: subclasses of the templates above, bound to it."""
+    Task: Type[Task]
+    Run: Type[Run]
+    Runner: Type[Runner]
+    PeriodicTask: Type[PeriodicTask]
+
+
+def bind_models(database):
+    """Subclasses of every model bound to `database` alone. peewee's own ``bind()`` changes
+    the class for the whole process; a subclass per database keeps two stores apart (table
+    names are not inherited, so each is restated)."""
+    bound = {}
+    for model in MODELS:
+        meta = type("Meta", (), {"database": database, "table_name": model._meta.table_name})
+        bound[model.__name__] = type(model.__name__, (model,), {
+            "Meta": meta, "__module__": __name__})
+    return BoundModels(**bound)

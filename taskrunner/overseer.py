@@ -7,7 +7,9 @@ and a non-zero exit if that goes on), checks every runner of this host every
 TERM, a second TERM to interrupt the handler, KILL after ``kill_grace``), processes the
 queue and runs the periodic scheduler (rotation is one of its periodic tasks).
 
-Signals are only recorded by their handlers; the main loop handles them, one tick at a time:
+Every decision is made in `tick(now)`, one pass of the main loop with the monotonic clock
+passed in, so tests drive the branches with an injected clock; `run()` only sets up,
+ticks and sleeps. Signals are only recorded by their handlers; a tick handles them:
 TERM/INT graceful stop (a second one: fast), QUIT immediate stop, HUP reload the config and
 replace the runners, TTIN/TTOU one runner more/less. No database connection crosses a fork:
 the overseer closes its connection before forking and each child opens its own.
@@ -25,10 +27,11 @@ import time
 import peewee as pw
 import psutil
 
-from . import liveness, periodic
+from . import liveness, maintenance, periodic
 from .config import Config
 from .errors import ConfigError, InputError, RunnerLimitReached
-from .models import OVERSEER, RUNNING, Runner, utcnow
+from .models import OVERSEER, utcnow
+from .store import Store
 
 log = logging.getLogger("taskrunner.overseer")
 
@@ -38,9 +41,9 @@ PR_SET_PDEATHSIG = 1
 class Child:
     """One forked runner, as the overseer sees it."""
 
-    def __init__(self, pid):
+    def __init__(self, pid, started):
         self.pid = pid
-        self.started = time.monotonic()
+        self.started = started
         self.retiring = False      # told to stop (TERM sent); not counted as capacity
         self.term_sent = None      # monotonic time of the first TERM
         self.interrupted = False   # second TERM sent
@@ -56,13 +59,12 @@ class Overseer:
     START_WINDOW = 5.0           # a runner dying sooner than this after its start "failed to start"
     MAX_START_BACKOFF = 30.0
 
-    def __init__(self, config, config_path=None, database_url=None, queue_factory=None):
-        from .queue import TaskQueue
+    def __init__(self, config, config_path=None, database_url=None):
         self.config = config
         self.config_path = config_path
         self.database_url = database_url
-        self.queue_factory = queue_factory or TaskQueue
-        self.queue = self.queue_factory(config)
+        self.store = Store(config)
+        self.now = time.monotonic()   # the clock of the current tick
         self.pid = os.getpid()
         self._process = psutil.Process(self.pid)
         self.row_id = None
@@ -106,6 +108,7 @@ class Overseer:
                     pass
 
     def handle_term(self):
+        """Graceful stop; a second one stops fast."""
         self._begin_stop()
 
     handle_int = handle_term
@@ -124,14 +127,14 @@ class Overseer:
                       "keeping the current config")
             return
         try:
-            periodic.sync_definitions(self.queue, config)
+            periodic.sync_definitions(self.store, config)
         except (InputError, pw.DatabaseError) as exc:
             # A database hiccup during a reload must not stop the overseer either.
             log.error("reload failed, keeping the current config: %s", exc)
             return
         self.next_periodic = 0.0
         log.info("config reloaded from %s; replacing runners", config.source)
-        self.config = self.queue.config = config
+        self.config = self.store.config = config
         self.num_runners = config.runner.limit
         for child in self.children.values():
             self._retire(child)
@@ -149,14 +152,14 @@ class Overseer:
             log.info("stopping gracefully: runners finish their current run (up to %gs)",
                      self.config.overseer.graceful_timeout)
             self.stopping = "graceful"
-            self.stop_deadline = time.monotonic() + self.config.overseer.graceful_timeout
+            self.stop_deadline = self.now + self.config.overseer.graceful_timeout
             for child in self.children.values():
                 self._retire(child)
         elif self.stopping == "graceful":
             log.info("stopping fast: interrupting the runners' handlers")
             self.stopping = "fast"
             grace = self.config.overseer.kill_grace
-            self.stop_deadline = min(self.stop_deadline, time.monotonic() + grace)
+            self.stop_deadline = min(self.stop_deadline, self.now + grace)
             for child in self.children.values():
                 self._interrupt(child)
 
@@ -172,10 +175,10 @@ class Overseer:
         """TERM: finish the current run, claim nothing more, exit."""
         if not child.retiring:
             child.retiring = True
-            child.term_sent = time.monotonic()
+            child.term_sent = self.now
             self._signal(child.pid, signal.SIGTERM)
         if kill_after is not None:
-            kill_at = time.monotonic() + kill_after
+            kill_at = self.now + kill_after
             child.kill_at = kill_at if child.kill_at is None else min(child.kill_at, kill_at)
 
     def _interrupt(self, child):
@@ -187,12 +190,12 @@ class Overseer:
 
     def spawn_runner(self):
         # No connection may cross the fork: the child would share the socket.
-        self.queue.close()
+        self.store.close()
         jitter = random.randint(0, max(1, self.config.runner.max_runs // 10)) \
             if self.config.runner.max_runs else 0
         pid = os.fork()
         if pid:
-            self.children[pid] = Child(pid)
+            self.children[pid] = Child(pid, self.now)
             log.debug("spawned runner pid %d", pid)
             return pid
         os._exit(self._run_child(jitter))
@@ -207,8 +210,7 @@ class Overseer:
             os.close(self._wake_w)
             _set_parent_death_signal(signal.SIGTERM)
             from .runner import Worker
-            queue = self.queue_factory(self.config, migrate_schema=False)
-            worker = Worker(queue, parent_pid=self.pid, parent_id=self.row_id)
+            worker = Worker(Store(self.config), parent_pid=self.pid, parent_id=self.row_id)
             try:
                 worker.work(max_runs=(self.config.runner.max_runs + jitter) or None)
                 code = 0
@@ -243,21 +245,20 @@ class Overseer:
     def _registered(self, pid):
         """Did this child register its runner row? (False when the database cannot say.)"""
         try:
-            return Runner.select(Runner.id).where(
-                (Runner.parent_id == self.row_id) & (Runner.pid == pid)).exists()
+            return liveness.child_registered(self.store, self.row_id, pid)
         except (pw.OperationalError, pw.InterfaceError):
             return False
 
     def _account_exit(self, child, code, registered=False):
-        lived = time.monotonic() - child.started
+        lived = self.now - child.started
         # Killed by a signal after it registered: someone killed a runner that had started.
         killed = code < 0 and registered
         if code == self.EXIT_LIMIT:
-            self.next_spawn_at = time.monotonic() + self.config.overseer.check_interval
+            self.next_spawn_at = self.now + self.config.overseer.check_interval
         elif code != 0 and not child.retiring and not killed and lived < self.START_WINDOW:
             self.start_failures += 1
             delay = min(self.MAX_START_BACKOFF, 0.5 * 2 ** (self.start_failures - 1))
-            self.next_spawn_at = time.monotonic() + delay
+            self.next_spawn_at = self.now + delay
             log.error("runner pid %d failed at start (%s); %d in a row, next start in %.1fs",
                       child.pid, _describe_exit(code), self.start_failures, delay)
             if self.start_failures >= self.config.overseer.max_start_failures:
@@ -265,7 +266,7 @@ class Overseer:
                 self.exit_reason = ("runners keep failing at start (%d in a row, last: %s)"
                                     % (self.start_failures, _describe_exit(code)))
                 self.stopping = self.stopping or "graceful"
-                self.stop_deadline = self.stop_deadline or time.monotonic()
+                self.stop_deadline = self.stop_deadline or self.now
         else:
             if code != 0 and not child.retiring:
                 log.warning("runner pid %d exited with %s", child.pid, _describe_exit(code))
@@ -273,18 +274,7 @@ class Overseer:
                 self.start_failures = 0
 
     def _mark_child_dead(self, pid, reason):
-        rows = Runner.select(Runner.id).where(
-            (Runner.parent_id == self.row_id) & (Runner.pid == pid) & (Runner.status == RUNNING))
-        for row in rows:
-            liveness.mark_runner_dead(self.queue, row.id, reason)
-
-    def _others_running(self):
-        """Runners of this host that are not this overseer's children (supervisord numprocs,
-        cron run-event, an earlier overseer's children still finishing)."""
-        return Runner.select().where(
-            (Runner.host == liveness.hostname()) & (Runner.status == RUNNING)
-            & Runner.slot.is_null(False)
-            & ((Runner.parent_id != self.row_id) | Runner.parent_id.is_null())).count()
+        liveness.mark_child_dead(self.store, self.row_id, pid, reason)
 
     def manage_runners(self):
         """Keep the wanted number of runners, within the host's limit (rule 5)."""
@@ -292,9 +282,10 @@ class Overseer:
         surplus = len(active) - self.num_runners
         for child in sorted(active, key=lambda c: c.started)[:max(0, surplus)]:
             self._retire(child)
-        if self.stopping or time.monotonic() < self.next_spawn_at:
+        if self.stopping or self.now < self.next_spawn_at:
             return
-        wanted = min(self.num_runners, self.config.runner.limit - self._others_running())
+        wanted = min(self.num_runners, self.config.runner.limit
+                     - liveness.others_running(self.store, self.row_id))
         # Retiring children still hold their slots: count them until they are gone.
         missing = wanted - len(self.children)
         for _ in range(max(0, missing)):
@@ -302,7 +293,7 @@ class Overseer:
 
     def kill_overdue(self):
         """KILL children past their deadline, and interrupt those told to stop a while ago."""
-        now = time.monotonic()
+        now = self.now
         for child in list(self.children.values()):
             if child.interrupted:
                 # Two TERMs sent back to back can merge into one: repeat the second until
@@ -319,10 +310,10 @@ class Overseer:
         """Once per check_interval: liveness of every runner of this host (and heartbeats of
         other hosts), overdue runs and their runners, missing runs, our own heartbeat, and
         the next periodic due time."""
-        result = self.queue.process_queue()
+        result = maintenance.process_queue(self.store)
         for run_id, runner_id in result["timed_out_runs"]:
             self._stop_runner_of(runner_id)
-        liveness.heartbeat(self.row_id, rss=self._process.memory_info().rss)
+        liveness.heartbeat(self.store, self.row_id, rss=self._process.memory_info().rss)
         self.scheduler.clear_stale_marks()
         self._plan_periodic()
 
@@ -335,12 +326,12 @@ class Overseer:
     def _plan_periodic(self):
         due = self.scheduler.next_due()
         wait = float("inf") if due is None else (due - utcnow()).total_seconds()
-        self.next_periodic = time.monotonic() + max(0.0, wait)
+        self.next_periodic = self.now + max(0.0, wait)
 
     def _stop_runner_of(self, runner_id):
         """Rule 8: the run was marked timeout; stop the process still executing it."""
-        row = Runner.get_or_none(Runner.id == runner_id)
-        if row is None or row.status != RUNNING or row.host != liveness.hostname():
+        row = liveness.running_on_this_host(self.store, runner_id)
+        if row is None:
             return
         child = self.children.get(row.pid)
         grace = self.config.overseer.kill_grace
@@ -355,45 +346,57 @@ class Overseer:
 
     # -- the loop -----------------------------------------------------------------------
 
-    def run(self):
+    def start(self):
+        """Before the first tick: migrate, sweep what earlier processes of this host left
+        behind (dead PIDs, an older boot), sync the periodic definitions, register."""
         self._setup_signals()
-        self.queue.migrate()
-        # Sweep what earlier processes of this host left behind (dead PIDs, an older boot).
-        swept = liveness.refresh_runners(self.queue, other_hosts=False)
+        self.store.migrate()
+        swept = liveness.refresh_runners(self.store, other_hosts=False)
         if swept:
             log.info("swept %d stale runner rows", len(swept))
-        periodic.sync_definitions(self.queue)
-        self.scheduler = periodic.PeriodicScheduler(self.queue)
+        periodic.sync_definitions(self.store)
+        self.scheduler = periodic.PeriodicScheduler(self.store)
         self.scheduler.clear_stale_marks()
-        self.row_id = liveness.register(self.queue, kind=OVERSEER).id
+        self.row_id = liveness.register(self.store, kind=OVERSEER).id
         log.info("overseer %d started (pid %d): %d runners, check every %gs", self.row_id,
                  self.pid, self.num_runners, self.config.overseer.check_interval)
+
+    def run(self):
+        self.start()
         try:
             while True:
-                while self.signals:
-                    name = signal.Signals(self.signals.pop(0)).name
-                    log.info("received %s", name)
-                    getattr(self, "handle_" + name[3:].lower())()
-                self.reap_runners()
-                if self.stopping == "immediate" or (self.stopping and self._stopped()):
+                delay = self.tick(time.monotonic())
+                if delay is None:
                     break
-                now = time.monotonic()
-                if now >= self.next_check:
-                    self.next_check = now + self.config.overseer.check_interval
-                    self._guarded(self.check)
-                if not self.stopping and time.monotonic() >= self.next_periodic:
-                    # Planned again by a run that succeeds; after a database error, the
-                    # next try is one check_interval away, not at once.
-                    self.next_periodic = time.monotonic() + self.config.overseer.check_interval
-                    self._guarded(self.run_periodic)
-                self.kill_overdue()
-                self._guarded(self.manage_runners)
-                wake = self.next_check if self.stopping else min(self.next_check,
-                                                                 self.next_periodic)
-                self._sleep(min(wake - time.monotonic(), 1.0))
+                self._sleep(delay)
         finally:
             self._shutdown()
         return self.exit_code
+
+    def tick(self, now):
+        """One pass of the loop at monotonic time `now`: handle the signals received, reap,
+        check, run the scheduler, kill what is overdue, keep the runners. Returns how long to
+        sleep before the next pass, or None when the overseer is done."""
+        self.now = now
+        while self.signals:
+            name = signal.Signals(self.signals.pop(0)).name
+            log.info("received %s", name)
+            getattr(self, "handle_" + name[3:].lower())()
+        self.reap_runners()
+        if self.stopping == "immediate" or (self.stopping and self._stopped()):
+            return None
+        if now >= self.next_check:
+            self.next_check = now + self.config.overseer.check_interval
+            self._guarded(self.check)
+        if not self.stopping and now >= self.next_periodic:
+            # Planned again by a run that succeeds; after a database error, the next try is
+            # one check_interval away, not at once.
+            self.next_periodic = now + self.config.overseer.check_interval
+            self._guarded(self.run_periodic)
+        self.kill_overdue()
+        self._guarded(self.manage_runners)
+        wake = self.next_check if self.stopping else min(self.next_check, self.next_periodic)
+        return max(0.0, min(wake - now, 1.0))
 
     def _guarded(self, step):
         """A database hiccup must not kill the overseer: log it and try again next tick."""
@@ -403,7 +406,7 @@ class Overseer:
             log.warning("database error (will retry): %s", str(exc).strip().splitlines()[0]
                         if str(exc).strip() else type(exc).__name__)
             try:
-                self.queue.close()
+                self.store.close()
             except pw.DatabaseError:
                 pass
 
@@ -411,7 +414,7 @@ class Overseer:
         """During a stop: True once every child is gone; KILL them at the deadline."""
         if not self.children:
             return True
-        if time.monotonic() >= self.stop_deadline:
+        if self.now >= self.stop_deadline:
             for child in self.children.values():
                 log.warning("graceful_timeout: killing runner pid %d", child.pid)
                 self._signal(child.pid, signal.SIGKILL)
@@ -429,7 +432,7 @@ class Overseer:
             self._guarded(lambda: self._mark_child_dead(pid, "killed at overseer stop"))
         self.children.clear()
         if self.row_id is not None:
-            self._guarded(lambda: liveness.retire(self.queue, self.row_id,
+            self._guarded(lambda: liveness.retire(self.store, self.row_id,
                                                   self.exit_reason or "stopped"))
         if self.exit_reason:
             log.error("overseer exiting: %s", self.exit_reason)

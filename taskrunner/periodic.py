@@ -20,11 +20,12 @@ from datetime import timedelta, timezone
 
 import peewee as pw
 
-from . import liveness, wakeup
+from . import lifecycle, liveness
 from .calendar import CalendarError, parse_calendar
+from .enqueue import add_task
 from .errors import InputError, StateError
 from .handler import encode_data, load_handler
-from .models import CANCELLED, SUCCESS, PeriodicTask, Task, utcnow
+from .models import CANCELLED, SUCCESS, utcnow
 from .timespan import parse_timespan
 
 log = logging.getLogger("taskrunner.periodic")
@@ -127,28 +128,30 @@ def _first_due(timer, now):
     return timer.next_after(now, anchor=now if isinstance(timer, IntervalTimer) else None)
 
 
-def add_periodic(queue, name, handler, timer, data=None, source="api", now=None, **options):
+def add_periodic(store, name, handler, timer, data=None, source="api", now=None, **options):
     """Create a periodic task; InputError for a bad timer, handler or a duplicate name."""
     now = now or utcnow()
-    values, parsed = _definition(queue.config, dict(name=name, handler=handler, timer=timer, data=data,
-                                             **options), "periodic task %r" % name)
+    values, parsed = _definition(store.config, dict(name=name, handler=handler, timer=timer,
+                                                    data=data, **options), "periodic task %r" % name)
     try:
-        with queue.db.atomic():
-            return PeriodicTask.create(nextrun=_first_due(parsed, now), created=now,
+        with store.db.atomic():
+            return store.PeriodicTask.create(nextrun=_first_due(parsed, now), created=now,
                                        updated_on=now, source=source, **values)
     except pw.IntegrityError:
         raise InputError("a periodic task named %r already exists" % values["name"]) from None
 
 
-def _get(name, owner=None):
+def _get(store, name, owner=None):
+    PeriodicTask = store.PeriodicTask
     row = PeriodicTask.get_or_none(PeriodicTask.name == name)
     if row is None or (owner is not None and row.owner != owner):
         raise InputError("no periodic task named %r%s" % (name, " owned by %r" % owner if owner else ""))
     return row
 
 
-def set_enabled(queue, name, enabled, owner=None, now=None):
-    row = _get(name, owner)
+def set_enabled(store, name, enabled, owner=None, now=None):
+    PeriodicTask = store.PeriodicTask
+    row = _get(store, name, owner)
     now = now or utcnow()
     values = {PeriodicTask.enabled: enabled, PeriodicTask.updated_on: now}
     if enabled and not row.enabled:
@@ -156,24 +159,19 @@ def set_enabled(queue, name, enabled, owner=None, now=None):
     PeriodicTask.update(values).where(PeriodicTask.id == row.id).execute()
 
 
-def remove_periodic(queue, name, owner=None):
+def remove_periodic(store, name, owner=None):
     """Delete a periodic task (its submitted tasks stay)."""
-    PeriodicTask.delete().where(PeriodicTask.id == _get(name, owner).id).execute()
+    PeriodicTask = store.PeriodicTask
+    PeriodicTask.delete().where(PeriodicTask.id == _get(store, name, owner).id).execute()
 
 
-def list_periodic(owner=None):
-    query = PeriodicTask.select().order_by(PeriodicTask.name)
-    if owner is not None:
-        query = query.where(PeriodicTask.owner == owner)
-    return list(query)
-
-
-def sync_definitions(queue, config=None, now=None):
+def sync_definitions(store, config=None, now=None):
     """Bring the rows that came from the config (its ``[[periodic]]`` tables and the built-in
     rotation task) in line with it: add new ones, update changed ones, disable those no
     longer in the file. Rows added through the API or CLI are never touched. Everything is
     validated first: one bad entry changes nothing."""
-    config = config or queue.config
+    PeriodicTask = store.PeriodicTask
+    config = config or store.config
     now = now or utcnow()
     entries = [dict(d) for d in config.periodic]
     entries.append({"name": BUILTIN_ROTATION, "handler": "taskrunner.handlers.Rotate",
@@ -210,7 +208,7 @@ def sync_definitions(queue, config=None, now=None):
             & (PeriodicTask.enabled == True)).execute()  # noqa: E712 - SQL comparison
     for attempt in range(3):
         try:
-            return queue._write(step)
+            return store.write(step)
         except pw.IntegrityError:
             # Another overseer synced the same new row a moment ago: sync again over it.
             if attempt == 2:
@@ -225,14 +223,15 @@ class PeriodicScheduler:
     STALE_MARK = timedelta(seconds=60)
     MISFIRE_GRACE = timedelta(seconds=5)
 
-    def __init__(self, queue):
-        self.queue = queue
+    def __init__(self, store):
+        self.store = store
         pid = os.getpid()
         self.worker = "%s:%d:%.3f" % (liveness.hostname(), pid, liveness.create_time(pid))
 
     def clear_stale_marks(self, now=None):
         """Marks of schedulers that died (same host: their PID is gone) or older than
         STALE_MARK. A mark lives for one short transaction, so these are leftovers."""
+        PeriodicTask = self.store.PeriodicTask
         now = now or utcnow()
         cleared = PeriodicTask.update(worker=None, marked=None).where(
             PeriodicTask.marked < now - self.STALE_MARK).execute()
@@ -249,6 +248,7 @@ class PeriodicScheduler:
 
     def next_due(self):
         """The earliest nextrun of an enabled periodic task, or None."""
+        PeriodicTask = self.store.PeriodicTask
         row = (PeriodicTask.select(pw.fn.MIN(PeriodicTask.nextrun).alias("due"))
                .where((PeriodicTask.enabled == True)  # noqa: E712
                       & PeriodicTask.marked.is_null()).get())
@@ -257,6 +257,7 @@ class PeriodicScheduler:
     def run_pending(self, now=None):
         """One pass: handle every due periodic task. Returns {"submitted": [task ids],
         "skipped": [names]}."""
+        PeriodicTask = self.store.PeriodicTask
         now = now or utcnow()
         result = {"submitted": [], "skipped": []}
         tried = set()
@@ -276,6 +277,7 @@ class PeriodicScheduler:
     def _mark(self, row, now):
         """Race closed: two schedulers taking the same due time — the mark is a conditional
         update on (not marked, this nextrun); exactly one scheduler's update matches."""
+        PeriodicTask = self.store.PeriodicTask
         return PeriodicTask.update(worker=self.worker, marked=now).where(
             (PeriodicTask.id == row.id) & PeriodicTask.marked.is_null()
             & (PeriodicTask.nextrun == row.nextrun)).execute() == 1
@@ -283,6 +285,7 @@ class PeriodicScheduler:
     def _fire(self, row, now, result):
         """Submit (or skip) the occurrence row.nextrun, advance nextrun and unmark — one
         transaction, so a scheduler dying midway leaves either nothing or all of it."""
+        PeriodicTask = self.store.PeriodicTask
         due = row.nextrun
         try:
             timer = parse_timer(row.timer)
@@ -303,8 +306,9 @@ class PeriodicScheduler:
             if reason:
                 values[PeriodicTask.skipped_count] = PeriodicTask.skipped_count + 1
             else:
-                task_id = self.queue.add_task(
-                    row.handler, data=json.loads(row.data), scheduled_on=due,
+                task_id = add_task(
+                    self.store, row.handler, data=json.loads(row.data),
+                    scheduled_on=due.replace(tzinfo=timezone.utc),
                     priority=row.priority, max_runtime=row.max_runtime,
                     max_retries=row.max_retries, queued_by=row.submitter or "periodic:" + row.name,
                     periodic_task_id=row.id, now=now)
@@ -316,7 +320,7 @@ class PeriodicScheduler:
                 raise StateError("lost the mark of periodic task %r" % row.name)
             return reason, None if reason else task_id
         try:
-            reason, task_id = self.queue._write(step)
+            reason, task_id = self.store.write(step)
         except StateError as exc:
             # Another scheduler took the mark over: the due time is its to submit.
             log.info("periodic task %r: %s", row.name, exc)
@@ -333,11 +337,12 @@ class PeriodicScheduler:
         else:
             log.info("periodic task %r: submitted task %d for %s", row.name, task_id, due)
             result["submitted"].append(task_id)
-            wakeup.notify_local(self.queue.config.database.url)
+            self.store.wake_local()
 
     def _skip_reason(self, row, due, now):
         if row.catch_up == "skip" and due < now - self.MISFIRE_GRACE:
             return "missed while no scheduler ran (catch_up = skip)"
+        Task = self.store.Task
         unfinished = Task.select(Task.id).where(
             (Task.periodic_task_id == row.id) & Task.finished_on.is_null()
             & (Task.last_status != CANCELLED)).first()
@@ -346,9 +351,10 @@ class PeriodicScheduler:
         return None
 
 
-def record_outcome(periodic_task_id, status, now):
+def record_outcome(store, periodic_task_id, status, now):
     """After a run of one of its tasks ended: the periodic task's last status and
-    consecutive failures."""
+    consecutive failures (a hook of the run lifecycle)."""
+    PeriodicTask = store.PeriodicTask
     values = {PeriodicTask.last_status: status, PeriodicTask.updated_on: now}
     if status == SUCCESS:
         values[PeriodicTask.consecutive_failures] = 0
@@ -357,11 +363,15 @@ def record_outcome(periodic_task_id, status, now):
     PeriodicTask.update(values).where(PeriodicTask.id == periodic_task_id).execute()
 
 
-def allow_start(periodic_task_id, now=None):
+lifecycle.on_outcome(record_outcome)
+
+
+def allow_start(store, periodic_task_id, now=None):
     """Nuntium's tolerance, checked when a run starts: False (drop the task) when the
     previous task of this periodic task started less than min_spacing ago; otherwise record
     this start as last_run. Race closed: two runners starting two tasks of one periodic
     task — the check and the update are one conditional UPDATE."""
+    PeriodicTask = store.PeriodicTask
     now = now or utcnow()
     row = PeriodicTask.get_or_none(PeriodicTask.id == periodic_task_id)
     if row is None:

@@ -4,13 +4,14 @@ backlog never holds one long transaction."""
 import logging
 from datetime import timedelta
 
-from .models import CANCELLED, FAILED, RUNNING, SUCCESS, Run, Runner, Task
+from .models import CANCELLED, FAILED, RUNNING, SUCCESS
 
 log = logging.getLogger("taskrunner.rotation")
 
 
-def _delete_tasks(queue, condition):
-    batch, deleted = queue.config.rotation.batch_size, 0
+def _delete_tasks(store, condition):
+    Task, Run = store.Task, store.Run
+    batch, deleted = store.config.rotation.batch_size, 0
     while True:
         def step():
             ids = [t.id for t in Task.select(Task.id).where(condition).order_by(Task.id).limit(batch)]
@@ -18,20 +19,21 @@ def _delete_tasks(queue, condition):
                 Run.delete().where(Run.task_id.in_(ids)).execute()
                 Task.delete().where(Task.id.in_(ids)).execute()
             return len(ids)
-        count = queue._write(step)
+        count = store.write(step)
         deleted += count
         if count < batch:
             return deleted
 
 
-def rotate(queue, now):
+def rotate(store, now):
     """Delete successful tasks ended before now - keep_success; failed, given-up and
     cancelled ones ended before now - keep_failed; runner rows finished before
     now - keep_runners. Only ended tasks have finished_on, so nothing live is touched."""
-    settings = queue.config.rotation
-    success = _delete_tasks(queue, (Task.last_status == SUCCESS) & (
+    Task, Runner = store.Task, store.Runner
+    settings = store.config.rotation
+    success = _delete_tasks(store, (Task.last_status == SUCCESS) & (
         Task.finished_on < now - timedelta(seconds=settings.keep_success)))
-    failed = _delete_tasks(queue, Task.last_status.in_(FAILED + (CANCELLED,)) & (
+    failed = _delete_tasks(store, Task.last_status.in_(FAILED + (CANCELLED,)) & (
         Task.finished_on < now - timedelta(seconds=settings.keep_failed)))
     runners = 0
     while True:

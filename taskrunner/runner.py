@@ -22,7 +22,7 @@ from datetime import timedelta, timezone
 import peewee as pw
 import psutil
 
-from . import liveness, periodic, wakeup
+from . import lifecycle, liveness, maintenance, periodic, wakeup
 from .db import is_disconnect, is_transient
 from .errors import HandlerError, RunnerLimitReached, TaskError
 from .handler import RunContext, load_handler
@@ -65,9 +65,10 @@ class Worker:
     STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
     INTERRUPT_SIGNALS = ("SIGTERM", "SIGINT")
 
-    def __init__(self, queue, install_signals=True, parent_pid=None, parent_id=None):
-        self.queue = queue
-        self.config = queue.config
+    def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None):
+        self.store = store
+        self.config = store.config
+        self._facade = None
         self.install_signals = install_signals
         self.parent_pid = parent_pid
         self.parent_id = parent_id
@@ -125,19 +126,27 @@ class Worker:
 
     # -- heartbeat ----------------------------------------------------------------------
 
+    def _queue_facade(self):
+        """The `TaskQueue` a handler sees as ``run.queue``, on this runner's store."""
+        if self._facade is None:
+            from .queue import TaskQueue
+            self._facade = TaskQueue(self.store)
+        return self._facade
+
     def _heartbeat_loop(self):
         interval = self.config.runner.heartbeat_interval
         while not self._heartbeat_stop.wait(interval):
             try:
                 rss = self._rss()
-                if not liveness.heartbeat(self.runner_id, rss=rss, runs_done=self.runs_done):
+                if not liveness.heartbeat(self.store, self.runner_id, rss=rss,
+                                          runs_done=self.runs_done):
                     self.disowned = True
                     self.stop_reason = self.stop_reason or "runner row is no longer running"
             except pw.DatabaseError as exc:
                 log.warning("heartbeat failed: %s", exc)
-                self.queue.db.close()
-        if not self.queue.db.is_closed():
-            self.queue.db.close()
+                self.store.db.close()
+        if not self.store.db.is_closed():
+            self.store.db.close()
 
     # -- executing one run --------------------------------------------------------------
 
@@ -158,16 +167,16 @@ class Worker:
         self.runs_done += 1
         args = (claimed.run_id, claimed.task_id, status, self.runner_id, results, code, message)
         if claim_next and not self._should_exit():
-            ended, following = self._with_database(lambda: self.queue.end_run_and_claim(
-                *args, periodic_task_id=claimed.periodic_task_id),
+            ended, following = self._with_database(lambda: lifecycle.end_run_and_claim(
+                self.store, *args, periodic_task_id=claimed.periodic_task_id),
                 reconnected=lambda: self._give_back_lost_claims(keep=claimed.run_id))
         else:
-            ended, following = self._with_database(lambda: self.queue.end_run(
-                *args, periodic_task_id=claimed.periodic_task_id)), None
+            ended, following = self._with_database(lambda: lifecycle.end_run(
+                self.store, *args, periodic_task_id=claimed.periodic_task_id)), None
         if not ended:
             # Refused, or the connection was lost after the end committed: which one?
-            ended = self._with_database(lambda: self.queue.was_ended_by(
-                claimed.run_id, self.runner_id, status))
+            ended = self._with_database(lambda: lifecycle.was_ended_by(
+                self.store, claimed.run_id, self.runner_id, status))
         elapsed = time.monotonic() - started
         if ended:
             log.info("run %d of task %d finished: %s %s in %.3fs%s", claimed.run_id,
@@ -192,7 +201,7 @@ class Worker:
         except HandlerError as exc:
             return ERROR, "HandlerError", str(exc), None
         if claimed.periodic_task_id is not None and claimed.attempt == 1 \
-                and not periodic.allow_start(claimed.periodic_task_id):
+                and not periodic.allow_start(self.store, claimed.periodic_task_id):
             # Nuntium's tolerance: the previous task of this periodic task started too recently
             # (a retry of the same task is not a new occurrence).
             return CANCELLED, "MinSpacing", "dropped: the previous task of this periodic task " \
@@ -203,8 +212,9 @@ class Worker:
                 tzinfo=timezone.utc)
         context = RunContext(
             claimed.run_id, claimed.task_id, claimed.attempt, data, deadline=deadline,
-            report=lambda pct: self.queue.report_progress(claimed.run_id, self.runner_id, pct),
-            stopping=lambda: self.stop_reason is not None, queue=self.queue)
+            report=lambda pct: lifecycle.report_progress(self.store, claimed.run_id,
+                                                         self.runner_id, pct),
+            stopping=lambda: self.stop_reason is not None, queue=self._queue_facade())
         try:
             self.in_handler = True
             try:
@@ -247,9 +257,9 @@ class Worker:
                 # connection usable (closing it would also drop PostgreSQL's LISTEN).
                 if is_disconnect(exc):
                     lost = True
-                    if not self.queue.db.is_closed():
+                    if not self.store.db.is_closed():
                         try:
-                            self.queue.db.close()
+                            self.store.db.close()
                         except pw.DatabaseError:
                             pass
                 time.sleep(delay)
@@ -272,7 +282,7 @@ class Worker:
         """After the connection dropped during a claim: whether that claim committed is
         unknown, so every run still ``running`` under this runner, but the one it is
         ending (`keep`), goes back to the queue."""
-        count = self.queue.release_runs_of(self.runner_id, keep=keep)
+        count = lifecycle.release_runs_of(self.store, self.runner_id, keep=keep)
         if count:
             log.warning("gave back %d run(s) claimed as the connection was lost", count)
 
@@ -281,7 +291,8 @@ class Worker:
         meanwhile: then it is given back unstarted, since a stopping runner claims nothing."""
         if claimed is None or self.stop_reason is None:
             return claimed
-        if self._with_database(lambda: self.queue.release_run(claimed.run_id, self.runner_id)):
+        if self._with_database(lambda: lifecycle.release_runs_of(
+                self.store, self.runner_id, only=claimed.run_id)):
             log.info("run %d of task %d given back unstarted: %s", claimed.run_id,
                      claimed.task_id, self.stop_reason)
         return None
@@ -292,8 +303,8 @@ class Worker:
         interval = self.config.runner.poll_interval
         while not self._should_exit():
             if standalone:
-                self.queue.process_queue()
-            if self.queue.has_scheduled_runs():
+                maintenance.process_queue(self.store)
+            if lifecycle.has_scheduled_runs(self.store):
                 return
             self._wait(interval)
 
@@ -303,12 +314,12 @@ class Worker:
         max_runs = self.max_runs = max_runs if max_runs is not None else self.config.runner.max_runs
         if self.install_signals:
             self._setup_signals()
-        row = liveness.register(self.queue, kind=RUNNER, parent_id=self.parent_id)
+        row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id)
         self.runner_id = row.id
         if not burst:
             self._listener = wakeup.Listener(self.config.database.url)
-            if self.queue.backend == "postgresql":
-                self._pg_listener = wakeup.PostgresListener(self.queue.db)
+            if self.store.backend == "postgresql":
+                self._pg_listener = wakeup.PostgresListener(self.store.db)
         log.info("runner %d started (pid %d, slot %d)", row.id, row.pid, row.slot)
         self._rss = ResidentSize()
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
@@ -317,7 +328,8 @@ class Worker:
         try:
             while claimed is not None or not self._should_exit():
                 if claimed is None:
-                    claimed = self._with_database(lambda: self.queue.claim(self.runner_id),
+                    claimed = self._with_database(lambda: lifecycle.claim(self.store,
+                                                                          self.runner_id),
                                                   reconnected=self._give_back_lost_claims)
                     if claimed is None:
                         if burst:
@@ -333,20 +345,20 @@ class Worker:
             beat.join(timeout=5)
             self._rss.close()
             if not self.disowned:
-                self._with_database(lambda: liveness.retire(self.queue, self.runner_id,
+                self._with_database(lambda: liveness.retire(self.store, self.runner_id,
                                                             self.stop_reason))
             log.info("runner %d exiting after %d runs: %s", self.runner_id, self.runs_done,
                      self.stop_reason)
         return self.runs_done
 
 
-def run_runner(queue, refuse_quietly=False, burst=False, max_runs=None):
+def run_runner(store, refuse_quietly=False, burst=False, max_runs=None):
     """Entry point of ``taskrunner runner`` and ``run-event task-runner:OnProcess``; returns
     the exit code. At the host's limit: exit 1, or 0 with `refuse_quietly` (cron use)."""
-    worker = Worker(queue)
+    worker = Worker(store)
     try:
         if burst:
-            queue.process_queue()
+            maintenance.process_queue(store)
         worker.work(burst=burst, max_runs=max_runs)
     except RunnerLimitReached as exc:
         if refuse_quietly:

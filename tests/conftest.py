@@ -12,12 +12,13 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import timezone
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from taskrunner import Config, TaskQueue
-from taskrunner.models import Run
+from taskrunner.models import MODELS, Run
 
 from sample_handlers import read_records
 
@@ -94,7 +95,11 @@ class Database:
         return Config.from_dict(data)
 
     def queue(self, **sections):
-        return TaskQueue(self.config(**sections))
+        """A TaskQueue on this database (schema up to date). The module-level models are
+        bound to it too, so a test can read the tables with ``Run.select()`` and the like."""
+        queue = TaskQueue(self.config(**sections), migrate=True)
+        queue.store.db.bind(MODELS)
+        return queue
 
     def write_config(self, path, text=""):
         path.write_text('[database]\nurl = "%s"\n%s' % (self.url, text))
@@ -162,6 +167,11 @@ def spawn(*args, config=None, url=None, env=None, log_path=None):
     err = open(log_path, "ab") if log_path else subprocess.DEVNULL
     return subprocess.Popen(cmd + list(args), stdout=subprocess.DEVNULL, stderr=err,
                             env=process_env(env), start_new_session=True)
+
+
+def utc(naive):
+    """A naive UTC datetime (what the store keeps) as the aware one the API takes."""
+    return naive.replace(tzinfo=timezone.utc)
 
 
 def wait_for(predicate, timeout=20.0, interval=0.05, message="condition"):

@@ -94,11 +94,10 @@ class SlowFirstAttempt(TaskHandler):
 
 class BackendPid(TaskHandler):
     """PostgreSQL: records "task run pid backend_pid" — the server backend of the connection
-    this runner's models use — then sleeps data["sleep"] if given."""
+    this runner's store uses — then sleeps data["sleep"] if given."""
 
     def handle(self, run):
-        from taskrunner.models import Run
-        backend = Run._meta.database.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
+        backend = run.queue.store.db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
         record(run.data["log"], "%d %d %d %d" % (run.task_id, run.id, os.getpid(), backend))
         if run.data.get("sleep"):
             time.sleep(run.data["sleep"])

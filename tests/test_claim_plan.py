@@ -4,25 +4,26 @@ The reads of live runs (scheduled, running) use indexes that hold live runs only
 history does not slow them either. (The speed itself is measured by bench/, not here.)"""
 import pytest
 
+from taskrunner import lifecycle
 from taskrunner import liveness
 from taskrunner.models import Run, utcnow
-from taskrunner.queue import (_MYSQL_CLAIM, _PG_CLAIM, _PG_SUCCESS_AND_CLAIM, _SQLITE_CLAIM,
-                              _SUCCESS_STATEMENTS)
+from taskrunner.lifecycle import (MYSQL_CLAIM, PG_CLAIM, PG_SUCCESS_AND_CLAIM, SQLITE_CLAIM,
+                                  SUCCESS_STATEMENTS)
 
 
 def _plans(queue, backend):
     """The plans of the statements claim() and end_run_and_claim() really send."""
     now = utcnow()
     if backend == "sqlite":
-        rows = queue.db.execute_sql("EXPLAIN QUERY PLAN " + _SQLITE_CLAIM[0], (1, now, now)).fetchall()
+        rows = queue.store.db.execute_sql("EXPLAIN QUERY PLAN " + SQLITE_CLAIM[0], (1, now, now)).fetchall()
         return [" | ".join(str(r[-1]) for r in rows)]
     if backend == "postgresql":
         plans = []
-        for sql, params in ((_PG_CLAIM, (1, now, now, now)),
-                            (_PG_SUCCESS_AND_CLAIM, (now, now, None, 1, 1, now, now, 1, now, now, now))):
-            plans.append(" | ".join(r[0] for r in queue.db.execute_sql("EXPLAIN " + sql, params)))
+        for sql, params in ((PG_CLAIM, (1, now, now, now)),
+                            (PG_SUCCESS_AND_CLAIM, (now, now, None, 1, 1, now, now, 1, now, now, now))):
+            plans.append(" | ".join(r[0] for r in queue.store.db.execute_sql("EXPLAIN " + sql, params)))
         return plans
-    cursor = queue.db.execute_sql("EXPLAIN " + _MYSQL_CLAIM)
+    cursor = queue.store.db.execute_sql("EXPLAIN " + MYSQL_CLAIM)
     names = [d[0] for d in cursor.description]
     return [" | ".join(str(dict(zip(names, r))) for r in cursor.fetchall())]
 
@@ -33,10 +34,10 @@ def test_claim_uses_the_claim_index_without_sorting(database):
     queue.add_tasks([{"handler": "taskrunner.handlers.Echo", "priority": i % 3}
                      for i in range(3000)])
     if database.backend == "postgresql":
-        queue.db.execute_sql("ANALYZE task_runs")
+        queue.store.db.execute_sql("ANALYZE task_runs")
     elif database.backend == "mysql":
-        queue.db.execute_sql("ANALYZE TABLE task_runs")
-    with queue.db.atomic():
+        queue.store.db.execute_sql("ANALYZE TABLE task_runs")
+    with queue.store.db.atomic():
         plans = _plans(queue, database.backend)
     for plan in plans:
         assert "task_runs_claim" in plan, plan
@@ -46,8 +47,8 @@ def test_claim_uses_the_claim_index_without_sorting(database):
 
 def _explain(queue, backend, sql, params):
     if backend == "sqlite":
-        return " | ".join(str(r[-1]) for r in queue.db.execute_sql("EXPLAIN QUERY PLAN " + sql, params))
-    return " | ".join(r[0] for r in queue.db.execute_sql("EXPLAIN " + sql, params))
+        return " | ".join(str(r[-1]) for r in queue.store.db.execute_sql("EXPLAIN QUERY PLAN " + sql, params))
+    return " | ".join(r[0] for r in queue.store.db.execute_sql("EXPLAIN " + sql, params))
 
 
 @pytest.mark.timeout(120)
@@ -57,19 +58,19 @@ def test_live_runs_are_read_from_partial_indexes_not_the_history(database_sp):
     a scan of task_runs, and never the claim index's range of ended runs."""
     backend = database_sp.backend
     queue = database_sp.queue()
-    runner_id = liveness.register(queue).id
+    runner_id = liveness.register(queue.store).id
     queue.add_tasks([{"handler": "taskrunner.handlers.Echo"} for _ in range(3000)])
     Run.update(status="success", active_task_id=None).where(Run.id > 20).execute()
-    claimed = queue.claim(runner_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
     if backend == "postgresql":
-        queue.db.execute_sql("ANALYZE task_runs")
+        queue.store.db.execute_sql("ANALYZE task_runs")
     now = utcnow()
-    finish = (_PG_SUCCESS_AND_CLAIM, (now, now, None, claimed.run_id, runner_id, now, now,
+    finish = (PG_SUCCESS_AND_CLAIM, (now, now, None, claimed.run_id, runner_id, now, now,
                                       runner_id, now, now, now)) if backend == "postgresql" \
-        else (_SUCCESS_STATEMENTS[0], (now, now, None, claimed.run_id, runner_id))
-    statements = [query.sql() for query in (queue.scheduled_runs_query(),
-                                            queue.running_runs_query(),
-                                            liveness.runs_of_runner_query(runner_id))]
+        else (SUCCESS_STATEMENTS[0], (now, now, None, claimed.run_id, runner_id))
+    statements = [query.sql() for query in (lifecycle.scheduled_runs_query(queue.store),
+                                            lifecycle.running_runs_query(queue.store),
+                                            lifecycle.runs_of_runner_query(queue.store, runner_id))]
     for sql, params in statements + [finish]:
         plan = _explain(queue, backend, sql, params)
         assert "Seq Scan on task_runs" not in plan, (sql, plan)

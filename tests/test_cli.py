@@ -4,14 +4,15 @@ happy paths, the JSON outputs and the environment variables."""
 import json
 import os
 import stat
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from taskrunner import lifecycle
 from taskrunner import TaskQueue
-from taskrunner.models import RUNNING, SCHEDULED, SUCCESS, utcnow
+from taskrunner.models import RUNNING, SCHEDULED, SUCCESS
 
-from conftest import REPO_DIR, TESTS_DIR, ok, spawn, stop_process, taskrunner, usage_error, wait_for
+from conftest import REPO_DIR, TESTS_DIR, ok, runs_of, spawn, stop_process, taskrunner, usage_error, wait_for
 
 ECHO = "taskrunner.handlers.Echo"
 TASK_FIELDS = {"id", "handler", "data", "status", "given_up", "priority", "queued_on",
@@ -42,7 +43,7 @@ def snapshot(db):
     q = db.queue()
     try:
         tasks = q.tasks(limit=10000)
-        return ([(t.id, t.handler, t.last_status, t.runs_failed, t.next_run_on, t.finished_on)
+        return ([(t.id, t.handler, t.status, t.runs_failed, t.next_run_on, t.finished_on)
                  for t in tasks],
                 [(r.id, r.task_id, r.status) for t in tasks for r in q.runs_of(t.id)])
     finally:
@@ -237,7 +238,7 @@ def test_cancel_of_a_running_task_is_refused(database):
     q = database.queue()
     try:
         task_id = q.add_task(ECHO)
-        claimed = q.claim(runner_id=4242)
+        claimed = lifecycle.claim(q.store, runner_id=4242)
         assert claimed.task_id == task_id
     finally:
         q.close()
@@ -337,12 +338,13 @@ def test_status_json_shows_a_running_runner_and_its_run(sqlite_db, tmp_path):
 
 
 def test_add_in_makes_a_delayed_task_with_no_run_yet(sqlite_db):
-    before = utcnow()
+    before = datetime.now(timezone.utc)
     task_id = added_id(taskrunner("add", ECHO, "--in", "3600", url=sqlite_db.url))
     assert as_json(taskrunner("runs", str(task_id), "--json", url=sqlite_db.url)) == []
     task = sqlite_db.queue().get_task(task_id)
-    assert task.last_status == SCHEDULED
-    assert before + timedelta(seconds=3600) <= task.next_run_on <= utcnow() + timedelta(seconds=3600)
+    assert task.status == SCHEDULED
+    assert before + timedelta(seconds=3600) <= task.next_run_on \
+        <= datetime.now(timezone.utc) + timedelta(seconds=3600)
     assert task.scheduled_on == task.next_run_on
 
 
@@ -352,9 +354,9 @@ def test_add_at_takes_an_iso_time_with_offset(sqlite_db):
     past = added_id(taskrunner("add", ECHO, "--at", "2020-01-01T00:00:00+05:30",
                                url=sqlite_db.url))
     q = sqlite_db.queue()
-    assert q.get_task(future).scheduled_on == datetime(2030, 6, 1, 10, 0)
+    assert q.get_task(future).scheduled_on == datetime(2030, 6, 1, 10, 0, tzinfo=timezone.utc)
     assert q.runs_of(future) == []
-    assert q.get_task(past).scheduled_on == datetime(2019, 12, 31, 18, 30)
+    assert q.get_task(past).scheduled_on == datetime(2019, 12, 31, 18, 30, tzinfo=timezone.utc)
     assert [r.status for r in q.runs_of(past)] == [SCHEDULED]  # already due: a run at once
 
 
@@ -366,7 +368,7 @@ def test_add_options_are_stored_on_the_task(sqlite_db):
     task = q.get_task(task_id)
     assert (task.priority, task.max_retries, task.run_timeout, task.max_runtime, task.queued_by) \
         == (7, 2, 30.0, 90.0, "alice")
-    assert [r.priority for r in q.runs_of(task_id)] == [7]
+    assert [r.priority for r in runs_of(task_id)] == [7]   # copied onto the run for the claim
 
 
 def test_second_add_with_the_same_unique_key_prints_the_same_id(sqlite_db):
@@ -385,7 +387,7 @@ def test_cancel_of_a_scheduled_task_cancels_it_and_its_run(sqlite_db):
         q.close()
     assert "cancelled" in ok(taskrunner("cancel", str(task_id), url=sqlite_db.url))
     q = sqlite_db.queue()
-    assert q.get_task(task_id).last_status == "cancelled"
+    assert q.get_task(task_id).status == "cancelled"
     assert [r.status for r in q.runs_of(task_id)] == ["cancelled"]
     q.close()
 
@@ -401,18 +403,18 @@ def test_retry_re_arms_a_given_up_task(sqlite_db):
     assert "re-armed" in ok(taskrunner("retry", str(task_id), url=sqlite_db.url))
     q = sqlite_db.queue()
     task = q.get_task(task_id)
-    assert not task.given_up and task.runs_failed == 0 and task.last_status == SCHEDULED
+    assert not task.given_up and task.runs_failed == 0 and task.status == SCHEDULED
     assert [r.status for r in q.runs_of(task_id)] == ["error", SCHEDULED]
 
 
 def test_init_db_twice_is_harmless(tmp_path):
     url = "sqlite:///%s" % (tmp_path / "fresh.db")
     assert "up to date" in ok(taskrunner("init-db", url=url))
-    q = TaskQueue(url, migrate_schema=False)  # the schema exists without migrating here
+    q = TaskQueue(url, migrate=False)  # the schema exists without migrating here
     task_id = q.add_task(ECHO)
     q.close()
     assert "up to date" in ok(taskrunner("init-db", url=url))
-    q = TaskQueue(url, migrate_schema=False)
+    q = TaskQueue(url, migrate=False)
     assert [t.id for t in q.tasks()] == [task_id]
     q.close()
 
@@ -430,7 +432,7 @@ def test_rotate_exits_0_and_deletes_old_ended_tasks(sqlite_db, tmp_path):
     try:
         done = q.add_task(ECHO)
         assert q.run_pending() == 1
-        waiting = q.add_task(ECHO, scheduled_on=datetime(2030, 1, 1))
+        waiting = q.add_task(ECHO, scheduled_on=datetime(2030, 1, 1, tzinfo=timezone.utc))
     finally:
         q.close()
     assert "deleted 1 successful tasks" in ok(taskrunner("rotate", config=config))
@@ -444,7 +446,7 @@ def test_run_event_on_process_creates_the_run_of_a_due_delayed_task(sqlite_db):
     task = q.get_task(task_id)
     assert q.runs_of(task_id) == []
     q.close()
-    wait_for(lambda: utcnow() > task.scheduled_on, timeout=5, message="the task to be due")
+    wait_for(lambda: datetime.now(timezone.utc) > task.scheduled_on, timeout=5, message="the task to be due")
     ok(taskrunner("run-event", "task-queue:OnProcess", url=sqlite_db.url))
     q = sqlite_db.queue()
     assert [(r.status, r.attempt) for r in q.runs_of(task_id)] == [(SCHEDULED, 1)]
@@ -490,7 +492,7 @@ def test_database_option_beats_environment_beats_config_file(tmp_path):
 
 def test_database_failure_during_a_command_exits_1_with_one_line(sqlite_db):
     q = sqlite_db.queue()
-    q.db.execute_sql("DROP TABLE task_queue")  # the schema says up to date; the table is gone
+    q.store.db.execute_sql("DROP TABLE task_queue")  # the schema says up to date; the table is gone
     q.close()
     result = taskrunner("tasks", url=sqlite_db.url)
     assert result.returncode == 1, result.stderr

@@ -18,7 +18,7 @@ from datetime import timedelta
 import psutil
 import pytest
 
-from conftest import START_TIMEOUT, Database, runs_of, spawn, wait_for, wait_started
+from conftest import START_TIMEOUT, Database, runs_of, spawn, utc, wait_for, wait_started
 from sample_handlers import read_records
 from taskrunner.liveness import boot_id, create_time, hostname
 from taskrunner.models import (OVERSEER, RUNNER, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
@@ -296,10 +296,10 @@ def test_row_whose_pid_is_alive_but_another_process_is_marked_timeout(database_s
     fields = dict(host=hostname(), boot_id=boot_id(), pid=pid, kind=RUNNER, started_on=now,
                   heartbeat_on=now, status=RUNNING)
     task_id = queue.add_task("sample_handlers.Record", data={"log": str(tmp_path / "r")},
-                             scheduled_on=now + timedelta(days=1))
+                             scheduled_on=utc(now + timedelta(days=1)))
     # In one transaction with a run the reused row was executing, which must end `timeout`
     # with it (the check must not see the row without its run).
-    with queue.db.atomic():
+    with queue.store.db.atomic():
         reused = Runner.create(pid_create_time=create_time(pid) - 3600, **fields)
         genuine = Runner.create(pid_create_time=create_time(pid), **fields)
         lost_run = Run.create(task_id=task_id, created_on=now, updated_on=now, started_on=now,
@@ -343,8 +343,8 @@ def test_overseer_killed_while_marking_a_dead_runner_leaves_no_run_behind(pg_ove
     # A runner row (this test process, alive) with a run.
     now, pid = utcnow(), os.getpid()
     task_id = queue.add_task("sample_handlers.Record", data={"log": str(tmp_path / "r")},
-                             scheduled_on=now + timedelta(days=1))
-    with queue.db.atomic():
+                             scheduled_on=utc(now + timedelta(days=1)))
+    with queue.store.db.atomic():
         ghost = Runner.create(host=hostname(), boot_id=boot_id(), pid=pid, kind=RUNNER,
                               pid_create_time=create_time(pid), started_on=now,
                               heartbeat_on=now, status=RUNNING)
@@ -755,7 +755,7 @@ def test_each_runner_has_its_own_postgresql_connection(pg_overseers, tmp_path):
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
     delayed = queue.add_task("sample_handlers.BackendPid", data={"log": log},
-                             scheduled_on=utcnow() + timedelta(seconds=1))
+                             scheduled_on=utc(utcnow() + timedelta(seconds=1)))
     wait_for(lambda: Task.get_by_id(delayed).last_status == SUCCESS, timeout=START_TIMEOUT,
              interval=0.2, message="the delayed task to succeed")
     assert proc.poll() is None, group.log()

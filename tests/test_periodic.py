@@ -89,9 +89,9 @@ def test_interval_timer_arithmetic_is_anchored():
 
 @pytest.mark.timeout(120)
 def test_interval_due_times_stay_on_the_anchor_grid_when_passes_are_late(queue):
-    created = add_periodic(queue, "tick", ECHO, "every 30s", data={"n": 1}, now=T0)
+    created = add_periodic(queue.store, "tick", ECHO, "every 30s", data={"n": 1}, now=T0)
     assert created.nextrun == at(30)
-    scheduler = PeriodicScheduler(queue)
+    scheduler = PeriodicScheduler(queue.store)
 
     # Just before the due time: nothing.
     assert scheduler.run_pending(now=at(29.999)) == {"submitted": [], "skipped": []}
@@ -121,13 +121,13 @@ def test_interval_due_times_stay_on_the_anchor_grid_when_passes_are_late(queue):
 
 @pytest.mark.timeout(120)
 def test_a_pass_submits_one_task_per_due_periodic_task_and_a_second_pass_nothing(queue):
-    add_periodic(queue, "a", ECHO, "every 10s", data={"who": "a"}, now=T0, priority=3,
+    add_periodic(queue.store, "a", ECHO, "every 10s", data={"who": "a"}, now=T0, priority=3,
                  max_runtime="5min", max_retries=2)
-    add_periodic(queue, "b", ECHO, "every 20s", data={"who": "b"}, now=T0, owner="bob",
+    add_periodic(queue.store, "b", ECHO, "every 20s", data={"who": "b"}, now=T0, owner="bob",
                  submitter="cron-b")
-    add_periodic(queue, "c", ECHO, "every 1h", now=T0)               # not due yet
-    add_periodic(queue, "d", ECHO, "every 10s", now=T0, enabled=False)  # disabled
-    scheduler = PeriodicScheduler(queue)
+    add_periodic(queue.store, "c", ECHO, "every 1h", now=T0)               # not due yet
+    add_periodic(queue.store, "d", ECHO, "every 10s", now=T0, enabled=False)  # disabled
+    scheduler = PeriodicScheduler(queue.store)
     assert scheduler.next_due() == at(10)
 
     result = scheduler.run_pending(now=at(20))
@@ -161,8 +161,8 @@ def test_a_pass_submits_one_task_per_due_periodic_task_and_a_second_pass_nothing
 
 @pytest.mark.timeout(120)
 def test_a_due_time_is_skipped_not_stacked_while_the_previous_task_is_unfinished(queue):
-    add_periodic(queue, "slow", ECHO, "every 10s", now=T0)
-    scheduler = PeriodicScheduler(queue)
+    add_periodic(queue.store, "slow", ECHO, "every 10s", now=T0)
+    scheduler = PeriodicScheduler(queue.store)
     first = scheduler.run_pending(now=at(10))["submitted"]
     assert len(first) == 1
 
@@ -176,7 +176,7 @@ def test_a_due_time_is_skipped_not_stacked_while_the_previous_task_is_unfinished
 
     # A task waiting for a retry is unfinished too.
     assert queue.run_pending() == 1
-    add_periodic(queue, "retrying", "sample_handlers.FailTimes", "every 10s",
+    add_periodic(queue.store, "retrying", "sample_handlers.FailTimes", "every 10s",
                  data={"fail": 1}, max_retries=3, now=at(30))
     assert len(scheduler.run_pending(now=at(41))["submitted"]) == 2  # slow and retrying
     queue.run_pending()  # retrying: attempt 1 fails, its retry waits for the backoff
@@ -195,9 +195,9 @@ def test_a_due_time_is_skipped_not_stacked_while_the_previous_task_is_unfinished
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("timer", ["every 1min", "minutely"])
 def test_catch_up_once_after_downtime_submits_one_task_on_the_original_grid(queue, timer):
-    add_periodic(queue, "catchup", ECHO, timer, now=T0)
+    add_periodic(queue.store, "catchup", ECHO, timer, now=T0)
     assert row("catchup").nextrun == at(60)
-    scheduler = PeriodicScheduler(queue)
+    scheduler = PeriodicScheduler(queue.store)
     # No scheduler ran for ten intervals and a bit.
     now = at(60 + 600 + 25)
     result = scheduler.run_pending(now=now)
@@ -215,8 +215,8 @@ def test_catch_up_once_after_downtime_submits_one_task_on_the_original_grid(queu
 
 @pytest.mark.timeout(120)
 def test_catch_up_skip_after_downtime_submits_nothing(queue):
-    add_periodic(queue, "skipper", ECHO, "every 10s", now=T0, catch_up="skip")
-    scheduler = PeriodicScheduler(queue)
+    add_periodic(queue.store, "skipper", ECHO, "every 10s", now=T0, catch_up="skip")
+    scheduler = PeriodicScheduler(queue.store)
     result = scheduler.run_pending(now=at(10 + 100 + 3))
     assert result == {"submitted": [], "skipped": ["skipper"]}
     assert tasks_of("skipper") == []
@@ -231,17 +231,17 @@ def test_catch_up_skip_after_downtime_submits_nothing(queue):
 
 @pytest.mark.timeout(120)
 def test_a_disabled_periodic_task_submits_nothing_and_is_re_anchored_when_enabled(queue):
-    add_periodic(queue, "off", ECHO, "every 10s", now=T0, enabled=False)
-    add_periodic(queue, "on", ECHO, "every 10s", now=T0)
-    scheduler = PeriodicScheduler(queue)
-    set_enabled(queue, "on", False, now=at(5))
+    add_periodic(queue.store, "off", ECHO, "every 10s", now=T0, enabled=False)
+    add_periodic(queue.store, "on", ECHO, "every 10s", now=T0)
+    scheduler = PeriodicScheduler(queue.store)
+    set_enabled(queue.store, "on", False, now=at(5))
     assert scheduler.next_due() is None
     assert scheduler.run_pending(now=at(1000)) == {"submitted": [], "skipped": []}
     assert Task.select().count() == 0
     assert row("off").skipped_count == 0 and row("on").skipped_count == 0
 
     # Enabling starts a fresh schedule from then: no catch-up for the disabled time.
-    set_enabled(queue, "off", True, now=at(1003))
+    set_enabled(queue.store, "off", True, now=at(1003))
     assert row("off").nextrun == at(1013)
     assert scheduler.run_pending(now=at(1012)) == {"submitted": [], "skipped": []}
     assert len(scheduler.run_pending(now=at(1013))["submitted"]) == 1
@@ -252,7 +252,7 @@ def test_a_disabled_periodic_task_submits_nothing_and_is_re_anchored_when_enable
 @pytest.mark.timeout(120)
 def test_stale_marks_are_cleared_and_fresh_marks_of_live_schedulers_kept(queue):
     host = hostname()
-    scheduler = PeriodicScheduler(queue)
+    scheduler = PeriodicScheduler(queue.store)
     dead_pid = 999999
     while psutil.pid_exists(dead_pid):
         dead_pid -= 1
@@ -268,7 +268,7 @@ def test_stale_marks_are_cleared_and_fresh_marks_of_live_schedulers_kept(queue):
         "unmarked": (None, None),
     }
     for name, (worker, marked) in marks.items():
-        add_periodic(queue, name, ECHO, "every 10s", now=T0)
+        add_periodic(queue.store, name, ECHO, "every 10s", now=T0)
         PeriodicTask.update(worker=worker, marked=marked).where(
             PeriodicTask.name == name).execute()
     stale = {"dead-pid", "reused-pid", "old-mark", "old-mark-of-live-process"}
@@ -281,7 +281,7 @@ def test_stale_marks_are_cleared_and_fresh_marks_of_live_schedulers_kept(queue):
         assert (row(name).worker, row(name).marked) == marks[name], name
 
     # A row marked by someone else is not submitted in a pass (nor advanced).
-    other = PeriodicScheduler(queue)
+    other = PeriodicScheduler(queue.store)
     other.worker = "elsewhere:5151:1.0"
     result = other.run_pending(now=now)
     assert result["skipped"] == []
@@ -295,10 +295,10 @@ def test_stale_marks_are_cleared_and_fresh_marks_of_live_schedulers_kept(queue):
 @pytest.mark.timeout(120)
 def test_last_status_and_consecutive_failures_follow_the_runs(database):
     queue = database.queue(task={"retry_backoff": 0})
-    add_periodic(queue, "boom", "sample_handlers.Boom", "every 10s", now=T0, max_retries=1)
-    add_periodic(queue, "flaky", "sample_handlers.FailTimes", "every 10s", data={"fail": 1},
+    add_periodic(queue.store, "boom", "sample_handlers.Boom", "every 10s", now=T0, max_retries=1)
+    add_periodic(queue.store, "flaky", "sample_handlers.FailTimes", "every 10s", data={"fail": 1},
                  now=T0, max_retries=3)
-    scheduler = PeriodicScheduler(queue)
+    scheduler = PeriodicScheduler(queue.store)
     assert row("boom").last_status is None and row("boom").consecutive_failures == 0
 
     for k in (1, 2, 3):
@@ -319,9 +319,9 @@ def test_last_status_and_consecutive_failures_follow_the_runs(database):
 
 @pytest.mark.timeout(120)
 def test_min_spacing_drops_a_task_started_too_soon_after_the_previous_one(queue):
-    add_periodic(queue, "spaced", ECHO, "every 10s", data={"x": 1}, now=T0, min_spacing="1h")
-    add_periodic(queue, "free", ECHO, "every 10s", now=T0)
-    scheduler = PeriodicScheduler(queue)
+    add_periodic(queue.store, "spaced", ECHO, "every 10s", data={"x": 1}, now=T0, min_spacing="1h")
+    add_periodic(queue.store, "free", ECHO, "every 10s", now=T0)
+    scheduler = PeriodicScheduler(queue.store)
 
     scheduler.run_pending(now=at(10))
     assert queue.run_pending() == 2
@@ -353,9 +353,9 @@ def test_min_spacing_drops_a_task_started_too_soon_after_the_previous_one(queue)
 @pytest.mark.timeout(120)
 def test_min_spacing_does_not_drop_a_retry_of_the_same_task(database):
     queue = database.queue(task={"retry_backoff": 0})
-    add_periodic(queue, "spaced-flaky", "sample_handlers.FailTimes", "every 1h",
+    add_periodic(queue.store, "spaced-flaky", "sample_handlers.FailTimes", "every 1h",
                  data={"fail": 1}, max_retries=3, min_spacing="1h", now=T0)
-    PeriodicScheduler(queue).run_pending(now=at(3600))
+    PeriodicScheduler(queue.store).run_pending(now=at(3600))
     queue.run_pending()  # attempt 1 fails
     queue.run_pending()  # attempt 2: a retry of the same task, not "the next one"
     [task] = tasks_of("spaced-flaky")
@@ -368,8 +368,8 @@ def test_min_spacing_does_not_drop_a_retry_of_the_same_task(database):
 
 @pytest.mark.timeout(120)
 def test_config_sync_adds_updates_disables_and_leaves_api_rows_alone(queue, database):
-    add_periodic(queue, "api-row", ECHO, "every 1h", data={"api": True}, now=T0)
-    add_periodic(queue, "shadowed", ECHO, "every 1h", now=T0)  # a config entry of this name
+    add_periodic(queue.store, "api-row", ECHO, "every 1h", data={"api": True}, now=T0)
+    add_periodic(queue.store, "shadowed", ECHO, "every 1h", now=T0)  # a config entry of this name
     api_before = [r for r in snapshot() if dict(r)["name"] in ("api-row", "shadowed")]
 
     version1 = [
@@ -377,7 +377,7 @@ def test_config_sync_adds_updates_disables_and_leaves_api_rows_alone(queue, data
         {"name": "cfg-b", "handler": ECHO, "timer": "every 1min", "owner": "ops"},
         {"name": "shadowed", "handler": "sample_handlers.Boom", "timer": "every 1s"},
     ]
-    sync_definitions(queue, config_with(database, version1), now=T0)
+    sync_definitions(queue.store, config_with(database, version1), now=T0)
     a, b = row("cfg-a"), row("cfg-b")
     assert (a.source, a.timer, a.nextrun, json.loads(a.data)) == ("config", "every 10s", at(10),
                                                                    {"v": 1})
@@ -389,7 +389,7 @@ def test_config_sync_adds_updates_disables_and_leaves_api_rows_alone(queue, data
 
     # Unchanged entries are not touched by a re-sync (nextrun keeps its anchor).
     before = snapshot()
-    sync_definitions(queue, config_with(database, version1), now=at(7))
+    sync_definitions(queue.store, config_with(database, version1), now=at(7))
     assert snapshot() == before
 
     version2 = [
@@ -398,7 +398,7 @@ def test_config_sync_adds_updates_disables_and_leaves_api_rows_alone(queue, data
         {"name": "cfg-c", "handler": ECHO, "timer": "every 1h", "catch_up": "skip",
          "max_runtime": "10min", "min_spacing": 30},
     ]
-    sync_definitions(queue, config_with(database, version2, rotation={"timer": "daily"}),
+    sync_definitions(queue.store, config_with(database, version2, rotation={"timer": "daily"}),
                      now=at(5))
     a = row("cfg-a")
     assert (a.timer, a.priority, json.loads(a.data)) == ("every 20s", 5, {"v": 2})
@@ -412,7 +412,7 @@ def test_config_sync_adds_updates_disables_and_leaves_api_rows_alone(queue, data
     assert [r for r in snapshot() if dict(r)["name"] in ("api-row", "shadowed")] == api_before
 
     # Back in the file: enabled again, with a fresh schedule.
-    sync_definitions(queue, config_with(database, version1), now=at(100))
+    sync_definitions(queue.store, config_with(database, version1), now=at(100))
     b = row("cfg-b")
     assert b.enabled and b.nextrun == at(160)
     assert [r for r in snapshot() if dict(r)["name"] in ("api-row", "shadowed")] == api_before
@@ -421,15 +421,15 @@ def test_config_sync_adds_updates_disables_and_leaves_api_rows_alone(queue, data
 @pytest.mark.timeout(120)
 def test_builtin_rotation_disabled_by_the_operator_stays_disabled_after_a_resync(queue,
                                                                                 database):
-    sync_definitions(queue, config_with(database, []), now=T0)
+    sync_definitions(queue.store, config_with(database, []), now=T0)
     assert row(BUILTIN_ROTATION).enabled
-    set_enabled(queue, BUILTIN_ROTATION, False, now=at(1))
-    sync_definitions(queue, config_with(database, []), now=at(2))
+    set_enabled(queue.store, BUILTIN_ROTATION, False, now=at(1))
+    sync_definitions(queue.store, config_with(database, []), now=at(2))
     assert not row(BUILTIN_ROTATION).enabled
-    sync_definitions(queue, config_with(database, [], rotation={"timer": "daily"}), now=at(3))
+    sync_definitions(queue.store, config_with(database, [], rotation={"timer": "daily"}), now=at(3))
     assert not row(BUILTIN_ROTATION).enabled and row(BUILTIN_ROTATION).timer == "daily"
-    set_enabled(queue, BUILTIN_ROTATION, True, now=at(4))
-    sync_definitions(queue, config_with(database, []), now=at(5))
+    set_enabled(queue.store, BUILTIN_ROTATION, True, now=at(4))
+    sync_definitions(queue.store, config_with(database, []), now=at(5))
     assert row(BUILTIN_ROTATION).enabled
 
 
@@ -448,39 +448,39 @@ BAD_DEFINITIONS = [
                          ids=[c[0] for c in BAD_DEFINITIONS])
 def test_a_bad_definition_raises_input_error_and_stores_nothing(queue, database, override,
                                                                fragment):
-    add_periodic(queue, "existing", ECHO, "every 1h", now=T0)
+    add_periodic(queue.store, "existing", ECHO, "every 1h", now=T0)
     before = snapshot()
     spec = dict({"handler": ECHO, "timer": "every 1min"}, **override)
     with pytest.raises(InputError, match=re.escape(fragment)):
-        add_periodic(queue, "new", now=T0, **spec)
+        add_periodic(queue.store, "new", now=T0, **spec)
     assert snapshot() == before
     # In the config, one bad entry changes nothing, not even the good ones before it.
     entries = [{"name": "good", "handler": ECHO, "timer": "every 1min"},
                dict({"name": "new"}, **spec)]
     with pytest.raises(InputError, match=re.escape(fragment)):
-        sync_definitions(queue, config_with(database, entries), now=T0)
+        sync_definitions(queue.store, config_with(database, entries), now=T0)
     assert snapshot() == before
 
 
 @pytest.mark.timeout(120)
 def test_duplicate_names_raise_input_error_and_store_nothing(queue, database):
-    add_periodic(queue, "dup", ECHO, "every 1h", now=T0)
+    add_periodic(queue.store, "dup", ECHO, "every 1h", now=T0)
     before = snapshot()
     with pytest.raises(InputError, match="already exists"):
-        add_periodic(queue, "dup", ECHO, "every 1min", now=T0)
+        add_periodic(queue.store, "dup", ECHO, "every 1min", now=T0)
     with pytest.raises(InputError, match="already exists"):
-        add_periodic(queue, "  dup  ", ECHO, "every 1min", now=T0)
+        add_periodic(queue.store, "  dup  ", ECHO, "every 1min", now=T0)
     assert snapshot() == before
     entries = [{"name": "twice", "handler": ECHO, "timer": "every 1min"},
                {"name": "twice", "handler": ECHO, "timer": "every 1h"}]
     with pytest.raises(InputError, match="duplicate name"):
-        sync_definitions(queue, config_with(database, entries), now=T0)
+        sync_definitions(queue.store, config_with(database, entries), now=T0)
     entries = [{"name": BUILTIN_ROTATION, "handler": ECHO, "timer": "every 1min"}]
     with pytest.raises(InputError, match="duplicate name"):
-        sync_definitions(queue, config_with(database, entries), now=T0)
+        sync_definitions(queue.store, config_with(database, entries), now=T0)
     assert snapshot() == before
     # The queue is still usable after the refused insert (no aborted transaction left).
-    add_periodic(queue, "after", ECHO, "every 1h", now=T0)
+    add_periodic(queue.store, "after", ECHO, "every 1h", now=T0)
 
 
 @pytest.mark.timeout(120)
@@ -489,7 +489,7 @@ def test_duplicate_names_raise_input_error_and_store_nothing(queue, database):
 def test_an_option_add_task_would_refuse_is_refused_at_definition(queue, option):
     before = snapshot()
     with pytest.raises(InputError):
-        add_periodic(queue, "never", ECHO, "every 10s", now=T0, **option)
+        add_periodic(queue.store, "never", ECHO, "every 10s", now=T0, **option)
     assert snapshot() == before
 
 
@@ -524,7 +524,7 @@ def test_concurrent_config_syncs_create_each_row_once(database, monkeypatch):
 
     def sync():
         try:
-            sync_definitions(queue, config)
+            sync_definitions(queue.store, config)
         except Exception as exc:  # the assertion below shows what it was
             errors.append(exc)
         finally:
@@ -549,7 +549,7 @@ def fresh_schema(db):
 
 def due_now(queue, name, handler=ECHO, timer="every 1h", **options):
     """A periodic task whose first due time has just passed (and the next is an hour away)."""
-    return add_periodic(queue, name, handler, timer,
+    return add_periodic(queue.store, name, handler, timer,
                         now=utcnow() - timedelta(hours=1, seconds=1), **options)
 
 
@@ -569,7 +569,7 @@ REFUSED_PERIODIC_ADDS = [
 def test_cli_periodic_add_refusals_exit_2_with_one_line_and_store_nothing(sqlite_db, args,
                                                                           fragment):
     queue = fresh_schema(sqlite_db)
-    add_periodic(queue, "existing", ECHO, "every 1h")
+    add_periodic(queue.store, "existing", ECHO, "every 1h")
     before = snapshot()
     usage_error(taskrunner("periodic", "add", *args, url=sqlite_db.url), fragment)
     assert snapshot() == before
@@ -665,7 +665,7 @@ def test_run_event_periodic_does_one_pass_and_an_operator_disabled_rotation_stay
     queue = fresh_schema(sqlite_db)
     config = sqlite_db.write_config(tmp_path / "c.toml")
     due = due_now(queue, "hourly-job", data={"n": 1}).nextrun
-    add_periodic(queue, "later", ECHO, "every 1h")
+    add_periodic(queue.store, "later", ECHO, "every 1h")
 
     ok(taskrunner("run-event", "periodic-task:OnProcess", config=config))
     [task] = tasks_of("hourly-job")
@@ -701,7 +701,7 @@ BAD_CONFIGS = [
 def test_a_bad_periodic_config_is_refused_by_run_event_and_overseer(sqlite_db, tmp_path, text,
                                                                     fragment):
     queue = fresh_schema(sqlite_db)
-    add_periodic(queue, "existing", ECHO, "every 1h")
+    add_periodic(queue.store, "existing", ECHO, "every 1h")
     before = snapshot()
     config = sqlite_db.write_config(tmp_path / "c.toml",
                                     '[[periodic]]\nname = "good"\nhandler = "%s"\n'
@@ -751,13 +751,13 @@ def process_config(database, tmp_path, extra="", name="c.toml"):
 @pytest.mark.timeout(300)
 def test_three_overseers_submit_each_due_time_at_most_once(database_sp, procs, tmp_path):
     queue = database_sp.queue()
-    sync_definitions(queue)  # the built-in row exists before the overseers race to sync
+    sync_definitions(queue.store)  # the built-in row exists before the overseers race to sync
     names = ["p%02d" % i for i in range(20)]
     for name in names:
-        add_periodic(queue, name, ECHO, "every 1s", data={"name": name})
+        add_periodic(queue.store, name, ECHO, "every 1s", data={"name": name})
     # Runs longer than its interval: its due times must be skipped, never stacked.
     spans = str(tmp_path / "spans")
-    add_periodic(queue, "slow", "sample_handlers.Span", "every 1s",
+    add_periodic(queue.store, "slow", "sample_handlers.Span", "every 1s",
                  data={"log": spans, "sleep": 2.5})
     names.append("slow")
     config = process_config(database_sp, tmp_path)
@@ -840,8 +840,8 @@ def test_three_overseers_submit_each_due_time_at_most_once(database_sp, procs, t
 def test_after_downtime_catch_up_once_submits_one_task_and_skip_none(sqlite_db, procs,
                                                                      tmp_path):
     queue = sqlite_db.queue()
-    add_periodic(queue, "once", ECHO, "every 1s")
-    add_periodic(queue, "skip", ECHO, "every 1s", catch_up="skip")
+    add_periodic(queue.store, "once", ECHO, "every 1s")
+    add_periodic(queue.store, "skip", ECHO, "every 1s", catch_up="skip")
     config = process_config(sqlite_db, tmp_path, "[log]\nlevel = \"info\"\n")
     overseer = procs.spawn("overseer", config=config, name="overseer")
     wait_for(lambda: all(row(n).submitted_count >= 2 for n in ("once", "skip")),
@@ -889,7 +889,7 @@ def test_the_mark_of_a_killed_scheduler_is_cleared_by_the_next_scheduler(sqlite_
         PeriodicTask.update(worker=worker, marked=utcnow()).where(
             PeriodicTask.name == "orphaned").execute()
         # While that process lives, its fresh mark is respected.
-        scheduler = PeriodicScheduler(queue)
+        scheduler = PeriodicScheduler(queue.store)
         assert scheduler.clear_stale_marks() == 0
         assert scheduler.run_pending()["submitted"] == []
         assert row("orphaned").worker == worker
@@ -910,7 +910,7 @@ def test_the_mark_of_a_killed_scheduler_is_cleared_by_the_next_scheduler(sqlite_
 @pytest.mark.timeout(240)
 def test_overseer_syncs_the_config_at_start_and_on_hup(sqlite_db, procs, tmp_path):
     queue = sqlite_db.queue()
-    add_periodic(queue, "api-row", ECHO, "every 1h")
+    add_periodic(queue.store, "api-row", ECHO, "every 1h")
     api_before = [r for r in snapshot() if dict(r)["name"] == "api-row"]
     entry = '[[periodic]]\nname = "%s"\nhandler = "%s"\ntimer = "%s"\n'
     path = tmp_path / "c.toml"
@@ -961,7 +961,7 @@ def test_overseer_syncs_the_config_at_start_and_on_hup(sqlite_db, procs, tmp_pat
 @pytest.mark.timeout(180)
 def test_a_running_overseer_clears_a_stale_mark_without_spinning(sqlite_db, procs, tmp_path):
     queue = sqlite_db.queue()
-    add_periodic(queue, "stuck", ECHO, "every 1h")
+    add_periodic(queue.store, "stuck", ECHO, "every 1h")
     config = process_config(sqlite_db, tmp_path)
     overseer = procs.spawn("overseer", config=config, name="overseer")
     wait_overseer(overseer, procs)

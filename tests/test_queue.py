@@ -10,14 +10,15 @@ import peewee as pw
 import psutil
 import pytest
 
+from taskrunner import enqueue, lifecycle, rotation
 from taskrunner import HandlerError, InputError, StateError, TaskNotFound
 from taskrunner import liveness
 from taskrunner.models import (CANCELLED, ERROR, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
                                Runner, Task, utcnow)
-from taskrunner.queue import retry_delay
+from taskrunner.lifecycle import retry_delay
 from taskrunner.runner import ResidentSize, Worker
 
-from conftest import Database
+from conftest import Database, runs_of, utc
 
 RECORD = "sample_handlers.Record"
 ECHO = "taskrunner.handlers.Echo"
@@ -25,34 +26,34 @@ ECHO = "taskrunner.handlers.Echo"
 
 @pytest.fixture
 def runner_id(queue):
-    return liveness.register(queue).id
+    return liveness.register(queue.store).id
 
 
 def test_due_task_gets_its_run_in_the_same_transaction(queue):
     task_id = queue.add_task(ECHO, data={"x": 1})
-    runs = queue.runs_of(task_id)
+    runs = runs_of(task_id)
     assert [(r.status, r.attempt, r.active_task_id) for r in runs] == [(SCHEDULED, 1, task_id)]
 
 
 def test_delayed_task_gets_its_run_only_when_due(queue):
     now = utcnow()
-    task_id = queue.add_task(ECHO, scheduled_on=now + timedelta(minutes=5), now=now)
-    assert queue.runs_of(task_id) == []
-    assert queue.create_missing_runs(now + timedelta(minutes=4)) == 0
-    assert queue.runs_of(task_id) == []
-    assert queue.create_missing_runs(now + timedelta(minutes=5, seconds=1)) == 1
-    assert [r.status for r in queue.runs_of(task_id)] == [SCHEDULED]
-    assert queue.create_missing_runs(now + timedelta(minutes=6)) == 0
+    task_id = enqueue.add_task(queue.store, ECHO, scheduled_on=utc(now + timedelta(minutes=5)), now=now)
+    assert runs_of(task_id) == []
+    assert lifecycle.create_missing_runs(queue.store, now + timedelta(minutes=4)) == 0
+    assert runs_of(task_id) == []
+    assert lifecycle.create_missing_runs(queue.store, now + timedelta(minutes=5, seconds=1)) == 1
+    assert [r.status for r in runs_of(task_id)] == [SCHEDULED]
+    assert lifecycle.create_missing_runs(queue.store, now + timedelta(minutes=6)) == 0
 
 
 def test_rule1_database_refuses_a_second_live_run(queue):
     task_id = queue.add_task(ECHO)
     now = utcnow()
     with pytest.raises(pw.IntegrityError):
-        with queue.db.atomic():
+        with queue.store.db.atomic():
             Run.create(task_id=task_id, created_on=now, updated_on=now, scheduled_on=now,
                        status=SCHEDULED, active_task_id=task_id)
-    assert len(queue.runs_of(task_id)) == 1
+    assert len(runs_of(task_id)) == 1
 
 
 def test_rule1_create_missing_runs_never_doubles_a_live_run(queue):
@@ -60,45 +61,45 @@ def test_rule1_create_missing_runs_never_doubles_a_live_run(queue):
     task_id = queue.add_task(ECHO)
     # Corrupt next_run_on as if a second creator raced: the unique index still holds.
     Task.update(next_run_on=now - timedelta(seconds=1)).where(Task.id == task_id).execute()
-    queue.create_missing_runs(now)
-    assert len(queue.runs_of(task_id)) == 1
+    lifecycle.create_missing_runs(queue.store, now)
+    assert len(runs_of(task_id)) == 1
 
 
 def test_claim_order_is_priority_then_fifo(queue, runner_id):
     now = utcnow()
-    low_old = queue.add_task(ECHO, scheduled_on=now - timedelta(seconds=30), now=now)
-    high_new = queue.add_task(ECHO, priority=5, now=now)
-    low_new = queue.add_task(ECHO, now=now)
-    high_old = queue.add_task(ECHO, priority=5, scheduled_on=now - timedelta(seconds=10), now=now)
-    order = [queue.claim(runner_id).task_id for _ in range(4)]
+    low_old = enqueue.add_task(queue.store, ECHO, scheduled_on=utc(now - timedelta(seconds=30)), now=now)
+    high_new = enqueue.add_task(queue.store, ECHO, priority=5, now=now)
+    low_new = enqueue.add_task(queue.store, ECHO, now=now)
+    high_old = enqueue.add_task(queue.store, ECHO, priority=5, scheduled_on=utc(now - timedelta(seconds=10)), now=now)
+    order = [lifecycle.claim(queue.store, runner_id).task_id for _ in range(4)]
     assert order == [high_old, high_new, low_old, low_new]
-    assert queue.claim(runner_id) is None
+    assert lifecycle.claim(queue.store, runner_id) is None
 
 
 def test_claim_marks_run_and_task_running(queue, runner_id):
     task_id = queue.add_task(ECHO, data={"a": 1})
-    claimed = queue.claim(runner_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
     assert (claimed.task_id, claimed.handler, claimed.data) == (task_id, ECHO, '{"a":1}')
     run = Run.get_by_id(claimed.run_id)
     assert (run.status, run.runner_id) == (RUNNING, runner_id)
     assert run.started_on is not None
-    assert queue.get_task(task_id).last_status == RUNNING
+    assert Task.get_by_id(task_id).last_status == RUNNING
 
 
 def test_concurrent_claims_take_each_run_once(database):
     queue = database.queue()
     queue.add_tasks([{"handler": ECHO} for _ in range(200)])
-    runner_ids = [liveness.register(queue).id for _ in range(4)]
+    runner_ids = [liveness.register(queue.store).id for _ in range(4)]
     claimed, errors = [], []
 
     def claim_all(rid):
         try:
-            while (c := queue.claim(rid)) is not None:
+            while (c := lifecycle.claim(queue.store, rid)) is not None:
                 claimed.append(c.run_id)
         except Exception as exc:  # surfaced below
             errors.append(exc)
         finally:
-            queue.db.close()
+            queue.store.db.close()
 
     threads = [threading.Thread(target=claim_all, args=(rid,)) for rid in runner_ids]
     for t in threads:
@@ -112,9 +113,9 @@ def test_concurrent_claims_take_each_run_once(database):
 
 def test_success_aggregates_the_task(queue, runner_id):
     task_id = queue.add_task(ECHO)
-    claimed = queue.claim(runner_id)
-    assert queue.end_run(claimed.run_id, task_id, SUCCESS, runner_id=runner_id, results='{"r":1}')
-    task = queue.get_task(task_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
+    assert lifecycle.end_run(queue.store, claimed.run_id, task_id, SUCCESS, runner_id=runner_id, results='{"r":1}')
+    task = Task.get_by_id(task_id)
     assert (task.last_status, task.runs_failed, task.next_run_on) == (SUCCESS, 0, None)
     assert task.finished_on is not None and task.active_key is None
     run = Run.get_by_id(claimed.run_id)
@@ -125,51 +126,51 @@ def test_success_aggregates_the_task(queue, runner_id):
 @pytest.mark.parametrize("status", [SUCCESS, ERROR])
 def test_end_run_and_claim_ends_one_run_and_starts_the_next(queue, runner_id, status):
     first, second = queue.add_tasks([{"handler": ECHO, "priority": 1}, {"handler": ECHO}])
-    claimed = queue.claim(runner_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
     assert claimed.task_id == first
-    ended, following = queue.end_run_and_claim(claimed.run_id, first, status, runner_id,
+    ended, following = lifecycle.end_run_and_claim(queue.store, claimed.run_id, first, status, runner_id,
                                                results='{"r":1}' if status == SUCCESS else None,
                                                error_code=None if status == SUCCESS else "Boom")
     assert ended and following.task_id == second and following.attempt == 1
     assert (following.handler, following.data) == (ECHO, "null")
     assert Run.get_by_id(claimed.run_id).status == status
-    assert queue.get_task(first).last_status == status
+    assert Task.get_by_id(first).last_status == status
     run = Run.get_by_id(following.run_id)
-    assert (run.status, run.runner_id, queue.get_task(second).last_status) == \
+    assert (run.status, run.runner_id, Task.get_by_id(second).last_status) == \
         (RUNNING, runner_id, RUNNING)
     # Nothing left to claim: the end still happens.
-    assert queue.end_run_and_claim(following.run_id, second, SUCCESS, runner_id) == (True, None)
-    assert queue.get_task(second).last_status == SUCCESS
+    assert lifecycle.end_run_and_claim(queue.store, following.run_id, second, SUCCESS, runner_id) == (True, None)
+    assert Task.get_by_id(second).last_status == SUCCESS
 
 
 def test_end_run_and_claim_after_losing_the_race_still_claims(queue, runner_id):
     first, second = queue.add_tasks([{"handler": ECHO, "priority": 1}, {"handler": ECHO}])
-    claimed = queue.claim(runner_id)
-    assert queue.end_run(claimed.run_id, first, TIMEOUT, error_code="RunTimeout")
-    ended, following = queue.end_run_and_claim(claimed.run_id, first, SUCCESS, runner_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
+    assert lifecycle.end_run(queue.store, claimed.run_id, first, TIMEOUT, error_code="RunTimeout")
+    ended, following = lifecycle.end_run_and_claim(queue.store, claimed.run_id, first, SUCCESS, runner_id)
     assert not ended and following.task_id == second
     assert Run.get_by_id(claimed.run_id).status == TIMEOUT         # rule 4 held
 
 
 def test_release_run_gives_an_unstarted_claim_back(queue, runner_id):
-    other = liveness.register(queue).id
+    other = liveness.register(queue.store).id
     task_id = queue.add_task(ECHO)
-    claimed = queue.claim(runner_id)
-    assert not queue.release_run(claimed.run_id, other)             # not its run
-    assert queue.release_run(claimed.run_id, runner_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
+    assert not lifecycle.release_runs_of(queue.store, other, only=claimed.run_id)             # not its run
+    assert lifecycle.release_runs_of(queue.store, runner_id, only=claimed.run_id)
     run = Run.get_by_id(claimed.run_id)
     assert (run.status, run.runner_id, run.started_on) == (SCHEDULED, None, None)
-    assert queue.get_task(task_id).last_status == SCHEDULED
-    assert not queue.release_run(claimed.run_id, runner_id)         # already given back
-    again = queue.claim(other)
+    assert Task.get_by_id(task_id).last_status == SCHEDULED
+    assert not lifecycle.release_runs_of(queue.store, runner_id, only=claimed.run_id)         # already given back
+    again = lifecycle.claim(queue.store, other)
     assert (again.run_id, again.attempt) == (claimed.run_id, 1)
 
 
 def test_a_stopping_runner_gives_back_a_run_claimed_with_its_last_outcome(queue):
-    worker = Worker(queue, install_signals=False)
-    worker.runner_id = liveness.register(queue).id
+    worker = Worker(queue.store, install_signals=False)
+    worker.runner_id = liveness.register(queue.store).id
     queue.add_task(ECHO)
-    claimed = queue.claim(worker.runner_id)
+    claimed = lifecycle.claim(queue.store, worker.runner_id)
     assert worker._unless_stopping(claimed) is claimed
     worker.stop_reason = "received SIGTERM"          # arrived while the claim was made
     assert worker._unless_stopping(claimed) is None
@@ -192,8 +193,8 @@ def test_a_busy_runner_commits_once_per_run(sqlite_db):
     queue = sqlite_db.queue()
     queue.add_tasks([{"handler": ECHO} for _ in range(100)])
     statements = []
-    queue.db.connection().set_trace_callback(statements.append)
-    assert Worker(queue, install_signals=False).work(burst=True) == 100
+    queue.store.db.connection().set_trace_callback(statements.append)
+    assert Worker(queue.store, install_signals=False).work(burst=True) == 100
     commits = sum(1 for sql in statements if sql.strip().upper() == "COMMIT")
     assert 100 <= commits <= 105, commits
     queue.close()
@@ -201,23 +202,23 @@ def test_a_busy_runner_commits_once_per_run(sqlite_db):
 
 def test_rule4_late_finisher_cannot_overwrite_timeout(queue, runner_id):
     task_id = queue.add_task(ECHO, max_retries=3)
-    claimed = queue.claim(runner_id)
-    assert queue.end_run(claimed.run_id, task_id, TIMEOUT, error_code="RunTimeout",
+    claimed = lifecycle.claim(queue.store, runner_id)
+    assert lifecycle.end_run(queue.store, claimed.run_id, task_id, TIMEOUT, error_code="RunTimeout",
                          error_message="no update")
     # The runner comes back late and reports success: refused, nothing changes.
-    assert not queue.end_run(claimed.run_id, task_id, SUCCESS, runner_id=runner_id)
-    assert not queue.report_progress(claimed.run_id, runner_id, 50)
+    assert not lifecycle.end_run(queue.store, claimed.run_id, task_id, SUCCESS, runner_id=runner_id)
+    assert not lifecycle.report_progress(queue.store, claimed.run_id, runner_id, 50)
     run = Run.get_by_id(claimed.run_id)
     assert (run.status, run.error_code) == (TIMEOUT, "RunTimeout")
-    task = queue.get_task(task_id)
+    task = Task.get_by_id(task_id)
     assert (task.last_status, task.runs_failed) == (TIMEOUT, 1)
 
 
 def test_rule4_another_runner_cannot_end_a_run(queue, runner_id):
-    other = liveness.register(queue).id
+    other = liveness.register(queue.store).id
     task_id = queue.add_task(ECHO)
-    claimed = queue.claim(runner_id)
-    assert not queue.end_run(claimed.run_id, task_id, ERROR, runner_id=other)
+    claimed = lifecycle.claim(queue.store, runner_id)
+    assert not lifecycle.end_run(queue.store, claimed.run_id, task_id, ERROR, runner_id=other)
     assert Run.get_by_id(claimed.run_id).status == RUNNING
 
 
@@ -226,11 +227,11 @@ def test_failures_back_off_then_give_up_after_max_retries(queue, runner_id):
     task_id = queue.add_task(ECHO, max_retries=3)
     now = utcnow()
     for attempt in (1, 2, 3):
-        claimed = queue.claim(runner_id, now=now)
+        claimed = lifecycle.claim(queue.store, runner_id, now=now)
         assert claimed is not None and claimed.attempt == attempt
-        queue.end_run(claimed.run_id, task_id, ERROR, runner_id=runner_id, error_code="E",
+        lifecycle.end_run(queue.store, claimed.run_id, task_id, ERROR, runner_id=runner_id, error_code="E",
                       error_message="failed %d" % attempt, now=now)
-        task = queue.get_task(task_id)
+        task = Task.get_by_id(task_id)
         assert task.runs_failed == attempt
         if attempt == 3:
             break
@@ -238,26 +239,26 @@ def test_failures_back_off_then_give_up_after_max_retries(queue, runner_id):
         full = 10 * 2 ** (attempt - 1)
         assert full / 2 <= delay <= full
         # Rule 3: not before finished_on + backoff.
-        assert queue.create_missing_runs(now + timedelta(seconds=full / 2 - 0.5)) == 0
+        assert lifecycle.create_missing_runs(queue.store, now + timedelta(seconds=full / 2 - 0.5)) == 0
         now = now + timedelta(seconds=full + 1)
-        assert queue.create_missing_runs(now) == 1
-    task = queue.get_task(task_id)
+        assert lifecycle.create_missing_runs(queue.store, now) == 1
+    task = Task.get_by_id(task_id)
     assert task.given_up and task.next_run_on is None and task.finished_on is not None
     assert (task.last_error_code, task.last_error_message) == ("E", "failed 3")
-    assert queue.create_missing_runs(now + timedelta(days=1)) == 0
+    assert lifecycle.create_missing_runs(queue.store, now + timedelta(days=1)) == 0
     assert [t.id for t in queue.tasks(status="given-up")] == [task_id]
 
 
 def test_success_resets_runs_failed(queue, runner_id):
     queue.config.task.retry_backoff = 0
     task_id = queue.add_task(ECHO, max_retries=5)
-    claimed = queue.claim(runner_id)
-    queue.end_run(claimed.run_id, task_id, ERROR, runner_id=runner_id, error_code="E")
-    queue.create_missing_runs(utcnow() + timedelta(seconds=1))
-    claimed = queue.claim(runner_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
+    lifecycle.end_run(queue.store, claimed.run_id, task_id, ERROR, runner_id=runner_id, error_code="E")
+    lifecycle.create_missing_runs(queue.store, utcnow() + timedelta(seconds=1))
+    claimed = lifecycle.claim(queue.store, runner_id)
     assert claimed.attempt == 2
-    queue.end_run(claimed.run_id, task_id, SUCCESS, runner_id=runner_id)
-    task = queue.get_task(task_id)
+    lifecycle.end_run(queue.store, claimed.run_id, task_id, SUCCESS, runner_id=runner_id)
+    task = Task.get_by_id(task_id)
     assert (task.last_status, task.runs_failed, task.last_error_code) == (SUCCESS, 0, "E")
 
 
@@ -272,21 +273,21 @@ def test_retry_delay_is_exponential_capped_and_jittered():
 
 def test_retry_rearms_a_given_up_task(queue, runner_id):
     task_id = queue.add_task(ECHO, max_retries=1)
-    claimed = queue.claim(runner_id)
-    queue.end_run(claimed.run_id, task_id, ERROR, runner_id=runner_id, error_code="E")
-    assert queue.get_task(task_id).given_up
+    claimed = lifecycle.claim(queue.store, runner_id)
+    lifecycle.end_run(queue.store, claimed.run_id, task_id, ERROR, runner_id=runner_id, error_code="E")
+    assert Task.get_by_id(task_id).given_up
     queue.retry(task_id)
-    task = queue.get_task(task_id)
+    task = Task.get_by_id(task_id)
     assert (task.runs_failed, task.finished_on, task.given_up) == (0, None, False)
-    assert [r.status for r in queue.runs_of(task_id)] == [ERROR, SCHEDULED]
+    assert [r.status for r in runs_of(task_id)] == [ERROR, SCHEDULED]
     with pytest.raises(StateError):
         queue.retry(task_id)  # it has a live run now
 
 
 def test_retry_refuses_a_successful_task_and_unknown_ids(queue, runner_id):
     task_id = queue.add_task(ECHO)
-    claimed = queue.claim(runner_id)
-    queue.end_run(claimed.run_id, task_id, SUCCESS, runner_id=runner_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
+    lifecycle.end_run(queue.store, claimed.run_id, task_id, SUCCESS, runner_id=runner_id)
     with pytest.raises(StateError):
         queue.retry(task_id)
     with pytest.raises(TaskNotFound):
@@ -296,35 +297,35 @@ def test_retry_refuses_a_successful_task_and_unknown_ids(queue, runner_id):
 def test_cancel_scheduled_task(queue):
     task_id = queue.add_task(ECHO)
     queue.cancel(task_id)
-    task = queue.get_task(task_id)
+    task = Task.get_by_id(task_id)
     assert task.last_status == CANCELLED and task.finished_on is not None
-    assert [r.status for r in queue.runs_of(task_id)] == [CANCELLED]
+    assert [r.status for r in runs_of(task_id)] == [CANCELLED]
     with pytest.raises(StateError):
         queue.cancel(task_id)
 
 
 def test_cancel_delayed_task_stops_it_for_good(queue):
     now = utcnow()
-    task_id = queue.add_task(ECHO, scheduled_on=now + timedelta(seconds=5))
+    task_id = queue.add_task(ECHO, scheduled_on=utc(now + timedelta(seconds=5)))
     queue.cancel(task_id)
-    assert queue.create_missing_runs(now + timedelta(minutes=1)) == 0
-    assert queue.runs_of(task_id) == []
+    assert lifecycle.create_missing_runs(queue.store, now + timedelta(minutes=1)) == 0
+    assert runs_of(task_id) == []
 
 
 def test_cancel_refuses_a_running_task(queue, runner_id):
     task_id = queue.add_task(ECHO)
-    queue.claim(runner_id)
+    lifecycle.claim(queue.store, runner_id)
     with pytest.raises(StateError, match="running"):
         queue.cancel(task_id)
-    assert queue.get_task(task_id).last_status == RUNNING
+    assert Task.get_by_id(task_id).last_status == RUNNING
 
 
 def test_unique_key_returns_the_live_task(queue, runner_id):
     first = queue.add_task(ECHO, unique_key="report-42")
     assert queue.add_task(ECHO, unique_key="report-42") == first
     assert Task.select().count() == 1
-    claimed = queue.claim(runner_id)
-    queue.end_run(claimed.run_id, first, SUCCESS, runner_id=runner_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
+    lifecycle.end_run(queue.store, claimed.run_id, first, SUCCESS, runner_id=runner_id)
     second = queue.add_task(ECHO, unique_key="report-42")
     assert second != first
 
@@ -341,7 +342,7 @@ def test_unique_key_race_yields_one_task(database):
         except Exception as exc:
             errors.append(exc)
         finally:
-            queue.db.close()
+            queue.store.db.close()
 
     threads = [threading.Thread(target=add) for _ in range(8)]
     for t in threads:
@@ -408,47 +409,47 @@ def test_bulk_add_stores_what_single_adds_store_in_order(queue):
     now = utcnow()
     specs = [{"handler": ECHO, "data": {"i": i, "text": "naïve 'quoted' \"x\" ✓"},
               "priority": i % 7 - 3, "queued_by": "bulk-test"} for i in range(1100)]
-    specs[5].update(scheduled_on=now + timedelta(minutes=5), max_retries=2, run_timeout=12.5,
+    specs[5].update(scheduled_on=utc(now + timedelta(minutes=5)), max_retries=2, run_timeout=12.5,
                     max_runtime=30, retry_backoff=4)
     specs[600].update(data=None, unique_key="only-once")
-    ids = queue.add_tasks(specs, now=now)
+    ids = enqueue.add_tasks(queue.store, specs, now=now)
     assert len(set(ids)) == len(specs)
-    assert [json.loads(queue.get_task(i).data) for i in ids] == [spec["data"] for spec in specs]
-    assert [queue.get_task(i).priority for i in ids] == [spec["priority"] for spec in specs]
-    assert queue.get_task(ids[600]).active_key == "only-once"
+    assert [json.loads(Task.get_by_id(i).data) for i in ids] == [spec["data"] for spec in specs]
+    assert [Task.get_by_id(i).priority for i in ids] == [spec["priority"] for spec in specs]
+    assert Task.get_by_id(ids[600]).active_key == "only-once"
     assert Run.select().count() == len(specs) - 1           # the delayed one has no run yet
     for index in (0, 5, 499, 500, 600, 1099):
         spec = dict(specs[index], unique_key=None)
-        single = queue.add_task(now=now, **spec)
+        single = enqueue.add_task(queue.store, now=now, **spec)
         assert _stored(single) == _stored(ids[index]), index
 
 
 def test_run_timeout_without_update_marks_run_timeout(queue, runner_id):
     task_id = queue.add_task(ECHO, run_timeout=60, max_retries=2)
-    claimed = queue.claim(runner_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
     now = utcnow()
-    assert queue.timeout_overdue_runs(now + timedelta(seconds=59)) == []
-    assert queue.report_progress(claimed.run_id, runner_id, 40, now=now + timedelta(seconds=50))
-    assert queue.timeout_overdue_runs(now + timedelta(seconds=100)) == []
-    ended = queue.timeout_overdue_runs(now + timedelta(seconds=111))
+    assert lifecycle.timeout_overdue_runs(queue.store, now + timedelta(seconds=59)) == []
+    assert lifecycle.report_progress(queue.store, claimed.run_id, runner_id, 40, now=now + timedelta(seconds=50))
+    assert lifecycle.timeout_overdue_runs(queue.store, now + timedelta(seconds=100)) == []
+    ended = lifecycle.timeout_overdue_runs(queue.store, now + timedelta(seconds=111))
     assert ended == [(claimed.run_id, runner_id)]
     run = Run.get_by_id(claimed.run_id)
     assert (run.status, run.error_code, run.percent_completed) == (TIMEOUT, "RunTimeout", 40)
-    assert queue.get_task(task_id).runs_failed == 1
+    assert Task.get_by_id(task_id).runs_failed == 1
 
 
 def test_max_runtime_marks_run_timeout(queue, runner_id):
     queue.add_task(ECHO, max_runtime=30)
-    claimed = queue.claim(runner_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
     now = utcnow()
-    queue.report_progress(claimed.run_id, runner_id, 90, now=now + timedelta(seconds=29))
-    assert queue.timeout_overdue_runs(now + timedelta(seconds=31)) == [(claimed.run_id, runner_id)]
+    lifecycle.report_progress(queue.store, claimed.run_id, runner_id, 90, now=now + timedelta(seconds=29))
+    assert lifecycle.timeout_overdue_runs(queue.store, now + timedelta(seconds=31)) == [(claimed.run_id, runner_id)]
     assert Run.get_by_id(claimed.run_id).error_code == "MaxRuntime"
 
 
 def test_dead_runner_rows_become_timeout_with_their_runs(queue, runner_id):
     task_id = queue.add_task(ECHO)
-    claimed = queue.claim(runner_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
     # A row of this host whose PID is alive but whose create_time differs: PID reuse.
     Runner.update(pid_create_time=Runner.pid_create_time - 1000).where(
         Runner.id == runner_id).execute()
@@ -457,15 +458,15 @@ def test_dead_runner_rows_become_timeout_with_their_runs(queue, runner_id):
     assert Runner.get_by_id(runner_id).status == TIMEOUT
     run = Run.get_by_id(claimed.run_id)
     assert (run.status, run.error_code) == (TIMEOUT, "RunnerDied")
-    assert queue.get_task(task_id).runs_failed == 1
+    assert Task.get_by_id(task_id).runs_failed == 1
 
 
 def test_other_hosts_are_dead_by_heartbeat_age(queue):
     now = utcnow()
     row = Runner.create(host="elsewhere", boot_id="b", pid=1, pid_create_time=0, started_on=now,
                         heartbeat_on=now - timedelta(seconds=30), slot=1)
-    assert liveness.refresh_runners(queue, now=now) == []
-    assert liveness.refresh_runners(queue, now=now + timedelta(seconds=31)) == [row.id]
+    assert liveness.refresh_runners(queue.store, now=now) == []
+    assert liveness.refresh_runners(queue.store, now=now + timedelta(seconds=31)) == [row.id]
 
 
 def test_rotation_deletes_only_old_ended_tasks(queue, runner_id):
@@ -473,21 +474,21 @@ def test_rotation_deletes_only_old_ended_tasks(queue, runner_id):
     old_success = queue.add_task(ECHO)
     old_failed = queue.add_task(ECHO, max_retries=1)
     for task_id, status in ((old_success, SUCCESS), (old_failed, ERROR)):
-        claimed = queue.claim(runner_id)
+        claimed = lifecycle.claim(queue.store, runner_id)
         assert claimed.task_id == task_id
-        queue.end_run(claimed.run_id, task_id, status, runner_id=runner_id,
+        lifecycle.end_run(queue.store, claimed.run_id, task_id, status, runner_id=runner_id,
                       now=now - timedelta(days=8))
-    live = queue.add_task(ECHO, scheduled_on=now + timedelta(days=60))
+    live = queue.add_task(ECHO, scheduled_on=utc(now + timedelta(days=60)))
     recent = queue.add_task(ECHO)
-    claimed = queue.claim(runner_id)
-    queue.end_run(claimed.run_id, claimed.task_id, SUCCESS, runner_id=runner_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
+    lifecycle.end_run(queue.store, claimed.run_id, claimed.task_id, SUCCESS, runner_id=runner_id)
     queue.config.rotation.batch_size = 1
-    result = queue.rotate(now)
+    result = rotation.rotate(queue.store, now)
     assert result["success"] == 1 and result["failed"] == 0
     remaining = {t.id for t in Task.select()}
     assert remaining == {old_failed, live, recent}
     assert Run.select().where(Run.task_id == old_success).count() == 0
-    result = queue.rotate(now + timedelta(days=23))
+    result = rotation.rotate(queue.store, now + timedelta(days=23))
     assert (result["success"], result["failed"]) == (1, 1)
     assert {t.id for t in Task.select()} == {live}
 
@@ -511,10 +512,10 @@ def server_database(request, tmp_path):
 def _cut_connection(database, queue):
     """The server ends the queue's connection, as a restart or a network cut would."""
     if database.backend == "postgresql":
-        pid = queue.db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
+        pid = queue.store.db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
         sql = "SELECT pg_terminate_backend(%d)" % pid
     else:
-        pid = queue.db.execute_sql("SELECT CONNECTION_ID()").fetchone()[0]
+        pid = queue.store.db.execute_sql("SELECT CONNECTION_ID()").fetchone()[0]
         sql = "KILL %d" % pid
     with database.admin.cursor() as cur:
         cur.execute(sql)
@@ -526,33 +527,33 @@ def test_runs_claimed_as_the_connection_was_lost_are_given_back(server_database)
     After reconnecting, the runner gives back every run it has running but the one it is
     ending, before it claims again."""
     queue = server_database.queue()
-    worker = Worker(queue, install_signals=False)
-    worker.runner_id = liveness.register(queue).id
+    worker = Worker(queue.store, install_signals=False)
+    worker.runner_id = liveness.register(queue.store).id
     ending, lost, waiting = queue.add_tasks([{"handler": ECHO, "priority": p} for p in (3, 2, 1)])
-    in_hand = queue.claim(worker.runner_id)
-    orphan = queue.claim(worker.runner_id)          # committed; its reply "never came"
+    in_hand = lifecycle.claim(queue.store, worker.runner_id)
+    orphan = lifecycle.claim(queue.store, worker.runner_id)          # committed; its reply "never came"
     assert (in_hand.task_id, orphan.task_id) == (ending, lost)
     _cut_connection(server_database, queue)
     ended, following = worker._with_database(
-        lambda: queue.end_run_and_claim(in_hand.run_id, ending, SUCCESS, worker.runner_id),
+        lambda: lifecycle.end_run_and_claim(queue.store, in_hand.run_id, ending, SUCCESS, worker.runner_id),
         reconnected=lambda: worker._give_back_lost_claims(keep=in_hand.run_id))
     assert ended and following.run_id == orphan.run_id       # back in the queue, claimed anew
     assert Run.get_by_id(in_hand.run_id).status == SUCCESS
     running = [r.id for r in Run.select().where(Run.status == RUNNING)]
     assert running == [orphan.run_id]
-    assert queue.get_task(waiting).last_status == SCHEDULED
+    assert Task.get_by_id(waiting).last_status == SCHEDULED
     queue.close()
 
 
 def test_an_end_that_committed_before_the_reply_was_lost_counts_as_ended(queue, runner_id):
     task_id = queue.add_task(ECHO)
-    claimed = queue.claim(runner_id)
-    assert queue.end_run(claimed.run_id, task_id, SUCCESS, runner_id=runner_id)
-    assert queue.was_ended_by(claimed.run_id, runner_id, SUCCESS)
+    claimed = lifecycle.claim(queue.store, runner_id)
+    assert lifecycle.end_run(queue.store, claimed.run_id, task_id, SUCCESS, runner_id=runner_id)
+    assert lifecycle.was_ended_by(queue.store, claimed.run_id, runner_id, SUCCESS)
     other = queue.add_task(ECHO)
-    timed_out = queue.claim(runner_id)
-    queue.end_run(timed_out.run_id, other, TIMEOUT, error_code="RunTimeout")
-    assert not queue.was_ended_by(timed_out.run_id, runner_id, SUCCESS)
+    timed_out = lifecycle.claim(queue.store, runner_id)
+    lifecycle.end_run(queue.store, timed_out.run_id, other, TIMEOUT, error_code="RunTimeout")
+    assert not lifecycle.was_ended_by(queue.store, timed_out.run_id, runner_id, SUCCESS)
 
 
 def test_a_runner_leaving_through_an_error_ends_the_run_it_still_had(queue, runner_id):
@@ -560,22 +561,22 @@ def test_a_runner_leaving_through_an_error_ends_the_run_it_still_had(queue, runn
     run ends `error` / RunnerExited and the task will be retried, instead of waiting for
     its run_timeout (no check visits the run of a retired runner)."""
     task_id = queue.add_task(ECHO, max_retries=3)
-    claimed = queue.claim(runner_id)
-    assert liveness.retire(queue, runner_id, "crashed")
+    claimed = lifecycle.claim(queue.store, runner_id)
+    assert liveness.retire(queue.store, runner_id, "crashed")
     run = Run.get_by_id(claimed.run_id)
     assert (run.status, run.error_code) == (ERROR, "RunnerExited")
-    task = queue.get_task(task_id)
+    task = Task.get_by_id(task_id)
     assert (task.last_status, task.runs_failed) == (ERROR, 1) and task.next_run_on is not None
     assert Runner.get_by_id(runner_id).status == SUCCESS
 
 
 def test_giving_back_runs_leaves_a_run_timed_out_meanwhile_alone(queue, runner_id):
     task_id = queue.add_task(ECHO, max_retries=3)
-    claimed = queue.claim(runner_id)
-    assert queue.end_run(claimed.run_id, task_id, TIMEOUT, error_code="RunTimeout")
-    assert queue.release_runs_of(runner_id) == 0
+    claimed = lifecycle.claim(queue.store, runner_id)
+    assert lifecycle.end_run(queue.store, claimed.run_id, task_id, TIMEOUT, error_code="RunTimeout")
+    assert lifecycle.release_runs_of(queue.store, runner_id) == 0
     assert Run.get_by_id(claimed.run_id).status == TIMEOUT       # rule 4 held
-    assert queue.get_task(task_id).last_status == TIMEOUT
+    assert Task.get_by_id(task_id).last_status == TIMEOUT
 
 
 @pytest.mark.parametrize("name", ["run_timeout", "max_runtime", "retry_backoff"])
@@ -589,8 +590,8 @@ def test_data_and_results_up_to_max_data_size_are_stored_whole(queue, runner_id)
     """1 MiB is the default max_data_size; MySQL's TEXT would hold 64 KiB of it."""
     data = {"text": "é" * 300_000}                   # about 600 KB of JSON
     task_id = queue.add_task(ECHO, data=data)
-    claimed = queue.claim(runner_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
     assert json.loads(claimed.data) == data
     results = json.dumps({"echo": data})
-    assert queue.end_run(claimed.run_id, task_id, SUCCESS, runner_id=runner_id, results=results)
+    assert lifecycle.end_run(queue.store, claimed.run_id, task_id, SUCCESS, runner_id=runner_id, results=results)
     assert Run.get_by_id(claimed.run_id).results == results

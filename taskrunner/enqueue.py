@@ -1,0 +1,194 @@
+"""Adding tasks: the checks every new task passes, and the INSERTs that store it (with its
+first run when it is due, so a runner can start it at once).
+
+Times given here are aware datetimes (a naive one is refused: "naive means UTC" in Python
+and "naive means local time" on the command line would otherwise disagree); ``now`` is the
+store's naive UTC.
+"""
+import json
+from datetime import datetime, timezone
+
+import peewee as pw
+
+from .errors import InputError, StateError
+from .handler import encode_data, load_handler
+from .models import SCHEDULED, utcnow
+from .timespan import MAX_SPAN
+
+MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
+BULK_ROWS = 500         # rows per INSERT: within every database's limit on bound parameters
+TASK_OPTIONS = ("data", "scheduled_on", "max_retries", "priority", "run_timeout", "unique_key",
+                "queued_by", "max_runtime", "retry_backoff", "periodic_task_id")
+
+
+def utc_instant(value, name="scheduled_on"):
+    """An aware datetime as the store's naive UTC; InputError for anything else."""
+    if not isinstance(value, datetime):
+        raise InputError("%s must be a datetime, not %r" % (name, value))
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InputError("%s must be timezone-aware (e.g. datetime.now(timezone.utc)); a "
+                         "naive datetime is ambiguous" % name)
+    return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+def _check_int(name, value, low, high):
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError("%s must be an integer, not %r" % (name, value))
+    if not low <= value <= high:
+        raise InputError("%s must be between %d and %d" % (name, low, high))
+
+
+def _check_seconds(name, value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0 < value <= MAX_SPAN):
+        raise InputError("%s must be a positive number of seconds (at most 100 years), not %r"
+                         % (name, value))
+
+
+def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, priority=0,
+             run_timeout=None, unique_key=None, queued_by=None, max_runtime=None,
+             retry_backoff=None, periodic_task_id=None, now=None, known_handlers=None):
+    """Validate one task and return the row to insert; InputError on bad input.
+    `known_handlers`, a set, skips loading a handler already checked in this batch."""
+    defaults = config.task
+    if known_handlers is None or handler not in known_handlers:
+        load_handler(handler, config.handlers.allow)
+        if known_handlers is not None:
+            known_handlers.add(handler)
+    text = encode_data(data, defaults.max_data_size)
+    now = now or utcnow()
+    scheduled_on = now if scheduled_on is None else utc_instant(scheduled_on)
+    _check_int("max_retries", max_retries, 1, MAX_INT)
+    _check_int("priority", priority, -MAX_INT, MAX_INT)
+    for name, value in (("run_timeout", run_timeout), ("max_runtime", max_runtime),
+                        ("retry_backoff", retry_backoff)):
+        _check_seconds(name, value)
+    if unique_key is not None and (not isinstance(unique_key, str) or not unique_key
+                                   or len(unique_key) > 255):
+        raise InputError("unique_key must be a non-empty string of at most 255 characters")
+    if queued_by is not None and (not isinstance(queued_by, str) or len(queued_by) > 255):
+        raise InputError("queued_by must be a string of at most 255 characters")
+    due = scheduled_on <= now
+    return {
+        "queued_on": now, "queued_by": queued_by, "scheduled_on": scheduled_on,
+        "handler": handler, "data": text, "priority": priority or 0,
+        "last_status": SCHEDULED,
+        "max_retries": max_retries if max_retries is not None else defaults.max_retries,
+        "runs_failed": 0, "run_count": 1 if due else 0,
+        "run_timeout": float(run_timeout or defaults.run_timeout),
+        "max_runtime": max_runtime, "retry_backoff": retry_backoff,
+        "unique_key": unique_key, "active_key": unique_key,
+        "periodic_task_id": periodic_task_id,
+        "next_run_on": None if due else scheduled_on,
+        "updated_on": now,
+    }
+
+
+def is_due(row):
+    return row["next_run_on"] is None
+
+
+def first_run(task_id, row):
+    return {"task_id": task_id, "created_on": row["queued_on"], "updated_on": row["queued_on"],
+            "attempt": 1, "active_task_id": task_id, "priority": row["priority"],
+            "scheduled_on": row["scheduled_on"], "status": SCHEDULED, "percent_completed": 0}
+
+
+def insert_task(store, row):
+    """Store one validated row (and its first run when due), inside the caller's
+    transaction; returns the task id."""
+    task_id = store.Task.insert(**row).execute()
+    if is_due(row):
+        store.Run.insert(**first_run(task_id, row)).execute()
+    return task_id
+
+
+def _add_unique(store, row):
+    """Insert a task with a unique_key, or return the id of the live task holding the key.
+    Race closed: two adds of one key — the unique index on active_key lets one insert win;
+    the other reads the winner's id (and tries again if that task ended meanwhile)."""
+    Task = store.Task
+    for _ in range(5):
+        try:
+            return store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
+        except pw.IntegrityError:
+            existing = Task.select(Task.id).where(Task.active_key == row["unique_key"]).first()
+            if existing is not None:
+                return existing.id
+    raise StateError("unique_key %r is contended; try again" % row["unique_key"])
+
+
+def add_task(store, handler, now=None, **options):
+    """Queue one task and return its id. With `unique_key`, adding a key that a not-yet-final
+    task holds stores nothing and returns that task's id."""
+    row = task_row(store.config, handler, now=now, **options)
+    if row["unique_key"] is not None:
+        return _add_unique(store, row)
+    return store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
+
+
+def add_tasks(store, tasks, now=None):
+    """Queue many tasks (dicts of add_task's arguments). All are validated before anything
+    is stored; those without a unique_key are stored in one transaction, those with one each
+    as add_task() stores them. Returns their ids in order."""
+    now = now or utcnow()
+    seen = set()
+    rows = []
+    for spec in tasks:
+        if not isinstance(spec, dict) or not isinstance(spec.get("handler"), str):
+            raise InputError("invalid task %r: expected a dict with a 'handler'" % (spec,))
+        unknown = set(spec) - set(TASK_OPTIONS) - {"handler"}
+        if unknown:
+            raise InputError("invalid task: unknown key %s" % ", ".join(sorted(unknown)))
+        rows.append(task_row(store.config, now=now, known_handlers=seen, **spec))
+    plain_rows = [row for row in rows if row["unique_key"] is None]
+    due = any(is_due(row) for row in plain_rows)
+    plain = store.write_and_wake(lambda: _insert_many(store, plain_rows),
+                                 lambda _: due) if plain_rows else []
+    ids, plain_ids = [], iter(plain)
+    for row in rows:
+        ids.append(next(plain_ids) if row["unique_key"] is None else _add_unique(store, row))
+    return ids
+
+
+def _insert_many(store, rows):
+    """Insert task rows (and the first run of each due one) in multi-row INSERTs, inside the
+    caller's transaction; returns the task ids in order. Without INSERT ... RETURNING (MySQL),
+    row by row."""
+    if not store.insert_returning():
+        return [insert_task(store, row) for row in rows]
+    ids = []
+    for start in range(0, len(rows), BULK_ROWS):
+        chunk = rows[start:start + BULK_ROWS]
+        chunk_ids = _insert_values(store, store.Task, chunk, returning=True)
+        runs = [first_run(task_id, row) for task_id, row in zip(chunk_ids, chunk) if is_due(row)]
+        if runs:
+            _insert_values(store, store.Run, runs)
+        ids.extend(chunk_ids)
+    return ids
+
+
+def _insert_values(store, model, rows, returning=False):
+    """One multi-row INSERT of `rows` (dicts with the same keys), as plain SQL: peewee builds
+    a node per value, which costs more than the insert itself. With `returning`, the new ids
+    in row order (they are assigned in row order within one statement; RETURNING's own order
+    is not promised everywhere, hence the sort)."""
+    fields = [model._meta.fields[name] for name in rows[0]]
+    table, columns = model._meta.table_name, ", ".join(f.column_name for f in fields)
+    if store.backend == "postgresql":
+        # psycopg parses each of thousands of placeholders in Python; one JSON parameter
+        # expanded by the server costs a fraction of that.
+        sql = "INSERT INTO %s (%s) SELECT %s FROM json_populate_recordset(NULL::%s, %%s)" % (
+            table, columns, columns, table)
+        params = [json.dumps([{f.column_name: f.db_value(row[f.name]) for f in fields}
+                              for row in rows], default=str)]
+    else:
+        values = "(%s)" % ", ".join([store.db.param] * len(fields))
+        sql = "INSERT INTO %s (%s) VALUES %s" % (table, columns, ", ".join([values] * len(rows)))
+        params = [f.db_value(row[f.name]) for row in rows for f in fields]
+    if not returning:
+        store.db.execute_sql(sql, params)
+        return None
+    return sorted(row[0] for row in store.db.execute_sql(sql + " RETURNING id", params))

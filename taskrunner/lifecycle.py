@@ -1,0 +1,446 @@
+"""The run lifecycle — rules 1 to 4: creating runs (rule 3), claiming them (rule 2), ending
+them (rule 4) and aggregating each task after its run, timing runs out, giving runs back,
+and the operator's retry and cancel.
+
+Rule 1 (one live run per task) is the unique index on ``task_runs.active_task_id``; every
+function here that changes more than one row runs in one write transaction of the store
+and says in its docstring which race it closes. Bookkeeping that others need when a run
+ends (a periodic task's last status) is a hook registered with `on_outcome`, so this module
+imports none of them.
+"""
+import logging
+import random
+from collections import namedtuple
+from datetime import timedelta
+
+import peewee as pw
+
+from .errors import StateError, TaskNotFound
+from .models import CANCELLED, FAILED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, run_status_is, utcnow
+
+log = logging.getLogger("taskrunner.lifecycle")
+
+ClaimedRun = namedtuple("ClaimedRun", "run_id task_id attempt handler data max_runtime "
+                                      "periodic_task_id started_on")
+
+# Claiming and successfully finishing happen once per job, so they are plain SQL: building
+# them with peewee costs more than the database work. On PostgreSQL each is one statement of
+# data-modifying CTEs, and a runner that goes on working finishes its run and claims the
+# next in one statement too (one round trip, one commit per job). SQLite uses UPDATE ...
+# RETURNING; MySQL, which has none, a locking SELECT of the run joined to its task.
+PG_CLAIM_CTES = """
+    next AS (
+        SELECT id FROM task_runs WHERE status = 'scheduled'
+        ORDER BY priority DESC, scheduled_on, id LIMIT 1 FOR UPDATE SKIP LOCKED),
+    claimed AS (
+        UPDATE task_runs AS r SET status = 'running', runner_id = %s, started_on = %s,
+            updated_on = %s
+        FROM next WHERE r.id = next.id RETURNING r.id, r.task_id, r.attempt),
+    claimed_task AS (
+        UPDATE task_queue AS t SET last_status = 'running', updated_on = %s FROM claimed
+        WHERE t.id = claimed.task_id
+        RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
+            t.max_runtime, t.periodic_task_id)"""
+PG_SUCCESS_CTES = """
+    ended AS (
+        UPDATE task_runs SET status = 'success', finished_on = %s, updated_on = %s,
+            active_task_id = NULL, error_code = NULL, error_message = NULL,
+            percent_completed = 100, results = %s
+        WHERE id = %s AND status = 'running' AND runner_id = %s RETURNING task_id),
+    ended_task AS (
+        UPDATE task_queue AS t SET last_status = 'success', runs_failed = 0,
+            next_run_on = NULL, finished_on = %s, active_key = NULL, updated_on = %s
+        FROM ended WHERE t.id = ended.task_id RETURNING t.id)"""
+PG_CLAIM = "WITH" + PG_CLAIM_CTES + " SELECT * FROM claimed_task"
+PG_SUCCESS = "WITH" + PG_SUCCESS_CTES + " SELECT count(*) FROM ended_task"
+# Every data-modifying CTE runs to completion whether or not the final SELECT reads it.
+PG_SUCCESS_AND_CLAIM = ("WITH" + PG_SUCCESS_CTES + "," + PG_CLAIM_CTES + """
+    SELECT (SELECT count(*) FROM ended_task), c.* FROM (VALUES (1)) AS one
+    LEFT JOIN claimed_task AS c ON true""")
+SQLITE_CLAIM = ("""
+    UPDATE task_runs SET status = 'running', runner_id = ?, started_on = ?, updated_on = ?
+    WHERE id = (SELECT id FROM task_runs WHERE status = 'scheduled'
+                ORDER BY priority DESC, scheduled_on, id LIMIT 1)
+    RETURNING id, task_id, attempt""", """
+    UPDATE task_queue SET last_status = 'running', updated_on = ? WHERE id = ?
+    RETURNING handler, data, max_runtime, periodic_task_id""")
+SUCCESS_STATEMENTS = ("""
+    UPDATE task_runs SET status = 'success', finished_on = ?, updated_on = ?,
+        active_task_id = NULL, error_code = NULL, error_message = NULL,
+        percent_completed = 100, results = ?
+    WHERE id = ? AND status = 'running' AND runner_id = ?""", """
+    UPDATE task_queue SET last_status = 'success', runs_failed = 0, next_run_on = NULL,
+        finished_on = ?, active_key = NULL, updated_on = ? WHERE id = ?""")
+# SQLite and MySQL, by the driver's placeholder.
+SUCCESS_BY_PARAM = {"?": SUCCESS_STATEMENTS,
+            "%s": tuple(s.replace("?", "%s") for s in SUCCESS_STATEMENTS)}
+# MySQL: the candidate and its task locked and read at once (InnoDB locks the joined task
+# row too, which the claim updates anyway), then both marked.
+MYSQL_CLAIM = """
+    SELECT r.id, r.task_id, r.attempt, t.handler, t.data, t.max_runtime, t.periodic_task_id
+    FROM task_runs AS r JOIN task_queue AS t ON t.id = r.task_id
+    WHERE r.status = 'scheduled' ORDER BY r.priority DESC, r.scheduled_on, r.id LIMIT 1
+    FOR UPDATE SKIP LOCKED"""
+MYSQL_START = (
+    "UPDATE task_runs SET status = 'running', runner_id = %s, started_on = %s, updated_on = %s "
+    "WHERE id = %s",
+    "UPDATE task_queue SET last_status = 'running', updated_on = %s WHERE id = %s")
+_OUTCOME_HOOKS = []
+
+
+def on_outcome(hook):
+    """Register ``hook(store, periodic_task_id, status, now)``, called inside the transaction
+    that ends a run of a task submitted by a periodic task."""
+    if hook not in _OUTCOME_HOOKS:
+        _OUTCOME_HOOKS.append(hook)
+
+
+def _outcome(store, periodic_task_id, status, now):
+    for hook in _OUTCOME_HOOKS:
+        hook(store, periodic_task_id, status, now)
+
+
+def retry_delay(runs_failed, base, cap, rand=random.random):
+    """Exponential backoff after `runs_failed` consecutive failures, capped, with jitter
+    (half fixed, half random) so failed tasks don't all come back at the same moment."""
+    # The exponent is capped: 2 ** 1025 no longer fits a float, and max_retries may be huge.
+    delay = min(cap, base * 2 ** min(max(0, runs_failed - 1), 64))
+    return delay / 2 + rand() * delay / 2
+
+
+# -- creating runs (rule 3) -------------------------------------------------------------------
+
+def create_missing_runs(store, now=None, batch=500):
+    """Create the next run of every task whose next_run_on has come: due delayed tasks and
+    failed tasks whose backoff has passed (given-up and final tasks have no next_run_on).
+    Race closed: two processes creating runs at once — the candidate tasks are locked (SKIP
+    LOCKED / SQLite's write lock) and the unique index on task_runs.active_task_id refuses a
+    second live run whatever happens."""
+    Task, Run = store.Task, store.Run
+    now = now or utcnow()
+    created = 0
+    # A cheap read first: most passes find nothing and need no write lock.
+    if not Task.select(Task.id).where(Task.next_run_on <= now).exists():
+        return 0
+    while True:
+        def step():
+            query = (Task.select(Task.id).where(Task.next_run_on <= now)
+                     .order_by(Task.next_run_on).limit(batch))
+            if not store.is_sqlite:
+                query = query.for_update(skip_locked=True)
+            ids = [t.id for t in query]
+            if ids:
+                live = Run.select(Run.id).where(Run.active_task_id == Task.id)
+                source = (Task.select(Task.id, pw.Value(now), pw.Value(now), Task.run_count + 1,
+                                      Task.id, Task.priority, Task.scheduled_on,
+                                      pw.Value(SCHEDULED), pw.Value(0))
+                          .where(Task.id.in_(ids) & ~pw.fn.EXISTS(live)))
+                Run.insert_from(source, [Run.task_id, Run.created_on, Run.updated_on,
+                                         Run.attempt, Run.active_task_id, Run.priority,
+                                         Run.scheduled_on, Run.status,
+                                         Run.percent_completed]).execute()
+                (Task.update(next_run_on=None, run_count=Task.run_count + 1,
+                             last_status=SCHEDULED, updated_on=now)
+                 .where(Task.id.in_(ids)).execute())
+            return len(ids)
+        count = store.write_and_wake(step, bool)
+        created += count
+        if count < batch:
+            return created
+
+
+# -- claiming -----------------------------------------------------------------------------------
+
+def scheduled_runs_query(store):
+    """Scheduled runs, read from the partial claim index (never the run history)."""
+    Run = store.Run
+    return Run.select(Run.id).where(run_status_is(Run, SCHEDULED)).limit(1)
+
+
+def has_scheduled_runs(store):
+    """A cheap read (no write lock) that idle runners poll before trying to claim."""
+    return scheduled_runs_query(store).exists()
+
+
+def running_runs_query(store):
+    """Running runs with their task's timeouts, from the partial runner index."""
+    Task, Run = store.Task, store.Run
+    return (Run.select(Run.id, Run.task_id, Run.runner_id, Run.updated_on, Run.started_on,
+                       Task.run_timeout, Task.max_runtime)
+            .join(Task, on=(Run.task_id == Task.id)).where(run_status_is(Run, RUNNING)))
+
+
+def runs_of_runner_query(store, runner_id):
+    """The runs a runner has running, from the partial runner index."""
+    Run = store.Run
+    return Run.select(Run.id, Run.task_id).where((Run.runner_id == runner_id)
+                                                 & run_status_is(Run, RUNNING))
+
+
+def claim(store, runner_id, now=None):
+    """Start the next run for `runner_id`: highest priority first, FIFO within a priority
+    (rule 2). Race closed: two runners taking the same run — PostgreSQL and MySQL lock the
+    candidate FOR UPDATE SKIP LOCKED, so a concurrent claimer passes over it instead of
+    waiting; SQLite takes the write lock up front (BEGIN IMMEDIATE), so the select and the
+    update are one step. Returns a ClaimedRun or None."""
+    now = now or utcnow()
+    if store.backend == "postgresql":
+        return _claim_step(store, runner_id, now)     # one statement: its own transaction
+    return store.write(lambda: _claim_step(store, runner_id, now))
+
+
+def _claim_step(store, runner_id, now):
+    """claim() inside the caller's write transaction."""
+    sql = store.db.execute_sql
+    if store.backend == "postgresql":
+        row = sql(PG_CLAIM, (runner_id, now, now, now)).fetchone()
+        return None if row is None else ClaimedRun(*row, now)
+    if store.is_sqlite:
+        claim_run, claim_task = SQLITE_CLAIM
+        run = sql(claim_run, (runner_id, now, now)).fetchone()
+        if run is None:
+            return None
+        task = sql(claim_task, (now, run[1])).fetchone()
+        return ClaimedRun(*run, *task, now)
+    row = sql(MYSQL_CLAIM).fetchone()
+    if row is None:
+        return None
+    sql(MYSQL_START[0], (runner_id, now, now, row[0]))
+    sql(MYSQL_START[1], (now, row[1]))
+    return ClaimedRun(*row, now)
+
+
+def release_runs_of(store, runner_id, only=None, keep=None, now=None):
+    """Give back, unstarted, the runs `runner_id` has ``running`` (just `only`, or all but
+    `keep`): a runner told to stop between a claim and the start, or one that lost its
+    connection while claiming and cannot know whether the claim committed (such a run would
+    otherwise stay ``running`` until its run_timeout). Returns how many were given back."""
+    Task, Run = store.Task, store.Run
+    now = now or utcnow()
+
+    def step():
+        query = runs_of_runner_query(store, runner_id)
+        if only is not None:
+            query = query.where(Run.id == only)
+        if keep is not None:
+            query = query.where(Run.id != keep)
+        released = 0
+        for run in list(query):
+            # Conditional like every end (rule 4): an overseer may have timed it out since.
+            if Run.update(status=SCHEDULED, runner_id=None, started_on=None, updated_on=now
+                          ).where((Run.id == run.id) & run_status_is(Run, RUNNING)
+                                  & (Run.runner_id == runner_id)).execute():
+                Task.update(last_status=SCHEDULED, updated_on=now).where(
+                    Task.id == run.task_id).execute()
+                released += 1
+        return released
+    return store.write_and_wake(step, bool)
+
+
+def was_ended_by(store, run_id, runner_id, status):
+    """Whether the run ended with `status` by `runner_id`'s own end (not a timeout set by
+    someone else): after a lost connection, did the end commit?"""
+    Run = store.Run
+    return Run.select().where((Run.id == run_id) & (Run.runner_id == runner_id)
+                              & (Run.status == status)).exists()
+
+
+def report_progress(store, run_id, runner_id, percent, now=None):
+    """Store progress; False when the run is no longer this runner's (it was timed out)."""
+    Run = store.Run
+    return Run.update(percent_completed=percent, updated_on=now or utcnow()).where(
+        (Run.id == run_id) & (Run.status == RUNNING) & (Run.runner_id == runner_id)
+    ).execute() > 0
+
+
+# -- ending -------------------------------------------------------------------------------------
+
+def end_run(store, run_id, task_id, status, runner_id=None, results=None, error_code=None,
+            error_message=None, now=None, periodic_task_id=None):
+    """End a running run with `status` and aggregate its task.
+
+    Rule 4: the update is conditional on the run still being ``running`` (and, for a runner
+    finishing its own run, on its runner_id), so a runner that comes back late cannot
+    overwrite a ``timeout`` set meanwhile. Returns False when it lost that race.
+    """
+    now = now or utcnow()
+    args = (run_id, task_id, status, runner_id, results, error_code, error_message, now,
+            periodic_task_id)
+    if _single_statement_end(store, status, runner_id, periodic_task_id):
+        return end_in_transaction(store, *args)
+    return store.write(lambda: end_in_transaction(store, *args))
+
+
+def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, error_code=None,
+                      error_message=None, now=None, periodic_task_id=None):
+    """end_run() of a runner's own run and claim() of its next in one transaction, so a busy
+    runner pays one commit per job (one statement on PostgreSQL for a success). Same rules as
+    the two calls; the claim happens even when the end lost its race.
+    Returns (ended, ClaimedRun or None)."""
+    now = now or utcnow()
+    if _single_statement_end(store, status, runner_id, periodic_task_id):
+        row = store.db.execute_sql(PG_SUCCESS_AND_CLAIM, (
+            now, now, results, run_id, runner_id, now, now,
+            runner_id, now, now, now)).fetchone()
+        claimed = None if row[1] is None else ClaimedRun(*row[1:], now)
+        return row[0] > 0, claimed
+    return store.write(lambda: (
+        end_in_transaction(store, run_id, task_id, status, runner_id, results, error_code,
+                           error_message, now, periodic_task_id),
+        _claim_step(store, runner_id, now)))
+
+
+def _single_statement_end(store, status, runner_id, periodic_task_id):
+    """A runner's success of a plain task on PostgreSQL: one statement, no transaction."""
+    return (store.backend == "postgresql" and status == SUCCESS and runner_id is not None
+            and periodic_task_id is None)
+
+
+def end_in_transaction(store, run_id, task_id, status, runner_id, results, error_code,
+                       error_message, now, periodic_task_id=None):
+    """end_run() inside the caller's write transaction."""
+    Run = store.Run
+    if status == SUCCESS and runner_id is not None:
+        # The hot path, as plain SQL with the same conditions.
+        if store.backend == "postgresql":
+            ended = store.db.execute_sql(PG_SUCCESS, (
+                now, now, results, run_id, runner_id, now, now)).fetchone()[0] > 0
+        else:
+            end_one, end_task = SUCCESS_BY_PARAM[store.db.param]
+            ended = store.db.execute_sql(end_one, (now, now, results, run_id, runner_id)).rowcount > 0
+            if ended:
+                store.db.execute_sql(end_task, (now, now, task_id))
+        if ended and periodic_task_id is not None:
+            _outcome(store, periodic_task_id, status, now)
+        return ended
+    values = {Run.status: status, Run.finished_on: now, Run.updated_on: now,
+              Run.active_task_id: None, Run.error_code: error_code,
+              Run.error_message: error_message}
+    if status == SUCCESS:
+        values[Run.percent_completed] = 100
+    if results is not None:
+        values[Run.results] = results
+    condition = (Run.id == run_id) & (Run.status == RUNNING)
+    if runner_id is not None:
+        condition &= Run.runner_id == runner_id
+    if not Run.update(values).where(condition).execute():
+        return False
+    _aggregate(store, task_id, status, error_code, error_message, now, periodic_task_id)
+    return True
+
+
+def _aggregate(store, task_id, status, error_code, error_message, now, periodic_task_id=None):
+    """The task after a run ended: last_status, runs_failed (reset by a success), the last
+    error, and when (if ever) its next run may be created. A success needs no read; the
+    caller passes the periodic task id it knows from the claim."""
+    Task, config = store.Task, store.config
+    if status in (SUCCESS, CANCELLED):
+        values = {Task.last_status: status, Task.next_run_on: None, Task.finished_on: now,
+                  Task.active_key: None, Task.updated_on: now}
+        if status == SUCCESS:
+            values[Task.runs_failed] = 0
+        Task.update(values).where(Task.id == task_id).execute()
+        if periodic_task_id is not None:
+            _outcome(store, periodic_task_id, status, now)
+        return
+    task = store.locked(Task.select(Task.runs_failed, Task.max_retries, Task.retry_backoff,
+                                    Task.periodic_task_id).where(Task.id == task_id)).get()
+    runs_failed = task.runs_failed + 1
+    values = {Task.last_status: status, Task.runs_failed: runs_failed,
+              Task.last_error_code: error_code, Task.last_error_message: error_message,
+              Task.updated_on: now}
+    if runs_failed >= task.max_retries:
+        # Given up: final, with the reason kept in last_error_*.
+        values.update({Task.next_run_on: None, Task.finished_on: now, Task.active_key: None})
+    else:
+        base = task.retry_backoff if task.retry_backoff is not None else config.task.retry_backoff
+        delay = retry_delay(runs_failed, base, config.task.retry_backoff_max)
+        values[Task.next_run_on] = now + timedelta(seconds=delay)
+    Task.update(values).where(Task.id == task_id).execute()
+    if task.periodic_task_id is not None:
+        _outcome(store, task.periodic_task_id, status, now)
+
+
+def timeout_overdue_runs(store, now=None):
+    """Mark ``timeout`` every running run with no update for its task's run_timeout, or
+    running longer than its max_runtime. Returns [(run_id, runner_id)] of the runs marked,
+    so the caller can stop the processes executing them (rule 8)."""
+    now = now or utcnow()
+    # Read in full before writing: on SQLite an open SELECT would make each end's write
+    # transaction fail as soon as another process had committed meanwhile.
+    running = list(running_runs_query(store).objects())
+    ended = []
+    for run in running:
+        if run.updated_on + timedelta(seconds=run.run_timeout) < now:
+            message = "no update for %gs (run_timeout)" % run.run_timeout
+            code = "RunTimeout"
+        elif run.max_runtime and run.started_on + timedelta(seconds=run.max_runtime) < now:
+            message = "running longer than %gs (max_runtime)" % run.max_runtime
+            code = "MaxRuntime"
+        else:
+            continue
+        if end_run(store, run.id, run.task_id, TIMEOUT, error_code=code, error_message=message,
+                   now=now):
+            log.warning("run %d of task %d timed out: %s", run.id, run.task_id, message)
+            ended.append((run.id, run.runner_id))
+    return ended
+
+
+# -- the operator's verbs -----------------------------------------------------------------------
+
+def _locked_task(store, task_id):
+    Task = store.Task
+    task = store.locked(Task.select().where(Task.id == task_id)).first()
+    if task is None:
+        raise TaskNotFound("no task with id %s" % task_id)
+    return task
+
+
+def retry(store, task_id, now=None):
+    """Re-arm a failed or given-up task: runs_failed back to 0 and a run now.
+    Race closed: retry against a runner finishing the task's run — the live-run unique index
+    and the conditional state check inside one transaction."""
+    Task, Run = store.Task, store.Run
+    now = now or utcnow()
+
+    def step():
+        task = _locked_task(store, task_id)
+        if task.last_status not in FAILED:
+            raise StateError("task %d is %s; only a failed or given-up task can be retried"
+                             % (task.id, task.last_status))
+        if Run.select().where(Run.active_task_id == task.id).exists():
+            raise StateError("task %d already has a run scheduled or running" % task.id)
+        try:
+            with store.db.atomic():
+                Task.update(runs_failed=0, next_run_on=now, finished_on=None,
+                            active_key=task.unique_key, updated_on=now
+                            ).where(Task.id == task.id).execute()
+        except pw.IntegrityError:
+            raise StateError("task %d cannot be retried: another live task holds its "
+                             "unique_key %r" % (task.id, task.unique_key)) from None
+    store.write(step)
+    create_missing_runs(store, now)
+
+
+def cancel(store, task_id, now=None):
+    """Cancel a task that has no running run; its scheduled run becomes ``cancelled``.
+    Race closed: cancel against a runner claiming the run — the run is cancelled only
+    WHERE status='scheduled', in the same transaction as the task update."""
+    Task, Run = store.Task, store.Run
+    now = now or utcnow()
+
+    def step():
+        task = _locked_task(store, task_id)
+        if task.last_status == CANCELLED or task.finished_on is not None:
+            raise StateError("task %d has already ended (%s)" % (task.id, task.last_status))
+        live = Run.select(Run.id, Run.status).where(Run.active_task_id == task.id).first()
+        if live is not None:
+            cancelled = Run.update(status=CANCELLED, finished_on=now, updated_on=now,
+                                   active_task_id=None).where(
+                (Run.id == live.id) & (Run.status == SCHEDULED)).execute()
+            if not cancelled:
+                raise StateError("task %d is running (run %d); it cannot be cancelled"
+                                 % (task.id, live.id))
+        Task.update(last_status=CANCELLED, next_run_on=None, finished_on=now,
+                    active_key=None, updated_on=now).where(Task.id == task.id).execute()
+    store.write(step)

@@ -1,0 +1,98 @@
+"""A store: one database, and how every rule module talks to it.
+
+The store owns the connection (opened lazily, so nothing crosses a fork), the models bound
+to this database alone, write transactions retried after a deadlock or a busy database,
+row locks where the database has them, wake-ups of idle runners after a commit, and the
+schema check. Every module below the `TaskQueue` facade receives the store it works on.
+"""
+import sqlite3
+
+from . import wakeup
+from .config import Config
+from .db import backend_of, check_connection, open_database, retry_transaction
+from .errors import SchemaBehind
+from .migrations import migrate, pending
+from .models import bind_models
+
+
+class Store:
+    """One database named by ``config.database.url``."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.url = config.database.url
+        self.backend = backend_of(self.url)
+        self.is_sqlite = self.backend == "sqlite"
+        self.db = open_database(config.database)
+        models = bind_models(self.db)
+        self.models = models
+        self.Task, self.Run, self.Runner, self.PeriodicTask = models
+        self._returning = None
+
+    # -- connection and schema ------------------------------------------------------------
+
+    def connect(self):
+        """Connect now; DatabaseUnavailable with the password masked if that fails."""
+        check_connection(self.db, self.url)
+
+    def migrate(self):
+        """Apply pending migrations under the migration lock; returns their names."""
+        self.connect()
+        return migrate(self.db, self.backend)
+
+    def require_schema(self):
+        """Refuse to work on a schema older than this code (an application opening a queue
+        does not run DDL unless asked)."""
+        self.connect()
+        missing = pending(self.db)
+        if missing:
+            raise SchemaBehind(
+                "the database schema is behind this taskrunner (%d migration(s) pending, first "
+                "%s): run `taskrunner init-db`, or open the queue with migrate=True"
+                % (len(missing), missing[0]))
+
+    def close(self):
+        if not self.db.is_closed():
+            self.db.close()
+
+    # -- transactions -----------------------------------------------------------------------
+
+    def write(self, fn):
+        """Run ``fn()`` in a write transaction, again after a deadlock or a busy database."""
+        return retry_transaction(self.db, fn)
+
+    def locked(self, query):
+        """SELECT ... FOR UPDATE where the database has row locks; SQLite's write
+        transaction already holds the only lock."""
+        return query if self.is_sqlite else query.for_update()
+
+    def write_and_wake(self, fn, wake):
+        """Run fn in a write transaction; when ``wake(result)`` says it made runs claimable,
+        wake idle runners (on PostgreSQL by NOTIFY inside the transaction, on this host after
+        the commit)."""
+        def step():
+            result = fn()
+            if wake(result):
+                wakeup.notify_in_transaction(self.db, self.backend)
+            return result
+        result = self.write(step)
+        if wake(result):
+            self.wake_local()
+        return result
+
+    def wake_local(self):
+        """Wake this host's idle runners of this database."""
+        wakeup.notify_local(self.url)
+
+    def insert_returning(self):
+        """Whether INSERT ... RETURNING works here: PostgreSQL, SQLite 3.35+, MariaDB 10.5+."""
+        if self._returning is None:
+            if self.backend == "postgresql":
+                self._returning = True
+            elif self.is_sqlite:
+                self._returning = sqlite3.sqlite_version_info >= (3, 35)
+            else:
+                version = self.db.execute_sql("SELECT VERSION()").fetchone()[0]
+                numbers = tuple(int(n) for n in version.split("-")[0].split(".")[:2])
+                self._returning = "mariadb" in version.lower() and numbers >= (10, 5)
+        return self._returning
