@@ -41,7 +41,7 @@ class TaskError(Exception):
     ``MAILBOX_FULL``; any other exception stores its class name as the code.
     """
 
-    def __init__(self, message, code=None):
+    def __init__(self, message: str, code: "str | None" = None) -> None:
         super().__init__(message)
         self.code = code
 

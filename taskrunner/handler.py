@@ -9,8 +9,12 @@ import importlib
 import json
 import re
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .errors import HandlerError
+
+if TYPE_CHECKING:
+    from .queue import TaskQueue
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
@@ -25,7 +29,7 @@ class TaskHandler:
     when ``run.should_stop()`` is true.
     """
 
-    def handle(self, run):
+    def handle(self, run: "RunContext") -> None:
         raise NotImplementedError("%s.handle(run) is not implemented" % type(self).__name__)
 
 
@@ -75,27 +79,29 @@ class RunContext:
     TaskQueue executing it (to queue follow-up tasks).
     """
 
-    def __init__(self, run_id, task_id, attempt, data, deadline=None, report=None, stopping=None,
-                 queue=None):
+    def __init__(self, run_id: int, task_id: int, attempt: int, data: Any, *,
+                 queue: "TaskQueue", deadline: Optional[datetime] = None,
+                 report: Optional[Callable[[int], bool]] = None,
+                 stopping: Optional[Callable[[], bool]] = None) -> None:
         self.id = run_id
         self.queue = queue
         self.task_id = task_id
         self.attempt = attempt
-        self.data = data
-        self.results = None
+        self.data: Any = data
+        self.results: Any = None
         self.deadline = deadline
         self.lost = False
         self._report = report
         self._stopping = stopping
 
-    def progress(self, percent):
+    def progress(self, percent: float) -> None:
         """Store percent_completed (0..100) and mark the run as alive."""
         percent = max(0, min(100, int(percent)))
         if self._report is not None and not self._report(percent):
             # The run is no longer ours (it was marked timeout): the handler should stop.
             self.lost = True
 
-    def should_stop(self):
+    def should_stop(self) -> bool:
         """True when the handler should wrap up: the runner is stopping, the deadline has
         passed, or the run was taken away (marked timeout)."""
         if self.lost or (self._stopping is not None and self._stopping()):

@@ -198,16 +198,18 @@ class Overseer:
             self.children[pid] = Child(pid, self.now)
             log.debug("spawned runner pid %d", pid)
             return pid
-        os._exit(self._run_child(jitter))
+        os._exit(self.run_child(jitter))
 
-    def _run_child(self, jitter):
+    def run_child(self, jitter):
+        """The body of a forked child: a runner; returns its exit code."""
         code = 1
         try:
             for name in self.SIGNALS:
                 signal.signal(getattr(signal, name), signal.SIG_DFL)
             signal.set_wakeup_fd(-1)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            for fd in (self._wake_r, self._wake_w):
+                if fd is not None:
+                    os.close(fd)
             _set_parent_death_signal(signal.SIGTERM)
             from .runner import Worker
             worker = Worker(Store(self.config), parent_pid=self.pid, parent_id=self.row_id)
@@ -346,10 +348,9 @@ class Overseer:
 
     # -- the loop -----------------------------------------------------------------------
 
-    def start(self):
+    def prepare(self):
         """Before the first tick: migrate, sweep what earlier processes of this host left
         behind (dead PIDs, an older boot), sync the periodic definitions, register."""
-        self._setup_signals()
         self.store.migrate()
         swept = liveness.refresh_runners(self.store, other_hosts=False)
         if swept:
@@ -362,7 +363,8 @@ class Overseer:
                  self.pid, self.num_runners, self.config.overseer.check_interval)
 
     def run(self):
-        self.start()
+        self._setup_signals()
+        self.prepare()
         try:
             while True:
                 delay = self.tick(time.monotonic())
@@ -370,7 +372,7 @@ class Overseer:
                     break
                 self._sleep(delay)
         finally:
-            self._shutdown()
+            self.shutdown()
         return self.exit_code
 
     def tick(self, now):
@@ -421,7 +423,8 @@ class Overseer:
             self.stop_deadline = float("inf")
         return False
 
-    def _shutdown(self):
+    def shutdown(self):
+        """After the last tick: KILL what is left, mark its rows, retire this overseer."""
         for child in list(self.children.values()):
             self._signal(child.pid, signal.SIGKILL)
         for pid in list(self.children):

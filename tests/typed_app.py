@@ -1,0 +1,44 @@
+"""A small application on taskrunner's public API, type-checked by `mypy --strict` in
+test_api.py: it must pass without a cast or an ignore."""
+from datetime import datetime, timedelta, timezone
+from typing import List, Optional
+
+from taskrunner import RunContext, RunInfo, TaskError, TaskHandler, TaskInfo, TaskQueue
+
+
+class SendDigest(TaskHandler):
+    def handle(self, run: RunContext) -> None:
+        users = run.data["users"]
+        for index, user in enumerate(users):
+            if run.should_stop():
+                raise TaskError("stopped at user %s" % user, code="Stopped")
+            run.progress(100 * index / len(users))
+        run.results = {"sent": len(users)}
+        run.queue.add_task("typed_app.SendDigest", {"users": []}, queued_by="task %d" % run.task_id)
+        deadline: Optional[datetime] = run.deadline
+        if deadline is not None and deadline < datetime.now(timezone.utc):
+            raise TaskError("too late")
+
+
+def queue_digest(queue: TaskQueue, users: List[int]) -> int:
+    later = datetime.now(timezone.utc) + timedelta(minutes=5)
+    return queue.add_task("typed_app.SendDigest", {"users": users}, scheduled_on=later,
+                          priority=5, max_retries=3, unique_key="digest", queued_by="web")
+
+
+def report(queue: TaskQueue, task_id: int) -> str:
+    task: TaskInfo = queue.get_task(task_id)
+    runs: List[RunInfo] = queue.runs_of(task_id)
+    finished = task.finished_on.isoformat() if task.finished_on else "not yet"
+    last = runs[-1].results if runs else None
+    return "%s %s %s %r" % (task.handler, task.status, finished, last)
+
+
+def main() -> None:
+    with TaskQueue("sqlite:///app.db", migrate=True) as queue:
+        task_id = queue_digest(queue, [1, 2, 3])
+        ids: List[int] = queue.add_tasks([{"handler": "typed_app.SendDigest",
+                                           "data": {"users": [n]}} for n in range(3)])
+        done: int = queue.run_pending(max_runs=10)
+        print(report(queue, task_id), ids, done, queue.tasks(status="given-up", limit=5))
+        queue.retry(task_id) if queue.get_task(task_id).given_up else queue.cancel(task_id)
