@@ -119,7 +119,7 @@ class TaskQueue:
         many runs were executed. For tests of handlers: no processes, no signals."""
         from .runner import Worker
         maintenance.process_queue(self.store)
-        worker = Worker(self.store, install_signals=False)
+        worker = Worker(self.store, install_signals=False, memory_limit=False)
         return int(worker.work(burst=True, max_runs=max_runs))
 
 

@@ -65,8 +65,12 @@ class Worker:
     STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
     INTERRUPT_SIGNALS = ("SIGTERM", "SIGINT")
 
-    def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None):
+    def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
+                 memory_limit=True):
         self.store = store
+        # Off for work run inside someone else's process (run_pending): its RSS is the
+        # application's, not a runner's that may be replaced.
+        self.memory_limit = memory_limit
         self.config = store.config
         self._facade = None
         self.install_signals = install_signals
@@ -271,7 +275,8 @@ class Worker:
             return True
         if max_runs and self.runs_done >= max_runs:
             self.stop_reason = "max_runs (%d) reached" % max_runs
-        elif self.runs_done and self._rss() > self.config.runner.memory_limit * MB:
+        elif self.memory_limit and self.runs_done \
+                and self._rss() > self.config.runner.memory_limit * MB:
             # Checked after a run, never before the first: a runner must always do some work.
             self.stop_reason = "memory_limit (%d MB) exceeded" % self.config.runner.memory_limit
         elif self.parent_pid is not None and os.getppid() != self.parent_pid:
