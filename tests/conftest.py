@@ -6,10 +6,14 @@ and mysql://root@127.0.0.1:3306/test (override with TASKRUNNER_TEST_POSTGRES_URL
 TASKRUNNER_TEST_MYSQL_URL). Without the server they are skipped with the reason — except in
 CI (CI=true or TASKRUNNER_REQUIRE_DATABASES=1), where an unreachable server fails them.
 """
+import logging
 import os
+import shutil
+import queue as queue_module
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from datetime import timezone
@@ -64,18 +68,126 @@ def _admin(backend):
         pytest.skip(reason)
 
 
-class Database:
-    """A fresh, empty database for one test; dropped afterwards."""
+class _Pool:
+    """Migrated PostgreSQL / MySQL databases made ahead of the tests that take them.
 
-    def __init__(self, backend, tmp_path):
+    Creating and migrating a database costs 0.3-0.6 s of server I/O (PostgreSQL copies
+    template1 through the WAL; cloning another template was slower still); a thread makes
+    the next few while the current test runs, so a test takes one ready-made."""
+
+    AHEAD = 3
+
+    def __init__(self, backend):
         self.backend = backend
-        self.name = "trtest_%s" % uuid.uuid4().hex[:12]
+        self.ready = queue_module.Queue(maxsize=self.AHEAD)
+        self.stopping = threading.Event()
+        self.error = None
+        self.thread = threading.Thread(target=self._fill, name="db-pool-" + backend, daemon=True)
+        self.admin = _admin(backend)       # skips or fails here, in the test, when unreachable
+        self.thread.start()
+
+    def _fill(self):
+        admin = self.admin
+        while not self.stopping.is_set():
+            name = "trtest_%s" % uuid.uuid4().hex[:12]
+            try:
+                with admin.cursor() as cur:
+                    cur.execute("CREATE DATABASE %s" % name)
+                TaskQueue(_with_db(SERVERS[self.backend], name), migrate=True).close()
+            except Exception as exc:  # reported to the test that waits for a database
+                self.error = exc
+                return
+            while not self.stopping.is_set():
+                try:
+                    self.ready.put(name, timeout=0.2)
+                    break
+                except queue_module.Full:
+                    continue
+            else:
+                self._drop(admin, name)
+
+    def take(self):
+        while True:
+            if self.error is not None:
+                raise self.error
+            try:
+                return self.ready.get(timeout=0.5)
+            except queue_module.Empty:
+                if not self.thread.is_alive() and self.error is None:
+                    raise RuntimeError("the %s database pool stopped" % self.backend)
+
+    def _drop(self, admin, name):
+        with admin.cursor() as cur:
+            if self.backend == "postgresql":
+                cur.execute("DROP DATABASE IF EXISTS %s WITH (FORCE)" % name)
+            else:
+                cur.execute("DROP DATABASE IF EXISTS %s" % name)
+
+    def close(self):
+        self.stopping.set()
+        self.thread.join(30)
+        while True:
+            try:
+                self._drop(self.admin, self.ready.get_nowait())
+            except queue_module.Empty:
+                break
+        self.admin.close()
+
+
+def _not_from_a_pool(record):
+    """The pools migrate in the background: their log lines belong to no test's output."""
+    return not threading.current_thread().name.startswith("db-pool-")
+
+
+logging.getLogger("peewee.migrations").addFilter(_not_from_a_pool)
+_POOLS = {}
+_SQLITE_TEMPLATE = []
+
+
+def _pool(backend):
+    if backend not in _POOLS:
+        _POOLS[backend] = _Pool(backend)
+    return _POOLS[backend]
+
+
+def _sqlite_template(tmp_path):
+    """A migrated SQLite file, copied for each test (migrating took most of the set-up)."""
+    if not _SQLITE_TEMPLATE:
+        directory = tmp_path.parent / ("template-%s" % uuid.uuid4().hex[:8])
+        directory.mkdir()
+        path = directory / "taskrunner.db"
+        TaskQueue("sqlite:///%s" % path, migrate=True).close()
+        _SQLITE_TEMPLATE.append(str(path))
+    return _SQLITE_TEMPLATE[0]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _database_pools():
+    yield
+    for pool in _POOLS.values():
+        pool.close()
+    _POOLS.clear()
+
+
+class Database:
+    """A fresh database for one test, with the current schema (`empty=True`: none);
+    dropped afterwards."""
+
+    def __init__(self, backend, tmp_path, empty=False):
+        self.backend = backend
         if backend == "sqlite":
-            self.url = "sqlite:///%s" % (tmp_path / "taskrunner.db")
+            path = tmp_path / "taskrunner.db"
+            if not empty:
+                shutil.copyfile(_sqlite_template(tmp_path), path)
+            self.url = "sqlite:///%s" % path
             return
         self.admin = _admin(backend)
-        with self.admin.cursor() as cur:
-            cur.execute("CREATE DATABASE %s" % self.name)
+        if empty:
+            self.name = "trtest_%s" % uuid.uuid4().hex[:12]
+            with self.admin.cursor() as cur:
+                cur.execute("CREATE DATABASE %s" % self.name)
+        else:
+            self.name = _pool(backend).take()
         self.url = _with_db(SERVERS[backend], self.name)
 
     def drop(self):
@@ -142,19 +254,56 @@ def process_env(extra=None):
     return env
 
 
-def taskrunner(*args, config=None, url=None, check=False, timeout=60, env=None):
-    """Run the CLI to completion; returns CompletedProcess (text)."""
-    cmd = [sys.executable, "-m", "taskrunner"]
-    if config:
-        cmd += ["--config", config]
-    if url:
-        cmd += ["--database", url]
-    result = subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout,
-                            env=process_env(env))
+# Commands that become a runner or an overseer (signal handlers, registration, forks) run
+# in a process of their own; every other command runs in-process through main(), which is
+# the same code without the 0.3 s of interpreter start-up and imports.
+PROCESS_COMMANDS = ("runner", "overseer", "task-runner:OnProcess")
+
+
+def taskrunner(*args, config=None, url=None, check=False, timeout=60, env=None,
+               process=False):
+    """Run the CLI to completion; returns a CompletedProcess (text). In a process of its own
+    with `env`, `process=True`, or a command that starts a runner or an overseer."""
+    options = (["--config", config] if config else []) + (["--database", url] if url else [])
+    argv = options + list(args)
+    if process or env is not None or any(arg in PROCESS_COMMANDS for arg in args):
+        result = subprocess.run([sys.executable, "-m", "taskrunner"] + argv, capture_output=True,
+                                text=True, timeout=timeout, env=process_env(env))
+    else:
+        result = _in_process(argv)
     if check and result.returncode != 0:
         raise AssertionError("taskrunner %s exited %d: %s" % (" ".join(args), result.returncode,
                                                               result.stderr))
     return result
+
+
+def _in_process(argv):
+    """main(argv) with stdout and stderr captured, an exit code as a process would give:
+    SystemExit's code, or 1 and the traceback for an exception main() let through."""
+    import contextlib
+    import io
+    import traceback
+    from taskrunner.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    saved = {name: os.environ.pop(name) for name in ("TASKRUNNER_CONFIG", "TASKRUNNER_DATABASE_URL")
+             if name in os.environ}
+    try:
+        root.handlers[:] = []          # so main()'s logging set-up takes effect, as in a process
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        root.handlers[:] = handlers    # main() set up logging on the captured stderr
+        root.setLevel(level)
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(argv, code or 0, out.getvalue(), err.getvalue())
 
 
 def spawn(*args, config=None, url=None, env=None, log_path=None):

@@ -769,20 +769,21 @@ def test_each_runner_has_its_own_postgresql_connection(pg_overseers, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_chaos_kill_9_runners_every_half_second_loses_no_task(database_sp, overseers,
-                                                              tmp_path):
+def test_chaos_kill_9_runners_every_quarter_second_loses_no_task(database_sp, overseers,
+                                                                 tmp_path):
+    """A random runner SIGKILLed every 0.25 s while the queue is being worked (30 kills, or
+    until no task is left): nothing lost, nothing run twice, the limit never exceeded."""
     queue = database_sp.queue()
     log = str(tmp_path / "records")
     task_ids = queue.add_tasks([{"handler": "sample_handlers.Record",
-                                 "data": {"log": log, "sleep": 0.01}} for _ in range(1000)])
+                                 "data": {"log": log, "sleep": 0.02}} for _ in range(1000)])
     proc = overseers.start(overseers.config(limit=4, max_retries=50))
     wait_up(overseers, proc, 4)
 
     rng = random.Random(os.getpid())
     kills = 0
-    end = time.monotonic() + 20
     next_kill = time.monotonic()
-    while time.monotonic() < end:
+    while kills < 30 and Task.select().where(Task.finished_on.is_null()).exists():
         assert proc.poll() is None, "overseer exited during the chaos\n" + overseers.log()
         pids = live_pids(proc.pid)
         assert len(pids) <= 4 and len(runner_rows()) <= 4, "over the limit of 4"
@@ -792,9 +793,9 @@ def test_chaos_kill_9_runners_every_half_second_loses_no_task(database_sp, overs
                 kills += 1
             except ProcessLookupError:
                 pass
-        next_kill += 0.5
+        next_kill += 0.25
         time.sleep(max(0.0, next_kill - time.monotonic()))  # pacing of the kills, not a wait
-    assert kills >= 20
+    assert kills >= 15, "the queue was drained before the chaos had a chance"
 
     wait_all_final(overseers, timeout=300)
     assert proc.poll() is None, overseers.log()

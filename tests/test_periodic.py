@@ -765,7 +765,7 @@ def test_three_overseers_submit_each_due_time_at_most_once(database_sp, procs, t
     overseers = [procs.spawn("overseer", config=config, name="overseer") for _ in range(3)]
     for proc in overseers:
         wait_overseer(proc, procs)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 10     # ten due times of every periodic task, raced by three
     while time.monotonic() < deadline:
         assert all(p.poll() is None for p in overseers), procs.logs()
         time.sleep(0.5)
@@ -852,8 +852,9 @@ def test_after_downtime_catch_up_once_submits_one_task_and_skip_none(sqlite_db, 
     assert Task.select().where(Task.finished_on.is_null()).count() == 0
     before = {n: (row(n), [t.id for t in tasks_of(n)]) for n in ("once", "skip")}
 
-    # All schedulers stopped; ten due times pass.
-    downtime_end = max(r.nextrun for r, _ in before.values()) + timedelta(seconds=10)
+    # All schedulers stopped; six due times pass, the first more than MISFIRE_GRACE ago.
+    downtime_end = max(r.nextrun for r, _ in before.values()) + \
+        PeriodicScheduler.MISFIRE_GRACE + timedelta(seconds=1.5)
     wait_for(lambda: utcnow() >= downtime_end, timeout=30, interval=0.2, message="downtime")
     pass_start = utcnow()
     ok(taskrunner("run-event", "periodic-task:OnProcess", config=config, timeout=120))
