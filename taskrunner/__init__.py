@@ -6,8 +6,8 @@ need no database) must not pay for peewee and the database drivers it imports.
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import (ConfigError, DatabaseUnavailable, HandlerError, InputError, SchemaBehind,
-                     StateError, TaskError, TaskNotFound, TaskRunnerError)
+from .errors import (ConfigError, DatabaseUnavailable, HandlerError, InputError, Retry,
+                     SchemaBehind, StateError, TaskError, TaskNotFound, TaskRunnerError)
 from .handler import RunContext, TaskHandler
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 _LAZY = {"TaskQueue": "queue", "Config": "config", "TaskInfo": "reads", "RunInfo": "reads",
          "RunnerInfo": "reads", "PeriodicTaskInfo": "reads"}
 
-__all__ = ["TaskQueue", "TaskHandler", "RunContext", "TaskError", "Config", "TaskInfo",
+__all__ = ["TaskQueue", "TaskHandler", "RunContext", "TaskError", "Retry", "Config", "TaskInfo",
            "RunInfo", "RunnerInfo", "PeriodicTaskInfo", "TaskRunnerError", "InputError",
            "ConfigError", "DatabaseUnavailable", "HandlerError", "StateError", "TaskNotFound",
            "SchemaBehind"]

@@ -96,6 +96,7 @@ SCHEMA = {
         "graceful_timeout": (30.0, _seconds),
         "kill_grace": (10.0, _seconds),
         "max_start_failures": (10, _int(1)),
+        "crash_grace": (60.0, _seconds),
     },
     "log": {
         "level": ("info", _choice("debug", "info", "warning", "error")),

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import peewee as pw
 
 from .errors import InputError, StateError
-from .handler import encode_data, load_handler
+from .handler import check_handler_path, encode_data, load_handler
 from .models import SCHEDULED, utcnow
 from .timespan import MAX_SPAN
 
@@ -49,11 +49,15 @@ def _check_seconds(name, value):
 
 def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, priority=0,
              run_timeout=None, unique_key=None, queued_by=None, max_runtime=None,
-             retry_backoff=None, periodic_task_id=None, now=None, known_handlers=None):
+             retry_backoff=None, periodic_task_id=None, now=None, known_handlers=None,
+             import_handler=True):
     """Validate one task and return the row to insert; InputError on bad input.
-    `known_handlers`, a set, skips loading a handler already checked in this batch."""
+    `known_handlers`, a set, skips loading a handler already checked in this batch; without
+    `import_handler` the path is checked but not imported (the overseer's scheduler)."""
     defaults = config.task
-    if known_handlers is None or handler not in known_handlers:
+    if not import_handler:
+        check_handler_path(handler, config.handlers.allow)
+    elif known_handlers is None or handler not in known_handlers:
         load_handler(handler, config.handlers.allow)
         if known_handlers is not None:
             known_handlers.add(handler)

@@ -48,3 +48,19 @@ class TaskError(Exception):
 
 class SchemaBehind(InputError):
     """The database schema is older than this code and the caller did not ask to migrate."""
+
+
+class Retry(Exception):
+    """Raise from a handler to run the task again later without counting a failure
+    ("snooze"): ``raise Retry(in_seconds=300, reason="rate limited")``. Without
+    `in_seconds` it runs again at once. The run ends ``requeued`` with the reason."""
+
+    def __init__(self, in_seconds: "float | None" = None, reason: "str | None" = None) -> None:
+        if in_seconds is not None and (isinstance(in_seconds, bool)
+                                       or not isinstance(in_seconds, (int, float))
+                                       or not 0 <= in_seconds <= 3153600000):
+            raise ValueError("Retry(in_seconds=...) takes a number of seconds, not %r"
+                             % (in_seconds,))
+        super().__init__(reason or "retry")
+        self.in_seconds = in_seconds
+        self.reason = reason

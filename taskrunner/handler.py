@@ -7,6 +7,7 @@ allow-list is checked *before* importing, so a disallowed path never runs module
 import fnmatch
 import importlib
 import json
+import os
 import re
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -37,13 +38,20 @@ def is_allowed(path, allow):
     return not allow or any(fnmatch.fnmatchcase(path, pattern) for pattern in allow)
 
 
-def load_handler(path, allow=()):
-    """The handler class for `path`, or HandlerError saying why it cannot be used."""
+def check_handler_path(path, allow=()):
+    """Refuse a handler path that is not a dotted path or not allowed, without importing
+    anything (the overseer validates periodic handlers this way: a module it imported would
+    be inherited by every runner it forks, new code on disk or not)."""
     if not isinstance(path, str) or not _DOTTED.match(path):
         raise HandlerError("invalid handler %r: expected a dotted path like 'myapp.tasks.SendEmail'"
                            % (path,))
     if not is_allowed(path, allow):
         raise HandlerError("handler %r is not allowed by [handlers] allow" % path)
+
+
+def load_handler(path, allow=()):
+    """The handler class for `path`, or HandlerError saying why it cannot be used."""
+    check_handler_path(path, allow)
     module_name, _, class_name = path.rpartition(".")
     try:
         module = importlib.import_module(module_name)
@@ -56,6 +64,35 @@ def load_handler(path, allow=()):
     if not (isinstance(cls, type) and issubclass(cls, TaskHandler)):
         raise HandlerError("handler %r is not a TaskHandler subclass" % path)
     return cls
+
+
+def check_handlers_in_child(paths, allow=()):
+    """Import each handler in a forked child process and return the first HandlerError's
+    message, or None: a module imported by a long-lived parent (the overseer) would be
+    inherited by every process it forks later, old code and all."""
+    if not paths:
+        return None
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        code = 0
+        try:
+            for path in paths:
+                load_handler(path, allow)
+        except HandlerError as exc:
+            os.write(write_end, str(exc).encode("utf-8", "replace")[:4000])
+            code = 2
+        except BaseException:  # the child must never return into its parent's code
+            code = 1
+        os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        message = pipe.read().decode("utf-8", "replace")
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        return message or "checking the handlers failed"
+    return None
 
 
 def encode_data(data, max_size):

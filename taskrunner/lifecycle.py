@@ -16,7 +16,8 @@ from datetime import timedelta
 import peewee as pw
 
 from .errors import StateError, TaskNotFound
-from .models import CANCELLED, FAILED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, run_status_is, utcnow
+from .models import (CANCELLED, CRASHED, FAILED, REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
+                     run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.lifecycle")
 
@@ -89,15 +90,15 @@ _OUTCOME_HOOKS = []
 
 
 def on_outcome(hook):
-    """Register ``hook(store, periodic_task_id, status, now)``, called inside the transaction
-    that ends a run of a task submitted by a periodic task."""
+    """Register ``hook(store, periodic_task_id, status, now, error_code)``, called inside the
+    transaction that ends a run of a task submitted by a periodic task."""
     if hook not in _OUTCOME_HOOKS:
         _OUTCOME_HOOKS.append(hook)
 
 
-def _outcome(store, periodic_task_id, status, now):
+def _outcome(store, periodic_task_id, status, now, error_code=None):
     for hook in _OUTCOME_HOOKS:
-        hook(store, periodic_task_id, status, now)
+        hook(store, periodic_task_id, status, now, error_code)
 
 
 def retry_delay(runs_failed, base, cap, rand=random.random):
@@ -116,7 +117,7 @@ def create_missing_runs(store, now=None, batch=500):
     Race closed: two processes creating runs at once — the candidate tasks are locked (SKIP
     LOCKED / SQLite's write lock) and the unique index on task_runs.active_task_id refuses a
     second live run whatever happens."""
-    Task, Run = store.Task, store.Run
+    Task = store.Task
     now = now or utcnow()
     created = 0
     # A cheap read first: most passes find nothing and need no write lock.
@@ -130,23 +131,27 @@ def create_missing_runs(store, now=None, batch=500):
                 query = query.for_update(skip_locked=True)
             ids = [t.id for t in query]
             if ids:
-                live = Run.select(Run.id).where(Run.active_task_id == Task.id)
-                source = (Task.select(Task.id, pw.Value(now), pw.Value(now), Task.run_count + 1,
-                                      Task.id, Task.priority, Task.scheduled_on,
-                                      pw.Value(SCHEDULED), pw.Value(0))
-                          .where(Task.id.in_(ids) & ~pw.fn.EXISTS(live)))
-                Run.insert_from(source, [Run.task_id, Run.created_on, Run.updated_on,
-                                         Run.attempt, Run.active_task_id, Run.priority,
-                                         Run.scheduled_on, Run.status,
-                                         Run.percent_completed]).execute()
-                (Task.update(next_run_on=None, run_count=Task.run_count + 1,
-                             last_status=SCHEDULED, updated_on=now)
-                 .where(Task.id.in_(ids)).execute())
+                _create_runs(store, ids, now)
             return len(ids)
         count = store.write_and_wake(step, bool)
         created += count
         if count < batch:
             return created
+
+
+def _create_runs(store, ids, now):
+    """The next run of each task in `ids` (locked by the caller), inside its transaction."""
+    Task, Run = store.Task, store.Run
+    live = Run.select(Run.id).where(Run.active_task_id == Task.id)
+    source = (Task.select(Task.id, pw.Value(now), pw.Value(now), Task.run_count + 1,
+                          Task.id, Task.priority, Task.scheduled_on,
+                          pw.Value(SCHEDULED), pw.Value(0))
+              .where(Task.id.in_(ids) & ~pw.fn.EXISTS(live)))
+    Run.insert_from(source, [Run.task_id, Run.created_on, Run.updated_on, Run.attempt,
+                             Run.active_task_id, Run.priority, Run.scheduled_on, Run.status,
+                             Run.percent_completed]).execute()
+    (Task.update(next_run_on=None, run_count=Task.run_count + 1, last_status=SCHEDULED,
+                 updated_on=now).where(Task.id.in_(ids)).execute())
 
 
 # -- claiming -----------------------------------------------------------------------------------
@@ -245,6 +250,13 @@ def was_ended_by(store, run_id, runner_id, status):
                               & (Run.status == status)).exists()
 
 
+def runs_under(store, run_id, runner_id):
+    """Whether the run is still ``running`` under this runner (nobody timed it out)."""
+    Run = store.Run
+    return Run.select(Run.id).where((Run.id == run_id) & (Run.runner_id == runner_id)
+                                    & (Run.status == RUNNING)).exists()
+
+
 def report_progress(store, run_id, runner_id, percent, now=None):
     """Store progress; False when the run is no longer this runner's (it was timed out)."""
     Run = store.Run
@@ -256,23 +268,24 @@ def report_progress(store, run_id, runner_id, percent, now=None):
 # -- ending -------------------------------------------------------------------------------------
 
 def end_run(store, run_id, task_id, status, runner_id=None, results=None, error_code=None,
-            error_message=None, now=None, periodic_task_id=None):
+            error_message=None, now=None, periodic_task_id=None, retry_at=None):
     """End a running run with `status` and aggregate its task.
 
     Rule 4: the update is conditional on the run still being ``running`` (and, for a runner
     finishing its own run, on its runner_id), so a runner that comes back late cannot
     overwrite a ``timeout`` set meanwhile. Returns False when it lost that race.
+    ``requeued``: the task runs again at `retry_at` (None: at once), not counted as failed.
     """
     now = now or utcnow()
     args = (run_id, task_id, status, runner_id, results, error_code, error_message, now,
             periodic_task_id)
     if _single_statement_end(store, status, runner_id, periodic_task_id):
         return end_in_transaction(store, *args)
-    return store.write(lambda: end_in_transaction(store, *args))
+    return store.write(lambda: end_in_transaction(store, *args, retry_at=retry_at))
 
 
 def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, error_code=None,
-                      error_message=None, now=None, periodic_task_id=None):
+                      error_message=None, now=None, periodic_task_id=None, retry_at=None):
     """end_run() of a runner's own run and claim() of its next in one transaction, so a busy
     runner pays one commit per job (one statement on PostgreSQL for a success). Same rules as
     the two calls; the claim happens even when the end lost its race.
@@ -286,7 +299,7 @@ def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, e
         return row[0] > 0, claimed
     return store.write(lambda: (
         end_in_transaction(store, run_id, task_id, status, runner_id, results, error_code,
-                           error_message, now, periodic_task_id),
+                           error_message, now, periodic_task_id, retry_at),
         _claim_step(store, runner_id, now)))
 
 
@@ -297,8 +310,9 @@ def _single_statement_end(store, status, runner_id, periodic_task_id):
 
 
 def end_in_transaction(store, run_id, task_id, status, runner_id, results, error_code,
-                       error_message, now, periodic_task_id=None):
-    """end_run() inside the caller's write transaction."""
+                       error_message, now, periodic_task_id=None, retry_at=None):
+    """end_run() inside the caller's write transaction. `retry_at`: when a requeued task
+    runs again, or for a failure the earliest time of its retry (crash_grace)."""
     Run = store.Run
     if status == SUCCESS and runner_id is not None:
         # The hot path, as plain SQL with the same conditions.
@@ -325,11 +339,28 @@ def end_in_transaction(store, run_id, task_id, status, runner_id, results, error
         condition &= Run.runner_id == runner_id
     if not Run.update(values).where(condition).execute():
         return False
-    _aggregate(store, task_id, status, error_code, error_message, now, periodic_task_id)
+    if status == REQUEUED:
+        _requeue(store, task_id, now, retry_at)
+    else:
+        _aggregate(store, task_id, status, error_code, error_message, now, periodic_task_id,
+                   not_before=retry_at)
     return True
 
 
-def _aggregate(store, task_id, status, error_code, error_message, now, periodic_task_id=None):
+def _requeue(store, task_id, now, retry_at):
+    """The task of a requeued run: scheduled again, its failures not counted; a run at once
+    when it is due now (a stopped runner's work must not wait for the next pass)."""
+    Task = store.Task
+    due = retry_at is None or retry_at <= now
+    Task.update(last_status=SCHEDULED, next_run_on=now if due else retry_at,
+                updated_on=now).where(Task.id == task_id).execute()
+    if due:
+        _create_runs(store, [task_id], now)
+        store.wake_after_commit()
+
+
+def _aggregate(store, task_id, status, error_code, error_message, now, periodic_task_id=None,
+               not_before=None):
     """The task after a run ended: last_status, runs_failed (reset by a success), the last
     error, and when (if ever) its next run may be created. A success needs no read; the
     caller passes the periodic task id it knows from the claim."""
@@ -349,16 +380,18 @@ def _aggregate(store, task_id, status, error_code, error_message, now, periodic_
     values = {Task.last_status: status, Task.runs_failed: runs_failed,
               Task.last_error_code: error_code, Task.last_error_message: error_message,
               Task.updated_on: now}
+    if error_code == CRASHED:
+        values[Task.crash_count] = Task.crash_count + 1
     if runs_failed >= task.max_retries:
         # Given up: final, with the reason kept in last_error_*.
         values.update({Task.next_run_on: None, Task.finished_on: now, Task.active_key: None})
     else:
         base = task.retry_backoff if task.retry_backoff is not None else config.task.retry_backoff
         delay = retry_delay(runs_failed, base, config.task.retry_backoff_max)
-        values[Task.next_run_on] = now + timedelta(seconds=delay)
+        values[Task.next_run_on] = max(now + timedelta(seconds=delay), not_before or now)
     Task.update(values).where(Task.id == task_id).execute()
     if task.periodic_task_id is not None:
-        _outcome(store, task.periodic_task_id, status, now)
+        _outcome(store, task.periodic_task_id, status, now, error_code)
 
 
 def timeout_overdue_runs(store, now=None):

@@ -15,7 +15,7 @@ import psutil
 
 from .errors import RunnerLimitReached
 from .lifecycle import end_in_transaction, runs_of_runner_query
-from .models import ERROR, OVERSEER, RUNNER, RUNNING, SUCCESS, TIMEOUT, utcnow
+from .models import CRASHED, ERROR, OVERSEER, REQUEUED, RUNNER, RUNNING, SUCCESS, TIMEOUT, utcnow
 
 log = logging.getLogger("taskrunner.liveness")
 
@@ -106,19 +106,21 @@ def retire(store, runner_id, reason, now=None):
                        "runner %d exited: %s" % (runner_id, reason), now)
 
 
-def mark_runner_dead(store, runner_id, reason, now=None):
-    """Runner → ``timeout``, and every run it had ``running`` → ``timeout`` with its task
-    aggregated as after any failed run. Race closed: two processes noticing the same death —
-    the runner update is conditional on ``running``, and each run's end is conditional too
-    (rule 4), so each run is counted as failed once."""
-    if not _end_runner(store, runner_id, TIMEOUT, reason, TIMEOUT, "RunnerDied",
-                       "runner %d died: %s" % (runner_id, reason), now):
+def mark_runner_dead(store, runner_id, reason, now=None, retry_at=None):
+    """Runner → ``timeout``, and every run it had ``running`` → ``timeout`` (a crash,
+    ``RunnerDied``) with its task aggregated as after any failed run, retried not before
+    `retry_at`. Race closed: two processes noticing the same death — the runner update is
+    conditional on ``running``, and each run's end is conditional too (rule 4), so each run
+    is counted as failed once."""
+    if not _end_runner(store, runner_id, TIMEOUT, reason, TIMEOUT, CRASHED,
+                       "runner %d died: %s" % (runner_id, reason), now, retry_at):
         return False
     log.warning("runner %d marked timeout: %s", runner_id, reason)
     return True
 
 
-def _end_runner(store, runner_id, status, reason, run_status, error_code, error_message, now):
+def _end_runner(store, runner_id, status, reason, run_status, error_code, error_message, now,
+                retry_at=None):
     """The runner row → `status` and its running runs → `run_status`, in one transaction: a
     process dying half-way must not leave the runner ended with runs still ``running`` (no
     check would visit them again)."""
@@ -132,37 +134,53 @@ def _end_runner(store, runner_id, status, reason, run_status, error_code, error_
             return False
         for run in list(runs_of_runner_query(store, runner_id)):
             end_in_transaction(store, run.id, run.task_id, run_status, runner_id, None,
-                               error_code, error_message, now)
+                               error_code, error_message, now, retry_at=retry_at)
         return True
     return store.write(step)
 
 
 def dead_reason(row, host, current_boot, now, heartbeat_timeout):
-    """Why the runner row is dead, or None while it is alive."""
+    """Why the runner row is dead, or None while it is alive. A runner of this host whose
+    process lives but whose heartbeat stopped (SIGSTOP, a deadlock) is hung: dead too."""
     if row.host == host:
         if row.boot_id != current_boot:
             return "pid %d belonged to an earlier boot" % row.pid
         if not process_alive(row.pid, row.pid_create_time):
             return "pid %d is gone" % row.pid
+        if row.kind == RUNNER and row.heartbeat_on < now - timedelta(seconds=heartbeat_timeout):
+            return "pid %d is hung: no heartbeat for over %gs" % (row.pid, heartbeat_timeout)
         return None
     if row.heartbeat_on < now - timedelta(seconds=heartbeat_timeout):
         return "no heartbeat from %s for over %gs" % (row.host, heartbeat_timeout)
     return None
 
 
-def refresh_runners(store, now=None, other_hosts=True):
-    """Check every ``running`` runner row (this host by PID, other hosts by heartbeat age)
-    and mark the dead ones. Returns the ids marked."""
+def kill_hung(row):
+    """KILL a hung runner of this host, with its process group when it leads one (an
+    overseer's child: the handler's subprocesses go too). Its PID was checked just now."""
+    try:
+        os.killpg(row.pid, 9) if os.getpgid(row.pid) == row.pid else os.kill(row.pid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def refresh_runners(store, now=None, other_hosts=True, crash_grace=None):
+    """Check every ``running`` runner row (this host by PID and heartbeat, other hosts by
+    heartbeat age) and mark the dead ones; hung runners of this host are killed. Runs found
+    crashed are retried not before `crash_grace` seconds from now. Returns the ids marked."""
     Runner = store.Runner
     now = now or utcnow()
     host, current_boot = hostname(), boot_id()
     query = Runner.select().where(Runner.status == RUNNING)
     if not other_hosts:
         query = query.where(Runner.host == host)
+    retry_at = now + timedelta(seconds=crash_grace) if crash_grace else None
     dead = []
     for row in list(query):
         reason = dead_reason(row, host, current_boot, now, store.config.overseer.heartbeat_timeout)
-        if reason and mark_runner_dead(store, row.id, reason, now):
+        if reason and "hung" in reason:
+            kill_hung(row)
+        if reason and mark_runner_dead(store, row.id, reason, now, retry_at):
             dead.append(row.id)
     return dead
 
@@ -176,12 +194,17 @@ def child_registered(store, parent_id, pid):
         (Runner.parent_id == parent_id) & (Runner.pid == pid)).exists()
 
 
-def mark_child_dead(store, parent_id, pid, reason, now=None):
+def mark_child_dead(store, parent_id, pid, reason, now=None, stopped=False):
     """The overseer reaped child `pid`: its row, if still ``running``, and its runs become
-    ``timeout`` at once rather than at the next check."""
+    ``timeout`` at once rather than at the next check — or, when the overseer's own stop
+    killed it (`stopped`), its runs are handed back: ``requeued``, not a failure."""
     Runner = store.Runner
     rows = list(Runner.select(Runner.id).where(
         (Runner.parent_id == parent_id) & (Runner.pid == pid) & (Runner.status == RUNNING)))
+    if stopped:
+        return [row.id for row in rows if _end_runner(
+            store, row.id, TIMEOUT, reason, REQUEUED, "Stopped",
+            "handed back: its runner was %s" % reason, now)]
     return [row.id for row in rows if mark_runner_dead(store, row.id, reason, now)]
 
 

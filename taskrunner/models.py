@@ -20,7 +20,12 @@ SUCCESS = "success"
 ERROR = "error"
 TIMEOUT = "timeout"
 CANCELLED = "cancelled"
-RUN_FINAL = (SUCCESS, ERROR, TIMEOUT, CANCELLED)
+# The run ended without an outcome of its own and the task runs again, not counted as a
+# failure: its runner was told to stop (error_code Stopped) or the handler snoozed.
+REQUEUED = "requeued"
+RUN_FINAL = (SUCCESS, ERROR, TIMEOUT, CANCELLED, REQUEUED)
+# error_code of a run whose runner process died under it: a crash, counted apart.
+CRASHED = "RunnerDied"
 FAILED = (ERROR, TIMEOUT)
 
 # Runner kinds.
@@ -69,6 +74,7 @@ class Task(BaseModel):
     finished_on = pw.DateTimeField(null=True, index=True)
     last_error_code = pw.CharField(null=True)
     last_error_message = pw.TextField(null=True)
+    crash_count = pw.IntegerField(default=0)
 
     class Meta:
         table_name = "task_queue"
@@ -164,6 +170,7 @@ class PeriodicTask(BaseModel):
     consecutive_failures = pw.IntegerField(default=0)
     submitted_count = pw.IntegerField(default=0)
     skipped_count = pw.IntegerField(default=0)
+    crash_count = pw.IntegerField(default=0)
     updated_on = pw.DateTimeField()
 
     class Meta:

@@ -30,12 +30,15 @@ import psutil
 from . import liveness, maintenance, periodic
 from .config import Config
 from .errors import ConfigError, InputError, RunnerLimitReached
+from .handler import check_handlers_in_child
 from .models import OVERSEER, utcnow
 from .store import Store
 
 log = logging.getLogger("taskrunner.overseer")
 
 PR_SET_PDEATHSIG = 1
+# A runner that dies of these (or exits non-zero) crashed by itself, not killed by someone.
+CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
 
 
 class Child:
@@ -46,7 +49,8 @@ class Child:
         self.started = started
         self.retiring = False      # told to stop (TERM sent); not counted as capacity
         self.term_sent = None      # monotonic time of the first TERM
-        self.interrupted = False   # second TERM sent
+        self.interrupted = False   # USR1 sent: interrupt the handler
+        self.killed_by_stop = None   # why this overseer's own stop KILLed it: its run is handed back
         self.kill_at = None        # monotonic time at which it gets KILL
 
 
@@ -58,6 +62,7 @@ class Overseer:
     EXIT_LIMIT = 3
     START_WINDOW = 5.0           # a runner dying sooner than this after its start "failed to start"
     MAX_START_BACKOFF = 30.0
+    CRASH_RESPAWN = 0.2          # a registered runner that crashed soon: the next one waits
 
     def __init__(self, config, config_path=None, database_url=None):
         self.config = config
@@ -127,7 +132,8 @@ class Overseer:
                       "keeping the current config")
             return
         try:
-            periodic.sync_definitions(self.store, config)
+            _check_periodic_handlers(config)
+            periodic.sync_definitions(self.store, config, import_handlers=False)
         except (InputError, pw.DatabaseError) as exc:
             # A database hiccup during a reload must not stop the overseer either.
             log.error("reload failed, keeping the current config: %s", exc)
@@ -171,6 +177,14 @@ class Overseer:
         except ProcessLookupError:
             pass
 
+    def _kill(self, child, why):
+        """KILL a child with its process group: the handler's own subprocesses go too."""
+        log.warning("%s: killing runner pid %d", why, child.pid)
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            self._signal(child.pid, signal.SIGKILL)
+
     def _retire(self, child, kill_after=None):
         """TERM: finish the current run, claim nothing more, exit."""
         if not child.retiring:
@@ -182,11 +196,12 @@ class Overseer:
             child.kill_at = kill_at if child.kill_at is None else min(child.kill_at, kill_at)
 
     def _interrupt(self, child):
-        """A second TERM: the runner interrupts its handler."""
+        """USR1: the runner interrupts its handler and hands its run back. A signal of its
+        own: a TERM that reaches a runner twice (its group and this overseer) only stops it."""
         self._retire(child)
         if not child.interrupted:
             child.interrupted = True
-            self._signal(child.pid, signal.SIGTERM)
+            self._signal(child.pid, signal.SIGUSR1)
 
     def spawn_runner(self):
         # No connection may cross the fork: the child would share the socket.
@@ -211,6 +226,10 @@ class Overseer:
                 if fd is not None:
                     os.close(fd)
             _set_parent_death_signal(signal.SIGTERM)
+            # Its own process group: KILL takes the handler's subprocesses along, and a
+            # signal to the overseer's group (supervisord, Ctrl-C) reaches runners only
+            # through the overseer, once.
+            os.setpgid(0, 0)
             from .runner import Worker
             worker = Worker(Store(self.config), parent_pid=self.pid, parent_id=self.row_id)
             try:
@@ -239,8 +258,12 @@ class Overseer:
             code = os.waitstatus_to_exitcode(status)
             self._account_exit(child, code, self._registered(pid))
             # Rows of runners that died without retiring are marked at once, not at the
-            # next check (rule 7).
-            self._guarded(lambda: self._mark_child_dead(pid, "exited with %s" % _describe_exit(code)))
+            # next check (rule 7); a run this overseer's stop killed is handed back.
+            reason = "exited with %s" % _describe_exit(code)
+            if child.killed_by_stop:
+                reason = "killed by the overseer's stop (%s)" % child.killed_by_stop
+            self._guarded(lambda: self._mark_child_dead(pid, reason,
+                                                        stopped=bool(child.killed_by_stop)))
             # Its run may need a retry run now, not one check_interval later.
             self.next_check = 0.0
 
@@ -253,11 +276,12 @@ class Overseer:
 
     def _account_exit(self, child, code, registered=False):
         lived = self.now - child.started
-        # Killed by a signal after it registered: someone killed a runner that had started.
-        killed = code < 0 and registered
+        # A runner that registered has started, whatever its exit: a crash during a run
+        # (os._exit in a handler, a segfault, kill -9) is a crash of that run, never a
+        # failure to start.
         if code == self.EXIT_LIMIT:
             self.next_spawn_at = self.now + self.config.overseer.check_interval
-        elif code != 0 and not child.retiring and not killed and lived < self.START_WINDOW:
+        elif code != 0 and not child.retiring and not registered and lived < self.START_WINDOW:
             self.start_failures += 1
             delay = min(self.MAX_START_BACKOFF, 0.5 * 2 ** (self.start_failures - 1))
             self.next_spawn_at = self.now + delay
@@ -272,11 +296,14 @@ class Overseer:
         else:
             if code != 0 and not child.retiring:
                 log.warning("runner pid %d exited with %s", child.pid, _describe_exit(code))
-            if lived >= self.START_WINDOW or code == 0 or killed:
+                if lived < self.START_WINDOW and (code > 0 or -code in CRASH_SIGNALS):
+                    # Crashing runs must not make the overseer fork in a tight loop.
+                    self.next_spawn_at = max(self.next_spawn_at, self.now + self.CRASH_RESPAWN)
+            if lived >= self.START_WINDOW or code == 0 or registered:
                 self.start_failures = 0
 
-    def _mark_child_dead(self, pid, reason):
-        liveness.mark_child_dead(self.store, self.row_id, pid, reason)
+    def _mark_child_dead(self, pid, reason, stopped=False):
+        liveness.mark_child_dead(self.store, self.row_id, pid, reason, stopped=stopped)
 
     def manage_runners(self):
         """Keep the wanted number of runners, within the host's limit (rule 5)."""
@@ -297,13 +324,8 @@ class Overseer:
         """KILL children past their deadline, and interrupt those told to stop a while ago."""
         now = self.now
         for child in list(self.children.values()):
-            if child.interrupted:
-                # Two TERMs sent back to back can merge into one: repeat the second until
-                # the runner is gone (a TERM after the first one was handled interrupts).
-                self._signal(child.pid, signal.SIGTERM)
             if child.kill_at is not None and now >= child.kill_at:
-                log.warning("killing runner pid %d", child.pid)
-                self._signal(child.pid, signal.SIGKILL)
+                self._kill(child, "past its deadline")
                 child.kill_at = None
 
     # -- regular work -------------------------------------------------------------------
@@ -312,9 +334,9 @@ class Overseer:
         """Once per check_interval: liveness of every runner of this host (and heartbeats of
         other hosts), overdue runs and their runners, missing runs, our own heartbeat, and
         the next periodic due time."""
-        result = maintenance.process_queue(self.store)
-        for run_id, runner_id in result["timed_out_runs"]:
-            self._stop_runner_of(runner_id)
+        # Runs timed out here are stopped by the runners executing them (rule 8), wherever
+        # they are; a runner too hung to do so is found by its heartbeat and killed.
+        maintenance.process_queue(self.store)
         liveness.heartbeat(self.store, self.row_id, rss=self._process.memory_info().rss)
         self.scheduler.clear_stale_marks()
         self._plan_periodic()
@@ -330,32 +352,18 @@ class Overseer:
         wait = float("inf") if due is None else (due - utcnow()).total_seconds()
         self.next_periodic = self.now + max(0.0, wait)
 
-    def _stop_runner_of(self, runner_id):
-        """Rule 8: the run was marked timeout; stop the process still executing it."""
-        row = liveness.running_on_this_host(self.store, runner_id)
-        if row is None:
-            return
-        child = self.children.get(row.pid)
-        grace = self.config.overseer.kill_grace
-        if child is not None:
-            self._interrupt(child)
-            self._retire(child, kill_after=grace)
-        elif liveness.process_alive(row.pid, row.pid_create_time):
-            # Not ours (supervisord, cron): TERM twice now; the next check marks it dead
-            # once gone.
-            self._signal(row.pid, signal.SIGTERM)
-            log.warning("sent TERM to runner %d (pid %d) whose run timed out", row.id, row.pid)
-
     # -- the loop -----------------------------------------------------------------------
 
     def prepare(self):
         """Before the first tick: migrate, sweep what earlier processes of this host left
         behind (dead PIDs, an older boot), sync the periodic definitions, register."""
         self.store.migrate()
-        swept = liveness.refresh_runners(self.store, other_hosts=False)
+        swept = liveness.refresh_runners(self.store, other_hosts=False,
+                                         crash_grace=self.config.overseer.crash_grace)
         if swept:
             log.info("swept %d stale runner rows", len(swept))
-        periodic.sync_definitions(self.store)
+        _check_periodic_handlers(self.config)
+        periodic.sync_definitions(self.store, import_handlers=False)
         self.scheduler = periodic.PeriodicScheduler(self.store)
         self.scheduler.clear_stale_marks()
         self.row_id = liveness.register(self.store, kind=OVERSEER).id
@@ -401,16 +409,23 @@ class Overseer:
         return max(0.0, min(wake - now, 1.0))
 
     def _guarded(self, step):
-        """A database hiccup must not kill the overseer: log it and try again next tick."""
+        """No exception from one step ends the overseer: a database hiccup is logged in one
+        line, anything else with its traceback; the step is tried again on a later tick."""
         try:
             step()
         except (pw.OperationalError, pw.InterfaceError) as exc:
             log.warning("database error (will retry): %s", str(exc).strip().splitlines()[0]
                         if str(exc).strip() else type(exc).__name__)
-            try:
-                self.store.close()
-            except pw.DatabaseError:
-                pass
+            self._close_quietly()
+        except Exception:
+            log.exception("%s failed (will retry)", getattr(step, "__name__", "a step"))
+            self._close_quietly()
+
+    def _close_quietly(self):
+        try:
+            self.store.close()
+        except pw.DatabaseError:
+            pass
 
     def _stopped(self):
         """During a stop: True once every child is gone; KILL them at the deadline."""
@@ -418,21 +433,23 @@ class Overseer:
             return True
         if self.now >= self.stop_deadline:
             for child in self.children.values():
-                log.warning("graceful_timeout: killing runner pid %d", child.pid)
-                self._signal(child.pid, signal.SIGKILL)
+                child.killed_by_stop = "graceful_timeout" if self.stopping == "graceful" \
+                    else "kill_grace of a fast stop"
+                self._kill(child, child.killed_by_stop)
             self.stop_deadline = float("inf")
         return False
 
     def shutdown(self):
         """After the last tick: KILL what is left, mark its rows, retire this overseer."""
         for child in list(self.children.values()):
-            self._signal(child.pid, signal.SIGKILL)
+            self._kill(child, "overseer stopping")
         for pid in list(self.children):
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
-            self._guarded(lambda: self._mark_child_dead(pid, "killed at overseer stop"))
+            self._guarded(lambda: self._mark_child_dead(pid, "killed at overseer stop",
+                                                        stopped=True))
         self.children.clear()
         if self.row_id is not None:
             self._guarded(lambda: liveness.retire(self.store, self.row_id,
@@ -441,6 +458,15 @@ class Overseer:
             log.error("overseer exiting: %s", self.exit_reason)
         else:
             log.info("overseer stopped")
+
+
+def _check_periodic_handlers(config):
+    """The periodic tasks' handlers, imported in a forked child, never in the overseer."""
+    paths = {entry.get("handler") for entry in config.periodic}
+    message = check_handlers_in_child(sorted(p for p in paths if isinstance(p, str)),
+                                      config.handlers.allow)
+    if message:
+        raise InputError("[[periodic]]: %s" % message)
 
 
 def _describe_exit(code):

@@ -24,8 +24,8 @@ from . import lifecycle, liveness
 from .calendar import CalendarError, parse_calendar
 from .enqueue import add_task
 from .errors import InputError, StateError
-from .handler import encode_data, load_handler
-from .models import CANCELLED, SUCCESS, utcnow
+from .handler import check_handler_path, encode_data, load_handler
+from .models import CANCELLED, CRASHED, SUCCESS, utcnow
 from .timespan import parse_timespan
 
 log = logging.getLogger("taskrunner.periodic")
@@ -80,8 +80,13 @@ def parse_timer(text):
 
 # -- definitions --------------------------------------------------------------------------
 
-def _definition(config, spec, where):
-    """Validate one definition (API, CLI or config) into row values; InputError on bad input."""
+# The derived queued_by "periodic:NAME" must fit its 255-character column.
+MAX_NAME = 255 - len("periodic:")
+
+
+def _definition(config, spec, where, import_handler=True):
+    """Validate one definition (API, CLI or config) into row values; InputError on bad
+    input. Without `import_handler` the handler path is checked but not imported."""
     known = {"name", "handler", "timer", "data", "priority", "enabled", "catch_up",
              "max_runtime", "min_spacing", "max_retries", "owner", "submitter"}
     unknown = set(spec) - known
@@ -91,9 +96,15 @@ def _definition(config, spec, where):
         if not isinstance(spec.get(key), str) or not spec[key].strip():
             raise InputError("%s: %s is required (a string)" % (where, key))
     name = spec["name"].strip()
-    if len(name) > 255:
-        raise InputError("%s: name is longer than 255 characters" % where)
-    load_handler(spec["handler"], config.handlers.allow)
+    if len(name) > MAX_NAME:
+        raise InputError("%s: name is longer than %d characters" % (where, MAX_NAME))
+    for key in ("owner", "submitter"):
+        if spec.get(key) is not None and (not isinstance(spec[key], str) or len(spec[key]) > 255):
+            raise InputError("%s: %s must be a string of at most 255 characters" % (where, key))
+    if import_handler:
+        load_handler(spec["handler"], config.handlers.allow)
+    else:
+        check_handler_path(spec["handler"], config.handlers.allow)
     timer = parse_timer(spec["timer"])
     catch_up = spec.get("catch_up", "once")
     if catch_up not in CATCH_UP:
@@ -165,7 +176,7 @@ def remove_periodic(store, name, owner=None):
     PeriodicTask.delete().where(PeriodicTask.id == _get(store, name, owner).id).execute()
 
 
-def sync_definitions(store, config=None, now=None):
+def sync_definitions(store, config=None, now=None, import_handlers=True):
     """Bring the rows that came from the config (its ``[[periodic]]`` tables and the built-in
     rotation task) in line with it: add new ones, update changed ones, disable those no
     longer in the file. Rows added through the API or CLI are never touched. Everything is
@@ -179,7 +190,7 @@ def sync_definitions(store, config=None, now=None):
     validated = {}
     for index, spec in enumerate(entries):
         where = "[[periodic]] #%d (%s)" % (index + 1, spec.get("name", "no name"))
-        values, timer = _definition(config, spec, where)
+        values, timer = _definition(config, spec, where, import_handlers)
         if values["name"] in validated:
             raise InputError("%s: duplicate name %r" % (where, values["name"]))
         validated[values["name"]] = (values, timer)
@@ -311,7 +322,7 @@ class PeriodicScheduler:
                     scheduled_on=due.replace(tzinfo=timezone.utc),
                     priority=row.priority, max_runtime=row.max_runtime,
                     max_retries=row.max_retries, queued_by=row.submitter or "periodic:" + row.name,
-                    periodic_task_id=row.id, now=now)
+                    periodic_task_id=row.id, now=now, import_handler=False)
                 values[PeriodicTask.submitted_count] = PeriodicTask.submitted_count + 1
                 values[PeriodicTask.last_task_id] = task_id
             advanced = PeriodicTask.update(values).where(
@@ -325,8 +336,10 @@ class PeriodicScheduler:
             # Another scheduler took the mark over: the due time is its to submit.
             log.info("periodic task %r: %s", row.name, exc)
             return
-        except InputError as exc:
-            log.error("periodic task %r: %s", row.name, exc)
+        except (InputError, pw.IntegrityError, pw.DataError, pw.ProgrammingError) as exc:
+            # Recorded on the periodic task; its next due time tries again.
+            log.error("periodic task %r: due time %s not submitted: %s", row.name, due,
+                      str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
             PeriodicTask.update(worker=None, marked=None, nextrun=following, last_status="error"
                                 ).where((PeriodicTask.id == row.id)
                                         & (PeriodicTask.worker == self.worker)).execute()
@@ -351,11 +364,13 @@ class PeriodicScheduler:
         return None
 
 
-def record_outcome(store, periodic_task_id, status, now):
-    """After a run of one of its tasks ended: the periodic task's last status and
-    consecutive failures (a hook of the run lifecycle)."""
+def record_outcome(store, periodic_task_id, status, now, error_code=None):
+    """After a run of one of its tasks ended: the periodic task's last status, consecutive
+    failures and crashes (a hook of the run lifecycle)."""
     PeriodicTask = store.PeriodicTask
     values = {PeriodicTask.last_status: status, PeriodicTask.updated_on: now}
+    if error_code == CRASHED:
+        values[PeriodicTask.crash_count] = PeriodicTask.crash_count + 1
     if status == SUCCESS:
         values[PeriodicTask.consecutive_failures] = 0
     elif status != CANCELLED:

@@ -24,9 +24,9 @@ import psutil
 
 from . import lifecycle, liveness, maintenance, periodic, wakeup
 from .db import is_disconnect, is_transient
-from .errors import HandlerError, RunnerLimitReached, TaskError
+from .errors import HandlerError, Retry, RunnerLimitReached, TaskError
 from .handler import RunContext, load_handler
-from .models import CANCELLED, ERROR, RUNNER, SUCCESS
+from .models import CANCELLED, ERROR, REQUEUED, RUNNER, SUCCESS, TIMEOUT, utcnow
 
 log = logging.getLogger("taskrunner.runner")
 
@@ -57,13 +57,30 @@ class ResidentSize:
 
 
 class Interrupted(BaseException):
-    """Raised inside a handler by a second TERM/INT. BaseException so that a handler's
+    """Raised inside a handler to interrupt it. BaseException so that a handler's
     ``except Exception`` does not swallow it."""
 
 
 class Worker:
+    """One runner process's loop. Signals, one per intent:
+
+    - TERM, INT, HUP: stop gracefully — finish the current run, claim nothing more, exit 0 —
+      however many arrive and from whomever (a supervisor signalling the whole process
+      group, a terminal's Ctrl-C, the overseer relaying its own stop).
+    - USR1: interrupt the handler now (the overseer's fast stop, or an operator on purpose);
+      the run is handed back and the runner exits.
+    - A runner without an overseer also takes a TERM or INT repeated more than
+      REPEAT_WINDOW after the first as "interrupt" (Ctrl-C pressed again); a repeat inside
+      the window is the same stop delivered twice and changes nothing.
+    - USR2 (sent by the runner to itself): its run was timed out — by anyone, anywhere — or
+      passed max_runtime; the handler is interrupted and the runner carries on, or exits
+      hard when the handler has not returned within kill_grace (rule 8).
+    """
     STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
-    INTERRUPT_SIGNALS = ("SIGTERM", "SIGINT")
+    INTERRUPT_SIGNAL = "SIGUSR1"
+    ABORT_SIGNAL = "SIGUSR2"
+    REPEAT_WINDOW = 1.0
+    EXIT_HARD = 4             # the handler did not return after its run was taken away
 
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
                  memory_limit=True):
@@ -78,6 +95,11 @@ class Worker:
         self.parent_id = parent_id
         self.runner_id = None
         self.stop_reason = None
+        self.told_to_stop = None      # monotonic time of the first stop signal
+        self.interrupt_reason = None
+        self.current = None           # (ClaimedRun, hard deadline as naive UTC or None)
+        self.abort_reason = None
+        self.abort_deadline = None
         self.in_handler = False
         self.runs_done = 0
         self.max_runs = None
@@ -96,7 +118,7 @@ class Worker:
         os.set_blocking(self._wake_w, False)
         # The C-level handler writes to the pipe, so an idle select() wakes at once.
         signal.set_wakeup_fd(self._wake_w)
-        for name in self.STOP_SIGNALS:
+        for name in self.STOP_SIGNALS + (self.INTERRUPT_SIGNAL, self.ABORT_SIGNAL):
             signal.signal(getattr(signal, name), self._on_signal)
         for name in ("SIGTTIN", "SIGTTOU"):
             # The overseer's signals; their default action would suspend a runner.
@@ -104,10 +126,29 @@ class Worker:
 
     def _on_signal(self, signum, frame):
         name = signal.Signals(signum).name
-        if self.stop_reason is not None and self.in_handler and name in self.INTERRUPT_SIGNALS:
-            raise Interrupted("interrupted by a second %s" % name)
-        if self.stop_reason is None:
-            self.stop_reason = "received %s" % name
+        if name == self.ABORT_SIGNAL:
+            if self.in_handler and self.abort_reason is not None:
+                raise Interrupted(self.abort_reason)
+            return
+        now = time.monotonic()
+        if name == self.INTERRUPT_SIGNAL:
+            self._stop("received %s" % name, now)
+            self._interrupt("interrupted by %s" % name)
+        elif self.told_to_stop is None:
+            self._stop("received %s" % name, now)
+        elif self.parent_pid is None and name != "SIGHUP" \
+                and now - self.told_to_stop > self.REPEAT_WINDOW:
+            self._interrupt("interrupted by %s repeated" % name)
+
+    def _stop(self, reason, now):
+        if self.told_to_stop is None:
+            self.told_to_stop = now
+        self.stop_reason = self.stop_reason or reason
+
+    def _interrupt(self, reason):
+        self.interrupt_reason = reason
+        if self.in_handler:
+            raise Interrupted(reason)
 
     def _wait(self, timeout):
         """Sleep until a signal, a wake-up from whoever added work, or `timeout`."""
@@ -138,19 +179,56 @@ class Worker:
         return self._facade
 
     def _heartbeat_loop(self):
-        interval = self.config.runner.heartbeat_interval
-        while not self._heartbeat_stop.wait(interval):
+        interval = wait = self.config.runner.heartbeat_interval
+        while not self._heartbeat_stop.wait(wait):
             try:
                 rss = self._rss()
                 if not liveness.heartbeat(self.store, self.runner_id, rss=rss,
                                           runs_done=self.runs_done):
                     self.disowned = True
                     self.stop_reason = self.stop_reason or "runner row is no longer running"
+                self._watch_current_run()
             except pw.DatabaseError as exc:
                 log.warning("heartbeat failed: %s", exc)
                 self.store.db.close()
+            deadline = self.abort_deadline
+            wait = interval if deadline is None else \
+                max(0.05, min(interval, deadline - time.monotonic()))
         if not self.store.db.is_closed():
             self.store.db.close()
+
+    def _watch_current_run(self):
+        """Rule 8, enforced by the process that executes the run: when the run is no longer
+        ``running`` under this runner (timed out by anyone, on any host) or has passed its
+        max_runtime, interrupt the handler; if it has not returned after kill_grace, exit
+        hard — two executions of one task never overlap for longer than that."""
+        current = self.current
+        if current is None or not self.install_signals:
+            return
+        claimed, hard_deadline = current
+        if self.abort_reason is not None:
+            if self.current is current and time.monotonic() >= self.abort_deadline:
+                log.error("run %d of task %d: the handler did not return within kill_grace "
+                          "(%gs) after %s; exiting", claimed.run_id, claimed.task_id,
+                          self.config.overseer.kill_grace, self.abort_reason)
+                logging.shutdown()
+                os._exit(self.EXIT_HARD)
+            return
+        if hard_deadline is not None and utcnow() >= hard_deadline:
+            lifecycle.end_run(self.store, claimed.run_id, claimed.task_id, TIMEOUT,
+                              runner_id=self.runner_id, error_code="MaxRuntime",
+                              error_message="running longer than %gs (max_runtime)"
+                              % claimed.max_runtime)
+            reason = "its max_runtime (%gs) passed" % claimed.max_runtime
+        elif not lifecycle.runs_under(self.store, claimed.run_id, self.runner_id):
+            reason = "it was ended by someone else (timed out)"
+        else:
+            return
+        log.warning("run %d of task %d: interrupting the handler: %s", claimed.run_id,
+                    claimed.task_id, reason)
+        self.abort_deadline = time.monotonic() + self.config.overseer.kill_grace
+        self.abort_reason = "run %d interrupted: %s" % (claimed.run_id, reason)
+        os.kill(os.getpid(), getattr(signal, self.ABORT_SIGNAL))
 
     # -- executing one run --------------------------------------------------------------
 
@@ -167,16 +245,24 @@ class Worker:
         started = time.monotonic()
         log.debug("run %d of task %d started: %s (attempt %d)", claimed.run_id, claimed.task_id,
                   claimed.handler, claimed.attempt)
-        status, code, message, results = self._run_handler(claimed)
+        hard_deadline = claimed.started_on + timedelta(seconds=claimed.max_runtime) \
+            if claimed.max_runtime else None
+        self.abort_reason = self.abort_deadline = None
+        self.current = (claimed, hard_deadline)
+        try:
+            status, code, message, results, retry_at = self._run_handler(claimed)
+        finally:
+            self.current = None
         self.runs_done += 1
         args = (claimed.run_id, claimed.task_id, status, self.runner_id, results, code, message)
+        options = dict(periodic_task_id=claimed.periodic_task_id, retry_at=retry_at)
         if claim_next and not self._should_exit():
             ended, following = self._with_database(lambda: lifecycle.end_run_and_claim(
-                self.store, *args, periodic_task_id=claimed.periodic_task_id),
+                self.store, *args, **options),
                 reconnected=lambda: self._give_back_lost_claims(keep=claimed.run_id))
         else:
             ended, following = self._with_database(lambda: lifecycle.end_run(
-                self.store, *args, periodic_task_id=claimed.periodic_task_id)), None
+                self.store, *args, **options)), None
         if not ended:
             # Refused, or the connection was lost after the end committed: which one?
             ended = self._with_database(lambda: lifecycle.was_ended_by(
@@ -194,31 +280,35 @@ class Worker:
 
     def _run_handler(self, claimed):
         """Decode the data, load the handler and run it; returns (status, error_code,
-        error_message, results as JSON text)."""
-        status, code, message, results = SUCCESS, None, None, None
+        error_message, results as JSON text, retry_at of a requeued run)."""
+        status, code, message, results, retry_at = SUCCESS, None, None, None, None
         try:
             data = json.loads(claimed.data)
         except ValueError as exc:
-            return ERROR, "DataDecodeError", "task data is not JSON: %s" % exc, None
+            return ERROR, "DataDecodeError", "task data is not JSON: %s" % exc, None, None
         try:
             cls = self._handler_class(claimed.handler)
         except HandlerError as exc:
-            return ERROR, "HandlerError", str(exc), None
+            return ERROR, "HandlerError", str(exc), None, None
         if claimed.periodic_task_id is not None and claimed.attempt == 1 \
                 and not periodic.allow_start(self.store, claimed.periodic_task_id):
             # Nuntium's tolerance: the previous task of this periodic task started too recently
             # (a retry of the same task is not a new occurrence).
             return CANCELLED, "MinSpacing", "dropped: the previous task of this periodic task " \
-                "started less than min_spacing ago", None
+                "started less than min_spacing ago", None, None
         deadline = None
         if claimed.max_runtime:
-            deadline = (claimed.started_on + timedelta(seconds=claimed.max_runtime)).replace(
-                tzinfo=timezone.utc)
+            # The handler's deadline comes a grace before the hard limit, so a handler that
+            # watches it and returns is not timed out.
+            grace = min(self.config.overseer.kill_grace, claimed.max_runtime / 10)
+            deadline = (claimed.started_on + timedelta(seconds=claimed.max_runtime - grace)
+                        ).replace(tzinfo=timezone.utc)
         context = RunContext(
             claimed.run_id, claimed.task_id, claimed.attempt, data, deadline=deadline,
             report=lambda pct: lifecycle.report_progress(self.store, claimed.run_id,
                                                          self.runner_id, pct),
-            stopping=lambda: self.stop_reason is not None, queue=self._queue_facade())
+            stopping=lambda: self.told_to_stop is not None or self.abort_reason is not None,
+            queue=self._queue_facade())
         try:
             self.in_handler = True
             try:
@@ -226,18 +316,33 @@ class Worker:
             finally:
                 self.in_handler = False
         except Interrupted as exc:
-            status, code, message = ERROR, "Interrupted", str(exc)
-        except TaskError as exc:
-            status, code, message = ERROR, exc.code or type(exc).__name__, str(exc)
+            if self.abort_reason is not None:     # its run was taken away: rule 8
+                status, code, message = TIMEOUT, "Interrupted", str(exc)
+            else:
+                status, code, message = REQUEUED, "Stopped", "handed back: %s" % exc
+        except Retry as exc:
+            status, code = REQUEUED, "Snoozed" if exc.in_seconds else "Retry"
+            message = exc.reason or ("run again in %gs" % exc.in_seconds if exc.in_seconds
+                                     else "run again")
+            if exc.in_seconds:
+                retry_at = utcnow() + timedelta(seconds=exc.in_seconds)
         except (Exception, SystemExit) as exc:
-            status, code, message = ERROR, type(exc).__name__, str(exc) or repr(exc)
+            code = exc.code if isinstance(exc, TaskError) and exc.code else type(exc).__name__
+            text = str(exc) or repr(exc)
+            if self.told_to_stop is not None:
+                # It ended early because its runner was told to stop: handed back.
+                status, code = REQUEUED, "Stopped"
+                message = "handed back: %s; the handler ended with %s: %s" % (
+                    self.stop_reason, code, text)
+            else:
+                status, code, message = ERROR, code, text
         if context.results is not None:
             try:
                 results = json.dumps(context.results, allow_nan=False)
             except (TypeError, ValueError) as exc:
                 status, code = ERROR, "ResultsNotJSON"
                 message = "run.results is not JSON-serialisable: %s" % exc
-        return status, code, message, results
+        return status, code, message, results, retry_at
 
     # -- the loop -----------------------------------------------------------------------
 

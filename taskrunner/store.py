@@ -28,6 +28,7 @@ class Store:
         self.models = models
         self.Task, self.Run, self.Runner, self.PeriodicTask = models
         self._returning = None
+        self._wake_pending = False
 
     # -- connection and schema ------------------------------------------------------------
 
@@ -58,8 +59,19 @@ class Store:
     # -- transactions -----------------------------------------------------------------------
 
     def write(self, fn):
-        """Run ``fn()`` in a write transaction, again after a deadlock or a busy database."""
-        return retry_transaction(self.db, fn)
+        """Run ``fn()`` in a write transaction, again after a deadlock or a busy database;
+        then wake idle runners if ``fn`` asked for it (`wake_after_commit`)."""
+        self._wake_pending = False
+        result = retry_transaction(self.db, fn)
+        if self._wake_pending:
+            self._wake_pending = False
+            self.wake_local()
+        return result
+
+    def wake_after_commit(self):
+        """Inside a write transaction: this transaction makes a run claimable."""
+        wakeup.notify_in_transaction(self.db, self.backend)
+        self._wake_pending = True
 
     def locked(self, query):
         """SELECT ... FOR UPDATE where the database has row locks; SQLite's write

@@ -111,3 +111,52 @@ class Span(TaskHandler):
         record(run.data["log"], "start %d %d" % (run.task_id, os.getpid()))
         time.sleep(run.data.get("sleep", 1))
         record(run.data["log"], "end %d %d" % (run.task_id, os.getpid()))
+
+
+class Crash(TaskHandler):
+    """Kills its own runner process (a segfault, an os._exit in a library)."""
+
+    def handle(self, run):
+        os._exit(1)
+
+
+class Timed(TaskHandler):
+    """Appends "start TASK RUN PID T" when it starts and "stop TASK RUN PID T" when it
+    leaves, however it leaves (monotonic clock, the same on the whole machine); sleeps
+    data["sleep"]. With data["stubborn"], swallows every interruption and keeps sleeping."""
+
+    def handle(self, run):
+        log = run.data["log"]
+        record(log, "start %d %d %d %.3f" % (run.task_id, run.id, os.getpid(), time.monotonic()))
+        try:
+            deadline = time.monotonic() + run.data.get("sleep", 1)
+            while time.monotonic() < deadline:
+                try:
+                    time.sleep(0.02)
+                except BaseException:
+                    if not run.data.get("stubborn"):
+                        raise
+        finally:
+            record(log, "stop %d %d %d %.3f" % (run.task_id, run.id, os.getpid(), time.monotonic()))
+
+
+class Snooze(TaskHandler):
+    """Snoozes its first data["times"] attempts for a minute, then succeeds."""
+
+    def handle(self, run):
+        from taskrunner import Retry
+        if run.attempt <= run.data.get("times", 1):
+            raise Retry(in_seconds=60, reason="rate limited, attempt %d" % run.attempt)
+        run.results = {"attempt": run.attempt}
+
+
+class Subprocess(TaskHandler):
+    """Starts a `sleep` subprocess, records "TASK RUN RUNNER_PID CHILD_PID" in
+    data["log"].started, and waits for it."""
+
+    def handle(self, run):
+        import subprocess
+        child = subprocess.Popen(["sleep", "120"])
+        record(run.data["log"] + ".started", "%d %d %d %d" % (run.task_id, run.id, os.getpid(),
+                                                            child.pid))
+        child.wait()

@@ -1,0 +1,287 @@
+"""Stops, crashes and timeouts as an operator meets them: the whole process group
+signalled, a deploy followed by HUP, a run timed out by someone else, a hung runner.
+Real processes and signals; see test_deploy.py for real supervisord."""
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from taskrunner import lifecycle
+from taskrunner.models import REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner, Task
+
+from conftest import (REPO_DIR, START_TIMEOUT, TESTS_DIR, ok, runs_of, spawn, taskrunner,
+                      wait_for, wait_started)
+from sample_handlers import read_records
+from test_overseer import MACHINE_SLACK, Overseers, group_members, is_gone, wait_up
+
+
+@pytest.fixture
+def overseers(database_sp, tmp_path):
+    group = Overseers(database_sp, tmp_path)
+    yield group
+    group.kill_all()
+
+
+def timed(log):
+    """Lines of sample_handlers.Timed: [(kind, task, run, pid, monotonic)]."""
+    try:
+        with open(log) as fh:
+            return [(k, int(t), int(r), int(p), float(m)) for k, t, r, p, m in
+                    (line.split() for line in fh if line.strip())]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_stop_sent_to_the_whole_process_group_lets_runs_in_flight_finish(
+        signame, database_sp, overseers, tmp_path):
+    """supervisord's stopasgroup, systemd's control-group kill, a terminal's Ctrl-C: the stop
+    reaches the overseer's whole group. The runs in flight end with their real outcome."""
+    queue = database_sp.queue()
+    log = str(tmp_path / "records")
+    ids = queue.add_tasks([{"handler": "sample_handlers.Started",
+                            "data": {"log": log, "sleep": 2}} for _ in range(2)])
+    proc = overseers.start(overseers.config(limit=2))
+    wait_up(overseers, proc, 2)
+    wait_started(log, count=2)
+    os.killpg(proc.pid, getattr(signal, signame))
+    assert overseers.wait(proc) == 0, overseers.log()
+    assert [Task.get_by_id(i).last_status for i in ids] == [SUCCESS, SUCCESS], overseers.log()
+    assert sorted(t for t, _, _ in read_records(log)) == sorted(ids)
+    assert group_members(proc.pid) == []
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_hup_with_the_readme_handler_pattern_does_not_spend_a_retry(database_sp, overseers,
+                                                                    tmp_path):
+    """A handler that returns early on should_stop() by raising TaskError, max_retries 1:
+    a HUP (deploy) hands its run back instead of giving the task up."""
+    queue = database_sp.queue()
+    task_id = queue.add_task("taskrunner.handlers.Sleep", data={"seconds": 2}, max_retries=1)
+    proc = overseers.start(overseers.config(limit=1))
+    wait_up(overseers, proc, 1)
+    wait_for(lambda: Task.get_by_id(task_id).last_status == RUNNING, timeout=START_TIMEOUT,
+             message="the run to start")
+    first = runs_of(task_id)[0]
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: Task.get_by_id(task_id).last_status == SUCCESS, timeout=START_TIMEOUT,
+             message="the task to succeed on a new runner")
+    runs = runs_of(task_id)
+    if runs[0].status == REQUEUED:        # stopped mid-run: handed back, then run again
+        assert runs[0].error_code == "Stopped" and "Stopped" in runs[0].error_message
+        assert [r.status for r in runs[1:]] == [SUCCESS]
+    else:                                 # the HUP came as it was finishing
+        assert [r.id for r in runs] == [first.id] and runs[0].status == SUCCESS
+    task = Task.get_by_id(task_id)
+    assert not task.given_up and task.runs_failed == 0
+    assert proc.poll() is None
+    queue.close()
+
+
+def test_a_handler_can_snooze_without_counting_a_failure(sqlite_db):
+    queue = sqlite_db.queue()
+    task_id = queue.add_task("sample_handlers.Snooze", data={"times": 2}, max_retries=1)
+    assert queue.run_pending() == 1
+    [first] = runs_of(task_id)
+    assert (first.status, first.error_code) == (REQUEUED, "Snoozed")
+    assert "rate limited" in first.error_message
+    task = Task.get_by_id(task_id)
+    assert (task.last_status, task.runs_failed, task.finished_on) == (SCHEDULED, 0, None)
+    assert task.next_run_on is not None          # 60 s from now: no run yet
+    Task.update(next_run_on=first.finished_on).where(Task.id == task_id).execute()  # time passes
+    assert queue.run_pending() == 1
+    assert queue.get_task(task_id).status == SCHEDULED and len(runs_of(task_id)) == 2
+    Task.update(next_run_on=first.finished_on).where(Task.id == task_id).execute()
+    assert queue.run_pending() == 1
+    assert [r.status for r in runs_of(task_id)] == [REQUEUED, REQUEUED, SUCCESS]
+    assert queue.get_task(task_id).status == SUCCESS
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stubborn", [False, True], ids=["handler-returns", "handler-ignores"])
+def test_a_run_timed_out_by_run_event_is_stopped_by_its_runner(stubborn, database_sp, procs,
+                                                               tmp_path):
+    """Rule 8 whoever marks the run: `run-event task-queue:OnProcess` times out a run that a
+    standalone runner (no overseer) is executing. The runner interrupts the handler within
+    about a heartbeat, or exits hard after kill_grace if the handler ignores that; the
+    retry's execution never overlaps the first one for longer than kill_grace."""
+    kill_grace, heartbeat = 1.0, 0.2
+    queue = database_sp.queue()
+    log = str(tmp_path / "timed")
+    task_id = queue.add_task("sample_handlers.Timed", data={
+        "log": log, "sleep": 30, "stubborn": stubborn}, run_timeout=1, max_retries=3)
+    config = database_sp.write_config(tmp_path / "c.toml", (
+        "[runner]\npoll_interval = 0.1\nheartbeat_interval = %s\n[overseer]\nkill_grace = %s\n"
+        "[task]\nretry_backoff = 0.1\n" % (heartbeat, kill_grace)))
+    first = procs.spawn("runner", config=config, name="first")
+    wait_for(lambda: timed(log), timeout=START_TIMEOUT, message="the handler to start")
+    wait_for(lambda: lifecycle.running_runs_query(queue.store).count() == 1, timeout=10,
+             message="the run to be running")
+    time.sleep(1.2)                         # run_timeout passes: no progress for 1 s
+    ok(taskrunner("run-event", "task-queue:OnProcess", config=config))
+    [run] = [r for r in runs_of(task_id) if r.status == TIMEOUT]
+    marked = time.monotonic()
+    procs.spawn("runner", config=config, name="second")
+    wait_for(lambda: any(kind == "start" and r != run.id for kind, _, r, _, _ in timed(log)),
+             timeout=START_TIMEOUT, message="the retry to start")
+    [retry_start] = [m for kind, _, r, _, m in timed(log) if kind == "start" and r != run.id][:1]
+    if stubborn:
+        wait_for(lambda: first.poll() is not None, timeout=kill_grace + 2 * heartbeat + MACHINE_SLACK,
+                 message="the first runner to exit hard")
+        assert first.returncode == 4, procs.logs([first])
+        gone = time.monotonic()
+        assert gone - marked <= kill_grace + 2 * heartbeat + MACHINE_SLACK
+        assert "did not return within kill_grace" in procs.log(first)
+    else:
+        wait_for(lambda: any(kind == "stop" and r == run.id for kind, _, r, _, _ in timed(log)),
+                 timeout=2 * heartbeat + MACHINE_SLACK, message="the first handler to stop")
+        [stopped] = [m for kind, _, r, _, m in timed(log) if kind == "stop" and r == run.id]
+        assert stopped - marked <= 2 * heartbeat + MACHINE_SLACK
+        assert first.poll() is None, "a runner whose handler returned carries on"
+        assert stopped - retry_start <= kill_grace, "two executions overlapped"
+    assert Run.get_by_id(run.id).status == TIMEOUT    # the late outcome changed nothing (rule 4)
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_after_hup_runners_run_the_handler_code_on_disk(sqlite_db, tmp_path):
+    """A deploy adds a handler class, then HUP: runners forked after it import the new code
+    (the overseer itself imports no handler module, even to check periodic tasks)."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    module = package / "deploy_jobs.py"
+    module.write_text("from taskrunner import TaskHandler\n\n"
+                      "class Old(TaskHandler):\n    def handle(self, run):\n"
+                      "        run.results = 'old'\n")
+    queue = sqlite_db.queue()
+    config = sqlite_db.write_config(tmp_path / "c.toml", (
+        "[runner]\nlimit = 1\npoll_interval = 0.1\n[overseer]\ncheck_interval = 1\n"
+        "[[periodic]]\nname = \"nightly\"\nhandler = \"deploy_jobs.Old\"\ntimer = \"daily\"\n"))
+    env = {"PYTHONPATH": os.pathsep.join([str(package), TESTS_DIR, REPO_DIR])}
+    log_path = tmp_path / "overseer.log"
+    overseers = Overseers(sqlite_db, tmp_path)
+    proc = spawn("overseer", config=config, env=env, log_path=log_path)
+    overseers.started.append(proc)
+    proc.log_path = log_path
+    try:
+        _hup_then_new_code(queue, overseers, proc, module, package, log_path, tmp_path)
+    finally:
+        overseers.kill_all()
+    queue.close()
+
+
+def _hup_then_new_code(queue, overseers, proc, module, package, log_path, tmp_path):
+    wait_up(overseers, proc, 1)
+    old = queue.add_task("sample_handlers.Record", data={"log": str(tmp_path / "r")})
+    wait_for(lambda: Task.get_by_id(old).last_status == SUCCESS, timeout=START_TIMEOUT,
+             message="a first task")
+    module.write_text(module.read_text() + "\n\nclass New(TaskHandler):\n"
+                      "    def handle(self, run):\n        run.results = 'new'\n")
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "replacing runners" in log_path.read_text(), timeout=START_TIMEOUT,
+             message="the reload")
+    sys.path.insert(0, str(package))
+    try:
+        new = queue.add_task("deploy_jobs.New")
+    finally:
+        sys.path.remove(str(package))
+    wait_for(lambda: Task.get_by_id(new).finished_on, timeout=START_TIMEOUT,
+             message="the task of the new handler to end")
+    assert (Task.get_by_id(new).last_status, runs_of(new)[-1].results) == (SUCCESS, '"new"'), \
+        overseers.log()
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_runner_is_noticed_by_its_heartbeat_and_killed_with_its_subprocesses(
+        sqlite_db, overseers, tmp_path):
+    queue = sqlite_db.queue()
+    log = str(tmp_path / "records")
+    task_id = queue.add_task("sample_handlers.Subprocess", data={"log": log})
+    config = sqlite_db.write_config(tmp_path / "c.toml", (
+        "[runner]\nlimit = 1\npoll_interval = 0.1\nheartbeat_interval = 0.2\n"
+        "[overseer]\ncheck_interval = 0.5\nheartbeat_timeout = 2\n[task]\nretry_backoff = 60\n"))
+    proc = overseers.start(config)
+    wait_up(overseers, proc, 1)
+    [(_, _, runner_pid, child_pid)] = wait_for(lambda: read_records(log + ".started"),
+                                               timeout=START_TIMEOUT, message="the subprocess")
+    os.kill(runner_pid, signal.SIGSTOP)       # alive, but hung
+    stopped = time.monotonic()
+    wait_for(lambda: is_gone(runner_pid), timeout=2 + 2 * 0.5 + MACHINE_SLACK,
+             message="the hung runner to be killed")
+    assert time.monotonic() - stopped <= 2 + 2 * 0.5 + MACHINE_SLACK
+    wait_for(lambda: is_gone(child_pid), timeout=5, message="its handler's subprocess to go too")
+    row = Runner.get(Runner.pid == runner_pid)
+    assert row.status == TIMEOUT and "hung" in row.exit_reason
+    run = runs_of(task_id)[0]
+    assert (run.status, run.error_code) == (TIMEOUT, "RunnerDied")
+    assert proc.poll() is None
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_periodic_task_that_cannot_be_submitted_does_not_stop_the_overseer(tmp_path, procs):
+    """A 250-character name slipped past the checks (an older version, a manual INSERT):
+    'periodic:' + name does not fit queued_by. The overseer logs it, records the error on
+    that periodic task, keeps going, and serves the other periodic tasks."""
+    from conftest import Database
+    database = Database("postgresql", tmp_path)
+    try:
+        queue = database.queue()
+        from taskrunner.periodic import add_periodic
+        add_periodic(queue.store, "fine", "taskrunner.handlers.Echo", "every 1s")
+        add_periodic(queue.store, "x" * 200, "taskrunner.handlers.Echo", "every 1s")
+        from taskrunner.models import PeriodicTask
+        PeriodicTask.update(name="y" * 250).where(PeriodicTask.name == "x" * 200).execute()
+        config = database.write_config(tmp_path / "c.toml", "[runner]\nlimit = 1\n")
+        proc = procs.spawn("overseer", config=config, name="overseer")
+        wait_for(lambda: PeriodicTask.get(PeriodicTask.name == "fine").submitted_count >= 3,
+                 timeout=START_TIMEOUT, message="the good periodic task to keep submitting")
+        bad = PeriodicTask.get(PeriodicTask.name == "y" * 250)
+        assert bad.last_status == "error" and bad.submitted_count == 0
+        assert proc.poll() is None, procs.logs()
+        assert "not submitted" in procs.log(proc)
+        proc.send_signal(signal.SIGTERM)
+        assert procs.wait(proc) == 0
+        queue.close()
+    finally:
+        database.drop()
+
+
+def test_a_periodic_name_too_long_for_its_derived_values_is_refused(sqlite_db):
+    from taskrunner import InputError
+    from taskrunner.periodic import MAX_NAME, add_periodic
+    queue = sqlite_db.queue()
+    with pytest.raises(InputError, match="longer than %d" % MAX_NAME):
+        add_periodic(queue.store, "n" * (MAX_NAME + 1), "taskrunner.handlers.Echo", "daily")
+    add_periodic(queue.store, "n" * MAX_NAME, "taskrunner.handlers.Echo", "daily")
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_run_found_crashed_at_overseer_start_waits_crash_grace(sqlite_db, procs, tmp_path):
+    queue = sqlite_db.queue()
+    log = str(tmp_path / "records")
+    task_id = queue.add_task("sample_handlers.Started", data={"log": log, "sleep": 60})
+    config = sqlite_db.write_config(tmp_path / "c.toml", (
+        "[runner]\nlimit = 1\npoll_interval = 0.1\n[overseer]\ncrash_grace = 3600\n"
+        "[task]\nretry_backoff = 0\n"))
+    runner = procs.spawn("runner", config=config, name="runner")
+    [(_, run_id, pid)] = wait_started(log)
+    os.kill(pid, signal.SIGKILL)                 # the host went down with it, say
+    runner.wait(10)
+    overseer = procs.spawn("overseer", config=config, name="overseer")
+    wait_for(lambda: Run.get_by_id(run_id).status == TIMEOUT, timeout=START_TIMEOUT,
+             message="the sweep at start")
+    task = Task.get_by_id(task_id)
+    assert task.crash_count == 1 and task.runs_failed == 1
+    wait = (task.next_run_on - Run.get_by_id(run_id).finished_on).total_seconds()
+    assert 3599 <= wait <= 3601, wait
+    assert len(runs_of(task_id)) == 1            # no retry run before crash_grace
+    overseer.send_signal(signal.SIGTERM)
+    assert procs.wait(overseer) == 0
+    queue.close()
