@@ -7,6 +7,7 @@ allow-list is checked *before* importing, so a disallowed path never runs module
 import fnmatch
 import importlib
 import json
+import logging
 import os
 import re
 from datetime import datetime, timezone
@@ -16,6 +17,9 @@ from .errors import HandlerError
 
 if TYPE_CHECKING:
     from .queue import TaskQueue
+
+# Progress is part of the runner's conversation with the database: its warnings go there.
+log = logging.getLogger("taskrunner.runner")
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
@@ -130,13 +134,67 @@ class RunContext:
         self.lost = False
         self._report = report
         self._stopping = stopping
+        self._pending_progress: Optional[int] = None   # a percent not stored yet
+        self._progress_warned = False
 
     def progress(self, percent: float) -> None:
-        """Store percent_completed (0..100) and mark the run as alive."""
+        """Store percent_completed (0..100) and mark the run as alive.
+
+        Never raises a database error: progress is bookkeeping, and a database restart must
+        not fail the work it reports on. The percent is then kept and written by the next
+        ``progress()`` (or ``flush_progress()``); only the latest percent is kept."""
         percent = max(0, min(100, int(percent)))
-        if self._report is not None and not self._report(percent):
+        if self._report is None:
+            return
+        self._pending_progress = percent
+        self._write_progress()
+
+    def flush_progress(self) -> bool:
+        """Write the percent a database error kept back, if any. For the runner, after the
+        handler returned and before it records the outcome (an ended run is no longer
+        updated). True when nothing is left pending; never raises a database error."""
+        return self._write_progress()
+
+    def _write_progress(self) -> bool:
+        # peewee is imported here, not at module level: `import taskrunner` stays free of
+        # peewee and of every driver. It is loaded already whenever a report function exists.
+        import peewee
+        report, percent = self._report, self._pending_progress
+        if report is None or percent is None:
+            return True
+        try:
+            mine = report(percent)
+        except (peewee.DatabaseError, peewee.InterfaceError) as exc:
+            # InterfaceError is not a DatabaseError in peewee; PyMySQL raises it on a
+            # connection it has closed.
+            if not self._progress_warned:
+                self._progress_warned = True      # once per run: a handler may report often
+                first = str(exc).strip().splitlines()
+                log.warning("run %d of task %d: progress %d%% not stored (%s); it will be "
+                            "written by the next progress update", self.id, self.task_id,
+                            percent, first[0] if first else type(exc).__name__)
+            self._drop_dead_connection()
+            return False
+        self._pending_progress = None
+        if not mine:
             # The run is no longer ours (it was marked timeout): the handler should stop.
             self.lost = True
+        return True
+
+    def _drop_dead_connection(self) -> None:
+        """After a failed update, close this thread's connection if the server dropped it,
+        so that the next statement opens a new one: peewee reconnects a connection it knows
+        is closed, never one the server closed. peewee's own check (is_connection_usable:
+        the transaction status on PostgreSQL, a ping on MySQL) decides, so that a lock
+        timeout keeps the connection and its session settings. Not inside a transaction:
+        one the handler opened is broken anyway, and is the handler's to end."""
+        db = getattr(getattr(self.queue, "store", None), "db", None)
+        if db is None or db.in_transaction() or db.is_connection_usable():
+            return
+        try:
+            db.close()
+        except Exception:  # closing a dead connection may fail in any driver-specific way
+            log.debug("closing the lost connection failed", exc_info=True)
 
     def should_stop(self) -> bool:
         """True when the handler should wrap up: the runner is stopping, the deadline has

@@ -164,10 +164,13 @@ def kill_hung(row):
         pass
 
 
-def refresh_runners(store, now=None, other_hosts=True, crash_grace=None):
+def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, own_children=()):
     """Check every ``running`` runner row (this host by PID and heartbeat, other hosts by
     heartbeat age) and mark the dead ones; hung runners of this host are killed. Runs found
-    crashed are retried not before `crash_grace` seconds from now. Returns the ids marked."""
+    crashed are retried not before `crash_grace` seconds from now. A dead process among
+    `own_children` (the caller's, not reaped yet) is left to the caller's reaper, which knows
+    why it died (killed by the caller's own stop: a hand-back, not a crash). Returns the ids
+    marked."""
     Runner = store.Runner
     now = now or utcnow()
     host, current_boot = hostname(), boot_id()
@@ -178,6 +181,8 @@ def refresh_runners(store, now=None, other_hosts=True, crash_grace=None):
     dead = []
     for row in list(query):
         reason = dead_reason(row, host, current_boot, now, store.config.overseer.heartbeat_timeout)
+        if reason and row.host == host and row.pid in own_children and "hung" not in reason:
+            continue
         if reason and "hung" in reason:
             kill_hung(row)
         if reason and mark_runner_dead(store, row.id, reason, now, retry_at):

@@ -6,11 +6,12 @@ from .liveness import refresh_runners
 from .models import utcnow
 
 
-def process_queue(store, now=None):
+def process_queue(store, now=None, own_children=()):
     """One pass; returns what it did: ``dead_runners`` (ids), ``timed_out_runs``
-    ([(run_id, runner_id)]) and ``created_runs`` (a count)."""
+    ([(run_id, runner_id)]) and ``created_runs`` (a count). `own_children`: PIDs an overseer
+    reaps itself (see liveness.refresh_runners)."""
     now = now or utcnow()
-    dead = refresh_runners(store, now=now)
+    dead = refresh_runners(store, now=now, own_children=own_children)
     overdue = timeout_overdue_runs(store, now)
     created = create_missing_runs(store, now)
     return {"dead_runners": dead, "timed_out_runs": overdue, "created_runs": created}

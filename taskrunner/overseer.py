@@ -336,7 +336,7 @@ class Overseer:
         the next periodic due time."""
         # Runs timed out here are stopped by the runners executing them (rule 8), wherever
         # they are; a runner too hung to do so is found by its heartbeat and killed.
-        maintenance.process_queue(self.store)
+        maintenance.process_queue(self.store, own_children=frozenset(self.children))
         liveness.heartbeat(self.store, self.row_id, rss=self._process.memory_info().rss)
         self.scheduler.clear_stale_marks()
         self._plan_periodic()

@@ -336,6 +336,9 @@ class Worker:
                     self.stop_reason, code, text)
             else:
                 status, code, message = ERROR, code, text
+        # Progress the database could not take during the run (a restart) is written now,
+        # before the outcome; it never reached the handler as an error.
+        context.flush_progress()
         if context.results is not None:
             try:
                 results = json.dumps(context.results, allow_nan=False)
