@@ -46,6 +46,9 @@ class Store:
         does not run DDL unless asked)."""
         self.connect()
         missing = pending(self.db)
+        if missing and missing[0].startswith("0001_"):
+            raise SchemaBehind("the database has no taskrunner schema yet: run `taskrunner "
+                               "init-db`, or open the queue with migrate=True")
         if missing:
             raise SchemaBehind(
                 "the database schema is behind this taskrunner (%d migration(s) pending, first "

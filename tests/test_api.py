@@ -115,7 +115,7 @@ def test_a_sqlite_and_a_postgresql_queue_in_one_process_stay_apart(tmp_path):
 def test_opening_a_queue_changes_no_schema_unless_asked(tmp_path):
     path = tmp_path / "app.db"
     url = "sqlite:///%s" % path
-    with pytest.raises(SchemaBehind, match="taskrunner init-db"):
+    with pytest.raises(SchemaBehind, match="no taskrunner schema yet: run `taskrunner init-db`"):
         TaskQueue(url)
     with sqlite3.connect(str(path)) as raw:
         tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
