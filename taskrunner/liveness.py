@@ -220,12 +220,3 @@ def others_running(store, parent_id):
     return Runner.select().where(
         (Runner.host == hostname()) & (Runner.status == RUNNING) & Runner.slot.is_null(False)
         & ((Runner.parent_id != parent_id) | Runner.parent_id.is_null())).count()
-
-
-def running_on_this_host(store, runner_id):
-    """The runner's row if it is ``running`` on this host (its PID means something here)."""
-    Runner = store.Runner
-    row = Runner.get_or_none(Runner.id == runner_id)
-    if row is None or row.status != RUNNING or row.host != hostname():
-        return None
-    return row

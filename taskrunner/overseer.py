@@ -1,16 +1,16 @@
 """The overseer: the pre-fork parent that supervisord or systemd starts.
 
 It registers itself (kind ``overseer``), forks runners up to ``[runner] limit`` and keeps
-them alive, reaps and replaces the ones that exit (with a backoff when they fail at start,
-and a non-zero exit if that goes on), checks every runner of this host every
-``[overseer] check_interval`` (rule 7), stops the runner of a run that timed out (rule 8:
-TERM, a second TERM to interrupt the handler, KILL after ``kill_grace``), processes the
-queue and runs the periodic scheduler (rotation is one of its periodic tasks).
+them alive, reaps and replaces the ones that exit (with a backoff when they fail before
+registering, and a non-zero exit if that goes on), checks every runner of this host every
+``[overseer] check_interval`` (rule 7: PID, and heartbeat for hung runners), processes the
+queue and runs the periodic scheduler (rotation is one of its periodic tasks). Runs that
+time out are stopped by the runners executing them (rule 8, see runner.py).
 
 Every decision is made in `tick(now)`, one pass of the main loop with the monotonic clock
 passed in, so tests drive the branches with an injected clock; `run()` only sets up,
 ticks and sleeps. Signals are only recorded by their handlers; a tick handles them:
-TERM/INT graceful stop (a second one: fast), QUIT immediate stop, HUP reload the config and
+TERM/INT graceful stop (a second one: fast, USR1 to the runners), QUIT immediate stop, HUP reload the config and
 replace the runners, TTIN/TTOU one runner more/less. No database connection crosses a fork:
 the overseer closes its connection before forking and each child opens its own.
 """
@@ -48,10 +48,8 @@ class Child:
         self.pid = pid
         self.started = started
         self.retiring = False      # told to stop (TERM sent); not counted as capacity
-        self.term_sent = None      # monotonic time of the first TERM
         self.interrupted = False   # USR1 sent: interrupt the handler
         self.killed_by_stop = None   # why this overseer's own stop KILLed it: its run is handed back
-        self.kill_at = None        # monotonic time at which it gets KILL
 
 
 class Overseer:
@@ -185,15 +183,11 @@ class Overseer:
         except (ProcessLookupError, PermissionError):
             self._signal(child.pid, signal.SIGKILL)
 
-    def _retire(self, child, kill_after=None):
+    def _retire(self, child):
         """TERM: finish the current run, claim nothing more, exit."""
         if not child.retiring:
             child.retiring = True
-            child.term_sent = self.now
             self._signal(child.pid, signal.SIGTERM)
-        if kill_after is not None:
-            kill_at = self.now + kill_after
-            child.kill_at = kill_at if child.kill_at is None else min(child.kill_at, kill_at)
 
     def _interrupt(self, child):
         """USR1: the runner interrupts its handler and hands its run back. A signal of its
@@ -320,14 +314,6 @@ class Overseer:
         for _ in range(max(0, missing)):
             self.spawn_runner()
 
-    def kill_overdue(self):
-        """KILL children past their deadline, and interrupt those told to stop a while ago."""
-        now = self.now
-        for child in list(self.children.values()):
-            if child.kill_at is not None and now >= child.kill_at:
-                self._kill(child, "past its deadline")
-                child.kill_at = None
-
     # -- regular work -------------------------------------------------------------------
 
     def check(self):
@@ -403,7 +389,6 @@ class Overseer:
             # one check_interval away, not at once.
             self.next_periodic = now + self.config.overseer.check_interval
             self._guarded(self.run_periodic)
-        self.kill_overdue()
         self._guarded(self.manage_runners)
         wake = self.next_check if self.stopping else min(self.next_check, self.next_periodic)
         return max(0.0, min(wake - now, 1.0))

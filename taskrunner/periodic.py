@@ -350,7 +350,6 @@ class PeriodicScheduler:
         else:
             log.info("periodic task %r: submitted task %d for %s", row.name, task_id, due)
             result["submitted"].append(task_id)
-            self.store.wake_local()
 
     def _skip_reason(self, row, due, now):
         if row.catch_up == "skip" and due < now - self.MISFIRE_GRACE:

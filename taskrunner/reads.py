@@ -28,8 +28,16 @@ def _decoded(text: Optional[str]) -> Any:
     return json.loads(text) if text else None
 
 
+class _Record:
+    """What every record can do: turn into JSON-ready data (ISO 8601 datetimes)."""
+
+    def to_json(self) -> Dict[str, Any]:
+        return {key: value.isoformat() if isinstance(value, datetime) else value
+                for key, value in dataclasses.asdict(self).items()}  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True)
-class TaskInfo:
+class TaskInfo(_Record):
     """A task: its definition, where it stands, and its last error."""
     id: int
     handler: str
@@ -52,12 +60,9 @@ class TaskInfo:
     last_error_code: Optional[str]
     last_error_message: Optional[str]
 
-    def to_json(self) -> Dict[str, Any]:
-        return _jsonable(self)
-
 
 @dataclass(frozen=True)
-class RunInfo:
+class RunInfo(_Record):
     """One attempt at a task."""
     id: int
     task_id: int
@@ -74,12 +79,9 @@ class RunInfo:
     error_code: Optional[str]
     error_message: Optional[str]
 
-    def to_json(self) -> Dict[str, Any]:
-        return _jsonable(self)
-
 
 @dataclass(frozen=True)
-class RunnerInfo:
+class RunnerInfo(_Record):
     """A runner or overseer process, with the run it is executing."""
     id: int
     kind: str
@@ -96,12 +98,9 @@ class RunnerInfo:
     started_on: datetime
     heartbeat_on: datetime
 
-    def to_json(self) -> Dict[str, Any]:
-        return _jsonable(self)
-
 
 @dataclass(frozen=True)
-class PeriodicTaskInfo:
+class PeriodicTaskInfo(_Record):
     """A timer that submits tasks, with its counters."""
     name: str
     enabled: bool
@@ -124,14 +123,6 @@ class PeriodicTaskInfo:
     source: str
     worker: Optional[str]
     marked: Optional[datetime]
-
-    def to_json(self) -> Dict[str, Any]:
-        return _jsonable(self)
-
-
-def _jsonable(record: Any) -> Dict[str, Any]:
-    return {key: value.isoformat() if isinstance(value, datetime) else value
-            for key, value in dataclasses.asdict(record).items()}
 
 
 def task_info(row: Any) -> TaskInfo:

@@ -2,13 +2,14 @@
 
 Loop: claim the next run, execute it, record the outcome; wait only when idle (woken at
 once by a signal). TERM, HUP or INT: finish the current run, claim nothing more, mark the
-runner ``success`` and exit 0; a second TERM or INT interrupts the handler and the run ends
-``error`` with code ``Interrupted``. The runner also exits after its current run when its
+runner ``success`` and exit 0; USR1 interrupts the handler and hands the run back (the
+signals are described on `Worker`). The runner also exits after its current run when its
 RSS passes ``[runner] memory_limit``, after ``max_runs`` runs, when its parent overseer
 is gone, or when someone declared it dead.
 
 Contract kept for the overseer: a heartbeat thread refreshes the runner row every
-``[runner] heartbeat_interval``, whatever the handler is doing.
+``[runner] heartbeat_interval``, whatever the handler is doing, and stops a run that was
+timed out (rule 8).
 """
 import json
 import logging
@@ -96,7 +97,6 @@ class Worker:
         self.runner_id = None
         self.stop_reason = None
         self.told_to_stop = None      # monotonic time of the first stop signal
-        self.interrupt_reason = None
         self.current = None           # (ClaimedRun, hard deadline as naive UTC or None)
         self.abort_reason = None
         self.abort_deadline = None
@@ -146,7 +146,6 @@ class Worker:
         self.stop_reason = self.stop_reason or reason
 
     def _interrupt(self, reason):
-        self.interrupt_reason = reason
         if self.in_handler:
             raise Interrupted(reason)
 

@@ -6,6 +6,7 @@ row locks where the database has them, wake-ups of idle runners after a commit, 
 schema check. Every module below the `TaskQueue` facade receives the store it works on.
 """
 import sqlite3
+import threading
 
 from . import wakeup
 from .config import Config
@@ -28,7 +29,9 @@ class Store:
         self.models = models
         self.Task, self.Run, self.Runner, self.PeriodicTask = models
         self._returning = None
-        self._wake_pending = False
+        # Per thread (a runner's heartbeat thread writes too): how deep in write() it is,
+        # and whether the outermost write's transaction made a run claimable.
+        self._writes = threading.local()
 
     # -- connection and schema ------------------------------------------------------------
 
@@ -63,18 +66,27 @@ class Store:
 
     def write(self, fn):
         """Run ``fn()`` in a write transaction, again after a deadlock or a busy database;
-        then wake idle runners if ``fn`` asked for it (`wake_after_commit`)."""
-        self._wake_pending = False
-        result = retry_transaction(self.db, fn)
-        if self._wake_pending:
-            self._wake_pending = False
+        after the outermost one commits, wake idle runners if ``fn`` asked for it
+        (`wake_after_commit`)."""
+        state = self._writes
+        depth = getattr(state, "depth", 0)
+        if depth == 0:
+            state.wake = False
+        state.depth = depth + 1
+        try:
+            result = retry_transaction(self.db, fn)
+        finally:
+            state.depth = depth
+        if depth == 0 and state.wake:
+            state.wake = False
             self.wake_local()
         return result
 
     def wake_after_commit(self):
-        """Inside a write transaction: this transaction makes a run claimable."""
+        """Inside a write transaction: it makes a run claimable. PostgreSQL's NOTIFY is
+        delivered on commit; this host's runners are woken after it."""
         wakeup.notify_in_transaction(self.db, self.backend)
-        self._wake_pending = True
+        self._writes.wake = True
 
     def locked(self, query):
         """SELECT ... FOR UPDATE where the database has row locks; SQLite's write
@@ -82,18 +94,13 @@ class Store:
         return query if self.is_sqlite else query.for_update()
 
     def write_and_wake(self, fn, wake):
-        """Run fn in a write transaction; when ``wake(result)`` says it made runs claimable,
-        wake idle runners (on PostgreSQL by NOTIFY inside the transaction, on this host after
-        the commit)."""
+        """write(fn), waking idle runners when ``wake(result)`` says it made runs claimable."""
         def step():
             result = fn()
             if wake(result):
-                wakeup.notify_in_transaction(self.db, self.backend)
+                self.wake_after_commit()
             return result
-        result = self.write(step)
-        if wake(result):
-            self.wake_local()
-        return result
+        return self.write(step)
 
     def wake_local(self):
         """Wake this host's idle runners of this database."""
