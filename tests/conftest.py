@@ -161,6 +161,17 @@ def _sqlite_template(tmp_path):
     return _SQLITE_TEMPLATE[0]
 
 
+def pytest_collection_modifyitems(items):
+    """The long process tests first, so that under pytest-xdist (the README's test command
+    runs four workers) they overlap each other and the short tests fill the gaps, instead
+    of one of them starting last and the run waiting for it alone. Within each group the
+    order stays as written."""
+    for item in items:
+        if item.path.name == "test_deploy.py":   # real supervisord, seconds per test
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _database_pools():
     yield

@@ -591,6 +591,7 @@ def test_run_past_max_runtime_is_interrupted_by_its_own_runner_which_carries_on(
     queue.close()
 
 
+@pytest.mark.slow
 def test_handlers_that_crash_their_runner_are_crashes_not_start_failures(sqlite_db, tmp_path):
     """12 tasks whose handler kills its own process (os._exit(1)): each run ends timeout
     (RunnerDied), is retried under max_retries and then given up, counted as crashes; the

@@ -836,6 +836,7 @@ def test_three_overseers_submit_each_due_time_at_most_once(database_sp, procs, t
     queue.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_after_downtime_catch_up_once_submits_one_task_and_skip_none(sqlite_db, procs,
                                                                      tmp_path):
@@ -908,6 +909,7 @@ def test_the_mark_of_a_killed_scheduler_is_cleared_by_the_next_scheduler(sqlite_
     queue.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_overseer_syncs_the_config_at_start_and_on_hup(sqlite_db, procs, tmp_path):
     queue = sqlite_db.queue()
@@ -959,6 +961,7 @@ def test_overseer_syncs_the_config_at_start_and_on_hup(sqlite_db, procs, tmp_pat
     queue.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_running_overseer_clears_a_stale_mark_without_spinning(sqlite_db, procs, tmp_path):
     queue = sqlite_db.queue()

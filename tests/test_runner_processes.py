@@ -65,6 +65,7 @@ def running_runners_here():
 
 # -- 1. many tasks, several runners --------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_2000_tasks_4_runners_each_succeeds_exactly_once(database, procs, tmp_path):
     queue = database.queue()
@@ -272,6 +273,7 @@ sys.exit(taskrunner.cli.main(sys.argv[3:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_20_runners_started_at_once_never_exceed_the_limit(database, procs, tmp_path):
     queue = database.queue()
