@@ -192,8 +192,8 @@ def test_a_run_timed_out_by_a_second_overseer_is_stopped_by_its_runner(stubborn,
     run = wait_for(marked, timeout=START_TIMEOUT, message="overseer B to time the run out")
     marked_at = time.monotonic() - (utcnow() - run.finished_on).total_seconds()
     assert run.error_code == "RunTimeout"
-    assert "timed out: no update" in pg_overseers.log(b) and \
-        "timed out" not in pg_overseers.log(a).replace("interrupting", ""), pg_overseers.log()
+    assert "timed out: no update" in pg_overseers.log(b), pg_overseers.log()
+    assert "timed out: no update" not in pg_overseers.log(a), pg_overseers.log()
 
     def retry_start():
         return [m for kind, _, r, _, m in timed(log) if kind == "start" and r != run_id][:1]
@@ -289,8 +289,10 @@ def test_a_hung_runner_is_noticed_by_its_heartbeat_and_killed_with_its_subproces
              message="the hung runner to be killed")
     assert time.monotonic() - stopped <= 2 + 2 * 0.5 + MACHINE_SLACK
     wait_for(lambda: is_gone(child_pid), timeout=5, message="its handler's subprocess to go too")
-    row = Runner.get(Runner.pid == runner_pid)
-    assert row.status == TIMEOUT and "hung" in row.exit_reason
+    # Killed first, then marked: the mark may commit a moment after the process is gone.
+    row = wait_for(lambda: Runner.get(Runner.pid == runner_pid).status == TIMEOUT
+                   and Runner.get(Runner.pid == runner_pid), timeout=10, message="the row marked")
+    assert "hung" in row.exit_reason
     run = runs_of(task_id)[0]
     assert (run.status, run.error_code) == (TIMEOUT, "RunnerDied")
     assert proc.poll() is None
