@@ -12,7 +12,9 @@ passed in, so tests drive the branches with an injected clock; `run()` only sets
 ticks and sleeps. Signals are only recorded by their handlers; a tick handles them:
 TERM/INT graceful stop (a second one: fast, USR1 to the runners), QUIT immediate stop, HUP reload the config and
 replace the runners, TTIN/TTOU one runner more/less. No database connection crosses a fork:
-the overseer closes its connection before forking and each child opens its own.
+the overseer closes its connection before forking and each child opens its own. A database
+outage is logged once and waited out; when the database is back, heartbeats are judged only
+after heartbeat_timeout more (`db_back_at`, Store.writable_since).
 """
 import ctypes
 import ctypes.util

@@ -9,7 +9,8 @@ is gone, or when someone declared it dead.
 
 Contract kept for the overseer: a heartbeat thread refreshes the runner row every
 ``[runner] heartbeat_interval``, whatever the handler is doing, and stops a run that was
-timed out (rule 8).
+timed out (rule 8). A database outage, however long, ends neither: both wait it out
+(outage.py), and a run in flight keeps its outcome until the database is back.
 """
 import json
 import logging
@@ -21,7 +22,6 @@ import time
 from datetime import timedelta, timezone
 
 import peewee as pw
-import psutil
 
 from . import lifecycle, liveness, maintenance, outage, periodic, wakeup
 from .errors import HandlerError, Retry, RunnerLimitReached, TaskError
@@ -31,29 +31,6 @@ from .models import CANCELLED, ERROR, REQUEUED, RUNNER, SUCCESS, TIMEOUT, utcnow
 log = logging.getLogger("taskrunner.runner")
 
 MB = 1024 * 1024
-
-
-class ResidentSize:
-    """This process's RSS in bytes, cheap enough to read after every run: /proc/PID/statm
-    through a descriptor kept open (psutil opens and parses the file on every call, which
-    costs more than a no-op run's handler); psutil where there is no /proc."""
-
-    def __init__(self):
-        self._page = os.sysconf("SC_PAGE_SIZE")
-        try:
-            self._fd = os.open("/proc/%d/statm" % os.getpid(), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self._fd, self._process = None, psutil.Process()
-
-    def __call__(self):
-        if self._fd is None:
-            return self._process.memory_info().rss
-        return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
-
-    def close(self):
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 class Interrupted(BaseException):
@@ -97,6 +74,9 @@ class Worker:
         self.stop_reason = None
         self.told_to_stop = None      # monotonic time of the first stop signal
         self.current = None           # (ClaimedRun, hard deadline as naive UTC or None)
+        # Held while the main thread switches runs, and while the heartbeat thread decides
+        # to abort one: it must never abort the next run for the previous one.
+        self._switch = threading.Lock()
         self.abort_reason = None
         self.abort_deadline = None
         self.in_handler = False
@@ -235,16 +215,19 @@ class Worker:
             if ended_on is None:
                 return
             reason = "it was ended by someone else (timed out)"
-        log.warning("run %d of task %d: interrupting the handler: %s", claimed.run_id,
-                    claimed.task_id, reason)
         # kill_grace counts from the end of the run, not from noticing it a heartbeat later:
         # its retry may start at once, and two executions of one task must not overlap for
         # longer than kill_grace.
         grace = self.config.overseer.kill_grace
         late = min(grace, max(0.0, (utcnow() - ended_on).total_seconds()))
-        self.abort_deadline = time.monotonic() + grace - late
-        self.abort_reason = "run %d interrupted: %s" % (claimed.run_id, reason)
-        os.kill(os.getpid(), getattr(signal, self.ABORT_SIGNAL))
+        with self._switch:
+            if self.current is not current:
+                return          # it ended here meanwhile (its own outcome, not a timeout)
+            log.warning("run %d of task %d: interrupting the handler: %s", claimed.run_id,
+                        claimed.task_id, reason)
+            self.abort_deadline = time.monotonic() + grace - late
+            self.abort_reason = "run %d interrupted: %s" % (claimed.run_id, reason)
+            os.kill(os.getpid(), getattr(signal, self.ABORT_SIGNAL))
 
     # -- executing one run --------------------------------------------------------------
 
@@ -263,12 +246,14 @@ class Worker:
                   claimed.handler, claimed.attempt)
         hard_deadline = claimed.started_on + timedelta(seconds=claimed.max_runtime) \
             if claimed.max_runtime else None
-        self.abort_reason = self.abort_deadline = None
-        self.current = (claimed, hard_deadline)
+        with self._switch:
+            self.abort_reason = self.abort_deadline = None
+            self.current = (claimed, hard_deadline)
         try:
             status, code, message, results, retry_at = self._run_handler(claimed)
         finally:
-            self.current = None
+            with self._switch:
+                self.current = None
         self.runs_done += 1
         args = (claimed.run_id, claimed.task_id, status, self.runner_id, results, code, message)
         options = dict(periodic_task_id=claimed.periodic_task_id, retry_at=retry_at)
@@ -434,7 +419,7 @@ class Worker:
             if self.store.backend == "postgresql":
                 self._pg_listener = wakeup.PostgresListener(self.store.db)
         log.info("runner %d started (pid %d, slot %d)", row.id, row.pid, row.slot)
-        self._rss = ResidentSize()
+        self._rss = liveness.ResidentSize()
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
         claimed = None

@@ -365,7 +365,7 @@ def test_refused_connection_is_a_disconnect():
         exc = failure(db.execute_sql, "SELECT 1")
         assert kind(exc) == (False, True), (url, exc)
 
-        def begin():
+        def begin(db=db):
             with db.atomic():
                 pass
         exc = failure(begin)

@@ -19,6 +19,9 @@ one "figures" line and asserted:
 - progress reported during the outage is written when the server is back (every run ends
   at 100 %).
 
+With TASKRUNNER_FIGURES=FILE each scenario's figures are also appended to FILE as a JSON line
+(bench/results/*-db-restart.json were made that way).
+
 Needs root (or the tools runnable as the current user): pg_createcluster/pg_ctlcluster and
 mariadb-install-db/mariadbd. Skipped where they are missing, except in CI, where that fails.
 """
@@ -127,6 +130,9 @@ class PostgresCluster:
     def drop(self):
         subprocess.run(["pg_dropcluster", "--stop", self.version, self.name],
                        capture_output=True, timeout=120, check=False)
+        # pg_dropcluster leaves the configuration directory behind when it holds a file of
+        # its own making (conf.d/taskrunner-test.conf).
+        shutil.rmtree("/etc/postgresql/%s/%s" % (self.version, self.name), ignore_errors=True)
 
 
 class MariaDBInstance:
@@ -333,6 +339,9 @@ class Scene:
         }
         queue.close()
         print("figures %s" % json.dumps(figures))
+        if os.environ.get("TASKRUNNER_FIGURES"):       # a JSON line per scenario, appended
+            with open(os.environ["TASKRUNNER_FIGURES"], "a") as fh:
+                fh.write(json.dumps(figures) + "\n")
         return figures, log
 
     def kill(self):

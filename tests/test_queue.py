@@ -16,7 +16,8 @@ from taskrunner import liveness
 from taskrunner.models import (CANCELLED, ERROR, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
                                Runner, Task, utcnow)
 from taskrunner.lifecycle import retry_delay
-from taskrunner.runner import ResidentSize, Worker
+from taskrunner.liveness import ResidentSize
+from taskrunner.runner import Worker
 
 from conftest import Database, runs_of, utc
 

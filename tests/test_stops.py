@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from taskrunner import lifecycle
+from taskrunner import lifecycle, liveness
+from taskrunner.runner import Worker
 from taskrunner.models import (REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner, Task,
                                utcnow)
 
@@ -146,6 +147,38 @@ def test_a_run_timed_out_by_run_event_is_stopped_by_its_runner(stubborn, databas
         assert first.poll() is None, "a runner whose handler returned carries on"
         assert stopped - retry_start <= kill_grace, "two executions overlapped"
     assert Run.get_by_id(run.id).status == TIMEOUT    # the late outcome changed nothing (rule 4)
+    queue.close()
+
+
+def test_a_run_ending_as_the_heartbeat_checks_it_does_not_get_the_next_run_interrupted(
+        sqlite_db, monkeypatch):
+    """The heartbeat thread asks whether the run in hand was taken away just as the runner
+    ends it by itself and starts the next one: the answer ("no longer running") is about a
+    run that is gone, and must not interrupt the next. (Seen with three runners on
+    PostgreSQL: a run ended `timeout` "interrupted: run 16 was ended by someone else".) The
+    switch is made to happen inside that question, on the real database."""
+    queue = sqlite_db.queue()
+    queue.add_tasks([{"handler": "taskrunner.handlers.Echo"} for _ in range(2)])
+    worker = Worker(queue.store)
+    worker.runner_id = liveness.register(queue.store).id
+    first = lifecycle.claim(queue.store, worker.runner_id)
+    worker.current = (first, None)
+    asked = lifecycle.taken_away_on
+
+    def the_runner_moves_on_meanwhile(store, run_id, runner_id):
+        ended, following = lifecycle.end_run_and_claim(store, first.run_id, first.task_id,
+                                                       SUCCESS, worker.runner_id)
+        assert ended and following is not None
+        worker.current = (following, None)
+        return asked(store, run_id, runner_id)
+    monkeypatch.setattr(lifecycle, "taken_away_on", the_runner_moves_on_meanwhile)
+    signals = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: signals.append(signum))
+    try:
+        worker._watch_current_run()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert (worker.abort_reason, signals) == (None, [])
     queue.close()
 
 
