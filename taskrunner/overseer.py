@@ -327,8 +327,15 @@ class Overseer:
         the next periodic due time."""
         # Runs timed out here are stopped by the runners executing them (rule 8), wherever
         # they are; a runner too hung to do so is found by its heartbeat and killed.
+        if self.db_lost_at is not None:
+            # If this pass gets through, the database is back as of now: heartbeats and
+            # progress count from then (Store.writable_since).
+            self.db_back_at = utcnow()
         maintenance.process_queue(self.store, own_children=frozenset(self.children),
                                   reachable_since=self.db_back_at)
+        if self.db_lost_at is not None:
+            log.info("database reachable again after %.1fs", self.now - self.db_lost_at)
+            self.db_lost_at = None
         liveness.heartbeat(self.store, self.row_id, rss=self._process.memory_info().rss)
         self.scheduler.clear_stale_marks()
         self._plan_periodic()
@@ -401,30 +408,21 @@ class Overseer:
 
     def _guarded(self, step):
         """No exception from one step ends the overseer: a database hiccup is logged in one
-        line (an outage once, and once when it ends), anything else with its traceback; the
+        line (an outage once; `check` logs its end), anything else with its traceback; the
         step is tried again on a later tick."""
-        if self.db_lost_at is not None:
-            # If this attempt succeeds, the database is back as of now (or later): liveness
-            # counts heartbeats and progress from then (Store.writable_since).
-            self.db_back_at = utcnow()
         try:
             step()
         except (pw.OperationalError, pw.InterfaceError) as exc:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if is_disconnect(exc) and self.db_lost_at is None:
                 self.db_lost_at = self.now
-                log.warning("database unavailable (%s); retrying every tick", text)
+                log.warning("database unavailable (%s); retrying", text)
             elif self.db_lost_at is None:
                 log.warning("database error (will retry): %s", text)
             self._close_quietly()
-            return
         except Exception:
             log.exception("%s failed (will retry)", getattr(step, "__name__", "a step"))
             self._close_quietly()
-            return
-        if self.db_lost_at is not None:
-            log.info("database reachable again after %.1fs", self.now - self.db_lost_at)
-            self.db_lost_at = None
 
     def _close_quietly(self):
         try:
