@@ -131,10 +131,14 @@ def driver_error(exc):
     ``PeeweeException.__init__`` keeps the driver's exception as ``exc.orig`` (and, raised in
     ``ExceptionWrapper.__exit__``, it is also ``exc.__context__``). ``__cause__`` covers
     code that wraps with ``raise ... from``. An exception that is not peewee's is returned
-    as it is, so a bare driver error is classified too."""
-    if isinstance(exc, peewee.PeeweeException):
-        return getattr(exc, "orig", None) or exc.__cause__
-    return exc
+    as it is, so a bare driver error is classified too. A failed connection attempt made on
+    the way to a query is wrapped twice (``connect()``, then the query's wrapper), so the
+    chain is followed down to the driver."""
+    for _ in range(8):       # a cycle cannot keep this going
+        if not isinstance(exc, peewee.PeeweeException):
+            return exc
+        exc = getattr(exc, "orig", None) or exc.__cause__
+    return None
 
 
 def _kind(exc):

@@ -250,11 +250,14 @@ def was_ended_by(store, run_id, runner_id, status):
                               & (Run.status == status)).exists()
 
 
-def runs_under(store, run_id, runner_id):
-    """Whether the run is still ``running`` under this runner (nobody timed it out)."""
+def taken_away_on(store, run_id, runner_id):
+    """None while the run is still ``running`` under this runner; otherwise when it ended
+    (timed out by someone: its finished_on, or now when it has none)."""
     Run = store.Run
-    return Run.select(Run.id).where((Run.id == run_id) & (Run.runner_id == runner_id)
-                                    & (Run.status == RUNNING)).exists()
+    row = Run.select(Run.status, Run.runner_id, Run.finished_on).where(Run.id == run_id).first()
+    if row is not None and row.status == RUNNING and row.runner_id == runner_id:
+        return None
+    return (row.finished_on if row is not None else None) or utcnow()
 
 
 def report_progress(store, run_id, runner_id, percent, now=None):
@@ -394,17 +397,23 @@ def _aggregate(store, task_id, status, error_code, error_message, now, periodic_
         _outcome(store, task.periodic_task_id, status, now, error_code)
 
 
-def timeout_overdue_runs(store, now=None):
+def timeout_overdue_runs(store, now=None, reachable_since=None):
     """Mark ``timeout`` every running run with no update for its task's run_timeout, or
     running longer than its max_runtime. Returns [(run_id, runner_id)] of the runs marked,
-    so the caller can stop the processes executing them (rule 8)."""
+    so the caller can stop the processes executing them (rule 8). Progress that could not
+    be written during an outage does not count: run_timeout is counted from
+    Store.writable_since at the earliest."""
     now = now or utcnow()
     # Read in full before writing: on SQLite an open SELECT would make each end's write
     # transaction fail as soon as another process had committed meanwhile.
     running = list(running_runs_query(store).objects())
+    since = None
+    if any(run.updated_on + timedelta(seconds=run.run_timeout) < now for run in running):
+        since = store.writable_since(reachable_since)     # asked only when it matters
     ended = []
     for run in running:
-        if run.updated_on + timedelta(seconds=run.run_timeout) < now:
+        updated = max(run.updated_on, since) if since is not None else run.updated_on
+        if updated + timedelta(seconds=run.run_timeout) < now:
             message = "no update for %gs (run_timeout)" % run.run_timeout
             code = "RunTimeout"
         elif run.max_runtime and run.started_on + timedelta(seconds=run.max_runtime) < now:

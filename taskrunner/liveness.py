@@ -24,6 +24,29 @@ log = logging.getLogger("taskrunner.liveness")
 CREATE_TIME_TOLERANCE = 0.05
 
 
+class ResidentSize:
+    """This process's RSS in bytes, cheap enough to read after every run: /proc/PID/statm
+    through a descriptor kept open (psutil opens and parses the file on every call, which
+    costs more than a no-op run's handler); psutil where there is no /proc."""
+
+    def __init__(self):
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        try:
+            self._fd = os.open("/proc/%d/statm" % os.getpid(), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd, self._process = None, psutil.Process()
+
+    def __call__(self):
+        if self._fd is None:
+            return self._process.memory_info().rss
+        return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
+
+    def close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def hostname():
     return socket.gethostname()
 
@@ -139,18 +162,22 @@ def _end_runner(store, runner_id, status, reason, run_status, error_code, error_
     return store.write(step)
 
 
-def dead_reason(row, host, current_boot, now, heartbeat_timeout):
+def dead_reason(row, host, current_boot, now, heartbeat_timeout, since=None):
     """Why the runner row is dead, or None while it is alive. A runner of this host whose
-    process lives but whose heartbeat stopped (SIGSTOP, a deadlock) is hung: dead too."""
+    process lives but whose heartbeat stopped (SIGSTOP, a deadlock) is hung: dead too.
+    Heartbeats are judged from `since` at the earliest (Store.writable_since: a heartbeat
+    missed while the database was down is nobody's fault)."""
+    silent = row.heartbeat_on < now - timedelta(seconds=heartbeat_timeout) and \
+        (since is None or since < now - timedelta(seconds=heartbeat_timeout))
     if row.host == host:
         if row.boot_id != current_boot:
             return "pid %d belonged to an earlier boot" % row.pid
         if not process_alive(row.pid, row.pid_create_time):
             return "pid %d is gone" % row.pid
-        if row.kind == RUNNER and row.heartbeat_on < now - timedelta(seconds=heartbeat_timeout):
+        if row.kind == RUNNER and silent:
             return "pid %d is hung: no heartbeat for over %gs" % (row.pid, heartbeat_timeout)
         return None
-    if row.heartbeat_on < now - timedelta(seconds=heartbeat_timeout):
+    if silent:
         return "no heartbeat from %s for over %gs" % (row.host, heartbeat_timeout)
     return None
 
@@ -164,23 +191,30 @@ def kill_hung(row):
         pass
 
 
-def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, own_children=()):
+def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, own_children=(),
+                    reachable_since=None):
     """Check every ``running`` runner row (this host by PID and heartbeat, other hosts by
     heartbeat age) and mark the dead ones; hung runners of this host are killed. Runs found
     crashed are retried not before `crash_grace` seconds from now. A dead process among
     `own_children` (the caller's, not reaped yet) is left to the caller's reaper, which knows
-    why it died (killed by the caller's own stop: a hand-back, not a crash). Returns the ids
-    marked."""
+    why it died (killed by the caller's own stop: a hand-back, not a crash). Heartbeats are
+    not judged until the database has been up for heartbeat_timeout (server restart, or
+    `reachable_since`: see Store.writable_since). Returns the ids marked."""
     Runner = store.Runner
     now = now or utcnow()
     host, current_boot = hostname(), boot_id()
+    timeout = store.config.overseer.heartbeat_timeout
     query = Runner.select().where(Runner.status == RUNNING)
     if not other_hosts:
         query = query.where(Runner.host == host)
     retry_at = now + timedelta(seconds=crash_grace) if crash_grace else None
+    rows = list(query)
+    since = None
+    if any(row.heartbeat_on < now - timedelta(seconds=timeout) for row in rows):
+        since = store.writable_since(reachable_since)     # asked only when it matters
     dead = []
-    for row in list(query):
-        reason = dead_reason(row, host, current_boot, now, store.config.overseer.heartbeat_timeout)
+    for row in rows:
+        reason = dead_reason(row, host, current_boot, now, timeout, since)
         if reason and row.host == host and row.pid in own_children and "hung" not in reason:
             continue
         if reason and "hung" in reason:

@@ -12,7 +12,9 @@ passed in, so tests drive the branches with an injected clock; `run()` only sets
 ticks and sleeps. Signals are only recorded by their handlers; a tick handles them:
 TERM/INT graceful stop (a second one: fast, USR1 to the runners), QUIT immediate stop, HUP reload the config and
 replace the runners, TTIN/TTOU one runner more/less. No database connection crosses a fork:
-the overseer closes its connection before forking and each child opens its own.
+the overseer closes its connection before forking and each child opens its own. A database
+outage is logged once and waited out; when the database is back, heartbeats are judged only
+after heartbeat_timeout more (`db_back_at`, Store.writable_since).
 """
 import ctypes
 import ctypes.util
@@ -29,6 +31,7 @@ import psutil
 
 from . import liveness, maintenance, periodic
 from .config import Config
+from .db import is_disconnect
 from .errors import ConfigError, InputError, RunnerLimitReached
 from .handler import check_handlers_in_child
 from .models import OVERSEER, utcnow
@@ -83,6 +86,8 @@ class Overseer:
         self.next_check = 0.0
         self.scheduler = None
         self.next_periodic = 0.0
+        self.db_lost_at = None        # tick time of the first failure of an outage
+        self.db_back_at = None        # UTC of the attempt that found the database back
         self._wake_r = self._wake_w = None
 
     # -- signals ------------------------------------------------------------------------
@@ -322,7 +327,15 @@ class Overseer:
         the next periodic due time."""
         # Runs timed out here are stopped by the runners executing them (rule 8), wherever
         # they are; a runner too hung to do so is found by its heartbeat and killed.
-        maintenance.process_queue(self.store, own_children=frozenset(self.children))
+        if self.db_lost_at is not None:
+            # If this pass gets through, the database is back as of now: heartbeats and
+            # progress count from then (Store.writable_since).
+            self.db_back_at = utcnow()
+        maintenance.process_queue(self.store, own_children=frozenset(self.children),
+                                  reachable_since=self.db_back_at)
+        if self.db_lost_at is not None:
+            log.info("database reachable again after %.1fs", self.now - self.db_lost_at)
+            self.db_lost_at = None
         liveness.heartbeat(self.store, self.row_id, rss=self._process.memory_info().rss)
         self.scheduler.clear_stale_marks()
         self._plan_periodic()
@@ -395,12 +408,17 @@ class Overseer:
 
     def _guarded(self, step):
         """No exception from one step ends the overseer: a database hiccup is logged in one
-        line, anything else with its traceback; the step is tried again on a later tick."""
+        line (an outage once; `check` logs its end), anything else with its traceback; the
+        step is tried again on a later tick."""
         try:
             step()
         except (pw.OperationalError, pw.InterfaceError) as exc:
-            log.warning("database error (will retry): %s", str(exc).strip().splitlines()[0]
-                        if str(exc).strip() else type(exc).__name__)
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if is_disconnect(exc) and self.db_lost_at is None:
+                self.db_lost_at = self.now
+                log.warning("database unavailable (%s); retrying", text)
+            elif self.db_lost_at is None:
+                log.warning("database error (will retry): %s", text)
             self._close_quietly()
         except Exception:
             log.exception("%s failed (will retry)", getattr(step, "__name__", "a step"))

@@ -9,7 +9,8 @@ is gone, or when someone declared it dead.
 
 Contract kept for the overseer: a heartbeat thread refreshes the runner row every
 ``[runner] heartbeat_interval``, whatever the handler is doing, and stops a run that was
-timed out (rule 8).
+timed out (rule 8). A database outage, however long, ends neither: both wait it out
+(outage.py), and a run in flight keeps its outcome until the database is back.
 """
 import json
 import logging
@@ -21,10 +22,8 @@ import time
 from datetime import timedelta, timezone
 
 import peewee as pw
-import psutil
 
-from . import lifecycle, liveness, maintenance, periodic, wakeup
-from .db import is_disconnect, is_transient
+from . import lifecycle, liveness, maintenance, outage, periodic, wakeup
 from .errors import HandlerError, Retry, RunnerLimitReached, TaskError
 from .handler import RunContext, load_handler
 from .models import CANCELLED, ERROR, REQUEUED, RUNNER, SUCCESS, TIMEOUT, utcnow
@@ -32,29 +31,6 @@ from .models import CANCELLED, ERROR, REQUEUED, RUNNER, SUCCESS, TIMEOUT, utcnow
 log = logging.getLogger("taskrunner.runner")
 
 MB = 1024 * 1024
-
-
-class ResidentSize:
-    """This process's RSS in bytes, cheap enough to read after every run: /proc/PID/statm
-    through a descriptor kept open (psutil opens and parses the file on every call, which
-    costs more than a no-op run's handler); psutil where there is no /proc."""
-
-    def __init__(self):
-        self._page = os.sysconf("SC_PAGE_SIZE")
-        try:
-            self._fd = os.open("/proc/%d/statm" % os.getpid(), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self._fd, self._process = None, psutil.Process()
-
-    def __call__(self):
-        if self._fd is None:
-            return self._process.memory_info().rss
-        return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
-
-    def close(self):
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 class Interrupted(BaseException):
@@ -98,12 +74,16 @@ class Worker:
         self.stop_reason = None
         self.told_to_stop = None      # monotonic time of the first stop signal
         self.current = None           # (ClaimedRun, hard deadline as naive UTC or None)
+        # Held while the main thread switches runs, and while the heartbeat thread decides
+        # to abort one: it must never abort the next run for the previous one.
+        self._switch = threading.Lock()
         self.abort_reason = None
         self.abort_deadline = None
         self.in_handler = False
         self.runs_done = 0
         self.max_runs = None
         self.disowned = False
+        self.db_back_at = None        # when the database answered again after an outage
         self._handlers = {}
         self._rss = None
         self._wake_r = self._wake_w = None
@@ -178,7 +158,10 @@ class Worker:
         return self._facade
 
     def _heartbeat_loop(self):
+        """Every heartbeat_interval, whatever the handler does and whatever the database
+        does: an outage is logged once, and the thread carries on until the runner exits."""
         interval = wait = self.config.runner.heartbeat_interval
+        failing = None
         while not self._heartbeat_stop.wait(wait):
             try:
                 rss = self._rss()
@@ -186,15 +169,22 @@ class Worker:
                                           runs_done=self.runs_done):
                     self.disowned = True
                     self.stop_reason = self.stop_reason or "runner row is no longer running"
+                if failing is not None:
+                    log.info("heartbeat written again after %.1fs", time.monotonic() - failing)
+                    failing = None
                 self._watch_current_run()
-            except pw.DatabaseError as exc:
-                log.warning("heartbeat failed: %s", exc)
-                self.store.db.close()
+            except (pw.DatabaseError, pw.InterfaceError) as exc:
+                if failing is None:
+                    failing = time.monotonic()
+                    log.warning("heartbeat failed: %s", outage.first_line(exc))
+                outage.close_quietly(self.store.db)
+            except Exception:      # never let the heartbeat stop: the runner would be "hung"
+                log.exception("heartbeat failed")
+                outage.close_quietly(self.store.db)
             deadline = self.abort_deadline
             wait = interval if deadline is None else \
                 max(0.05, min(interval, deadline - time.monotonic()))
-        if not self.store.db.is_closed():
-            self.store.db.close()
+        outage.close_quietly(self.store.db)
 
     def _watch_current_run(self):
         """Rule 8, enforced by the process that executes the run: when the run is no longer
@@ -213,21 +203,31 @@ class Worker:
                 logging.shutdown()
                 os._exit(self.EXIT_HARD)
             return
-        if hard_deadline is not None and utcnow() >= hard_deadline:
+        now = utcnow()
+        if hard_deadline is not None and now >= hard_deadline:
             lifecycle.end_run(self.store, claimed.run_id, claimed.task_id, TIMEOUT,
                               runner_id=self.runner_id, error_code="MaxRuntime",
                               error_message="running longer than %gs (max_runtime)"
-                              % claimed.max_runtime)
-            reason = "its max_runtime (%gs) passed" % claimed.max_runtime
-        elif not lifecycle.runs_under(self.store, claimed.run_id, self.runner_id):
-            reason = "it was ended by someone else (timed out)"
+                              % claimed.max_runtime, now=now)
+            reason, ended_on = "its max_runtime (%gs) passed" % claimed.max_runtime, now
         else:
-            return
-        log.warning("run %d of task %d: interrupting the handler: %s", claimed.run_id,
-                    claimed.task_id, reason)
-        self.abort_deadline = time.monotonic() + self.config.overseer.kill_grace
-        self.abort_reason = "run %d interrupted: %s" % (claimed.run_id, reason)
-        os.kill(os.getpid(), getattr(signal, self.ABORT_SIGNAL))
+            ended_on = lifecycle.taken_away_on(self.store, claimed.run_id, self.runner_id)
+            if ended_on is None:
+                return
+            reason = "it was ended by someone else (timed out)"
+        # kill_grace counts from the end of the run, not from noticing it a heartbeat later:
+        # its retry may start at once, and two executions of one task must not overlap for
+        # longer than kill_grace.
+        grace = self.config.overseer.kill_grace
+        late = min(grace, max(0.0, (utcnow() - ended_on).total_seconds()))
+        with self._switch:
+            if self.current is not current:
+                return          # it ended here meanwhile (its own outcome, not a timeout)
+            log.warning("run %d of task %d: interrupting the handler: %s", claimed.run_id,
+                        claimed.task_id, reason)
+            self.abort_deadline = time.monotonic() + grace - late
+            self.abort_reason = "run %d interrupted: %s" % (claimed.run_id, reason)
+            os.kill(os.getpid(), getattr(signal, self.ABORT_SIGNAL))
 
     # -- executing one run --------------------------------------------------------------
 
@@ -246,12 +246,14 @@ class Worker:
                   claimed.handler, claimed.attempt)
         hard_deadline = claimed.started_on + timedelta(seconds=claimed.max_runtime) \
             if claimed.max_runtime else None
-        self.abort_reason = self.abort_deadline = None
-        self.current = (claimed, hard_deadline)
+        with self._switch:
+            self.abort_reason = self.abort_deadline = None
+            self.current = (claimed, hard_deadline)
         try:
             status, code, message, results, retry_at = self._run_handler(claimed)
         finally:
-            self.current = None
+            with self._switch:
+                self.current = None
         self.runs_done += 1
         args = (claimed.run_id, claimed.task_id, status, self.runner_id, results, code, message)
         options = dict(periodic_task_id=claimed.periodic_task_id, retry_at=retry_at)
@@ -290,7 +292,8 @@ class Worker:
         except HandlerError as exc:
             return ERROR, "HandlerError", str(exc), None, None
         if claimed.periodic_task_id is not None and claimed.attempt == 1 \
-                and not periodic.allow_start(self.store, claimed.periodic_task_id):
+                and not self._with_database(lambda: periodic.allow_start(
+                    self.store, claimed.periodic_task_id)):
             # Nuntium's tolerance: the previous task of this periodic task started too recently
             # (a retry of the same task is not a new occurrence).
             return CANCELLED, "MinSpacing", "dropped: the previous task of this periodic task " \
@@ -348,33 +351,16 @@ class Worker:
 
     # -- the loop -----------------------------------------------------------------------
 
-    def _with_database(self, fn, patience=60.0, reconnected=None):
-        """Call fn, riding out a database restart: on a lost connection, reconnect with
-        backoff for up to `patience` seconds (or until asked to stop). `reconnected` runs
-        first on the new connection, before fn is tried again."""
-        delay, deadline = 0.1, time.monotonic() + patience
-        lost = False
-        while True:
-            try:
-                if lost and reconnected is not None:
-                    reconnected()
-                return fn()
-            except (pw.OperationalError, pw.InterfaceError) as exc:
-                if not (is_disconnect(exc) or is_transient(exc)) or time.monotonic() > deadline:
-                    raise
-                log.warning("database unavailable (%s); retrying in %.1fs",
-                            str(exc).strip().splitlines()[0] if str(exc).strip() else exc, delay)
-                # A deadlock or a busy database rolled back the transaction and left the
-                # connection usable (closing it would also drop PostgreSQL's LISTEN).
-                if is_disconnect(exc):
-                    lost = True
-                    if not self.store.db.is_closed():
-                        try:
-                            self.store.db.close()
-                        except pw.DatabaseError:
-                            pass
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+    def _with_database(self, fn, reconnected=None, while_stopping=True):
+        """fn(), riding out a database restart or outage however long it lasts (see
+        outage.call_through). Without `while_stopping`, a runner told to stop gives up
+        waiting (DatabaseLost) instead."""
+        result, lost_for = outage.call_through(
+            self.store.db, fn, reconnected,
+            give_up=None if while_stopping else lambda: self.stop_reason)
+        if lost_for is not None:
+            self.db_back_at = utcnow()
+        return result
 
     def _should_exit(self):
         max_runs = self.max_runs
@@ -415,7 +401,7 @@ class Worker:
         interval = self.config.runner.poll_interval
         while not self._should_exit():
             if standalone:
-                maintenance.process_queue(self.store)
+                maintenance.process_queue(self.store, reachable_since=self.db_back_at)
             if lifecycle.has_scheduled_runs(self.store):
                 return
             self._wait(interval)
@@ -433,7 +419,7 @@ class Worker:
             if self.store.backend == "postgresql":
                 self._pg_listener = wakeup.PostgresListener(self.store.db)
         log.info("runner %d started (pid %d, slot %d)", row.id, row.pid, row.slot)
-        self._rss = ResidentSize()
+        self._rss = liveness.ResidentSize()
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
         claimed = None
@@ -442,26 +428,40 @@ class Worker:
                 if claimed is None:
                     claimed = self._with_database(lambda: lifecycle.claim(self.store,
                                                                           self.runner_id),
-                                                  reconnected=self._give_back_lost_claims)
+                                                  reconnected=self._give_back_lost_claims,
+                                                  while_stopping=False)
                     if claimed is None:
                         if burst:
                             self.stop_reason = "no work left"
                             break
-                        self._with_database(lambda: self._idle(standalone=self.parent_pid is None))
+                        self._with_database(lambda: self._idle(standalone=self.parent_pid is None),
+                                            while_stopping=False)
                         continue
                 claimed = self._unless_stopping(self.execute(claimed, claim_next=True))
+        except outage.DatabaseLost:
+            pass         # told to stop, idle, while the database is unreachable: just go
         finally:
             if self._listener is not None:
                 self._listener.close()
             self._heartbeat_stop.set()
             beat.join(timeout=5)
             self._rss.close()
+            self.stop_reason = self.stop_reason or "an error"
             if not self.disowned:
-                self._with_database(lambda: liveness.retire(self.store, self.runner_id,
-                                                            self.stop_reason))
+                self._retire()
             log.info("runner %d exiting after %d runs: %s", self.runner_id, self.runs_done,
                      self.stop_reason)
         return self.runs_done
+
+    def _retire(self):
+        try:
+            self._with_database(lambda: liveness.retire(self.store, self.runner_id,
+                                                        self.stop_reason), while_stopping=False)
+        except outage.DatabaseLost:
+            # Its row stays `running` until an overseer or a runner of this host finds the
+            # PID gone; it holds no run.
+            log.warning("runner %d could not retire its row: the database is unreachable",
+                        self.runner_id)
 
 
 def run_runner(store, refuse_quietly=False, burst=False, max_runs=None):

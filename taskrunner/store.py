@@ -7,13 +7,14 @@ schema check. Every module below the `TaskQueue` facade receives the store it wo
 """
 import sqlite3
 import threading
+from datetime import timedelta
 
 from . import wakeup
 from .config import Config
 from .db import backend_of, check_connection, open_database, retry_transaction
 from .errors import SchemaBehind
 from .migrations import migrate, pending
-from .models import bind_models
+from .models import bind_models, utcnow
 
 
 class Store:
@@ -61,6 +62,28 @@ class Store:
     def close(self):
         if not self.db.is_closed():
             self.db.close()
+
+    def writable_since(self, reachable_since=None):
+        """Since when everyone could write here, as far as this process can tell: the later
+        of the server's last start and `reachable_since` (when the caller got the database
+        back after losing it), as naive UTC on this host's clock; None when neither applies
+        (SQLite has no server to restart). A heartbeat or progress that is older was
+        missed during an outage, through no fault of its writer: liveness counts
+        heartbeat_timeout and run_timeout from here, so that no runner is declared dead,
+        and no run timed out, because the database was down."""
+        started = None
+        if self.backend == "postgresql":
+            uptime = self.db.execute_sql(
+                "SELECT EXTRACT(EPOCH FROM now() - pg_postmaster_start_time())").fetchone()[0]
+        elif self.backend == "mysql":
+            uptime = self.db.execute_sql("SHOW GLOBAL STATUS LIKE 'Uptime'").fetchone()[1]
+        else:
+            uptime = None
+        if uptime is not None:
+            # The server's uptime, not its clock: only this host's clock is compared.
+            started = utcnow() - timedelta(seconds=float(uptime))
+        known = [t for t in (started, reachable_since) if t is not None]
+        return max(known) if known else None
 
     # -- transactions -----------------------------------------------------------------------
 

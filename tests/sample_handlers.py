@@ -160,3 +160,24 @@ class Subprocess(TaskHandler):
         record(run.data["log"] + ".started", "%d %d %d %d" % (run.task_id, run.id, os.getpid(),
                                                             child.pid))
         child.wait()
+
+
+class Steady(TaskHandler):
+    """Works data["seconds"], calling run.progress() every data["step"] seconds and 100 at
+    the end; appends "start TASK RUN PID T" and "end TASK RUN PID T" (monotonic clock) to
+    data["log"], or "raised TASK RUN PID T NAME" when an exception reached it."""
+
+    def handle(self, run):
+        log = run.data["log"]
+        line = "%d %d %d" % (run.task_id, run.id, os.getpid())
+        record(log, "start %s %.3f" % (line, time.monotonic()))
+        try:
+            deadline = time.monotonic() + run.data.get("seconds", 0.5)
+            while time.monotonic() < deadline:
+                run.progress(99 - 99 * (deadline - time.monotonic()) / run.data.get("seconds", 0.5))
+                time.sleep(run.data.get("step", 0.05))
+            run.progress(100)
+        except BaseException as exc:
+            record(log, "raised %s %.3f %s" % (line, time.monotonic(), type(exc).__name__))
+            raise
+        record(log, "end %s %.3f" % (line, time.monotonic()))

@@ -359,6 +359,17 @@ def test_refused_connection_is_a_disconnect():
         db = open_database(Config.from_dict({"database": {"url": url}}).database)
         exc = failure(db.connect)
         assert kind(exc) == (False, True), (url, exc)
+        # A query or a transaction connects on its way, and peewee wraps that connect
+        # error once more: still a disconnect (it used to crash a runner waiting out an
+        # outage at its first reconnection attempt).
+        exc = failure(db.execute_sql, "SELECT 1")
+        assert kind(exc) == (False, True), (url, exc)
+
+        def begin(db=db):
+            with db.atomic():
+                pass
+        exc = failure(begin)
+        assert kind(exc) == (False, True), (url, exc)
 
 
 # -- MariaDB / MySQL -----------------------------------------------------------------------

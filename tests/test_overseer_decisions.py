@@ -5,12 +5,14 @@ the overseer's signal handler puts them (it only records them)."""
 import os
 import signal
 import time
+from datetime import timedelta
 
 import pytest
 
+from taskrunner.models import RUNNING, TIMEOUT, Runner, utcnow
 from taskrunner.overseer import Overseer
 
-from conftest import wait_for
+from conftest import Database, wait_for
 
 
 class ScriptedOverseer(Overseer):
@@ -137,3 +139,33 @@ def test_a_child_that_lived_past_the_start_window_resets_the_count(make_overseer
     os.kill(pid, signal.SIGKILL)
     tick_until(ov, Overseer.START_WINDOW + 1, lambda: pid not in ov.children, "the reap")
     assert ov.start_failures == 0
+
+
+def test_after_losing_the_database_no_heartbeat_is_judged_for_heartbeat_timeout(tmp_path):
+    """The server ends the overseer's session (a restart, a network cut): once its check gets
+    through again, a heartbeat 300 s old is held against nobody until the database has been
+    back for heartbeat_timeout (60 s) — nobody could write one meanwhile."""
+    database = Database("postgresql", tmp_path)
+    ov = Overseer(database.config(overseer={"check_interval": 1}))
+    try:
+        ov.prepare()
+        ov.num_runners = 0                     # no children: only the check is the point
+        database.queue()                       # binds the models to this database
+        now = utcnow()
+        row = Runner.create(host="elsewhere", boot_id="b", pid=1, pid_create_time=0,
+                            started_on=now, heartbeat_on=now - timedelta(seconds=300), slot=1)
+        pid = ov.store.db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
+        with database.admin.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        t0 = 1000.0
+        ov.tick(t0)
+        assert ov.db_lost_at == t0              # the check met the dead session
+        ov.tick(t0 + 1)
+        assert ov.db_lost_at is None and ov.db_back_at is not None
+        assert Runner.get_by_id(row.id).status == RUNNING
+        ov.db_back_at = utcnow() - timedelta(seconds=61)      # back for heartbeat_timeout
+        ov.tick(t0 + 2)
+        assert Runner.get_by_id(row.id).status == TIMEOUT
+    finally:
+        ov.store.close()
+        database.drop()

@@ -16,7 +16,8 @@ from taskrunner import liveness
 from taskrunner.models import (CANCELLED, ERROR, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
                                Runner, Task, utcnow)
 from taskrunner.lifecycle import retry_delay
-from taskrunner.runner import ResidentSize, Worker
+from taskrunner.liveness import ResidentSize
+from taskrunner.runner import Worker
 
 from conftest import Database, runs_of, utc
 
@@ -467,6 +468,42 @@ def test_other_hosts_are_dead_by_heartbeat_age(queue):
                         heartbeat_on=now - timedelta(seconds=30), slot=1)
     assert liveness.refresh_runners(queue.store, now=now) == []
     assert liveness.refresh_runners(queue.store, now=now + timedelta(seconds=31)) == [row.id]
+
+
+def test_heartbeats_missed_during_an_outage_count_against_nobody(queue):
+    """Once the database is back (here: the checker got it back at `reachable_since`), a
+    heartbeat is judged only after it has been reachable for heartbeat_timeout (60 s):
+    nobody could write one while it was down."""
+    now = utcnow()
+    row = Runner.create(host="elsewhere", boot_id="b", pid=1, pid_create_time=0, started_on=now,
+                        heartbeat_on=now - timedelta(seconds=300), slot=1)
+    back = now - timedelta(seconds=59)
+    assert liveness.refresh_runners(queue.store, now=now, reachable_since=back) == []
+    back = now - timedelta(seconds=61)
+    assert liveness.refresh_runners(queue.store, now=now, reachable_since=back) == [row.id]
+
+
+def test_progress_missed_during_an_outage_does_not_time_a_run_out(queue, runner_id):
+    queue.add_task(ECHO, run_timeout=30)
+    claimed = lifecycle.claim(queue.store, runner_id)
+    later = utcnow() + timedelta(seconds=300)
+    back = later - timedelta(seconds=29)
+    assert lifecycle.timeout_overdue_runs(queue.store, later, reachable_since=back) == []
+    back = later - timedelta(seconds=31)
+    assert lifecycle.timeout_overdue_runs(queue.store, later, reachable_since=back) == [
+        (claimed.run_id, runner_id)]
+
+
+def test_the_database_is_writable_since_its_server_started(queue):
+    """A server restart is an outage everyone missed: the server's start (from its uptime,
+    so that only this host's clock is read) bounds the heartbeats judged. SQLite has none."""
+    now = utcnow()
+    since = queue.store.writable_since()
+    if queue.store.is_sqlite:
+        assert since is None
+    else:
+        assert since <= now
+    assert queue.store.writable_since(now) == now
 
 
 def test_rotation_deletes_only_old_ended_tasks(queue, runner_id):

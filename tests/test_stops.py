@@ -8,13 +8,15 @@ import time
 
 import pytest
 
-from taskrunner import lifecycle
-from taskrunner.models import REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner, Task
+from taskrunner import lifecycle, liveness
+from taskrunner.runner import Worker
+from taskrunner.models import (REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner, Task,
+                               utcnow)
 
-from conftest import (REPO_DIR, START_TIMEOUT, TESTS_DIR, ok, runs_of, spawn, taskrunner,
+from conftest import (REPO_DIR, START_TIMEOUT, TESTS_DIR, Database, ok, runs_of, spawn, taskrunner,
                       wait_for, wait_started)
 from sample_handlers import read_records
-from test_overseer import MACHINE_SLACK, Overseers, group_members, is_gone, wait_up
+from test_overseer import MACHINE_SLACK, Overseers, group_members, is_gone, overseer_toml, wait_up
 
 
 @pytest.fixture
@@ -145,6 +147,111 @@ def test_a_run_timed_out_by_run_event_is_stopped_by_its_runner(stubborn, databas
         assert first.poll() is None, "a runner whose handler returned carries on"
         assert stopped - retry_start <= kill_grace, "two executions overlapped"
     assert Run.get_by_id(run.id).status == TIMEOUT    # the late outcome changed nothing (rule 4)
+    queue.close()
+
+
+def test_a_run_ending_as_the_heartbeat_checks_it_does_not_get_the_next_run_interrupted(
+        sqlite_db, monkeypatch):
+    """The heartbeat thread asks whether the run in hand was taken away just as the runner
+    ends it by itself and starts the next one: the answer ("no longer running") is about a
+    run that is gone, and must not interrupt the next. (Seen with three runners on
+    PostgreSQL: a run ended `timeout` "interrupted: run 16 was ended by someone else".) The
+    switch is made to happen inside that question, on the real database."""
+    queue = sqlite_db.queue()
+    queue.add_tasks([{"handler": "taskrunner.handlers.Echo"} for _ in range(2)])
+    worker = Worker(queue.store)
+    worker.runner_id = liveness.register(queue.store).id
+    first = lifecycle.claim(queue.store, worker.runner_id)
+    worker.current = (first, None)
+    asked = lifecycle.taken_away_on
+
+    def the_runner_moves_on_meanwhile(store, run_id, runner_id):
+        ended, following = lifecycle.end_run_and_claim(store, first.run_id, first.task_id,
+                                                       SUCCESS, worker.runner_id)
+        assert ended and following is not None
+        worker.current = (following, None)
+        return asked(store, run_id, runner_id)
+    monkeypatch.setattr(lifecycle, "taken_away_on", the_runner_moves_on_meanwhile)
+    signals = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: signals.append(signum))
+    try:
+        worker._watch_current_run()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert (worker.abort_reason, signals) == (None, [])
+    queue.close()
+
+
+@pytest.fixture
+def pg_overseers(tmp_path):
+    """Overseers sharing a fresh PostgreSQL database (two hosts' overseers, on one machine)."""
+    database = Database("postgresql", tmp_path)
+    group = Overseers(database, tmp_path)
+    yield group
+    group.kill_all()
+    database.drop()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stubborn", [False, True], ids=["handler-returns", "handler-ignores"])
+def test_a_run_timed_out_by_a_second_overseer_is_stopped_by_its_runner(stubborn, pg_overseers,
+                                                                       tmp_path):
+    """Rule 8 across overseers: overseer A's runner executes a run; overseer B (another
+    host's, sharing the database; here on the same machine) times it out (run_timeout) —
+    A checks only every 60 s and never sees it overdue. A's runner interrupts the handler
+    within about a heartbeat (or exits hard after kill_grace when the handler ignores the
+    interruption), and the retry, claimed at once by A's other runner, never overlaps the
+    first execution for longer than kill_grace."""
+    kill_grace, heartbeat = 1.0, 0.2
+    database = pg_overseers.database
+    queue = database.queue()
+    log = str(tmp_path / "timed")
+    task_id = queue.add_task("sample_handlers.Timed", data={
+        "log": log, "sleep": 30, "stubborn": stubborn}, run_timeout=1, max_retries=3)
+
+    def config(name, check_interval):
+        return database.write_config(tmp_path / name, overseer_toml(
+            limit=2, check_interval=check_interval, kill_grace=kill_grace,
+            heartbeat_interval=heartbeat))
+    a = pg_overseers.start(config("a.toml", 60))
+    wait_up(pg_overseers, a, 2)
+    wait_for(lambda: timed(log), timeout=START_TIMEOUT, message="the handler to start")
+    [(_, _, run_id, victim, first_start)] = timed(log)
+    b = pg_overseers.start(config("b.toml", 0.2))    # the host's slots are taken: no runner
+
+    def marked():
+        run = Run.get_by_id(run_id)
+        return run.status == TIMEOUT and run
+    run = wait_for(marked, timeout=START_TIMEOUT, message="overseer B to time the run out")
+    marked_at = time.monotonic() - (utcnow() - run.finished_on).total_seconds()
+    assert run.error_code == "RunTimeout"
+    assert "timed out: no update" in pg_overseers.log(b), pg_overseers.log()
+    assert "timed out: no update" not in pg_overseers.log(a), pg_overseers.log()
+
+    def retry_start():
+        return [m for kind, _, r, _, m in timed(log) if kind == "start" and r != run_id][:1]
+    [second_start] = wait_for(retry_start, timeout=START_TIMEOUT, message="the retry to start")
+    if stubborn:
+        wait_for(lambda: is_gone(victim), timeout=kill_grace + 2 * heartbeat + MACHINE_SLACK,
+                 interval=0.01, message="the first runner to exit hard")
+        first_end = time.monotonic()
+        assert "did not return within kill_grace" in pg_overseers.log(a)
+        assert first_end - marked_at <= kill_grace + 2 * heartbeat + MACHINE_SLACK
+    else:
+        def stopped():
+            return [m for kind, _, r, _, m in timed(log) if kind == "stop" and r == run_id]
+        [first_end] = wait_for(stopped, timeout=2 * heartbeat + MACHINE_SLACK,
+                               message="the first handler to stop")
+        assert first_end - marked_at <= 2 * heartbeat + MACHINE_SLACK
+        assert not is_gone(victim), "a runner whose handler returned carries on"
+    overlap = first_end - second_start
+    print("rule 8 by a second overseer (%s): interrupted %.3fs after being marked, "
+          "executions overlapped %.3fs" % ("stubborn" if stubborn else "returns",
+                                           first_end - marked_at, max(0.0, overlap)))
+    assert first_start < marked_at
+    assert overlap <= kill_grace, "two executions of task %d overlapped" % task_id
+    assert Run.get_by_id(run_id).status == TIMEOUT
+    assert a.poll() is None and b.poll() is None
     queue.close()
 
 

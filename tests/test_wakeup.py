@@ -57,3 +57,29 @@ def test_postgres_notify_wakes_runners_without_the_local_socket(tmp_path, reques
     # As if the task came from another host: no local wake-up can reach the runner.
     _assert_woken(database, tmp_path,
                   before_add=lambda: shutil.rmtree(wakeup._directory(database.url)))
+
+
+@pytest.mark.timeout(90)
+def test_an_idle_runner_listens_again_after_its_connection_was_terminated(tmp_path, request):
+    """A restart or a network cut ends the idle runner's session and its LISTEN with it: the
+    runner reconnects and LISTENs again, so NOTIFY (another host's work) still wakes it."""
+    from conftest import Database
+    database = Database("postgresql", tmp_path)
+    request.addfinalizer(database.drop)
+    listening = ("SELECT pid FROM pg_stat_activity WHERE datname = %s AND query = %s "
+                 "AND pid <> pg_backend_pid()")
+    args = (database.name, "LISTEN %s" % wakeup.CHANNEL)
+
+    def listeners():
+        with database.admin.cursor() as cur:
+            cur.execute(listening, args)
+            return [row[0] for row in cur.fetchall()]
+
+    def cut():
+        shutil.rmtree(wakeup._directory(database.url))
+        [first] = wait_for(listeners, message="the runner to LISTEN")
+        with database.admin.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", (first,))
+        wait_for(lambda: [pid for pid in listeners() if pid != first],
+                 message="the runner to LISTEN on a new connection")
+    _assert_woken(database, tmp_path, before_add=cut)

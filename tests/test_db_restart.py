@@ -1,0 +1,433 @@
+"""Database restarts ridden out, on real servers the tests create and remove: a throwaway
+PostgreSQL cluster (fast restart, immediate restart, a 45 s outage) and a throwaway MariaDB
+instance (kill -9, then started again on the same data directory).
+
+A real overseer with three runners works through a stream of tasks whose handler reports
+progress all along; the server goes away under it. Measured for each scenario, printed as
+one "figures" line and asserted:
+
+- runner crashes: runner processes that exited, runner rows marked dead, RunnerDied runs,
+  Task.crash_count — all 0;
+- handler-visible database errors: runs that ended other than success, exceptions that
+  reached the handler — 0;
+- lost or duplicated work: every task succeeds, and its handler started exactly once. No
+  duplicate is allowed, not even for the runs in flight at the outage: their handlers finish,
+  and their outcome is written once the server is back. (A claim whose commit the client
+  never saw is given back and shows as a ``requeued`` run whose handler never started.)
+- time to resume: from the server accepting connections again to the next handler start —
+  under 2 s (plus slack for this shared machine, see MACHINE_SLACK);
+- progress reported during the outage is written when the server is back (every run ends
+  at 100 %).
+
+With TASKRUNNER_FIGURES=FILE each scenario's figures are also appended to FILE as a JSON line
+(bench/results/*-db-restart.json were made that way).
+
+Needs root (or the tools runnable as the current user): pg_createcluster/pg_ctlcluster and
+mariadb-install-db/mariadbd. Skipped where they are missing, except in CI, where that fails.
+"""
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from taskrunner import TaskQueue
+from taskrunner.models import RUNNER, SUCCESS, TIMEOUT
+
+from conftest import START_TIMEOUT, databases_required, spawn, wait_for
+from test_overseer import children_of
+
+RESUME_LIMIT = 2.0
+# The figure itself is printed and reported; the assertion allows for a shared two-core
+# machine where a runner may not be scheduled for a while after the server is back.
+RESUME_SLACK = 1.0
+TASKS = 30
+RUNNERS = 3
+
+
+# -- servers ------------------------------------------------------------------------------
+
+def _missing(reason):
+    if databases_required():
+        pytest.fail(reason + " (required in CI)")
+    pytest.skip(reason)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run(*cmd):
+    result = subprocess.run(list(cmd), capture_output=True, text=True, timeout=120, check=False)
+    if result.returncode != 0:
+        raise AssertionError("%s exited %d: %s%s" % (" ".join(cmd), result.returncode,
+                                                      result.stdout, result.stderr))
+    return result
+
+
+class PostgresCluster:
+    """A cluster of its own (pg_createcluster), trusted on 127.0.0.1, dropped at the end."""
+
+    def __init__(self):
+        versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"))
+        if not shutil.which("pg_createcluster") or not versions:
+            _missing("pg_createcluster / a PostgreSQL server is not installed")
+        if os.geteuid() != 0:
+            _missing("creating a PostgreSQL cluster takes root (pg_createcluster)")
+        self.version = versions[-1].split("/")[-3]
+        self.name = "trrestart_%s" % uuid.uuid4().hex[:8]
+        self.port = free_port()
+        _run("pg_createcluster", self.version, self.name, "--port", str(self.port),
+             "--start-conf", "manual")
+        try:
+            conf = "/etc/postgresql/%s/%s/conf.d/taskrunner-test.conf" % (self.version, self.name)
+            with open(conf, "w") as fh:
+                fh.write("shared_buffers = 16MB\nfsync = off\n")
+            hba = "/etc/postgresql/%s/%s/pg_hba.conf" % (self.version, self.name)
+            with open(hba) as fh:
+                rest = fh.read()
+            with open(hba, "w") as fh:       # first match wins: trust before the shipped lines
+                fh.write("local all all trust\nhost all all 127.0.0.1/32 trust\n" + rest)
+            self.ctl("start")
+        except BaseException:
+            self.drop()
+            raise
+
+    def ctl(self, *args):
+        return _run("pg_ctlcluster", "--skip-systemctl-redirect", self.version, self.name,
+                    *args)
+
+    def ctl_in_background(self, *args):
+        return subprocess.Popen(["pg_ctlcluster", "--skip-systemctl-redirect", self.version,
+                                 self.name] + list(args), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+
+    def accepts(self):
+        import psycopg
+        try:
+            psycopg.connect(host="127.0.0.1", port=self.port, user="postgres",
+                            dbname="postgres", connect_timeout=2).close()
+            return True
+        except psycopg.Error:
+            return False
+
+    def new_database(self):
+        import psycopg
+        name = "trrestart_%s" % uuid.uuid4().hex[:8]
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres",
+                             dbname="postgres", autocommit=True) as conn:
+            conn.execute("CREATE DATABASE %s" % name)
+        return "postgresql://postgres@127.0.0.1:%d/%s" % (self.port, name)
+
+    def drop(self):
+        subprocess.run(["pg_dropcluster", "--stop", self.version, self.name],
+                       capture_output=True, timeout=120, check=False)
+        # pg_dropcluster leaves the configuration directory behind when it holds a file of
+        # its own making (conf.d/taskrunner-test.conf).
+        shutil.rmtree("/etc/postgresql/%s/%s" % (self.version, self.name), ignore_errors=True)
+
+
+class MariaDBInstance:
+    """A mariadbd of its own on a data directory of its own, removed at the end."""
+
+    def __init__(self, directory):
+        path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
+        self.server = shutil.which("mariadbd", path=path)
+        install = shutil.which("mariadb-install-db", path=path)
+        if not self.server or not install:
+            _missing("mariadbd / mariadb-install-db is not installed")
+        self.directory = str(directory)
+        self.datadir = os.path.join(self.directory, "data")
+        self.port = free_port()
+        self.proc = None
+        _run(install, "--no-defaults", "--datadir=" + self.datadir, "--user=%s" % _user(),
+             "--auth-root-authentication-method=normal", "--skip-test-db")
+        self.start()
+        wait_for(self.accepts, timeout=START_TIMEOUT, interval=0.05, message="mariadbd to start")
+
+    def start(self):
+        with open(os.path.join(self.directory, "error.log"), "ab") as log:
+            self.proc = subprocess.Popen(
+                [self.server, "--no-defaults", "--datadir=" + self.datadir,
+                 "--port=%d" % self.port, "--bind-address=127.0.0.1",
+                 "--socket=" + os.path.join(self.directory, "sock"),
+                 "--pid-file=" + os.path.join(self.directory, "pid"), "--user=%s" % _user(),
+                 "--skip-grant-tables", "--innodb-buffer-pool-size=32M", "--skip-log-bin",
+                 "--log-error=" + os.path.join(self.directory, "error.log")],
+                stdout=log, stderr=log, start_new_session=True)
+
+    def kill9(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def accepts(self):
+        import pymysql
+        try:
+            pymysql.connect(host="127.0.0.1", port=self.port, user="root",
+                            connect_timeout=2).close()
+            return True
+        except pymysql.MySQLError:
+            return False
+
+    def new_database(self):
+        import pymysql
+        name = "trrestart_%s" % uuid.uuid4().hex[:8]
+        conn = pymysql.connect(host="127.0.0.1", port=self.port, user="root", autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("CREATE DATABASE %s" % name)
+        finally:
+            conn.close()
+        return "mysql://root@127.0.0.1:%d/%s" % (self.port, name)
+
+    def remove(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill9()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _user():
+    import pwd
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+@pytest.fixture(scope="module")
+def pg_cluster():
+    cluster = PostgresCluster()
+    try:
+        yield cluster
+    finally:
+        cluster.drop()
+
+
+@pytest.fixture(scope="module")
+def mariadb(tmp_path_factory):
+    instance = MariaDBInstance(tmp_path_factory.mktemp("mariadb"))
+    try:
+        yield instance
+    finally:
+        instance.remove()
+
+
+# -- the work and what is measured ---------------------------------------------------------
+
+def events(log):
+    """Lines of sample_handlers.Steady: [(kind, task, run, pid, monotonic, rest)]."""
+    try:
+        with open(log) as fh:
+            lines = [line.split() for line in fh if line.strip()]
+    except FileNotFoundError:
+        return []
+    return [(k, int(t), int(r), int(p), float(m), rest) for k, t, r, p, m, *rest in lines]
+
+
+class Scene:
+    """An overseer with RUNNERS runners working through TASKS Steady tasks on `url`."""
+
+    def __init__(self, url, tmp_path, heartbeat_timeout=5, run_timeout=30, seconds=0.5):
+        self.url = url
+        self.tmp_path = tmp_path
+        self.log = str(tmp_path / "steady")
+        queue = TaskQueue(url, migrate=True)
+        self.task_ids = queue.add_tasks([
+            {"handler": "sample_handlers.Steady", "run_timeout": run_timeout,
+             "data": {"log": self.log, "seconds": seconds, "step": 0.05}}
+            for _ in range(TASKS)])
+        queue.close()
+        config = tmp_path / "restart.toml"
+        config.write_text(
+            '[database]\nurl = "%s"\n[runner]\nlimit = %d\npoll_interval = 0.2\n'
+            'heartbeat_interval = 0.5\n[overseer]\ncheck_interval = 0.5\nheartbeat_timeout = %s\n'
+            'kill_grace = 2\ngraceful_timeout = 20\n[task]\nretry_backoff = 0\nmax_retries = 1\n'
+            % (url, RUNNERS, heartbeat_timeout))
+        self.overseer_log = tmp_path / "overseer.log"
+        self.overseer = spawn("overseer", config=str(config), log_path=self.overseer_log)
+        self.runner_pids = None
+
+    def logs(self):
+        return self.overseer_log.read_text(errors="replace")[-6000:] \
+            if self.overseer_log.exists() else ""
+
+    def runners(self):
+        return sorted(kid.pid for kid in children_of(self.overseer.pid))
+
+    def wait_working(self):
+        """Runners up and handlers at work; the runners' PIDs are noted."""
+        def working():
+            if self.overseer.poll() is not None:
+                raise AssertionError("overseer exited\n" + self.logs())
+            return len(self.runners()) == RUNNERS and \
+                len([e for e in events(self.log) if e[0] == "start"]) >= RUNNERS + 1
+        wait_for(working, timeout=START_TIMEOUT, message="the runners to be at work")
+        self.runner_pids = self.runners()
+
+    def assert_alive(self):
+        assert self.overseer.poll() is None, "overseer exited\n" + self.logs()
+        assert self.runners() == self.runner_pids, "a runner exited\n" + self.logs()
+
+    def outage(self, go_down, come_back, accepts, hold=0.0):
+        """go_down() stops the server (or starts a restart); after `hold` seconds more of
+        outage, come_back() (may be None: a restart comes back by itself). Returns the
+        monotonic times the server refused a connection first and accepted one again."""
+        go_down()
+        wait_for(lambda: not accepts(), timeout=30, interval=0.02, message="the server down")
+        down = time.monotonic()
+        until = down + hold
+        while time.monotonic() < until:         # the outage itself: its length is the point
+            self.assert_alive()
+            time.sleep(min(1.0, max(0.0, until - time.monotonic())))
+        if come_back is not None:
+            come_back()
+        wait_for(accepts, timeout=60, interval=0.02, message="the server back")
+        return down, time.monotonic()
+
+    def finish(self, down, ready, scenario):
+        """Wait for every task to end, stop the overseer; measure, print and return the
+        figures."""
+        def first_start_after():
+            return [e[4] for e in events(self.log) if e[0] == "start" and e[4] > ready]
+        wait_for(first_start_after, timeout=60, interval=0.02,
+                 message="a run to start after the server came back")
+        resume = min(first_start_after()) - ready
+        queue = TaskQueue(self.url)
+        store = queue.store
+        Task, Run, Runner = store.Task, store.Run, store.Runner
+
+        def all_ended():
+            self.assert_alive()
+            return Task.select().where(Task.finished_on.is_null()).count() == 0
+        wait_for(all_ended, timeout=90, interval=0.2, message="every task to end")
+        exited = sorted(set(self.runner_pids) - set(self.runners()))
+        self.overseer.send_signal(signal.SIGTERM)
+        code = self.overseer.wait(timeout=60)
+        runs = list(Run.select())
+        seen = events(self.log)
+        starts = {}
+        for kind, task, _, _, _, _ in seen:
+            if kind == "start":
+                starts[task] = starts.get(task, 0) + 1
+        log = self.logs()
+        figures = {
+            "scenario": scenario,
+            "outage_s": round(ready - down, 2),
+            "resume_s": round(resume, 3),
+            # Handlers that were running when the server went away.
+            "in_flight": len([s for s in seen if s[0] == "start" and s[4] < down and any(
+                e[0] == "end" and e[2] == s[2] and e[4] > down for e in seen)]),
+            "runner_exits": len(exited),
+            "runners_marked_dead": Runner.select().where(
+                (Runner.kind == RUNNER) & (Runner.status == TIMEOUT)).count(),
+            "crash_count": sum(t.crash_count for t in Task.select()),
+            "handler_db_errors": len([e for e in seen if e[0] == "raised"]),
+            "runs_not_success": sorted({(r.status, r.error_code) for r in runs
+                                        if r.status != SUCCESS}),
+            "tasks_not_success": Task.select().where(Task.last_status != SUCCESS).count(),
+            "duplicate_executions": sum(n - 1 for n in starts.values() if n > 1),
+            "tasks_never_started": len(set(self.task_ids) - set(starts)),
+            "progress_deferred": log.count("not stored"),
+            "progress_not_100": len([r for r in runs if r.status == SUCCESS
+                                     and r.percent_completed != 100]),
+            "overseer_exit": code,
+        }
+        queue.close()
+        print("figures %s" % json.dumps(figures))
+        if os.environ.get("TASKRUNNER_FIGURES"):       # a JSON line per scenario, appended
+            with open(os.environ["TASKRUNNER_FIGURES"], "a") as fh:
+                fh.write(json.dumps(figures) + "\n")
+        return figures, log
+
+    def kill(self):
+        for pid in [self.overseer.pid] + list(self.runner_pids or ()):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.overseer.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def assert_ridden_out(figures, log):
+    where = "%s\n%s" % (json.dumps(figures), log)
+    assert figures["overseer_exit"] == 0, where
+    assert (figures["runner_exits"], figures["runners_marked_dead"], figures["crash_count"]) \
+        == (0, 0, 0), where
+    assert figures["handler_db_errors"] == 0, where
+    # Allowed: a claim given back unstarted after the connection dropped during its commit.
+    assert all(status == "requeued" for status, _ in figures["runs_not_success"]), where
+    assert (figures["tasks_not_success"], figures["duplicate_executions"],
+            figures["tasks_never_started"]) == (0, 0, 0), where
+    assert figures["progress_not_100"] == 0, where
+    assert figures["in_flight"] >= 1, "no run was in flight at the outage: " + where
+    assert figures["progress_deferred"] >= 1, "no progress was reported during the outage: " \
+        + where
+    assert figures["resume_s"] <= RESUME_LIMIT + RESUME_SLACK, where
+
+
+@pytest.fixture
+def scenes():
+    started = []
+    yield started
+    for scene in started:
+        scene.kill()
+
+
+# -- PostgreSQL -----------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_postgresql_restart_is_ridden_out(mode, pg_cluster, scenes, tmp_path):
+    """`pg_ctlcluster restart -m fast` (sessions ended with 57P01) and `-m immediate`
+    (no goodbye; crash recovery at start) while runs are in flight and reporting progress."""
+    scene = Scene(pg_cluster.new_database(), tmp_path)
+    scenes.append(scene)
+    scene.wait_working()
+    restart = []
+    down, ready = scene.outage(
+        lambda: restart.append(pg_cluster.ctl_in_background("restart", "-m", mode)),
+        None, pg_cluster.accepts)
+    restart[0].wait(timeout=60)
+    figures, log = scene.finish(down, ready, "postgresql restart -m %s" % mode)
+    assert_ridden_out(figures, log)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_postgresql_45_second_outage_longer_than_heartbeat_timeout(pg_cluster, scenes, tmp_path):
+    """Stopped for 45 s, longer than heartbeat_timeout (10 s) and the tasks' run_timeout
+    (20 s): nobody could write a heartbeat or progress, so nobody is declared dead or timed
+    out for that when the server is back; the runners wait and carry on."""
+    scene = Scene(pg_cluster.new_database(), tmp_path, heartbeat_timeout=10, run_timeout=20)
+    scenes.append(scene)
+    scene.wait_working()
+    start = []
+    down, ready = scene.outage(lambda: pg_cluster.ctl("stop", "-m", "fast"),
+                               lambda: start.append(pg_cluster.ctl_in_background("start")),
+                               pg_cluster.accepts, hold=45)
+    start[0].wait(timeout=60)
+    figures, log = scene.finish(down, ready, "postgresql 45 s outage")
+    assert figures["outage_s"] >= 45
+    assert_ridden_out(figures, log)
+
+
+# -- MariaDB --------------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_mariadb_kill_9_and_restart_is_ridden_out(mariadb, scenes, tmp_path):
+    """mariadbd killed with SIGKILL mid-work (no goodbye to the clients, InnoDB recovery at
+    start), started again on the same data directory."""
+    scene = Scene(mariadb.new_database(), tmp_path)
+    scenes.append(scene)
+    scene.wait_working()
+    down, ready = scene.outage(mariadb.kill9, mariadb.start, mariadb.accepts, hold=1.0)
+    figures, log = scene.finish(down, ready, "mariadb kill -9 + start")
+    assert_ridden_out(figures, log)
