@@ -15,7 +15,8 @@ import psutil
 
 from .errors import RunnerLimitReached
 from .lifecycle import end_in_transaction, runs_of_runner_query
-from .models import CRASHED, ERROR, OVERSEER, REQUEUED, RUNNER, RUNNING, SUCCESS, TIMEOUT, utcnow
+from .models import (CRASHED, ERROR, OVERSEER, REQUEUED, RUNNER, RUNNING, SUCCESS, TIMEOUT,
+                     run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.liveness")
 
@@ -221,7 +222,27 @@ def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, own_chi
             kill_hung(row)
         if reason and mark_runner_dead(store, row.id, reason, now, retry_at):
             dead.append(row.id)
+    end_orphaned_runs(store, now, retry_at)
     return dead
+
+
+def end_orphaned_runs(store, now, retry_at=None):
+    """End ``timeout`` (RunnerDied) the runs still ``running`` under a runner row that has
+    ended. A claim sent just before its runner was killed can commit on the server after the
+    runner was marked dead (the server finishes a statement it received); no later check
+    would visit that run until its run_timeout. Returns how many were ended."""
+    Run, Runner = store.Run, store.Runner
+    orphans = list(Run.select(Run.id, Run.task_id, Run.runner_id)
+                   .join(Runner, on=(Run.runner_id == Runner.id))
+                   .where(run_status_is(Run, RUNNING) & (Runner.status != RUNNING)))
+    for run in orphans:
+        log.warning("run %d was still running under ended runner %d: marked timeout",
+                    run.id, run.runner_id)
+        store.write(lambda run=run: end_in_transaction(
+            store, run.id, run.task_id, TIMEOUT, run.runner_id, None, CRASHED,
+            "runner %d died: the run was claimed as it died" % run.runner_id, now,
+            retry_at=retry_at))
+    return len(orphans)
 
 
 # -- what an overseer asks about its own children ---------------------------------------------

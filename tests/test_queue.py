@@ -462,6 +462,23 @@ def test_dead_runner_rows_become_timeout_with_their_runs(queue, runner_id):
     assert Task.get_by_id(task_id).runs_failed == 1
 
 
+def test_a_claim_committed_after_its_runner_was_marked_dead_is_ended_at_the_next_check(
+        queue, runner_id):
+    """The runner was killed with its claim in flight: the overseer marked it dead, then the
+    server committed the claim it had received. Seen in the kill -9 chaos test on PostgreSQL
+    under load: the run stayed running under the ended runner until its run_timeout."""
+    task_id = queue.add_task(ECHO)
+    Runner.update(status=TIMEOUT, exit_reason="exited with signal SIGKILL").where(
+        Runner.id == runner_id).execute()              # marked dead: no run of it yet...
+    claimed = lifecycle.claim(queue.store, runner_id)  # ...then its claim commits
+    assert Run.get_by_id(claimed.run_id).status == RUNNING
+    queue.process_queue()
+    run = Run.get_by_id(claimed.run_id)
+    assert (run.status, run.error_code) == (TIMEOUT, "RunnerDied")
+    task = Task.get_by_id(task_id)
+    assert (task.runs_failed, task.finished_on) == (1, None)     # to be retried, not given up
+
+
 def test_other_hosts_are_dead_by_heartbeat_age(queue):
     now = utcnow()
     row = Runner.create(host="elsewhere", boot_id="b", pid=1, pid_create_time=0, started_on=now,
