@@ -219,11 +219,11 @@ BAD_NUNTIUM = [
     ("tolerance-calendar", dict(timer="hourly", tolerance="5s"), "tolerance needs"),
     ("tolerance-after", dict(timer="after 1min", tolerance="5s"), "tolerance needs"),
     ("tolerance-too-long", dict(timer="every 1min", tolerance="1min"), "shorter than"),
-    ("tolerance-bad-span", dict(timer="every 1min", tolerance="5 parsecs"), "tolerance"),
+    ("tolerance-bad-span", dict(timer="every 1min", tolerance="5 parsecs"), "tolerance: invalid"),
     ("tolerance-and-min-spacing", dict(timer="every 1min", tolerance="5s", min_spacing="5s"),
      "not both"),
-    ("subject-not-text", dict(timer="every 1min", subject=5), "subject"),
-    ("group-too-long", dict(timer="every 1min", group="g" * 256), "group"),
+    ("subject-not-text", dict(timer="every 1min", subject=5), "subject must be a string"),
+    ("group-too-long", dict(timer="every 1min", group="g" * 256), "group must be a string"),
 ]
 
 
