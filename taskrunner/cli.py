@@ -381,7 +381,8 @@ def build_parser():
     for action in ("enable", "disable", "remove"):
         a = actions.add_parser(action, help="%s a periodic task, or all of an owner's" % action)
         a.add_argument("name", nargs="?")
-        a.add_argument("--owner", help="refuse unless the task has this owner")
+        a.add_argument("--owner", help="with NAME: refuse unless the task has this owner; "
+                                       "with --all: whose periodic tasks")
         a.add_argument("--all", action="store_true",
                        help="every periodic task of --owner, in one transaction")
 

@@ -1,6 +1,6 @@
 """Periodic tasks and the PeriodicScheduler that submits them (the Docspell ADR), with
-Nuntium's owner, min_spacing and timebox, and rule 9: a due time yields at most one task,
-however many schedulers run against one database.
+Nuntium's owner, min_spacing, timebox and tolerance, Docspell's subject and group, and rule
+9: a due time yields at most one task, however many schedulers run against one database.
 
 Timers are systemd calendar events (``Mon..Fri *-*-* 07:30 Europe/Berlin``), fixed
 intervals written as time spans (``every 30s``, ``every 1h 30min``), anchored to the
@@ -438,8 +438,11 @@ def record_outcome(store, periodic_task_id, status, now, error_code=None):
         return
     # TimescaleDB's schedule_interval: the next task SPAN after this one finished (a run
     # that ends with a retry pending has not finished its task).
-    if unfinished_task(store, periodic_task_id) is None:
+    try:
         span = timedelta(seconds=parse_timer(row.timer).seconds)
+    except InputError:
+        return  # its scheduler disables it; the end of this run must not fail over it
+    if unfinished_task(store, periodic_task_id) is None:
         PeriodicTask.update(nextrun=now + span).where(PeriodicTask.id == periodic_task_id
                                                       ).execute()
 

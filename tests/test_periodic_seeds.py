@@ -7,6 +7,7 @@ In-process tests inject `now` into the scheduler and into the run lifecycle (cla
 check, end); one test runs a real overseer.
 """
 import json
+import logging
 from datetime import datetime, timedelta
 
 import pytest
@@ -168,7 +169,8 @@ def mmss(text):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("table", list(NUNTIUM_TABLES))
-def test_nuntium_worked_tables(queue, table):
+def test_nuntium_worked_tables(queue, table, caplog):
+    caplog.set_level(logging.INFO, "taskrunner.periodic")
     store = queue.store
     # Created 30 s before 00:00, so the first due time is the tables' initial nextRun 00:30.
     add_periodic(store, "A", ECHO, "every 1min", now=at(-30), tolerance="5s", timebox="half")
@@ -204,6 +206,7 @@ def test_nuntium_worked_tables(queue, table):
         assert current.last_run == (mmss(last_run) if last_run else None), (clock, event)
     dropped = sum(1 for _, event, _, _ in NUNTIUM_TABLES[table] if event.startswith("drop"))
     assert row("A").dropped_count == dropped
+    assert len([r for r in caplog.records if "dropped at start" in r.getMessage()]) == dropped
     statuses = {label: Task.get_by_id(task_id).last_status for label, task_id in tasks.items()}
     if table == "dropped":
         assert statuses["A2"] == CANCELLED
