@@ -237,28 +237,40 @@ def cmd_check(args):
              figures["runners_running"], figures["runs_waiting"], figures["tasks_retrying"]))
 
 
+_past = {"enable": "enabled", "disable": "disabled", "remove": "removed"}
+
+
 def cmd_periodic(args):
     from . import periodic, reads
+    if args.action in _past and (args.all == (args.name is not None) or
+                                 (args.all and not args.owner)):
+        raise InputError("periodic %s: give a NAME, or --owner WHO --all" % args.action)
     store = _queue(args).store
     if args.action == "add":
         options = {"priority": args.priority, "catch_up": args.catch_up,
                    "max_runtime": args.max_runtime, "min_spacing": args.min_spacing,
                    "max_retries": args.max_retries, "owner": args.owner,
-                   "enabled": not args.disabled}
+                   "enabled": not args.disabled, "subject": args.subject, "group": args.group,
+                   "timebox": args.timebox, "tolerance": args.tolerance}
         row = reads.periodic_info(periodic.add_periodic(
             store, args.name, args.handler, args.timer, data=args.data, **options))
         print("periodic task %r added; next run %s"
               % (row.name, row.nextrun.isoformat() if row.nextrun else "never"))
     elif args.action == "list":
-        rows = [r.to_json() for r in reads.list_periodic(store, args.owner)]
+        rows = [r.to_json() for r in reads.list_periodic(store, args.owner, args.group)]
         if args.json:
             _print_json(rows)
             return
         _print_table(["NAME", "ENABLED", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS",
-                      "FAILURES", "HANDLER"],
+                      "FAILURES", "DROPPED", "GROUP", "SUBJECT", "HANDLER"],
                      [[r["name"], "yes" if r["enabled"] else "no", r["timer"], r["nextrun"],
-                       r["last_run"], r["last_status"], r["consecutive_failures"], r["handler"]]
-                      for r in rows])
+                       r["last_run"], r["last_status"], r["consecutive_failures"], r["dropped"],
+                       r["group"], r["subject"], r["handler"]] for r in rows])
+    elif args.all:
+        count = periodic.remove_owned(store, args.owner) if args.action == "remove" else \
+            periodic.set_enabled_owned(store, args.owner, args.action == "enable")
+        print("%d periodic task%s of owner %r %s" % (count, "" if count == 1 else "s",
+                                                     args.owner, _past[args.action]))
     elif args.action in ("enable", "disable"):
         periodic.set_enabled(store, args.name, args.action == "enable", owner=args.owner)
         print("periodic task %r %sd" % (args.name, args.action))
@@ -345,7 +357,8 @@ def build_parser():
     a = actions.add_parser("add", help="add a periodic task")
     a.add_argument("name")
     a.add_argument("handler")
-    a.add_argument("timer", help="calendar event (e.g. 'Mon..Fri 07:30') or 'every SPAN'")
+    a.add_argument("timer", help="calendar event (e.g. 'Mon..Fri 07:30'), 'every SPAN' (a "
+                                 "fixed grid) or 'after SPAN' (SPAN after the last task ended)")
     a.add_argument("--data", type=_json, default=None)
     a.add_argument("--priority", type=int, default=0)
     a.add_argument("--catch-up", choices=("once", "skip"), default="once")
@@ -355,13 +368,23 @@ def build_parser():
     a.add_argument("--max-retries", type=int)
     a.add_argument("--owner")
     a.add_argument("--disabled", action="store_true")
+    a.add_argument("--subject", help="what it is for, in words")
+    a.add_argument("--group", help="the group (tenant) it belongs to")
+    a.add_argument("--timebox", choices=("half",),
+                   help="max_runtime of each task = interval / 2 (interval timers)")
+    a.add_argument("--tolerance", metavar="SPAN", help="drop a task at start if the previous "
+                   "one started less than interval - SPAN ago ('every' timers)")
     a = actions.add_parser("list", help="list periodic tasks")
     a.add_argument("--owner")
+    a.add_argument("--group")
     a.add_argument("--json", action="store_true")
     for action in ("enable", "disable", "remove"):
-        a = actions.add_parser(action, help="%s a periodic task" % action)
-        a.add_argument("name")
-        a.add_argument("--owner", help="refuse unless the task has this owner")
+        a = actions.add_parser(action, help="%s a periodic task, or all of an owner's" % action)
+        a.add_argument("name", nargs="?")
+        a.add_argument("--owner", help="with NAME: refuse unless the task has this owner; "
+                                       "with --all: whose periodic tasks")
+        a.add_argument("--all", action="store_true",
+                       help="every periodic task of --owner, in one transaction")
 
     p = command("calendar", cmd_calendar, "next elapses of a calendar event, like "
                                           "systemd-analyze calendar")

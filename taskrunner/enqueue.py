@@ -50,10 +50,11 @@ def _check_seconds(name, value):
 def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, priority=0,
              run_timeout=None, unique_key=None, queued_by=None, max_runtime=None,
              retry_backoff=None, periodic_task_id=None, now=None, known_handlers=None,
-             import_handler=True):
+             import_handler=True, subject=None, group=None):
     """Validate one task and return the row to insert; InputError on bad input.
     `known_handlers`, a set, skips loading a handler already checked in this batch; without
-    `import_handler` the path is checked but not imported (the overseer's scheduler)."""
+    `import_handler` the path is checked but not imported (the overseer's scheduler).
+    `subject` and `group` come from a periodic task's definition, checked there."""
     defaults = config.task
     if not import_handler:
         check_handler_path(handler, config.handlers.allow)
@@ -84,7 +85,7 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
         "run_timeout": float(run_timeout or defaults.run_timeout),
         "max_runtime": max_runtime, "retry_backoff": retry_backoff,
         "unique_key": unique_key, "active_key": unique_key,
-        "periodic_task_id": periodic_task_id,
+        "periodic_task_id": periodic_task_id, "subject": subject, "group_name": group,
         "next_run_on": None if due else scheduled_on,
         "updated_on": now,
     }

@@ -75,6 +75,9 @@ class Task(BaseModel):
     last_error_code = pw.CharField(null=True)
     last_error_message = pw.TextField(null=True)
     crash_count = pw.IntegerField(default=0)
+    # Carried from the periodic task that submitted it (Docspell's job subject and group_).
+    subject = pw.CharField(null=True)
+    group_name = pw.CharField(null=True)
 
     class Meta:
         table_name = "task_queue"
@@ -172,6 +175,13 @@ class PeriodicTask(BaseModel):
     skipped_count = pw.IntegerField(default=0)
     crash_count = pw.IntegerField(default=0)
     updated_on = pw.DateTimeField()
+    # Docspell's subject (a human title) and group_ (the tenant it belongs to).
+    subject = pw.CharField(null=True)
+    group_name = pw.CharField(null=True, index=True)
+    # Nuntium's settings for interval timers; max_runtime and min_spacing hold what they mean.
+    timebox = pw.CharField(max_length=8, null=True)
+    tolerance = pw.DoubleField(null=True)
+    dropped_count = pw.IntegerField(default=0)
 
     class Meta:
         table_name = "periodic_tasks"

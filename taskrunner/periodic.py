@@ -1,10 +1,11 @@
 """Periodic tasks and the PeriodicScheduler that submits them (the Docspell ADR), with
-Nuntium's owner, min_spacing and timebox, and rule 9: a due time yields at most one task,
-however many schedulers run against one database.
+Nuntium's owner, min_spacing, timebox and tolerance, Docspell's subject and group, and rule
+9: a due time yields at most one task, however many schedulers run against one database.
 
-Timers are systemd calendar events (``Mon..Fri *-*-* 07:30 Europe/Berlin``) or fixed
+Timers are systemd calendar events (``Mon..Fri *-*-* 07:30 Europe/Berlin``), fixed
 intervals written as time spans (``every 30s``, ``every 1h 30min``), anchored to the
-previous due time so they do not drift.
+previous due time so they do not drift, or spans after the previous task finished
+(``after 5min``: TimescaleDB's schedule_interval).
 
 A pass: take the earliest enabled due periodic task; mark it (a conditional update: only
 one scheduler wins; the others try the next); then, in one transaction, submit its task
@@ -14,68 +15,23 @@ Missed due times after downtime collapse into one task (catch_up ``once``) or no
 """
 import json
 import logging
-import math
 import os
 from datetime import timedelta, timezone
 
 import peewee as pw
 
 from . import lifecycle, liveness
-from .calendar import CalendarError, parse_calendar
 from .enqueue import add_task
 from .errors import InputError, StateError
 from .handler import check_handler_path, encode_data, load_handler
 from .models import CANCELLED, CRASHED, SUCCESS, utcnow
+from .timers import IntervalTimer, parse_timer
 from .timespan import parse_timespan
 
 log = logging.getLogger("taskrunner.periodic")
 
 CATCH_UP = ("once", "skip")
 BUILTIN_ROTATION = "taskrunner.rotate"
-
-
-class IntervalTimer:
-    """``every SPAN``: due times anchor + k * interval."""
-
-    def __init__(self, seconds, text):
-        self.seconds = seconds
-        self.normalized = "every %s" % text
-
-    def next_after(self, base, anchor=None):
-        if anchor is None or anchor > base:
-            return base + timedelta(seconds=self.seconds) if anchor is None else anchor
-        steps = math.floor((base - anchor).total_seconds() / self.seconds) + 1
-        return anchor + timedelta(seconds=steps * self.seconds)
-
-
-class CalendarTimer:
-    def __init__(self, event):
-        self.event = event
-        self.normalized = event.normalized
-
-    def next_after(self, base, anchor=None):
-        elapse = self.event.next_after(base.replace(tzinfo=timezone.utc))
-        return None if elapse is None else elapse.astimezone(timezone.utc).replace(tzinfo=None)
-
-
-def parse_timer(text):
-    """A timer from its text; InputError says what is wrong."""
-    if not isinstance(text, str) or not text.strip():
-        raise InputError("invalid timer %r: expected a calendar event or 'every SPAN'" % (text,))
-    stripped = text.strip()
-    if stripped.lower().startswith("every "):
-        span = stripped[6:].strip()
-        try:
-            seconds = parse_timespan(span)
-        except ValueError as exc:
-            raise InputError("invalid timer %r: %s" % (text, exc)) from None
-        if seconds < 1:
-            raise InputError("invalid timer %r: the interval must be at least 1s" % text)
-        return IntervalTimer(seconds, span)
-    try:
-        return CalendarTimer(parse_calendar(stripped))
-    except CalendarError as exc:
-        raise InputError("invalid timer %r: %s" % (text, exc)) from None
 
 
 # -- definitions --------------------------------------------------------------------------
@@ -88,7 +44,8 @@ def _definition(config, spec, where, import_handler=True):
     """Validate one definition (API, CLI or config) into row values; InputError on bad
     input. Without `import_handler` the handler path is checked but not imported."""
     known = {"name", "handler", "timer", "data", "priority", "enabled", "catch_up",
-             "max_runtime", "min_spacing", "max_retries", "owner", "submitter"}
+             "max_runtime", "min_spacing", "max_retries", "owner", "submitter", "subject",
+             "group", "timebox", "tolerance"}
     unknown = set(spec) - known
     if unknown:
         raise InputError("%s: unknown key %s" % (where, ", ".join(sorted(unknown))))
@@ -98,7 +55,7 @@ def _definition(config, spec, where, import_handler=True):
     name = spec["name"].strip()
     if len(name) > MAX_NAME:
         raise InputError("%s: name is longer than %d characters" % (where, MAX_NAME))
-    for key in ("owner", "submitter"):
+    for key in ("owner", "submitter", "subject", "group"):
         if spec.get(key) is not None and (not isinstance(spec[key], str) or len(spec[key]) > 255):
             raise InputError("%s: %s must be a string of at most 255 characters" % (where, key))
     if import_handler:
@@ -113,7 +70,8 @@ def _definition(config, spec, where, import_handler=True):
               "data": encode_data(spec.get("data"), config.task.max_data_size),
               "priority": spec.get("priority", 0), "enabled": spec.get("enabled", True),
               "catch_up": catch_up, "owner": spec.get("owner"), "submitter": spec.get("submitter"),
-              "max_retries": spec.get("max_retries")}
+              "max_retries": spec.get("max_retries"), "subject": spec.get("subject"),
+              "group_name": spec.get("group")}
     if isinstance(values["priority"], bool) or not isinstance(values["priority"], int):
         raise InputError("%s: priority must be an integer" % where)
     if not isinstance(values["enabled"], bool):
@@ -132,7 +90,40 @@ def _definition(config, spec, where, import_handler=True):
             if key == "max_runtime" and value <= 0:
                 raise InputError("%s: max_runtime must be greater than zero" % where)
         values[key] = value
+    values.update(_nuntium(spec, timer, values, where))
     return values, timer
+
+
+def _nuntium(spec, timer, values, where):
+    """Nuntium's timebox and tolerance, tied to an interval timer's span: ``timebox =
+    "half"`` is max_runtime = interval / 2, ``tolerance = SPAN`` is min_spacing = interval -
+    tolerance (and a due time is submitted even while the previous task is unfinished: the
+    check at start decides, as in Nuntium)."""
+    timebox, tolerance = spec.get("timebox"), spec.get("tolerance")
+    derived = {"timebox": timebox, "tolerance": None}
+    interval = getattr(timer, "seconds", None)
+    if timebox is not None:
+        if timebox != "half":
+            raise InputError("%s: timebox must be \"half\" (interval / 2); an absolute limit "
+                             "is max_runtime" % where)
+        if interval is None:
+            raise InputError("%s: timebox needs an 'every SPAN' or 'after SPAN' timer" % where)
+        if values["max_runtime"] is not None:
+            raise InputError("%s: give timebox or max_runtime, not both" % where)
+        derived["max_runtime"] = interval / 2
+    if tolerance is not None:
+        try:
+            tolerance = parse_timespan(tolerance)
+        except ValueError as exc:
+            raise InputError("%s: tolerance: %s" % (where, exc)) from None
+        if interval is None or timer.after_finish:
+            raise InputError("%s: tolerance needs an 'every SPAN' timer" % where)
+        if values["min_spacing"] is not None:
+            raise InputError("%s: give tolerance or min_spacing, not both" % where)
+        if tolerance >= interval:
+            raise InputError("%s: tolerance must be shorter than the interval" % where)
+        derived.update(tolerance=tolerance, min_spacing=interval - tolerance)
+    return derived
 
 
 def _first_due(timer, now):
@@ -174,6 +165,38 @@ def remove_periodic(store, name, owner=None):
     """Delete a periodic task (its submitted tasks stay)."""
     PeriodicTask = store.PeriodicTask
     PeriodicTask.delete().where(PeriodicTask.id == _get(store, name, owner).id).execute()
+
+
+def _owner_required(owner):
+    if not isinstance(owner, str) or not owner:
+        raise InputError("acting on all periodic tasks of an owner needs the owner")
+
+
+def remove_owned(store, owner):
+    """Delete every periodic task of `owner` (Nuntium: a channel deleted takes its tasks
+    along), in one statement; returns how many."""
+    _owner_required(owner)
+    PeriodicTask = store.PeriodicTask
+    return store.write(lambda: PeriodicTask.delete().where(PeriodicTask.owner == owner).execute())
+
+
+def set_enabled_owned(store, owner, enabled, now=None):
+    """Enable or disable every periodic task of `owner` in one transaction; returns how many
+    changed. Enabled ones start a fresh schedule from now, like set_enabled."""
+    _owner_required(owner)
+    PeriodicTask = store.PeriodicTask
+    now = now or utcnow()
+
+    def step():
+        rows = list(PeriodicTask.select(PeriodicTask.id, PeriodicTask.timer).where(
+            (PeriodicTask.owner == owner) & (PeriodicTask.enabled != enabled)))
+        for row in rows:
+            values = {PeriodicTask.enabled: enabled, PeriodicTask.updated_on: now}
+            if enabled:
+                values[PeriodicTask.nextrun] = _first_due(parse_timer(row.timer), now)
+            PeriodicTask.update(values).where(PeriodicTask.id == row.id).execute()
+        return len(rows)
+    return store.write(step)
 
 
 def sync_definitions(store, config=None, now=None, import_handlers=True):
@@ -313,6 +336,15 @@ class PeriodicScheduler:
             values = {PeriodicTask.nextrun: following, PeriodicTask.worker: None,
                       PeriodicTask.marked: None, PeriodicTask.last_due: due,
                       PeriodicTask.updated_on: now}
+            wait = self._after_finish_wait(row, timer, now) if timer.after_finish else None
+            if wait is not None:
+                # Not an occurrence: look again when the previous task may have finished.
+                values.update({PeriodicTask.nextrun: wait, PeriodicTask.last_due: row.last_due})
+                if not PeriodicTask.update(values).where(
+                        (PeriodicTask.id == row.id) & (PeriodicTask.worker == self.worker)
+                        ).execute():
+                    raise StateError("lost the mark of periodic task %r" % row.name)
+                return "wait", wait
             reason = self._skip_reason(row, due, now)
             if reason:
                 values[PeriodicTask.skipped_count] = PeriodicTask.skipped_count + 1
@@ -322,7 +354,8 @@ class PeriodicScheduler:
                     scheduled_on=due.replace(tzinfo=timezone.utc),
                     priority=row.priority, max_runtime=row.max_runtime,
                     max_retries=row.max_retries, queued_by=row.submitter or "periodic:" + row.name,
-                    periodic_task_id=row.id, now=now, import_handler=False)
+                    periodic_task_id=row.id, now=now, import_handler=False,
+                    subject=row.subject, group=row.group_name)
                 values[PeriodicTask.submitted_count] = PeriodicTask.submitted_count + 1
                 values[PeriodicTask.last_task_id] = task_id
             advanced = PeriodicTask.update(values).where(
@@ -344,7 +377,10 @@ class PeriodicScheduler:
                                 ).where((PeriodicTask.id == row.id)
                                         & (PeriodicTask.worker == self.worker)).execute()
             return
-        if reason:
+        if reason == "wait":
+            log.debug("periodic task %r: its previous task has not finished %gs ago; next "
+                      "look at %s", row.name, timer.seconds, task_id)
+        elif reason:
             log.info("periodic task %r: due time %s skipped: %s", row.name, due, reason)
             result["skipped"].append(row.name)
         else:
@@ -354,13 +390,34 @@ class PeriodicScheduler:
     def _skip_reason(self, row, due, now):
         if row.catch_up == "skip" and due < now - self.MISFIRE_GRACE:
             return "missed while no scheduler ran (catch_up = skip)"
-        Task = self.store.Task
-        unfinished = Task.select(Task.id).where(
-            (Task.periodic_task_id == row.id) & Task.finished_on.is_null()
-            & (Task.last_status != CANCELLED)).first()
+        if row.tolerance is not None:
+            return None  # Nuntium: submitted regardless; the check at start decides
+        unfinished = unfinished_task(self.store, row.id)
         if unfinished is not None:
             return "task %d of the previous due time is unfinished" % unfinished.id
         return None
+
+    def _after_finish_wait(self, row, timer, now):
+        """An ``after SPAN`` timer: None when its task may be submitted now; otherwise when
+        to look again — SPAN after the previous task finished, or SPAN from now while it is
+        unfinished (its end moves nextrun to finish + SPAN: `record_outcome`)."""
+        span = timedelta(seconds=timer.seconds)
+        if unfinished_task(self.store, row.id) is not None:
+            return now + span
+        Task = self.store.Task
+        finished = (Task.select(pw.fn.MAX(Task.finished_on).alias("last"))
+                    .where(Task.periodic_task_id == row.id).get().last)
+        if finished is not None and finished + span > now:
+            return finished + span
+        return None
+
+
+def unfinished_task(store, periodic_task_id):
+    """A task of the periodic task that has not finished (one waiting for a retry too)."""
+    Task = store.Task
+    return Task.select(Task.id).where(
+        (Task.periodic_task_id == periodic_task_id) & Task.finished_on.is_null()
+        & (Task.last_status != CANCELLED)).first()
 
 
 def record_outcome(store, periodic_task_id, status, now, error_code=None):
@@ -375,6 +432,19 @@ def record_outcome(store, periodic_task_id, status, now, error_code=None):
     elif status != CANCELLED:
         values[PeriodicTask.consecutive_failures] = PeriodicTask.consecutive_failures + 1
     PeriodicTask.update(values).where(PeriodicTask.id == periodic_task_id).execute()
+    row = PeriodicTask.select(PeriodicTask.timer, PeriodicTask.enabled).where(
+        PeriodicTask.id == periodic_task_id).first()
+    if row is None or not row.enabled or not row.timer.lower().startswith("after "):
+        return
+    # TimescaleDB's schedule_interval: the next task SPAN after this one finished (a run
+    # that ends with a retry pending has not finished its task).
+    try:
+        span = timedelta(seconds=parse_timer(row.timer).seconds)
+    except InputError:
+        return  # its scheduler disables it; the end of this run must not fail over it
+    if unfinished_task(store, periodic_task_id) is None:
+        PeriodicTask.update(nextrun=now + span).where(PeriodicTask.id == periodic_task_id
+                                                      ).execute()
 
 
 lifecycle.on_outcome(record_outcome)
@@ -394,6 +464,12 @@ def allow_start(store, periodic_task_id, now=None):
     if row.min_spacing:
         condition &= (PeriodicTask.last_run.is_null()
                       | (PeriodicTask.last_run <= now - timedelta(seconds=row.min_spacing)))
-    return PeriodicTask.update(last_run=now).where(condition).execute() == 1
+    if PeriodicTask.update(last_run=now).where(condition).execute() == 1:
+        return True
+    PeriodicTask.update(dropped_count=PeriodicTask.dropped_count + 1).where(
+        PeriodicTask.id == row.id).execute()
+    log.info("periodic task %r: task dropped at start: the previous one started at %s, less "
+             "than %gs ago", row.name, row.last_run, row.min_spacing)
+    return False
 
 

@@ -59,6 +59,8 @@ class TaskInfo(_Record):
     periodic_task_id: Optional[int]
     last_error_code: Optional[str]
     last_error_message: Optional[str]
+    subject: Optional[str]      # carried from its periodic task
+    group: Optional[str]
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,11 @@ class PeriodicTaskInfo(_Record):
     source: str
     worker: Optional[str]
     marked: Optional[datetime]
+    subject: Optional[str]
+    group: Optional[str]
+    timebox: Optional[str]
+    tolerance: Optional[float]
+    dropped: int
 
 
 def task_info(row: Any) -> TaskInfo:
@@ -134,7 +141,7 @@ def task_info(row: Any) -> TaskInfo:
         runs=row.run_count, runs_failed=row.runs_failed, max_retries=row.max_retries,
         run_timeout=row.run_timeout, max_runtime=row.max_runtime, unique_key=row.unique_key,
         periodic_task_id=row.periodic_task_id, last_error_code=row.last_error_code,
-        last_error_message=row.last_error_message)
+        last_error_message=row.last_error_message, subject=row.subject, group=row.group_name)
 
 
 def run_info(row: Any) -> RunInfo:
@@ -157,7 +164,9 @@ def periodic_info(row: Any) -> PeriodicTaskInfo:
         last_status=row.last_status, consecutive_failures=row.consecutive_failures,
         submitted=row.submitted_count, skipped=row.skipped_count, priority=row.priority,
         catch_up=row.catch_up, max_runtime=row.max_runtime, min_spacing=row.min_spacing,
-        owner=row.owner, source=row.source, worker=row.worker, marked=aware(row.marked))
+        owner=row.owner, source=row.source, worker=row.worker, marked=aware(row.marked),
+        subject=row.subject, group=row.group_name, timebox=row.timebox, tolerance=row.tolerance,
+        dropped=row.dropped_count)
 
 
 # -- queries ------------------------------------------------------------------------------------
@@ -228,9 +237,12 @@ def health(store: Any) -> Dict[str, int]:
     }
 
 
-def list_periodic(store: Any, owner: Optional[str] = None) -> List[PeriodicTaskInfo]:
+def list_periodic(store: Any, owner: Optional[str] = None,
+                  group: Optional[str] = None) -> List[PeriodicTaskInfo]:
     PeriodicTask = store.PeriodicTask
     query = PeriodicTask.select().order_by(PeriodicTask.name)
     if owner is not None:
         query = query.where(PeriodicTask.owner == owner)
+    if group is not None:
+        query = query.where(PeriodicTask.group_name == group)
     return [periodic_info(row) for row in query]
