@@ -237,7 +237,7 @@ class PeriodicScheduler:
     def __init__(self, store):
         self.store = store
         pid = os.getpid()
-        self.worker = "%s:%d:%.3f" % (liveness.hostname(), pid, liveness.create_time(pid))
+        self.worker = "%s:%d:%.3f" % (liveness.host_id(store), pid, liveness.create_time(pid))
 
     def clear_stale_marks(self, now=None):
         """Marks of schedulers that died (same host: their PID is gone) or older than
@@ -246,7 +246,7 @@ class PeriodicScheduler:
         now = now or utcnow()
         cleared = PeriodicTask.update(worker=None, marked=None).where(
             PeriodicTask.marked < now - self.STALE_MARK).execute()
-        host = liveness.hostname()
+        host = liveness.host_id(self.store)
         for row in PeriodicTask.select(PeriodicTask.id, PeriodicTask.worker).where(
                 PeriodicTask.worker.startswith(host + ":")):
             _, pid, created = row.worker.rsplit(":", 2)
