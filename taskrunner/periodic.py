@@ -4,7 +4,9 @@ however many schedulers run against one database.
 
 Timers are systemd calendar events (``Mon..Fri *-*-* 07:30 Europe/Berlin``) or fixed
 intervals written as time spans (``every 30s``, ``every 1h 30min``), anchored to the
-previous due time so they do not drift.
+previous due time so they do not drift. A calendar timer written without a zone is stored
+with the zone it was defined in (``timezone``: the defining process's local zone, by its
+IANA name, else UTC), so every host computes the same instants from it.
 
 A pass: take the earliest enabled due periodic task; mark it (a conditional update: only
 one scheduler wins; the others try the next); then, in one transaction, submit its task
@@ -16,12 +18,14 @@ import json
 import logging
 import math
 import os
+import re
 from datetime import timedelta, timezone
 
 import peewee as pw
 
 from . import lifecycle, liveness
 from .calendar import CalendarError, parse_calendar
+from .calendar.zones import local_zone, named_zone
 from .enqueue import add_task
 from .errors import InputError, StateError
 from .handler import check_handler_path, encode_data, load_handler
@@ -49,17 +53,43 @@ class IntervalTimer:
 
 
 class CalendarTimer:
-    def __init__(self, event):
+    def __init__(self, event, zone=None):
         self.event = event
         self.normalized = event.normalized
+        self.zone = zone  # the zone added to a text that named none, or None
 
     def next_after(self, base, anchor=None):
         elapse = self.event.next_after(base.replace(tzinfo=timezone.utc))
         return None if elapse is None else elapse.astimezone(timezone.utc).replace(tzinfo=None)
 
 
-def parse_timer(text):
-    """A timer from its text; InputError says what is wrong."""
+def local_zone_name():
+    """This process's local zone ($TZ, else /etc/localtime) by its IANA name; "UTC" when it
+    has none another host could look up (a POSIX rule string, an unnamed file)."""
+    key = getattr(local_zone().tz, "key", None) or ""
+    if "/zoneinfo/" in key:
+        key = key.split("/zoneinfo/", 1)[1]
+    return key if key and named_zone(key) is not None else "UTC"
+
+
+def _names_zone(event):
+    """Whether a calendar event carries its own zone: its normalized form then ends in it
+    (UTC, an IANA name or a local abbreviation) rather than in the seconds field."""
+    return re.search(r"[A-Za-z]", event.normalized.rsplit(" ", 1)[-1]) is not None
+
+
+def timer_zone(text):
+    """The zone a timer is stored with when defined now: the local zone's name for a
+    calendar timer that names none, else None (an interval, or a zone of its own)."""
+    timer = parse_timer(text)
+    return local_zone_name() if isinstance(timer, CalendarTimer) and timer.zone is None \
+        and not _names_zone(timer.event) else None
+
+
+def parse_timer(text, zone=None):
+    """A timer from its text, evaluated in `zone` (an IANA name or "UTC") when the text
+    names no zone of its own; InputError says what is wrong. A zone written as a local
+    abbreviation ("CET") is refused: another host's local zone may not know it."""
     if not isinstance(text, str) or not text.strip():
         raise InputError("invalid timer %r: expected a calendar event or 'every SPAN'" % (text,))
     stripped = text.strip()
@@ -73,9 +103,17 @@ def parse_timer(text):
             raise InputError("invalid timer %r: the interval must be at least 1s" % text)
         return IntervalTimer(seconds, span)
     try:
-        return CalendarTimer(parse_calendar(stripped))
+        event = parse_calendar(stripped)
+        if not _names_zone(event):
+            return CalendarTimer(parse_calendar("%s %s" % (stripped, zone)), zone) \
+                if zone else CalendarTimer(event)
     except CalendarError as exc:
         raise InputError("invalid timer %r: %s" % (text, exc)) from None
+    last = stripped.rsplit(" ", 1)[-1]
+    if last.lower() != "utc" and named_zone(last) is None:
+        raise InputError("invalid timer %r: write the zone as an IANA name (Europe/Berlin) or "
+                         "UTC; %r means different zones on different hosts" % (text, last))
+    return CalendarTimer(event)
 
 
 # -- definitions --------------------------------------------------------------------------
@@ -105,7 +143,8 @@ def _definition(config, spec, where, import_handler=True):
         load_handler(spec["handler"], config.handlers.allow)
     else:
         check_handler_path(spec["handler"], config.handlers.allow)
-    timer = parse_timer(spec["timer"])
+    zone = timer_zone(spec["timer"])
+    timer = parse_timer(spec["timer"], zone)
     catch_up = spec.get("catch_up", "once")
     if catch_up not in CATCH_UP:
         raise InputError("%s: catch_up must be 'once' or 'skip'" % where)
@@ -113,7 +152,7 @@ def _definition(config, spec, where, import_handler=True):
               "data": encode_data(spec.get("data"), config.task.max_data_size),
               "priority": spec.get("priority", 0), "enabled": spec.get("enabled", True),
               "catch_up": catch_up, "owner": spec.get("owner"), "submitter": spec.get("submitter"),
-              "max_retries": spec.get("max_retries")}
+              "max_retries": spec.get("max_retries"), "timezone": zone}
     if isinstance(values["priority"], bool) or not isinstance(values["priority"], int):
         raise InputError("%s: priority must be an integer" % where)
     if not isinstance(values["enabled"], bool):
@@ -166,7 +205,7 @@ def set_enabled(store, name, enabled, owner=None, now=None):
     now = now or utcnow()
     values = {PeriodicTask.enabled: enabled, PeriodicTask.updated_on: now}
     if enabled and not row.enabled:
-        values[PeriodicTask.nextrun] = _first_due(parse_timer(row.timer), now)
+        values[PeriodicTask.nextrun] = _first_due(parse_timer(row.timer, row.timezone), now)
     PeriodicTask.update(values).where(PeriodicTask.id == row.id).execute()
 
 
@@ -206,11 +245,17 @@ def sync_definitions(store, config=None, now=None, import_handlers=True):
                 log.warning("periodic task %r exists and was not created from the config; "
                             "the config entry is ignored", name)
             else:
+                # The zone stays the one the timer was first defined in while its text is
+                # unchanged: overseers syncing one file under different zones agree.
+                zone = values.pop("timezone")
                 changed = {k: v for k, v in values.items() if getattr(row, k) != v}
                 if name == BUILTIN_ROTATION:
                     changed.pop("enabled", None)  # an operator's enable/disable stands
-                if changed.get("timer") or ("enabled" in changed and values["enabled"]):
+                if changed.get("timer"):
+                    changed["timezone"] = zone
                     changed["nextrun"] = _first_due(timer, now)
+                elif "enabled" in changed and values["enabled"]:
+                    changed["nextrun"] = _first_due(parse_timer(row.timer, row.timezone), now)
                 if changed:
                     changed["updated_on"] = now
                     PeriodicTask.update(**changed).where(PeriodicTask.id == row.id).execute()
@@ -299,7 +344,7 @@ class PeriodicScheduler:
         PeriodicTask = self.store.PeriodicTask
         due = row.nextrun
         try:
-            timer = parse_timer(row.timer)
+            timer = parse_timer(row.timer, row.timezone)
         except InputError as exc:
             log.error("periodic task %r disabled: %s", row.name, exc)
             PeriodicTask.update(enabled=False, worker=None, marked=None, last_status="error"

@@ -10,11 +10,10 @@ import threading
 from datetime import timedelta
 
 import pytest
+from conftest import Database, wait_for
 
 from taskrunner import TaskQueue, lifecycle, liveness, rotation
 from taskrunner.models import ERROR, SCHEDULED, utcnow
-
-from conftest import Database, wait_for
 
 ECHO = "taskrunner.handlers.Echo"
 

@@ -12,8 +12,8 @@ import tempfile
 import uuid
 
 import pytest
-
 from conftest import Database, process_env, spawn, stop_process, wait_for
+
 from taskrunner import TaskQueue, wakeup
 from taskrunner.config import Config
 from taskrunner.models import RUNNING, SUCCESS, Runner, Task
