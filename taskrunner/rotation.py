@@ -18,7 +18,8 @@ def _delete_tasks(store, condition):
     batch, deleted = store.config.rotation.batch_size, 0
     while True:
         def step():
-            ids = [t.id for t in Task.select(Task.id).where(condition).order_by(Task.id).limit(batch)]
+            ids = [t.id for t in
+                   Task.select(Task.id).where(condition).order_by(Task.id).limit(batch)]
             if not ids:
                 return 0, 0
             count = Task.delete().where(Task.id.in_(ids) & condition).execute()
