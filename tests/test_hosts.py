@@ -11,6 +11,7 @@ dead host's runners and their runs ``timeout`` by heartbeat age — never by a l
 the tasks run again; nothing is lost, nothing runs twice except the runs in flight; the
 healthy hosts, the clock-shifted one included, are never declared dead.
 """
+import glob
 import os
 import shutil
 import signal
@@ -29,7 +30,7 @@ from taskrunner.liveness import default_host_id
 from taskrunner.models import CRASHED, OVERSEER, RUNNER, RUNNING, SUCCESS, TIMEOUT
 
 PG_VERSION = "15"
-FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+FAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1")), "libfaketimeMT.so.1")
 HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, CHECK_INTERVAL = 0.3, 3.0, 0.5
 MACHINE_SLACK = 3.0  # two shared cores: processes get scheduled late
 TASKS, SLEEP = 24, 1.0
