@@ -123,7 +123,8 @@ def _created(Runner, fields):
     """Insert the row; the instance returned carries its id and the heartbeat read back."""
     row = Runner(**fields)
     row.id = Runner.insert(**fields).execute()
-    row.heartbeat_on = Runner.select(Runner.heartbeat_on).where(Runner.id == row.id).scalar()
+    row.heartbeat_on = Runner.select(Runner.heartbeat_on).where(Runner.id == row.id).get(
+    ).heartbeat_on
     return row
 
 
