@@ -22,8 +22,8 @@ import uuid
 from datetime import timedelta
 
 import pytest
-
 from conftest import databases_required, process_env, read_records, wait_for
+
 from taskrunner import TaskQueue
 from taskrunner.config import Config
 from taskrunner.liveness import default_host_id
@@ -64,7 +64,7 @@ def _missing():
 
 
 def _run(*cmd):
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     if done.returncode != 0:
         raise AssertionError("%s exited %d: %s" % (" ".join(cmd), done.returncode,
                                                    done.stderr.strip()))
@@ -99,8 +99,8 @@ class Network:
 
     def remove(self):
         for namespace in self.namespaces:
-            subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
 
 
 class Cluster:
@@ -125,14 +125,14 @@ class Cluster:
         _run("pg_ctlcluster", "--skip-systemctl-redirect", PG_VERSION, self.name, "start")
         self.url = "postgresql://postgres@%s:%d/hosts" % (address, self.port)
         wait_for(lambda: subprocess.run(
-            ["pg_isready", "-q", "-h", address, "-p", str(self.port)]).returncode == 0,
+            ["pg_isready", "-q", "-h", address, "-p", str(self.port)], check=False).returncode == 0,
             timeout=30, message="the throwaway PostgreSQL")
         _run("runuser", "-u", "postgres", "--", "psql", "-q", "-h", address, "-p",
              str(self.port), "-c", "CREATE DATABASE hosts")
 
     def drop(self):
         subprocess.run(["pg_dropcluster", PG_VERSION, self.name, "--stop"],
-                       capture_output=True, timeout=60)
+                       capture_output=True, timeout=60, check=False)
 
 
 class Host:
