@@ -263,7 +263,8 @@ def cmd_periodic(args):
             return
         _print_table(["NAME", "ENABLED", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS",
                       "FAILURES", "DROPPED", "GROUP", "SUBJECT", "HANDLER"],
-                     [[r["name"], "yes" if r["enabled"] else "no", r["timer"], r["nextrun"],
+                     [[r["name"], "yes" if r["enabled"] else "no",
+                       " ".join(filter(None, (r["timer"], r["timezone"]))), r["nextrun"],
                        r["last_run"], r["last_status"], r["consecutive_failures"], r["dropped"],
                        r["group"], r["subject"], r["handler"]] for r in rows])
     elif args.all:

@@ -72,6 +72,10 @@ SCHEMA = {
         "memory_limit": (100, _int(1)),
         "max_runs": (0, _int(0)),
         "heartbeat_interval": (5.0, _positive_seconds),
+        # "" = liveness.default_host_id(); wake-ups: "" = $TASKRUNNER_WAKEUP_DIR, then
+        # $XDG_RUNTIME_DIR or the temporary directory (see wakeup.base_directory).
+        "host_id": ("", _string),
+        "wakeup_dir": ("", _string),
     },
     "task": {
         "run_timeout": (86400.0, _positive_seconds),

@@ -4,6 +4,10 @@ noticing the dead (rule 7) — which makes their runs ``timeout`` and re-queues 
 A runner row on this host is alive when its PID exists, is not a zombie, and has the
 recorded psutil create_time (PIDs get reused), on the boot it was recorded on. A runner on
 another host is alive while its heartbeat is younger than ``[overseer] heartbeat_timeout``.
+
+"This host" is the host id (`host_id`): the PID numbering a local PID check is valid in.
+Heartbeats are written and aged with the database server's clock (`Store.server_time`), in
+the query that reads them, so hosts whose clocks disagree never judge each other by them.
 """
 import logging
 import os
@@ -23,6 +27,10 @@ log = logging.getLogger("taskrunner.liveness")
 # psutil's create_time is derived from clock ticks since boot: stable for one process,
 # so anything beyond float noise means another process holds the PID now.
 CREATE_TIME_TOLERANCE = 0.05
+
+
+# The initial PID namespace has this fixed inode (PROC_PID_INIT_INO) on every Linux kernel.
+INITIAL_PID_NAMESPACE = 0xEFFFFFFC
 
 
 class ResidentSize:
@@ -50,6 +58,31 @@ class ResidentSize:
 
 def hostname():
     return socket.gethostname()
+
+
+def pid_namespace():
+    """The inode of this process's PID namespace, or None where there is no /proc."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def default_host_id():
+    """The hostname, plus the PID namespace when it is not the machine's own: two containers
+    sharing a hostname have separate PID numberings (so each must judge only its own PIDs),
+    whereas containers sharing one PID namespace may judge each other's PIDs correctly. The
+    boot id and machine-id would not do: every container on one kernel shares the boot id,
+    and containers made from one image usually share (or lack) /etc/machine-id."""
+    namespace = pid_namespace()
+    if namespace is None or namespace == INITIAL_PID_NAMESPACE:
+        return hostname()
+    return "%s/pidns:%d" % (hostname(), namespace)
+
+
+def host_id(store):
+    """This host's identity in runner rows: ``[runner] host_id``, else `default_host_id`."""
+    return store.config.runner.host_id or default_host_id()
 
 
 def boot_id():
@@ -87,13 +120,14 @@ def register(store, kind=RUNNER, parent_id=None, now=None):
     """
     Runner = store.Runner
     now = now or utcnow()
-    host, pid = hostname(), os.getpid()
+    host, pid = host_id(store), os.getpid()
     process = psutil.Process(pid)
     fields = dict(host=host, boot_id=boot_id(), pid=pid, pid_create_time=process.create_time(),
-                  kind=kind, parent_id=parent_id, started_on=now, heartbeat_on=now,
-                  status=RUNNING, rss=process.memory_info().rss)
+                  kind=kind, parent_id=parent_id, started_on=now,
+                  heartbeat_on=store.server_time(), status=RUNNING,
+                  rss=process.memory_info().rss)
     if kind == OVERSEER:
-        return Runner.create(**fields)
+        return _created(Runner, fields)
     refresh_runners(store, now=now, other_hosts=False)
     limit = store.config.runner.limit
     taken = {r.slot for r in Runner.select(Runner.slot).where(
@@ -103,17 +137,26 @@ def register(store, kind=RUNNER, parent_id=None, now=None):
             continue
         try:
             with store.db.atomic():
-                return Runner.create(slot=slot, **fields)
+                return _created(Runner, dict(fields, slot=slot))
         except pw.IntegrityError:
             continue  # another process took this slot a moment ago
     raise RunnerLimitReached("this host already has %d running runners ([runner] limit)" % limit)
 
 
-def heartbeat(store, runner_id, rss=None, runs_done=None, now=None):
-    """Refresh the runner's heartbeat; False when the row is no longer ``running`` (someone
-    declared this runner dead), in which case it must stop claiming."""
+def _created(Runner, fields):
+    """Insert the row; the instance returned carries its id and the heartbeat read back."""
+    row = Runner(**fields)
+    row.id = Runner.insert(**fields).execute()
+    row.heartbeat_on = Runner.select(Runner.heartbeat_on).where(Runner.id == row.id).get(
+    ).heartbeat_on
+    return row
+
+
+def heartbeat(store, runner_id, rss=None, runs_done=None):
+    """Refresh the runner's heartbeat (the database server's time); False when the row is no
+    longer ``running`` (someone declared this runner dead), so it must stop claiming."""
     Runner = store.Runner
-    values = {Runner.heartbeat_on: now or utcnow()}
+    values = {Runner.heartbeat_on: store.server_time()}
     if rss is not None:
         values[Runner.rss] = rss
     if runs_done is not None:
@@ -163,22 +206,20 @@ def _end_runner(store, runner_id, status, reason, run_status, error_code, error_
     return store.write(step)
 
 
-def dead_reason(row, host, current_boot, now, heartbeat_timeout, since=None):
-    """Why the runner row is dead, or None while it is alive. A runner of this host whose
-    process lives but whose heartbeat stopped (SIGSTOP, a deadlock) is hung: dead too.
-    Heartbeats are judged from `since` at the earliest (Store.writable_since: a heartbeat
-    missed while the database was down is nobody's fault)."""
-    silent = row.heartbeat_on < now - timedelta(seconds=heartbeat_timeout) and \
-        (since is None or since < now - timedelta(seconds=heartbeat_timeout))
+def dead_reason(row, host, current_boot, stale, heartbeat_timeout):
+    """Why the runner row is dead, or None while it is alive. `stale`: its heartbeat is older
+    than `heartbeat_timeout` by the database's clock. A PID is only ever checked on the host
+    that recorded it. A runner of this host whose process lives but whose heartbeat stopped
+    (SIGSTOP, a deadlock) is hung: dead too."""
     if row.host == host:
         if row.boot_id != current_boot:
             return "pid %d belonged to an earlier boot" % row.pid
         if not process_alive(row.pid, row.pid_create_time):
             return "pid %d is gone" % row.pid
-        if row.kind == RUNNER and silent:
+        if row.kind == RUNNER and stale:
             return "pid %d is hung: no heartbeat for over %gs" % (row.pid, heartbeat_timeout)
         return None
-    if silent:
+    if stale:
         return "no heartbeat from %s for over %gs" % (row.host, heartbeat_timeout)
     return None
 
@@ -195,27 +236,32 @@ def kill_hung(row):
 def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, own_children=(),
                     reachable_since=None):
     """Check every ``running`` runner row (this host by PID and heartbeat, other hosts by
-    heartbeat age) and mark the dead ones; hung runners of this host are killed. Runs found
-    crashed are retried not before `crash_grace` seconds from now. A dead process among
-    `own_children` (the caller's, not reaped yet) is left to the caller's reaper, which knows
-    why it died (killed by the caller's own stop: a hand-back, not a crash). Heartbeats are
-    not judged until the database has been up for heartbeat_timeout (server restart, or
-    `reachable_since`: see Store.writable_since). Returns the ids marked."""
+    heartbeat age) and mark the dead ones; hung runners of this host are killed. Heartbeats
+    are aged by the database's clock in the query that reads them; `now` stamps what is
+    marked. Heartbeats are not judged until the database has been up for heartbeat_timeout
+    (a server restart, or `reachable_since`: see Store.writable_since): nobody could write
+    one while it was down. Runs found crashed are retried not before `crash_grace` seconds
+    from now. A dead process among `own_children` (the caller's, not reaped yet) is left to
+    the caller's reaper, which knows why it died (killed by the caller's own stop: a
+    hand-back, not a crash). Returns the ids marked."""
     Runner = store.Runner
     now = now or utcnow()
-    host, current_boot = hostname(), boot_id()
+    host, current_boot = host_id(store), boot_id()
     timeout = store.config.overseer.heartbeat_timeout
-    query = Runner.select().where(Runner.status == RUNNING)
+    stale = Runner.heartbeat_on < store.server_time(-timeout)
+    query = Runner.select(Runner, stale.alias("stale")).where(Runner.status == RUNNING)
     if not other_hosts:
         query = query.where(Runner.host == host)
     retry_at = now + timedelta(seconds=crash_grace) if crash_grace else None
     rows = list(query)
-    since = None
-    if any(row.heartbeat_on < now - timedelta(seconds=timeout) for row in rows):
+    just_back = False
+    if any(row.stale for row in rows):
         since = store.writable_since(reachable_since)     # asked only when it matters
+        just_back = since is not None and since > now - timedelta(seconds=timeout)
     dead = []
     for row in rows:
-        reason = dead_reason(row, host, current_boot, now, timeout, since)
+        reason = dead_reason(row, host, current_boot, bool(row.stale) and not just_back,
+                             timeout)
         if reason and row.host == host and row.pid in own_children and "hung" not in reason:
             continue
         if reason and "hung" in reason:
@@ -273,5 +319,5 @@ def others_running(store, parent_id):
     cron run-event, an earlier overseer's children still finishing): they share the limit."""
     Runner = store.Runner
     return Runner.select().where(
-        (Runner.host == hostname()) & (Runner.status == RUNNING) & Runner.slot.is_null(False)
+        (Runner.host == host_id(store)) & (Runner.status == RUNNING) & Runner.slot.is_null(False)
         & ((Runner.parent_id != parent_id) | Runner.parent_id.is_null())).count()

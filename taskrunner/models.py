@@ -156,6 +156,9 @@ class PeriodicTask(BaseModel):
     worker = pw.CharField(null=True)
     marked = pw.DateTimeField(null=True)
     timer = pw.CharField()
+    # The zone a calendar timer that names none is evaluated in, fixed when it was defined
+    # (see periodic.timer_zone); NULL for intervals and timers with a zone of their own.
+    timezone = pw.CharField(max_length=64, null=True)
     # NULL when the timer will never elapse again.
     nextrun = pw.DateTimeField(null=True, index=True)
     created = pw.DateTimeField()

@@ -5,7 +5,9 @@ Nuntium's owner, min_spacing, timebox and tolerance, Docspell's subject and grou
 Timers are systemd calendar events (``Mon..Fri *-*-* 07:30 Europe/Berlin``), fixed
 intervals written as time spans (``every 30s``, ``every 1h 30min``), anchored to the
 previous due time so they do not drift, or spans after the previous task finished
-(``after 5min``: TimescaleDB's schedule_interval).
+(``after 5min``: TimescaleDB's schedule_interval). A calendar timer written without a
+zone is stored with the zone it was defined in (see timers.py), so every host computes
+the same instants from it.
 
 A pass: take the earliest enabled due periodic task; mark it (a conditional update: only
 one scheduler wins; the others try the next); then, in one transaction, submit its task
@@ -25,7 +27,7 @@ from .enqueue import add_task
 from .errors import InputError, StateError
 from .handler import check_handler_path, encode_data, load_handler
 from .models import CANCELLED, CRASHED, SUCCESS, utcnow
-from .timers import IntervalTimer, parse_timer
+from .timers import IntervalTimer, parse_timer, timer_zone
 from .timespan import parse_timespan
 
 log = logging.getLogger("taskrunner.periodic")
@@ -62,7 +64,8 @@ def _definition(config, spec, where, import_handler=True):
         load_handler(spec["handler"], config.handlers.allow)
     else:
         check_handler_path(spec["handler"], config.handlers.allow)
-    timer = parse_timer(spec["timer"])
+    zone = timer_zone(spec["timer"])
+    timer = parse_timer(spec["timer"], zone)
     catch_up = spec.get("catch_up", "once")
     if catch_up not in CATCH_UP:
         raise InputError("%s: catch_up must be 'once' or 'skip'" % where)
@@ -71,7 +74,7 @@ def _definition(config, spec, where, import_handler=True):
               "priority": spec.get("priority", 0), "enabled": spec.get("enabled", True),
               "catch_up": catch_up, "owner": spec.get("owner"), "submitter": spec.get("submitter"),
               "max_retries": spec.get("max_retries"), "subject": spec.get("subject"),
-              "group_name": spec.get("group")}
+              "group_name": spec.get("group"), "timezone": zone}
     if isinstance(values["priority"], bool) or not isinstance(values["priority"], int):
         raise InputError("%s: priority must be an integer" % where)
     if not isinstance(values["enabled"], bool):
@@ -157,7 +160,7 @@ def set_enabled(store, name, enabled, owner=None, now=None):
     now = now or utcnow()
     values = {PeriodicTask.enabled: enabled, PeriodicTask.updated_on: now}
     if enabled and not row.enabled:
-        values[PeriodicTask.nextrun] = _first_due(parse_timer(row.timer), now)
+        values[PeriodicTask.nextrun] = _first_due(parse_timer(row.timer, row.timezone), now)
     PeriodicTask.update(values).where(PeriodicTask.id == row.id).execute()
 
 
@@ -188,12 +191,12 @@ def set_enabled_owned(store, owner, enabled, now=None):
     now = now or utcnow()
 
     def step():
-        rows = list(PeriodicTask.select(PeriodicTask.id, PeriodicTask.timer).where(
-            (PeriodicTask.owner == owner) & (PeriodicTask.enabled != enabled)))
+        rows = list(PeriodicTask.select(PeriodicTask.id, PeriodicTask.timer, PeriodicTask.timezone)
+                    .where((PeriodicTask.owner == owner) & (PeriodicTask.enabled != enabled)))
         for row in rows:
             values = {PeriodicTask.enabled: enabled, PeriodicTask.updated_on: now}
             if enabled:
-                values[PeriodicTask.nextrun] = _first_due(parse_timer(row.timer), now)
+                values[PeriodicTask.nextrun] = _first_due(parse_timer(row.timer, row.timezone), now)
             PeriodicTask.update(values).where(PeriodicTask.id == row.id).execute()
         return len(rows)
     return store.write(step)
@@ -229,11 +232,17 @@ def sync_definitions(store, config=None, now=None, import_handlers=True):
                 log.warning("periodic task %r exists and was not created from the config; "
                             "the config entry is ignored", name)
             else:
+                # The zone stays the one the timer was first defined in while its text is
+                # unchanged: overseers syncing one file under different zones agree.
+                zone = values.pop("timezone")
                 changed = {k: v for k, v in values.items() if getattr(row, k) != v}
                 if name == BUILTIN_ROTATION:
                     changed.pop("enabled", None)  # an operator's enable/disable stands
-                if changed.get("timer") or ("enabled" in changed and values["enabled"]):
+                if changed.get("timer"):
+                    changed["timezone"] = zone
                     changed["nextrun"] = _first_due(timer, now)
+                elif "enabled" in changed and values["enabled"]:
+                    changed["nextrun"] = _first_due(parse_timer(row.timer, row.timezone), now)
                 if changed:
                     changed["updated_on"] = now
                     PeriodicTask.update(**changed).where(PeriodicTask.id == row.id).execute()
@@ -260,7 +269,7 @@ class PeriodicScheduler:
     def __init__(self, store):
         self.store = store
         pid = os.getpid()
-        self.worker = "%s:%d:%.3f" % (liveness.hostname(), pid, liveness.create_time(pid))
+        self.worker = "%s:%d:%.3f" % (liveness.host_id(store), pid, liveness.create_time(pid))
 
     def clear_stale_marks(self, now=None):
         """Marks of schedulers that died (same host: their PID is gone) or older than
@@ -269,7 +278,7 @@ class PeriodicScheduler:
         now = now or utcnow()
         cleared = PeriodicTask.update(worker=None, marked=None).where(
             PeriodicTask.marked < now - self.STALE_MARK).execute()
-        host = liveness.hostname()
+        host = liveness.host_id(self.store)
         for row in PeriodicTask.select(PeriodicTask.id, PeriodicTask.worker).where(
                 PeriodicTask.worker.startswith(host + ":")):
             _, pid, created = row.worker.rsplit(":", 2)
@@ -322,7 +331,7 @@ class PeriodicScheduler:
         PeriodicTask = self.store.PeriodicTask
         due = row.nextrun
         try:
-            timer = parse_timer(row.timer)
+            timer = parse_timer(row.timer, row.timezone)
         except InputError as exc:
             log.error("periodic task %r disabled: %s", row.name, exc)
             PeriodicTask.update(enabled=False, worker=None, marked=None, last_status="error"

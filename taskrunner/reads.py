@@ -109,6 +109,8 @@ class PeriodicTaskInfo(_Record):
     handler: str
     data: Any
     timer: str
+    # The zone `timer` is evaluated in when it names none (fixed when it was defined).
+    timezone: Optional[str]
     nextrun: Optional[datetime]
     last_due: Optional[datetime]
     last_run: Optional[datetime]
@@ -159,7 +161,7 @@ def run_info(row: Any) -> RunInfo:
 def periodic_info(row: Any) -> PeriodicTaskInfo:
     return PeriodicTaskInfo(
         name=row.name, enabled=row.enabled, handler=row.handler, data=_decoded(row.data),
-        timer=row.timer, nextrun=aware(row.nextrun), last_due=aware(row.last_due),
+        timer=row.timer, timezone=row.timezone, nextrun=aware(row.nextrun), last_due=aware(row.last_due),
         last_run=aware(row.last_run), last_task_id=row.last_task_id,
         last_status=row.last_status, consecutive_failures=row.consecutive_failures,
         submitted=row.submitted_count, skipped=row.skipped_count, priority=row.priority,

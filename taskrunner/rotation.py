@@ -10,18 +10,25 @@ log = logging.getLogger("taskrunner.rotation")
 
 
 def _delete_tasks(store, condition):
+    """Delete the tasks matching `condition`, a batch per transaction. Race closed: an
+    operator's ``retry`` committed between the SELECT and the DELETE — the DELETE repeats the
+    condition (re-read under the row lock it waits for), so a task live again survives, and
+    runs go only with a task that went."""
     Task, Run = store.Task, store.Run
     batch, deleted = store.config.rotation.batch_size, 0
     while True:
         def step():
-            ids = [t.id for t in Task.select(Task.id).where(condition).order_by(Task.id).limit(batch)]
-            if ids:
-                Run.delete().where(Run.task_id.in_(ids)).execute()
-                Task.delete().where(Task.id.in_(ids)).execute()
-            return len(ids)
-        count = store.write(step)
+            ids = [t.id for t in
+                   Task.select(Task.id).where(condition).order_by(Task.id).limit(batch)]
+            if not ids:
+                return 0, 0
+            count = Task.delete().where(Task.id.in_(ids) & condition).execute()
+            Run.delete().where(Run.task_id.in_(ids) & Run.task_id.not_in(
+                Task.select(Task.id).where(Task.id.in_(ids)))).execute()
+            return len(ids), count
+        selected, count = store.write(step)
         deleted += count
-        if count < batch:
+        if selected < batch:
             return deleted
 
 
@@ -36,14 +43,13 @@ def rotate(store, now):
     failed = _delete_tasks(store, Task.last_status.in_(FAILED + (CANCELLED,)) & (
         Task.finished_on < now - timedelta(seconds=settings.keep_failed)))
     runners = 0
+    ended = (Runner.status != RUNNING) & (
+        Runner.finished_on < now - timedelta(seconds=settings.keep_runners))
     while True:
-        ids = [r.id for r in Runner.select(Runner.id).where(
-            (Runner.status != RUNNING)
-            & (Runner.finished_on < now - timedelta(seconds=settings.keep_runners))
-        ).limit(settings.batch_size)]
+        ids = [r.id for r in Runner.select(Runner.id).where(ended).limit(settings.batch_size)]
         if not ids:
             break
-        runners += Runner.delete().where(Runner.id.in_(ids)).execute()
+        runners += Runner.delete().where(Runner.id.in_(ids) & ended).execute()
     if success or failed or runners:
         log.info("rotation deleted %d successful and %d failed tasks, %d runner rows",
                  success, failed, runners)

@@ -415,7 +415,7 @@ class Worker:
         row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id)
         self.runner_id = row.id
         if not burst:
-            self._listener = wakeup.Listener(self.config.database.url)
+            self._listener = wakeup.open_listener(self.store.wakeup_directory)
             if self.store.backend == "postgresql":
                 self._pg_listener = wakeup.PostgresListener(self.store.db)
         log.info("runner %d started (pid %d, slot %d)", row.id, row.pid, row.slot)

@@ -5,9 +5,12 @@ to this database alone, write transactions retried after a deadlock or a busy da
 row locks where the database has them, wake-ups of idle runners after a commit, and the
 schema check. Every module below the `TaskQueue` facade receives the store it works on.
 """
+import os
 import sqlite3
 import threading
 from datetime import timedelta
+
+import peewee as pw
 
 from . import wakeup
 from .config import Config
@@ -15,6 +18,17 @@ from .db import backend_of, check_connection, open_database, retry_transaction
 from .errors import SchemaBehind
 from .migrations import migrate, pending
 from .models import bind_models, utcnow
+
+
+def _create_private(path):
+    """Create a missing SQLite file readable by its owner only; SQLite gives its -wal and
+    -shm files the database file's permissions. Anything else is SQLite's to report."""
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        pass
 
 
 class Store:
@@ -26,6 +40,9 @@ class Store:
         self.backend = backend_of(self.url)
         self.is_sqlite = self.backend == "sqlite"
         self.db = open_database(config.database)
+        if self.is_sqlite:
+            _create_private(self.db.database)
+        self.wakeup_directory = wakeup.directory(self.url, config.runner.wakeup_dir)
         models = bind_models(self.db)
         self.models = models
         self.Task, self.Run, self.Runner, self.PeriodicTask = models
@@ -127,7 +144,19 @@ class Store:
 
     def wake_local(self):
         """Wake this host's idle runners of this database."""
-        wakeup.notify_local(self.url)
+        wakeup.notify_local(self.wakeup_directory)
+
+    def server_time(self, offset=0.0):
+        """SQL for the database server's current UTC time plus `offset` seconds, as the naive
+        UTC datetimes of the schema. Liveness writes and ages heartbeats with it, so hosts
+        whose clocks disagree never compare their clocks (SQLite has one host: its clock)."""
+        if self.backend == "postgresql":
+            return pw.SQL("((CURRENT_TIMESTAMP AT TIME ZONE 'UTC') + %s * INTERVAL '1 second')",
+                          [float(offset)])
+        if self.backend == "mysql":
+            return pw.SQL("(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)",
+                          [int(round(offset * 1e6))])
+        return pw.SQL("strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", ["%+.6f seconds" % offset])
 
     def insert_returning(self):
         """Whether INSERT ... RETURNING works here: PostgreSQL, SQLite 3.35+, MariaDB 10.5+."""

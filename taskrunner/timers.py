@@ -1,11 +1,17 @@
 """Timers of periodic tasks: systemd calendar events (``Mon..Fri *-*-* 07:30``), fixed
 intervals (``every 30s``: anchor + k * interval, no drift) and spans after the previous task
 finished (``after 5min``: TimescaleDB's schedule_interval). ``next_after(base, anchor)`` is
-the first due time after `base`; naive UTC in and out."""
+the first due time after `base`; naive UTC in and out.
+
+A calendar timer written without a zone is stored with the zone it was defined in
+(``timezone``: the defining process's local zone, by its IANA name, else UTC), so every host
+computes the same instants from it."""
 import math
+import re
 from datetime import timedelta, timezone
 
 from .calendar import CalendarError, parse_calendar
+from .calendar.zones import local_zone, named_zone
 from .errors import InputError
 from .timespan import parse_timespan
 
@@ -42,17 +48,43 @@ class AfterFinishTimer(IntervalTimer):
 class CalendarTimer:
     after_finish = False
 
-    def __init__(self, event):
+    def __init__(self, event, zone=None):
         self.event = event
         self.normalized = event.normalized
+        self.zone = zone  # the zone added to a text that named none, or None
 
     def next_after(self, base, anchor=None):
         elapse = self.event.next_after(base.replace(tzinfo=timezone.utc))
         return None if elapse is None else elapse.astimezone(timezone.utc).replace(tzinfo=None)
 
 
-def parse_timer(text):
-    """A timer from its text; InputError says what is wrong."""
+def local_zone_name():
+    """This process's local zone ($TZ, else /etc/localtime) by its IANA name; "UTC" when it
+    has none another host could look up (a POSIX rule string, an unnamed file)."""
+    key = getattr(local_zone().tz, "key", None) or ""
+    if "/zoneinfo/" in key:
+        key = key.split("/zoneinfo/", 1)[1]
+    return key if key and named_zone(key) is not None else "UTC"
+
+
+def _names_zone(event):
+    """Whether a calendar event carries its own zone: its normalized form then ends in it
+    (UTC, an IANA name or a local abbreviation) rather than in the seconds field."""
+    return re.search(r"[A-Za-z]", event.normalized.rsplit(" ", 1)[-1]) is not None
+
+
+def timer_zone(text):
+    """The zone a timer is stored with when defined now: the local zone's name for a
+    calendar timer that names none, else None (an interval, or a zone of its own)."""
+    timer = parse_timer(text)
+    return local_zone_name() if isinstance(timer, CalendarTimer) and timer.zone is None \
+        and not _names_zone(timer.event) else None
+
+
+def parse_timer(text, zone=None):
+    """A timer from its text, a calendar event evaluated in `zone` (an IANA name or "UTC")
+    when the text names no zone of its own; InputError says what is wrong. A zone written
+    as a local abbreviation ("CET") is refused: another host's local zone may not know it."""
     if not isinstance(text, str) or not text.strip():
         raise InputError("invalid timer %r: expected a calendar event, 'every SPAN' or "
                          "'after SPAN'" % (text,))
@@ -69,6 +101,14 @@ def parse_timer(text):
             raise InputError("invalid timer %r: the interval must be at least 1s" % text)
         return kind(seconds, span)
     try:
-        return CalendarTimer(parse_calendar(stripped))
+        event = parse_calendar(stripped)
+        if not _names_zone(event):
+            return CalendarTimer(parse_calendar("%s %s" % (stripped, zone)), zone) \
+                if zone else CalendarTimer(event)
     except CalendarError as exc:
         raise InputError("invalid timer %r: %s" % (text, exc)) from None
+    last = stripped.rsplit(" ", 1)[-1]
+    if last.lower() != "utc" and named_zone(last) is None:
+        raise InputError("invalid timer %r: write the zone as an IANA name (Europe/Berlin) or "
+                         "UTC; %r means different zones on different hosts" % (text, last))
+    return CalendarTimer(event)

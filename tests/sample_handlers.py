@@ -1,6 +1,7 @@
 """Handlers used by the tests. Executions are recorded in a file outside the database
 (one line per execution, appended with O_APPEND), so a test can count them independently."""
 import os
+import select
 import signal
 import time
 
@@ -31,6 +32,16 @@ class Record(TaskHandler):
             time.sleep(run.data["sleep"])
         record(run.data["log"], "%d %d %d" % (run.task_id, run.id, os.getpid()))
         run.results = {"task": run.task_id}
+
+
+class PausedRecord(TaskHandler):
+    """Records its execution after waiting data["sleep"] seconds in select(): a relative
+    timeout, which a host clock shifted by libfaketime leaves alone (its clock_nanosleep,
+    behind time.sleep, does not)."""
+
+    def handle(self, run):
+        select.select([], [], [], run.data["sleep"])
+        record(run.data["log"], "%d %d %d" % (run.task_id, run.id, os.getpid()))
 
 
 class Started(TaskHandler):

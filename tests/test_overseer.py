@@ -21,7 +21,8 @@ import pytest
 from conftest import START_TIMEOUT, Database, runs_of, spawn, utc, wait_for, wait_started
 from sample_handlers import read_records
 from taskrunner import liveness
-from taskrunner.liveness import boot_id, create_time, hostname
+from taskrunner.liveness import boot_id, create_time
+from taskrunner.liveness import default_host_id as hostname
 from taskrunner.models import (OVERSEER, REQUEUED, RUNNER, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
                                Runner, Task, utcnow)
 

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import ok, runs_of, taskrunner, usage_error, wait_for
 from taskrunner import Config, InputError
-from taskrunner.liveness import hostname
+from taskrunner.liveness import default_host_id as hostname
 from taskrunner.models import (CANCELLED, ERROR, SUCCESS, PeriodicTask, Runner, Task,
                                utcnow)
 from taskrunner.periodic import (BUILTIN_ROTATION, PeriodicScheduler, add_periodic, parse_timer,

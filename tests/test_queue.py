@@ -479,12 +479,32 @@ def test_a_claim_committed_after_its_runner_was_marked_dead_is_ended_at_the_next
     assert (task.runs_failed, task.finished_on) == (1, None)     # to be retried, not given up
 
 
-def test_other_hosts_are_dead_by_heartbeat_age(queue):
+def test_other_hosts_are_dead_by_heartbeat_age_on_the_database_clock(queue):
+    """Heartbeats are aged by the database server's clock, whatever the checker's clock
+    says: a checker ten minutes ahead (or behind) declares nobody dead for it."""
     now = utcnow()
-    row = Runner.create(host="elsewhere", boot_id="b", pid=1, pid_create_time=0, started_on=now,
-                        heartbeat_on=now - timedelta(seconds=30), slot=1)
-    assert liveness.refresh_runners(queue.store, now=now) == []
-    assert liveness.refresh_runners(queue.store, now=now + timedelta(seconds=31)) == [row.id]
+    fresh = Runner.create(host="elsewhere", boot_id="b", pid=1, pid_create_time=0,
+                          started_on=now, heartbeat_on=now - timedelta(seconds=30), slot=1)
+    old = Runner.create(host="elsewhere", boot_id="b", pid=2, pid_create_time=0,
+                        started_on=now, heartbeat_on=now - timedelta(seconds=90), slot=2)
+    for skew in (timedelta(minutes=10), -timedelta(minutes=10), timedelta(0)):
+        assert liveness.refresh_runners(queue.store, now=now + skew) in ([], [old.id])
+        assert Runner.get_by_id(fresh.id).status == RUNNING
+    assert Runner.get_by_id(old.id).status == TIMEOUT
+    assert "no heartbeat from elsewhere" in Runner.get_by_id(old.id).exit_reason
+
+
+def test_heartbeats_are_written_with_the_database_clock(queue):
+    """A heartbeat written by a process whose clock is ten minutes behind still carries the
+    server's time, so another host does not see it as ten minutes old."""
+    runner_id = liveness.register(queue.store).id
+    Runner.update(heartbeat_on=utcnow() - timedelta(minutes=10)).where(
+        Runner.id == runner_id).execute()
+    assert liveness.heartbeat(queue.store, runner_id)
+    written = Runner.get_by_id(runner_id).heartbeat_on
+    assert abs((written - utcnow()).total_seconds()) < 5
+    Runner.update(host="elsewhere").where(Runner.id == runner_id).execute()
+    assert liveness.refresh_runners(queue.store, now=utcnow() + timedelta(minutes=10)) == []
 
 
 def test_heartbeats_missed_during_an_outage_count_against_nobody(queue):

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import START_TIMEOUT, process_env, runs_of, taskrunner, wait_for, wait_started
 from sample_handlers import read_records
-from taskrunner.liveness import hostname
+from taskrunner.liveness import default_host_id as hostname
 from taskrunner.models import (ERROR, REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner,
                                Task)
 from taskrunner.runner import Worker

@@ -322,10 +322,11 @@ def test_a_hung_runner_is_noticed_by_its_heartbeat_and_killed_with_its_subproces
              message="the hung runner to be killed")
     assert time.monotonic() - stopped <= 2 + 2 * 0.5 + MACHINE_SLACK
     wait_for(lambda: is_gone(child_pid), timeout=5, message="its handler's subprocess to go too")
-    # The overseer kills first and then records why: the row follows the kill.
-    row = wait_for(lambda: Runner.get_or_none((Runner.pid == runner_pid) &
-                                              (Runner.status == TIMEOUT)),
-                   timeout=5, message="the hung runner's row to be marked")
+    # The overseer kills a hung runner first (on SQLite it may hold the write lock), then
+    # marks its row: wait for the mark.
+    row = wait_for(lambda: Runner.get_or_none((Runner.pid == runner_pid)
+                                              & (Runner.status == TIMEOUT)), timeout=10,
+                   message="the hung runner's row to be marked")
     assert "hung" in row.exit_reason
     run = runs_of(task_id)[0]
     assert (run.status, run.error_code) == (TIMEOUT, "RunnerDied")

@@ -20,7 +20,7 @@ def _idle_runner(database, tmp_path):
     wait_for(lambda: Runner.select().where(Runner.status == RUNNING).count() == 1,
              message="the runner to register")
     # Once registered it claims, finds nothing and waits: give it a moment to get there.
-    directory = wakeup._directory(database.url)
+    directory = wakeup.directory(database.url)
     wait_for(lambda: os.path.isdir(directory) and os.listdir(directory), message="its socket")
     return proc, queue
 
@@ -56,7 +56,7 @@ def test_postgres_notify_wakes_runners_without_the_local_socket(tmp_path, reques
     request.addfinalizer(database.drop)
     # As if the task came from another host: no local wake-up can reach the runner.
     _assert_woken(database, tmp_path,
-                  before_add=lambda: shutil.rmtree(wakeup._directory(database.url)))
+                  before_add=lambda: shutil.rmtree(wakeup.directory(database.url)))
 
 
 @pytest.mark.timeout(90)
@@ -76,7 +76,7 @@ def test_an_idle_runner_listens_again_after_its_connection_was_terminated(tmp_pa
             return [row[0] for row in cur.fetchall()]
 
     def cut():
-        shutil.rmtree(wakeup._directory(database.url))
+        shutil.rmtree(wakeup.directory(database.url))
         [first] = wait_for(listeners, message="the runner to LISTEN")
         with database.admin.cursor() as cur:
             cur.execute("SELECT pg_terminate_backend(%s)", (first,))
