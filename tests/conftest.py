@@ -167,7 +167,7 @@ def pytest_collection_modifyitems(items):
     of one of them starting last and the run waiting for it alone. Within each group the
     order stays as written."""
     for item in items:
-        if item.path.name in ("test_deploy.py", "test_db_restart.py"):  # seconds per test
+        if item.path.name in ("test_deploy.py", "test_db_restart.py", "test_hosts.py"):
             item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
