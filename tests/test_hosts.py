@@ -314,10 +314,19 @@ def test_two_pid_namespaces_sharing_a_hostname_have_different_host_ids():
     reason = _missing()
     if reason:
         pytest.skip(reason)
-    code = "from taskrunner.liveness import default_host_id; print(default_host_id())"
-    ids = [_run("unshare", "--uts", "--pid", "--fork", "--mount-proc", "sh", "-c",
-                "hostname app && %s -c '%s'" % (sys.executable, code)).strip()
-           for _ in range(2)]
-    assert ids[0] != ids[1] and all(i.startswith("app/pidns:") for i in ids)
+    code = ("import sys; from taskrunner.liveness import default_host_id; "
+            "print(default_host_id(), flush=True); sys.stdin.read()")
+    # Both namespaces alive at once, as two containers are: the kernel reuses the inode
+    # number of a namespace that has gone.
+    hosts = [subprocess.Popen(["unshare", "--uts", "--pid", "--fork", "--mount-proc", "sh",
+                               "-c", "hostname app && %s -c '%s'" % (sys.executable, code)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        ids = [host.stdout.readline().strip() for host in hosts]
+    finally:
+        for host in hosts:
+            host.communicate(timeout=30)
+    assert ids[0] != ids[1] and all(i.startswith("app/pidns:") for i in ids), ids
     if os.stat("/proc/self/ns/pid").st_ino == 0xEFFFFFFC:
         assert default_host_id() == os.uname().nodename
