@@ -1,0 +1,260 @@
+"""Read queries of the dashboard and the metrics: filtered task lists, counts, runs finished
+per minute, queue lag, failures grouped by handler and error code, and the per-handler
+figures of the Prometheus collector.
+
+Like `reads`, these functions only read, return plain typed records with aware UTC
+datetimes, and are the only SQL behind the web pages and ``/metrics``. Each is written to
+stay fast on a history of a million runs (bench/dashboard.py times them): lists are
+newest first by id with keyset paging (``before``), and aggregates go through the indexes
+of migration 0010.
+"""
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import peewee as pw
+
+from .errors import InputError
+from .models import (CANCELLED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
+                     as_utc, run_status_is, utcnow)
+from .reads import TaskInfo, aware, task_info
+
+# What the dashboard's status filter offers: the task statuses, and two views of failure.
+STATUS_FILTERS = (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED, ERROR,
+                  TIMEOUT, "failed")
+# Seconds; the buckets of the run duration histogram.
+DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+
+
+@dataclass(frozen=True)
+class TaskFilter:
+    """A filtered view of the tasks; every field optional. `since`/`until` bound the time
+    the task was queued; `periodic_task_id` selects the tasks a periodic task submitted."""
+    status: Optional[str] = None
+    handler: Optional[str] = None
+    since: Optional[datetime] = None
+    until: Optional[datetime] = None
+    periodic_task_id: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.status is not None and self.status not in STATUS_FILTERS:
+            raise InputError("unknown task status %r: expected one of %s"
+                             % (self.status, ", ".join(STATUS_FILTERS)))
+        for value in (self.since, self.until):
+            if value is not None and value.tzinfo is None:
+                raise InputError("task filter times must be aware datetimes")
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of a task list: `tasks` newest first; `next_before` pages on (None at the end)."""
+    tasks: List[TaskInfo]
+    next_before: Optional[int]
+
+
+@dataclass(frozen=True)
+class MinuteCount:
+    """Runs that ended in one minute (`minute` is its start)."""
+    minute: datetime
+    succeeded: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class FailureGroup:
+    """Failed tasks of one handler and error code: how many are given up or retrying, and
+    the latest one's error."""
+    handler: str
+    error_code: Optional[str]
+    given_up: int
+    retrying: int
+    latest_task_id: int
+    latest_error_message: Optional[str]
+    latest_on: Optional[datetime]
+
+
+@dataclass(frozen=True)
+class DurationHistogram:
+    """Finished runs of one handler: cumulative counts at `DURATION_BUCKETS`, their total."""
+    handler: str
+    buckets: Tuple[int, ...]
+    count: int
+    total_seconds: float
+
+
+def _task_conditions(store: Any, view: TaskFilter) -> List[Any]:
+    Task = store.Task
+    conditions = []
+    if view.status == "retrying":
+        conditions.append(Task.last_status.in_(FAILED) & Task.finished_on.is_null())
+    elif view.status == "given-up":
+        conditions.append(Task.last_status.in_(FAILED) & Task.finished_on.is_null(False))
+    elif view.status == "failed":
+        conditions.append(Task.last_status.in_(FAILED))
+    elif view.status is not None:
+        conditions.append(Task.last_status == view.status)
+    if view.handler:
+        conditions.append(Task.handler == view.handler)
+    if view.since is not None:
+        conditions.append(Task.queued_on >= as_utc(view.since))
+    if view.until is not None:
+        conditions.append(Task.queued_on < as_utc(view.until))
+    if view.periodic_task_id is not None:
+        conditions.append(Task.periodic_task_id == view.periodic_task_id)
+    return conditions
+
+
+def find_tasks(store: Any, view: TaskFilter = TaskFilter(), before: Optional[int] = None,
+               limit: int = 50) -> TaskPage:
+    """Tasks matching `view`, newest first, with ids below `before` (keyset paging: a page
+    deep in a long history costs what the first one does)."""
+    Task = store.Task
+    query = Task.select().order_by(Task.id.desc()).limit(limit + 1)
+    conditions = _task_conditions(store, view)
+    if before is not None:
+        conditions.append(Task.id < before)
+    if conditions:
+        query = query.where(*conditions)
+    rows = list(query)
+    tasks = [task_info(row) for row in rows[:limit]]
+    return TaskPage(tasks, tasks[-1].id if len(rows) > limit else None)
+
+
+def matching_task_ids(store: Any, view: TaskFilter, limit: int) -> List[int]:
+    """Ids of up to `limit` tasks matching `view`, newest first (for bulk actions)."""
+    Task = store.Task
+    query = Task.select(Task.id).order_by(Task.id.desc()).limit(limit)
+    conditions = _task_conditions(store, view)
+    if conditions:
+        query = query.where(*conditions)
+    return [task_id for (task_id,) in query.tuples()]
+
+
+def periodic_task_id(store: Any, name: str) -> int:
+    """The id of the periodic task `name` (its submitted tasks carry it)."""
+    PeriodicTask = store.PeriodicTask
+    row = PeriodicTask.select(PeriodicTask.id).where(PeriodicTask.name == name).first()
+    if row is None:
+        raise InputError("no periodic task named %r" % name)
+    return int(row.id)
+
+
+def status_counts(store: Any) -> Dict[str, int]:
+    """Tasks by where they stand: scheduled, running, retrying, given-up, success,
+    cancelled (every status present, 0 when none)."""
+    Task = store.Task
+    counts = {s: 0 for s in (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED)}
+    for status, n in Task.select(Task.last_status, pw.fn.COUNT(Task.id)) \
+            .group_by(Task.last_status).tuples():
+        if status in FAILED:
+            counts["given-up"] += n
+        else:
+            counts[status] = counts.get(status, 0) + n
+    retrying = Task.select().where(
+        Task.last_status.in_(FAILED) & Task.finished_on.is_null()).count()
+    counts["retrying"] += retrying
+    counts["given-up"] -= retrying
+    return counts
+
+
+def _minute(store: Any, column: Any) -> Any:
+    if store.backend == "postgresql":
+        return pw.fn.to_char(pw.fn.date_trunc("minute", column), "YYYY-MM-DD HH24:MI")
+    if store.backend == "mysql":
+        return pw.fn.DATE_FORMAT(column, "%Y-%m-%d %H:%i")
+    return pw.fn.strftime("%Y-%m-%d %H:%M", column)
+
+
+def runs_per_minute(store: Any, minutes: int = 60, now: Optional[datetime] = None
+                    ) -> List[MinuteCount]:
+    """Runs that ended succeeded or failed in each of the last `minutes` minutes, oldest
+    first, the current minute last (every minute present)."""
+    Run = store.Run
+    now = as_utc(now) if now else utcnow()
+    current = now.replace(second=0, microsecond=0)
+    first = current - timedelta(minutes=minutes - 1)
+    bucket = _minute(store, Run.finished_on)
+    counts: Dict[Tuple[str, str], int] = {}
+    query = (Run.select(bucket.alias("m"), Run.status, pw.fn.COUNT(Run.id))
+             .where((Run.finished_on >= first) & Run.status.in_((SUCCESS,) + FAILED))
+             .group_by(bucket, Run.status).tuples())
+    for minute, status, n in query:
+        key = (minute, SUCCESS if status == SUCCESS else ERROR)
+        counts[key] = counts.get(key, 0) + n
+    result = []
+    for i in range(minutes):
+        at = first + timedelta(minutes=i)
+        label = at.strftime("%Y-%m-%d %H:%M")
+        result.append(MinuteCount(aware(at), counts.get((label, SUCCESS), 0),
+                                  counts.get((label, ERROR), 0)))
+    return result
+
+
+def queue_lag(store: Any, now: Optional[datetime] = None) -> float:
+    """Seconds since the oldest due run was due (0 when none waits)."""
+    Run = store.Run
+    now = as_utc(now) if now else utcnow()
+    oldest = Run.select(pw.fn.MIN(Run.scheduled_on)).where(
+        run_status_is(Run, SCHEDULED) & (Run.scheduled_on <= now)).scalar()
+    if oldest is None:
+        return 0.0
+    if isinstance(oldest, str):       # SQLite returns an aggregate's datetime as text
+        oldest = datetime.fromisoformat(oldest)
+    return max(0.0, (now - oldest).total_seconds())
+
+
+def failure_groups(store: Any, handler: Optional[str] = None) -> List[FailureGroup]:
+    """Failed tasks (given up or retrying) grouped by handler and error code, the largest
+    group first."""
+    Task = store.Task
+    retrying = pw.fn.SUM(pw.Case(None, [(Task.finished_on.is_null(), 1)], 0))
+    query = (Task.select(Task.handler, Task.last_error_code, pw.fn.COUNT(Task.id),
+                         retrying, pw.fn.MAX(Task.id))
+             .where(Task.last_status.in_(FAILED))
+             .group_by(Task.handler, Task.last_error_code))
+    if handler:
+        query = query.where(Task.handler == handler)
+    groups = list(query.tuples())
+    latest = {row.id: row for row in Task.select(
+        Task.id, Task.last_error_message, Task.updated_on).where(
+        Task.id.in_([g[4] for g in groups]))} if groups else {}
+    result = []
+    for name, code, n, n_retrying, latest_id in groups:
+        row = latest[latest_id]
+        result.append(FailureGroup(name, code, int(n) - int(n_retrying), int(n_retrying),
+                                   latest_id, row.last_error_message, aware(row.updated_on)))
+    result.sort(key=lambda g: (-(g.given_up + g.retrying), g.handler, g.error_code or ""))
+    return result
+
+
+def runs_ended_by_handler(store: Any) -> List[Tuple[str, str, int]]:
+    """(handler, final run status, runs) over the runs in the database."""
+    Task, Run = store.Task, store.Run
+    query = (Run.select(Task.handler, Run.status, pw.fn.COUNT(Run.id))
+             .join(Task, on=(Run.task_id == Task.id))
+             .where(Run.finished_on.is_null(False))
+             .group_by(Task.handler, Run.status).tuples())
+    return [(h, s, int(n)) for h, s, n in query]
+
+
+def _seconds_between(store: Any, start: Any, end: Any) -> Any:
+    if store.backend == "postgresql":
+        return pw.fn.date_part("epoch", end - start)
+    if store.backend == "mysql":
+        return pw.fn.TIMESTAMPDIFF(pw.SQL("MICROSECOND"), start, end) / 1e6
+    return (pw.fn.julianday(end) - pw.fn.julianday(start)) * 86400.0
+
+
+def duration_histograms(store: Any, buckets: Sequence[float] = DURATION_BUCKETS
+                        ) -> List[DurationHistogram]:
+    """Per handler, the durations of the finished runs that started, as a cumulative
+    histogram (one pass over the runs, counted by the database)."""
+    Task, Run = store.Task, store.Run
+    seconds = _seconds_between(store, Run.started_on, Run.finished_on)
+    columns = [pw.fn.SUM(pw.Case(None, [(seconds <= bound, 1)], 0)) for bound in buckets]
+    query = (Run.select(Task.handler, pw.fn.COUNT(Run.id), pw.fn.SUM(seconds), *columns)
+             .join(Task, on=(Run.task_id == Task.id))
+             .where(Run.finished_on.is_null(False) & Run.started_on.is_null(False))
+             .group_by(Task.handler).tuples())
+    return [DurationHistogram(row[0], tuple(int(n or 0) for n in row[3:]), int(row[1]),
+                              float(row[2] or 0.0)) for row in query]
