@@ -177,8 +177,11 @@ def runs_per_minute(store: Any, minutes: int = 60, now: Optional[datetime] = Non
     counts: Dict[Tuple[str, str], int] = {}
     query = (Run.select(bucket.alias("m"), Run.status, pw.fn.COUNT(Run.id))
              .where((Run.finished_on >= first) & Run.status.in_((SUCCESS,) + FAILED))
-             .group_by(bucket, Run.status).tuples())
+             .group_by(pw.SQL("1"), pw.SQL("2")).tuples())   # the bucket's parameters
+                                                             # are bound: name it by position
     for minute, status, n in query:
+        if isinstance(minute, datetime):    # the column's converter may parse it back
+            minute = minute.strftime("%Y-%m-%d %H:%M")
         key = (minute, SUCCESS if status == SUCCESS else ERROR)
         counts[key] = counts.get(key, 0) + n
     result = []

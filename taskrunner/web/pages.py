@@ -223,7 +223,8 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
              ("Run timeout", span(t.run_timeout)), ("Max runtime", span(t.max_runtime)),
              ("Unique key", e(t.unique_key)),
              ("Periodic task", e(t.periodic_task_id)),
-             ("Last error", "%s %s" % (e(t.last_error_code), e(t.last_error_message)))]
+             ("Last error", '<span class="err">%s</span> %s' % (
+                 e(t.last_error_code), e(t.last_error_message)) if t.last_error_code else "")]
     facts_html = "".join("<dt>%s</dt><dd>%s</dd>" % (k, v) for k, v in facts if v)
     rows = []
     for r in reversed(runs):
