@@ -72,6 +72,7 @@ dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 4px 16px;
            border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px; }
 dl.facts dt { color: var(--muted); } dl.facts dd { margin: 0; }
 .empty { padding: 8px 0; }
+code, time { white-space: nowrap; }
 """
 
 JS = """
