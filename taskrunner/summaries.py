@@ -8,6 +8,7 @@ stay fast on a history of a million runs (bench/dashboard.py times them): lists 
 newest first by id with keyset paging (``before``), and aggregates go through the indexes
 of migration 0010.
 """
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -15,8 +16,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import peewee as pw
 
 from .errors import InputError
-from .models import (CANCELLED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
-                     as_utc, run_status_is, utcnow)
+from .models import (CANCELLED, ERROR, FAILED, RUN_STATUSES, RUNNING, SCHEDULED, SUCCESS,
+                     TIMEOUT, as_utc, run_status_is, utcnow)
 from .reads import TaskInfo, aware, task_info
 
 # What the dashboard's status filter offers: the task statuses, and two views of failure.
@@ -110,6 +111,10 @@ def find_tasks(store: Any, view: TaskFilter = TaskFilter(), before: Optional[int
     deep in a long history costs what the first one does)."""
     Task = store.Task
     query = Task.select().order_by(Task.id.desc()).limit(limit + 1)
+    if view.since is not None or view.until is not None:
+        # Newest first by the queued time the range bounds (its index, read in order): the
+        # same order as by id, but read from the index instead of sorting the range.
+        query = query.order_by(Task.queued_on.desc(), Task.id.desc())
     conditions = _task_conditions(store, view)
     if before is not None:
         conditions.append(Task.id < before)
@@ -141,15 +146,19 @@ def periodic_task_id(store: Any, name: str) -> int:
 
 def status_counts(store: Any) -> Dict[str, int]:
     """Tasks by where they stand: scheduled, running, retrying, given-up, success,
-    cancelled (every status present, 0 when none)."""
+    cancelled (every status present, 0 when none).
+
+    Succeeded tasks are most of a long history: they are counted as all tasks less the
+    others, whose few index entries are read by status (migration 0010)."""
     Task = store.Task
     counts = {s: 0 for s in (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED)}
-    for status, n in Task.select(Task.last_status, pw.fn.COUNT(Task.id)) \
-            .group_by(Task.last_status).tuples():
-        if status in FAILED:
-            counts["given-up"] += n
-        else:
-            counts[status] = counts.get(status, 0) + n
+    total = Task.select(pw.fn.COUNT(pw.SQL("*"))).scalar() or 0
+    others = [s for s in RUN_STATUSES if s != SUCCESS]
+    for status, n in Task.select(Task.last_status, pw.fn.COUNT(pw.SQL("*"))).where(
+            Task.last_status.in_(others)).group_by(Task.last_status).tuples():
+        counts["given-up" if status in FAILED else status] = \
+            counts.get("given-up" if status in FAILED else status, 0) + n
+    counts[SUCCESS] = total - sum(counts.values())
     retrying = Task.select().where(
         Task.last_status.in_(FAILED) & Task.finished_on.is_null()).count()
     counts["retrying"] += retrying
@@ -211,9 +220,12 @@ def failure_groups(store: Any, handler: Optional[str] = None) -> List[FailureGro
     group first."""
     Task = store.Task
     retrying = pw.fn.SUM(pw.Case(None, [(Task.finished_on.is_null(), 1)], 0))
-    query = (Task.select(Task.handler, Task.last_error_code, pw.fn.COUNT(Task.id),
+    # Written out, not bound: SQLite and PostgreSQL use the partial index of failed tasks
+    # (migration 0010) only for a query that names its predicate.
+    failed = pw.SQL("last_status IN ('%s')" % "', '".join(FAILED))
+    query = (Task.select(Task.handler, Task.last_error_code, pw.fn.COUNT(pw.SQL("*")),
                          retrying, pw.fn.MAX(Task.id))
-             .where(Task.last_status.in_(FAILED))
+             .where(failed)
              .group_by(Task.handler, Task.last_error_code))
     if handler:
         query = query.where(Task.handler == handler)
@@ -230,12 +242,23 @@ def failure_groups(store: Any, handler: Optional[str] = None) -> List[FailureGro
     return result
 
 
-def runs_ended_by_handler(store: Any) -> List[Tuple[str, str, int]]:
-    """(handler, final run status, runs) over the runs in the database."""
+def _finished_between(Run: Any, since: Optional[datetime], until: Optional[datetime]) -> Any:
+    condition = Run.finished_on.is_null(False)
+    if since is not None:
+        condition &= Run.finished_on >= since
+    if until is not None:
+        condition &= Run.finished_on < until
+    return condition
+
+
+def runs_ended_by_handler(store: Any, since: Optional[datetime] = None,
+                          until: Optional[datetime] = None) -> List[Tuple[str, str, int]]:
+    """(handler, final run status, runs) over the runs in the database that finished in
+    [since, until) (naive UTC; None: unbounded)."""
     Task, Run = store.Task, store.Run
     query = (Run.select(Task.handler, Run.status, pw.fn.COUNT(Run.id))
              .join(Task, on=(Run.task_id == Task.id))
-             .where(Run.finished_on.is_null(False))
+             .where(_finished_between(Run, since, until))
              .group_by(Task.handler, Run.status).tuples())
     return [(h, s, int(n)) for h, s, n in query]
 
@@ -248,16 +271,50 @@ def _seconds_between(store: Any, start: Any, end: Any) -> Any:
     return (pw.fn.julianday(end) - pw.fn.julianday(start)) * 86400.0
 
 
-def duration_histograms(store: Any, buckets: Sequence[float] = DURATION_BUCKETS
+def duration_histograms(store: Any, buckets: Sequence[float] = DURATION_BUCKETS,
+                        since: Optional[datetime] = None, until: Optional[datetime] = None
                         ) -> List[DurationHistogram]:
-    """Per handler, the durations of the finished runs that started, as a cumulative
-    histogram (one pass over the runs, counted by the database)."""
+    """Per handler, the durations of the runs that started and finished in [since, until),
+    as a cumulative histogram (one pass over the runs, counted by the database)."""
     Task, Run = store.Task, store.Run
     seconds = _seconds_between(store, Run.started_on, Run.finished_on)
     columns = [pw.fn.SUM(pw.Case(None, [(seconds <= bound, 1)], 0)) for bound in buckets]
     query = (Run.select(Task.handler, pw.fn.COUNT(Run.id), pw.fn.SUM(seconds), *columns)
              .join(Task, on=(Run.task_id == Task.id))
-             .where(Run.finished_on.is_null(False) & Run.started_on.is_null(False))
+             .where(_finished_between(Run, since, until) & Run.started_on.is_null(False))
              .group_by(Task.handler).tuples())
     return [DurationHistogram(row[0], tuple(int(n or 0) for n in row[3:]), int(row[1]),
                               float(row[2] or 0.0)) for row in query]
+
+
+class RunTotals:
+    """`runs_ended_by_handler` and `duration_histograms` over the whole history, kept by a
+    long-lived process (the dashboard) and brought up to date from the runs that finished
+    since its last look: the first `refresh` reads every run, later ones only the new
+    ones (the finished_on index). Runs are counted once they have been finished for
+    `margin` seconds, so that one committed a little after its finished_on is not missed."""
+
+    def __init__(self, margin: float = 10.0) -> None:
+        self.margin = timedelta(seconds=margin)
+        self.until: Optional[datetime] = None
+        self.ended: Dict[Tuple[str, str], int] = {}
+        self.durations: Dict[str, DurationHistogram] = {}
+        self.lock = threading.Lock()
+
+    def refresh(self, store: Any, now: Optional[datetime] = None
+                ) -> Tuple[List[Tuple[str, str, int]], List[DurationHistogram]]:
+        with self.lock:
+            until = (as_utc(now) if now else utcnow()) - self.margin
+            since = self.until
+            for handler, status, n in runs_ended_by_handler(store, since, until):
+                self.ended[(handler, status)] = self.ended.get((handler, status), 0) + n
+            for h in duration_histograms(store, since=since, until=until):
+                old = self.durations.get(h.handler)
+                if old is not None:
+                    h = DurationHistogram(h.handler, tuple(
+                        a + b for a, b in zip(old.buckets, h.buckets)), old.count + h.count,
+                        old.total_seconds + h.total_seconds)
+                self.durations[h.handler] = h
+            self.until = until
+            return ([(h, s, n) for (h, s), n in sorted(self.ended.items())],
+                    [self.durations[h] for h in sorted(self.durations)])

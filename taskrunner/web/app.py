@@ -10,6 +10,7 @@ import logging
 import re
 import socketserver
 import sys
+import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -56,6 +57,7 @@ class Dashboard:
     def __init__(self, store: Any, guard: Guard, read_only: bool = False):
         self.store, self.guard, self.read_only = store, guard, read_only
         self.view = pages.View(store, guard.csrf_token, read_only)
+        self.totals = summaries.RunTotals()
 
     def __call__(self, environ: Dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         try:
@@ -97,7 +99,7 @@ class Dashboard:
         if path == "/metrics":
             from .metrics import exposition
             return "200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")], \
-                exposition(self.store)
+                exposition(self.store, self.totals)
         if path == "/api/parts":
             return "200 OK", [("Content-Type", "application/json")], json.dumps(
                 pages.live_parts(self.view, params)).encode()
@@ -173,6 +175,15 @@ class Dashboard:
         return _redirect("/tasks?" + urlencode(dict(pages.filter_params(form), notice=notice)))
 
 
+def _warm(app: "Dashboard") -> None:
+    try:
+        app.totals.refresh(app.store)
+    except Exception:    # the first scrape will try again and report it
+        log.exception("reading the run totals for /metrics failed")
+    finally:
+        app.store.close()
+
+
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -201,6 +212,9 @@ def serve(store: Any, dashboard_config: Any, bind: Optional[str] = None,
         shown, server.server_port, "password required" if guard.required else
         "no authentication: local connections only", ", read-only" if only_read else ""),
         flush=True)
+    # Read the run totals of /metrics once now: on a long history the first look is the
+    # slow one, and a scrape should not wait for it.
+    threading.Thread(target=_warm, args=(app,), name="metrics-warm-up", daemon=True).start()
     if ready is not None:
         ready(server)
     try:

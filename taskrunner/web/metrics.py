@@ -2,10 +2,13 @@
 functions), so every figure, counters included, comes from what the database holds and
 survives any restart of the process serving it.
 
-Counters count the runs still in the database: rotation deletes old ones, which a
-Prometheus ``rate()`` treats as a counter reset.
+The run counters and the duration histogram are totals over the runs in the database,
+which the dashboard keeps between scrapes and brings up to date from the runs finished
+since (`summaries.RunTotals`): they count a run about ten seconds after it ended. A
+restarted dashboard reads them again from the database (the same figures, less what
+rotation deleted meanwhile, which Prometheus' ``rate()`` treats as a counter reset).
 """
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
@@ -18,8 +21,10 @@ from .html import now
 class StoreCollector:
     """Every metric of one store, read when Prometheus scrapes."""
 
-    def __init__(self, store: Any):
+    def __init__(self, store: Any, totals: Optional[summaries.RunTotals] = None):
         self.store = store
+        # The dashboard keeps its totals between scrapes; `taskrunner metrics` reads all.
+        self.totals = totals or summaries.RunTotals(margin=0.0)
 
     def collect(self) -> Iterator[Any]:
         store = self.store
@@ -30,13 +35,14 @@ class StoreCollector:
 
         ended = CounterMetricFamily("taskrunner_runs_ended", "Runs ended, by handler and final "
                                     "status (runs in the database).", labels=["handler", "status"])
-        for handler, status, n in summaries.runs_ended_by_handler(store):
+        ended_runs, histograms = self.totals.refresh(store)
+        for handler, status, n in ended_runs:
             ended.add_metric([handler, status], n)
         yield ended
 
         duration = HistogramMetricFamily("taskrunner_run_duration_seconds", "Duration of the "
                                          "finished runs, by handler.", labels=["handler"])
-        for h in summaries.duration_histograms(store):
+        for h in histograms:
             buckets = [(repr(float(b)), n) for b, n in zip(summaries.DURATION_BUCKETS,
                                                             h.buckets)]
             duration.add_metric([h.handler], buckets + [("+Inf", h.count)], h.total_seconds)
@@ -79,8 +85,8 @@ class StoreCollector:
         yield enabled
 
 
-def exposition(store: Any) -> bytes:
+def exposition(store: Any, totals: Optional[summaries.RunTotals] = None) -> bytes:
     """The metrics of `store` in the Prometheus text format."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(store))  # type: ignore[arg-type]
+    registry.register(StoreCollector(store, totals))  # type: ignore[arg-type]
     return generate_latest(registry)
