@@ -83,15 +83,22 @@ class DurationHistogram:
     total_seconds: float
 
 
+def _failed() -> Any:
+    """``last_status IN ('error', 'timeout')`` written out, not bound: SQLite and PostgreSQL
+    use the partial index of failed tasks (migration 0010) only for a query that names its
+    predicate. For queries of task_queue alone (the column is not qualified)."""
+    return pw.SQL("last_status IN ('%s')" % "', '".join(FAILED))
+
+
 def _task_conditions(store: Any, view: TaskFilter) -> List[Any]:
     Task = store.Task
     conditions = []
     if view.status == "retrying":
-        conditions.append(Task.last_status.in_(FAILED) & Task.finished_on.is_null())
+        conditions.append(_failed() & Task.finished_on.is_null())
     elif view.status == "given-up":
-        conditions.append(Task.last_status.in_(FAILED) & Task.finished_on.is_null(False))
+        conditions.append(_failed() & Task.finished_on.is_null(False))
     elif view.status == "failed":
-        conditions.append(Task.last_status.in_(FAILED))
+        conditions.append(_failed())
     elif view.status is not None:
         conditions.append(Task.last_status == view.status)
     if view.handler:
@@ -159,8 +166,8 @@ def status_counts(store: Any) -> Dict[str, int]:
         counts["given-up" if status in FAILED else status] = \
             counts.get("given-up" if status in FAILED else status, 0) + n
     counts[SUCCESS] = total - sum(counts.values())
-    retrying = Task.select().where(
-        Task.last_status.in_(FAILED) & Task.finished_on.is_null()).count()
+    retrying = Task.select(pw.fn.COUNT(pw.SQL("*"))).where(
+        _failed() & Task.finished_on.is_null()).scalar() or 0
     counts["retrying"] += retrying
     counts["given-up"] -= retrying
     return counts
@@ -220,12 +227,9 @@ def failure_groups(store: Any, handler: Optional[str] = None) -> List[FailureGro
     group first."""
     Task = store.Task
     retrying = pw.fn.SUM(pw.Case(None, [(Task.finished_on.is_null(), 1)], 0))
-    # Written out, not bound: SQLite and PostgreSQL use the partial index of failed tasks
-    # (migration 0010) only for a query that names its predicate.
-    failed = pw.SQL("last_status IN ('%s')" % "', '".join(FAILED))
     query = (Task.select(Task.handler, Task.last_error_code, pw.fn.COUNT(pw.SQL("*")),
                          retrying, pw.fn.MAX(Task.id))
-             .where(failed)
+             .where(_failed())
              .group_by(Task.handler, Task.last_error_code))
     if handler:
         query = query.where(Task.handler == handler)

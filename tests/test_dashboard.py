@@ -187,3 +187,32 @@ def test_task_data_is_escaped_and_no_page_shows_the_database_password(sqlite_db)
     finally:
         served.stop()
         queue.close()
+
+
+def test_dashboard_command_serves_and_says_how_it_is_protected(sqlite_db, tmp_path):
+    """`taskrunner dashboard` as a process: the line it prints at start, the pages, the
+    password it requires off loopback."""
+    import os
+    import select
+    import signal
+    import time
+    config = sqlite_db.write_config(tmp_path / "c.toml",
+                                    '[dashboard]\npassword_env = "DASH_PW"\n')
+    proc = subprocess.Popen([sys.executable, "-m", "taskrunner", "--config", config,
+                             "dashboard", "--bind", "0.0.0.0:0", "--read-only"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=process_env({"DASH_PW": "pw"}), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        line = ""
+        while not line and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stdout], [], [], 0.5)[0]:
+                line = proc.stdout.readline()
+        assert "password required" in line and "read-only" in line, (line, proc.poll())
+        port = int(re.search(r":(\d+)/", line).group(1))
+        assert fetch("http://127.0.0.1:%d/" % port)[0] == 401
+        status, body, _ = fetch("http://127.0.0.1:%d/tasks" % port, password="pw")
+        assert status == 200 and "Tasks" in body
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)

@@ -1,16 +1,16 @@
 """The dashboard as a WSGI application on the standard library's threading HTTP server: a
 small router, the password check, CSRF-checked actions, and ``/metrics``.
 
-Every request runs on a thread of its own with its own database connection, closed when
-the request ends. Actions are POSTs carrying the page's CSRF token (and, when the browser
+Requests are served by a fixed set of worker threads, each keeping its own database
+connection (closed after an error, opened again by the next request). Actions are POSTs carrying the page's CSRF token (and, when the browser
 sends one, an Origin of this host); bulk actions show a confirmation page first.
 """
 import json
 import logging
 import re
-import socketserver
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -62,8 +62,11 @@ class Dashboard:
     def __call__(self, environ: Dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         try:
             code, headers, body = self.respond(environ)
-        finally:
-            self.store.close()     # this thread's connection; the next request opens its own
+        except BaseException:
+            # This worker's connection may be broken (a server restart): the worker's next
+            # request opens a new one. Otherwise each worker keeps its connection.
+            self.store.close()
+            raise
         start_response(code, headers + HEADERS + [("Content-Length", str(len(body)))])
         return [body]
 
@@ -184,9 +187,31 @@ def _warm(app: "Dashboard") -> None:
         app.store.close()
 
 
-class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+class _Server(WSGIServer):
+    """Requests handled by a fixed set of worker threads, each with its own database
+    connection kept from one request to the next (connecting to PostgreSQL costs more than
+    most pages)."""
     allow_reuse_address = True
+    workers = 8
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="dashboard")
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.pool.submit(self._handle, request, client_address)
+
+    def _handle(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.pool.shutdown(wait=False)
 
 
 class _Handler(WSGIRequestHandler):
