@@ -151,21 +151,27 @@ def periodic_task_id(store: Any, name: str) -> int:
     return int(row.id)
 
 
-def status_counts(store: Any) -> Dict[str, int]:
-    """Tasks by where they stand: scheduled, running, retrying, given-up, success,
-    cancelled (every status present, 0 when none).
+def succeeded_count(store: Any) -> int:
+    """Tasks that succeeded: most of a long history, so the costly count (a long range of
+    the status index); a long-lived reader keeps it a few seconds (`status_counts`)."""
+    Task = store.Task
+    return int(Task.select(pw.fn.COUNT(pw.SQL("*"))).where(
+        Task.last_status == SUCCESS).scalar() or 0)
 
-    Succeeded tasks are most of a long history: they are counted as all tasks less the
-    others, whose few index entries are read by status (migration 0010)."""
+
+def status_counts(store: Any, succeeded: Optional[int] = None) -> Dict[str, int]:
+    """Tasks by where they stand: scheduled, running, retrying, given-up, success,
+    cancelled (every status present, 0 when none). The statuses other than success are
+    few index entries, read every time; `succeeded` is the caller's recent
+    `succeeded_count`, or None to count them now."""
     Task = store.Task
     counts = {s: 0 for s in (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED)}
-    total = Task.select(pw.fn.COUNT(pw.SQL("*"))).scalar() or 0
     others = [s for s in RUN_STATUSES if s != SUCCESS]
     for status, n in Task.select(Task.last_status, pw.fn.COUNT(pw.SQL("*"))).where(
             Task.last_status.in_(others)).group_by(Task.last_status).tuples():
-        counts["given-up" if status in FAILED else status] = \
-            counts.get("given-up" if status in FAILED else status, 0) + n
-    counts[SUCCESS] = total - sum(counts.values())
+        key = "given-up" if status in FAILED else status
+        counts[key] = counts.get(key, 0) + n
+    counts[SUCCESS] = succeeded_count(store) if succeeded is None else succeeded
     retrying = Task.select(pw.fn.COUNT(pw.SQL("*"))).where(
         _failed() & Task.finished_on.is_null()).scalar() or 0
     counts["retrying"] += retrying

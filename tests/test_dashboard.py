@@ -31,7 +31,8 @@ def history(queue):
     due = queue.add_task("taskrunner.handlers.Echo", {"due": True},
                          scheduled_on=utc(utcnow()) - timedelta(seconds=30))
     queue.process_queue()
-    later = queue.add_task("taskrunner.handlers.Echo", scheduled_on=utc(utcnow()) + timedelta(days=1))
+    later = queue.add_task("taskrunner.handlers.Echo",
+                           scheduled_on=utc(utcnow()) + timedelta(days=1))
     return dict(done=done, failed=failed, retrying=retrying, due=due, later=later)
 
 

@@ -1,9 +1,10 @@
-"""The dashboard as a WSGI application on the standard library's threading HTTP server: a
+"""The dashboard as a WSGI application on the standard library's HTTP server: a
 small router, the password check, CSRF-checked actions, and ``/metrics``.
 
 Requests are served by a fixed set of worker threads, each keeping its own database
-connection (closed after an error, opened again by the next request). Actions are POSTs carrying the page's CSRF token (and, when the browser
-sends one, an Origin of this host); bulk actions show a confirmation page first.
+connection (closed after an error, opened again by the next request). Actions are POSTs
+carrying the page's CSRF token (and, when the browser sends one, an Origin of this host);
+bulk actions show a confirmation page first.
 """
 import json
 import logging
@@ -56,8 +57,9 @@ class Dashboard:
 
     def __init__(self, store: Any, guard: Guard, read_only: bool = False):
         self.store, self.guard, self.read_only = store, guard, read_only
-        self.view = pages.View(store, guard.csrf_token, read_only)
         self.totals = summaries.RunTotals()
+        self.succeeded: Optional[int] = None      # kept by `keep_counts`
+        self.view = pages.View(store, guard.csrf_token, read_only, lambda: self.succeeded)
 
     def __call__(self, environ: Dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         try:
@@ -102,7 +104,7 @@ class Dashboard:
         if path == "/metrics":
             from .metrics import exposition
             return "200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")], \
-                exposition(self.store, self.totals)
+                exposition(self.store, self.totals, self.succeeded)
         if path == "/api/parts":
             return "200 OK", [("Content-Type", "application/json")], json.dumps(
                 pages.live_parts(self.view, params)).encode()
@@ -178,13 +180,23 @@ class Dashboard:
         return _redirect("/tasks?" + urlencode(dict(pages.filter_params(form), notice=notice)))
 
 
-def _warm(app: "Dashboard") -> None:
-    try:
-        app.totals.refresh(app.store)
-    except Exception:    # the first scrape will try again and report it
-        log.exception("reading the run totals for /metrics failed")
-    finally:
-        app.store.close()
+def keep_counts(app: "Dashboard", stop: threading.Event, interval: float = 5.0) -> None:
+    """The slow counts, kept by a thread of their own so that no request waits for them:
+    the succeeded tasks (every `interval` seconds) and, once at start, the run totals of
+    /metrics (the first look reads every run)."""
+    first = True
+    while not stop.is_set():
+        try:
+            app.succeeded = summaries.succeeded_count(app.store)
+            if first:
+                app.totals.refresh(app.store)
+                first = False
+        except Exception:  # noqa: BLE001 - the pages count by themselves meanwhile
+            log.exception("counting the succeeded tasks failed")
+            app.succeeded = None
+            app.store.close()
+        stop.wait(interval)
+    app.store.close()
 
 
 class _Server(WSGIServer):
@@ -237,14 +249,15 @@ def serve(store: Any, dashboard_config: Any, bind: Optional[str] = None,
         shown, server.server_port, "password required" if guard.required else
         "no authentication: local connections only", ", read-only" if only_read else ""),
         flush=True)
-    # Read the run totals of /metrics once now: on a long history the first look is the
-    # slow one, and a scrape should not wait for it.
-    threading.Thread(target=_warm, args=(app,), name="metrics-warm-up", daemon=True).start()
+    stop = threading.Event()
+    threading.Thread(target=keep_counts, args=(app, stop), name="dashboard-counts",
+                     daemon=True).start()
     if ready is not None:
         ready(server)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
+        stop.set()
         server.server_close()
         sys.stdout.flush()
     return 0

@@ -21,15 +21,16 @@ from .html import now
 class StoreCollector:
     """Every metric of one store, read when Prometheus scrapes."""
 
-    def __init__(self, store: Any, totals: Optional[summaries.RunTotals] = None):
-        self.store = store
+    def __init__(self, store: Any, totals: Optional[summaries.RunTotals] = None,
+                 succeeded: Optional[int] = None):
+        self.store, self.succeeded = store, succeeded
         # The dashboard keeps its totals between scrapes; `taskrunner metrics` reads all.
         self.totals = totals or summaries.RunTotals(margin=0.0)
 
     def collect(self) -> Iterator[Any]:
         store = self.store
         tasks = GaugeMetricFamily("taskrunner_tasks", "Tasks by status.", labels=["status"])
-        for status, n in summaries.status_counts(store).items():
+        for status, n in summaries.status_counts(store, self.succeeded).items():
             tasks.add_metric([status], n)
         yield tasks
 
@@ -85,8 +86,9 @@ class StoreCollector:
         yield enabled
 
 
-def exposition(store: Any, totals: Optional[summaries.RunTotals] = None) -> bytes:
+def exposition(store: Any, totals: Optional[summaries.RunTotals] = None,
+               succeeded: Optional[int] = None) -> bytes:
     """The metrics of `store` in the Prometheus text format."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(store, totals))  # type: ignore[arg-type]
+    registry.register(StoreCollector(store, totals, succeeded))  # type: ignore[arg-type]
     return generate_latest(registry)

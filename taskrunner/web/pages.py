@@ -20,8 +20,11 @@ PAGE_SIZE = 50
 class View:
     """What every page needs: the store, the CSRF token, whether actions are offered."""
 
-    def __init__(self, store: Any, csrf: str, read_only: bool):
+    def __init__(self, store: Any, csrf: str, read_only: bool,
+                 succeeded: Optional[Any] = None):
         self.store, self.csrf, self.read_only = store, csrf, read_only
+        # () -> the recent count of succeeded tasks the server keeps, or None
+        self.succeeded = succeeded or (lambda: None)
 
     def action(self, path: str, button: str, fields: Optional[dict] = None, css: str = "") -> str:
         return "" if self.read_only else csrf_form(path, self.csrf, button, fields, css)
@@ -57,7 +60,7 @@ def filter_params(params: Mapping[str, str]) -> Dict[str, str]:
 
 def overview_live(view: View, params: Mapping[str, str]) -> str:
     store = view.store
-    counts = summaries.status_counts(store)
+    counts = summaries.status_counts(store, view.succeeded())
     tiles = "".join(
         '<a class="tile tile-%s" href="/tasks%s"><span class="n">%d</span><span>%s</span></a>'
         % (e(name), e(query(status=name)), n, e(name.replace("-", " ")))
