@@ -16,8 +16,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import peewee as pw
 
 from .errors import InputError
-from .models import (CANCELLED, ERROR, FAILED, RUN_STATUSES, RUNNING, SCHEDULED, SUCCESS,
-                     TIMEOUT, as_utc, run_status_is, utcnow)
+from .models import (CANCELLED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
+                     as_utc, run_status_is, utcnow)
 from .reads import TaskInfo, aware, task_info
 
 # What the dashboard's status filter offers: the task statuses, and two views of failure.
@@ -90,6 +90,12 @@ def _failed() -> Any:
     return pw.SQL("last_status IN ('%s')" % "', '".join(FAILED))
 
 
+def _not_succeeded() -> Any:
+    """``last_status <> 'success'`` written out: the predicate of the partial status index
+    (migration 0010), named by every query that should read it."""
+    return pw.SQL("last_status <> '%s'" % SUCCESS)
+
+
 def _task_conditions(store: Any, view: TaskFilter) -> List[Any]:
     Task = store.Task
     conditions = []
@@ -99,8 +105,10 @@ def _task_conditions(store: Any, view: TaskFilter) -> List[Any]:
         conditions.append(_failed() & Task.finished_on.is_null(False))
     elif view.status == "failed":
         conditions.append(_failed())
+    elif view.status == SUCCESS:
+        conditions.append(Task.last_status == SUCCESS)
     elif view.status is not None:
-        conditions.append(Task.last_status == view.status)
+        conditions.append(_not_succeeded() & (Task.last_status == view.status))
     if view.handler:
         conditions.append(Task.handler == view.handler)
     if view.since is not None:
@@ -152,11 +160,13 @@ def periodic_task_id(store: Any, name: str) -> int:
 
 
 def succeeded_count(store: Any) -> int:
-    """Tasks that succeeded: most of a long history, so the costly count (a long range of
-    the status index); a long-lived reader keeps it a few seconds (`status_counts`)."""
+    """Tasks that succeeded: all tasks (the smallest index) less the others (the partial
+    status index). Still the costly count on a long history: a long-lived reader keeps it
+    a few seconds (`status_counts`)."""
     Task = store.Task
-    return int(Task.select(pw.fn.COUNT(pw.SQL("*"))).where(
-        Task.last_status == SUCCESS).scalar() or 0)
+    total = Task.select(pw.fn.COUNT(pw.SQL("*"))).scalar() or 0
+    others = Task.select(pw.fn.COUNT(pw.SQL("*"))).where(_not_succeeded()).scalar() or 0
+    return int(total) - int(others)
 
 
 def status_counts(store: Any, succeeded: Optional[int] = None) -> Dict[str, int]:
@@ -166,9 +176,8 @@ def status_counts(store: Any, succeeded: Optional[int] = None) -> Dict[str, int]
     `succeeded_count`, or None to count them now."""
     Task = store.Task
     counts = {s: 0 for s in (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED)}
-    others = [s for s in RUN_STATUSES if s != SUCCESS]
     for status, n in Task.select(Task.last_status, pw.fn.COUNT(pw.SQL("*"))).where(
-            Task.last_status.in_(others)).group_by(Task.last_status).tuples():
+            _not_succeeded()).group_by(Task.last_status).tuples():
         key = "given-up" if status in FAILED else status
         counts[key] = counts.get(key, 0) + n
     counts[SUCCESS] = succeeded_count(store) if succeeded is None else succeeded

@@ -11,6 +11,7 @@ import logging
 import re
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode
@@ -26,6 +27,7 @@ from .html import e, page
 log = logging.getLogger("taskrunner.dashboard")
 
 BULK_LIMIT = 1000
+SLOW_COUNT = 0.02   # seconds
 MAX_BODY = 65536
 HEADERS = [("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; "
             "frame-ancestors 'none'; form-action 'self'"),
@@ -182,12 +184,16 @@ class Dashboard:
 
 def keep_counts(app: "Dashboard", stop: threading.Event, interval: float = 5.0) -> None:
     """The slow counts, kept by a thread of their own so that no request waits for them:
-    the succeeded tasks (every `interval` seconds) and, once at start, the run totals of
-    /metrics (the first look reads every run)."""
+    the succeeded tasks (every `interval` seconds, when counting them takes longer than
+    `SLOW_COUNT`) and, once at start, the run totals of /metrics (the first look reads
+    every run)."""
     first = True
     while not stop.is_set():
         try:
-            app.succeeded = summaries.succeeded_count(app.store)
+            started = time.monotonic()
+            succeeded = summaries.succeeded_count(app.store)
+            # Kept only when counting is slow; a small history is counted per request.
+            app.succeeded = succeeded if time.monotonic() - started > SLOW_COUNT else None
             if first:
                 app.totals.refresh(app.store)
                 first = False
