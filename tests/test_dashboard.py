@@ -36,6 +36,15 @@ def history(queue):
     return dict(done=done, failed=failed, retrying=retrying, due=due, later=later)
 
 
+def periodic_submission(queue):
+    """A periodic task 'every-minute' that has submitted one task; its id in a list."""
+    from taskrunner import periodic
+    periodic.add_periodic(queue.store, "every-minute", "taskrunner.handlers.Echo", "every 1min")
+    result = periodic.PeriodicScheduler(queue.store).run_pending(
+        now=utcnow() + timedelta(minutes=2))
+    return result["submitted"]
+
+
 def test_summaries_on_every_database(queue):
     ids = history(queue)
     store = queue.store
@@ -62,6 +71,10 @@ def test_summaries_on_every_database(queue):
     assert len(echo.tasks) == 4
     future = summaries.TaskFilter(since=utc(utcnow()) + timedelta(hours=1))
     assert summaries.find_tasks(store, future).tasks == []
+    submitted = periodic_submission(queue)
+    by_periodic = summaries.TaskFilter(periodic_task_id=summaries.periodic_task_id(
+        store, "every-minute"))
+    assert [t.id for t in summaries.find_tasks(store, by_periodic).tasks] == submitted
 
     ended = {(h, s): n for h, s, n in summaries.runs_ended_by_handler(store)}
     assert ended == {("taskrunner.handlers.Echo", "success"): 2,

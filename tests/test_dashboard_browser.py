@@ -120,6 +120,13 @@ def test_filters_narrow_the_task_list(browser, site):
     browser.get(site.url + "/tasks?since=2999-01-01T00:00")
     assert by_css(browser, "table.tasks tbody tr") == []
     assert "no task matches" in browser.find_element("css selector", "main").text
+    from test_dashboard import periodic_submission
+    submitted = periodic_submission(site.queue)
+    browser.get(site.url + "/periodic")
+    browser.find_element("link text", "every-minute").click()
+    wait_for(lambda: "periodic=every-minute" in browser.current_url, message="the periodic link")
+    rows = by_css(browser, "table.tasks tbody tr")
+    assert [r.find_element("css selector", "td a").text for r in rows] == [str(submitted[0])]
     browser.get(site.url + "/tasks?since=yesterday")
     assert "invalid since time" in browser.find_element("css selector", "main").text
 
