@@ -30,12 +30,14 @@ DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
 @dataclass(frozen=True)
 class TaskFilter:
     """A filtered view of the tasks; every field optional. `since`/`until` bound the time
-    the task was queued; `periodic_task_id` selects the tasks a periodic task submitted."""
+    the task was queued; `periodic_task_id` selects the tasks a periodic task submitted;
+    `error_code` the tasks whose last error has that code."""
     status: Optional[str] = None
     handler: Optional[str] = None
     since: Optional[datetime] = None
     until: Optional[datetime] = None
     periodic_task_id: Optional[int] = None
+    error_code: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.status is not None and self.status not in STATUS_FILTERS:
@@ -117,6 +119,8 @@ def _task_conditions(store: Any, view: TaskFilter) -> List[Any]:
         conditions.append(Task.queued_on < as_utc(view.until))
     if view.periodic_task_id is not None:
         conditions.append(Task.periodic_task_id == view.periodic_task_id)
+    if view.error_code:
+        conditions.append(Task.last_error_code == view.error_code)
     return conditions
 
 

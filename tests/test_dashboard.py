@@ -67,6 +67,8 @@ def test_summaries_on_every_database(queue):
     assert rest.next_before is None and len(rest.tasks) == 2
     given_up = summaries.find_tasks(store, summaries.TaskFilter(status="given-up"))
     assert [t.id for t in given_up.tasks] == [ids["failed"]]
+    again = summaries.find_tasks(store, summaries.TaskFilter(status="failed", error_code="Again"))
+    assert [t.id for t in again.tasks] == [ids["retrying"]]
     echo = summaries.find_tasks(store, summaries.TaskFilter(handler="taskrunner.handlers.Echo"))
     assert len(echo.tasks) == 4
     future = summaries.TaskFilter(since=utc(utcnow()) + timedelta(hours=1))

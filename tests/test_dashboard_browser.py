@@ -117,6 +117,12 @@ def test_filters_narrow_the_task_list(browser, site):
     assert [r.find_element("css selector", "td a").text for r in rows] == [str(ids["failed"])]
     browser.get(site.url + "/tasks?handler=taskrunner.handlers.Fail")
     assert len(by_css(browser, "table.tasks tbody tr")) == 2
+    # From the Failures page: the given-up tasks of one handler and error code.
+    browser.get(site.url + "/failures")
+    browser.find_element("css selector", "a[href*='error=Planned'][href*='given-up']").click()
+    wait_for(lambda: "error=Planned" in browser.current_url, message="the failures link")
+    rows = by_css(browser, "table.tasks tbody tr")
+    assert [r.find_element("css selector", "td a").text for r in rows] == [str(ids["failed"])]
     browser.get(site.url + "/tasks?since=2999-01-01T00:00")
     assert by_css(browser, "table.tasks tbody tr") == []
     assert "no task matches" in browser.find_element("css selector", "main").text

@@ -48,11 +48,12 @@ def task_filter(store: Any, params: Mapping[str, str]) -> summaries.TaskFilter:
     return summaries.TaskFilter(
         status=params.get("status") or None, handler=params.get("handler", "").strip() or None,
         since=_time_param(params, "since"), until=_time_param(params, "until"),
-        periodic_task_id=summaries.periodic_task_id(store, periodic) if periodic else None)
+        periodic_task_id=summaries.periodic_task_id(store, periodic) if periodic else None,
+        error_code=params.get("error", "").strip() or None)
 
 
 def filter_params(params: Mapping[str, str]) -> Dict[str, str]:
-    return {k: params[k] for k in ("status", "handler", "since", "until", "periodic")
+    return {k: params[k] for k in ("status", "handler", "error", "since", "until", "periodic")
             if params.get(k)}
 
 
@@ -146,11 +147,13 @@ def _filter_form(params: Mapping[str, str]) -> str:
         for s in ("",) + summaries.STATUS_FILTERS)
     field = '<label>%s <input name="%s" value="%s" placeholder="%s"%s></label>'
     return ('<form method="get" action="/tasks" class="filters" id="task-filters">'
-            '<label>Status <select name="status">%s</select></label>%s%s%s%s'
+            '<label>Status <select name="status">%s</select></label>%s%s%s%s%s'
             '<button type="submit">Filter</button> <a href="/tasks">clear</a></form>' % (
                 options,
                 field % ("Handler", "handler", e(params.get("handler", "")),
                          "taskrunner.handlers.Echo", ' size="28"'),
+                field % ("Error code", "error", e(params.get("error", "")), "code",
+                         ' size="12"'),
                 field % ("Queued since", "since", e(params.get("since", "")),
                          "2026-01-31T08:00 (UTC)", ' size="20"'),
                 field % ("until", "until", e(params.get("until", "")), "ISO 8601 (UTC)",
@@ -261,10 +264,10 @@ def failures(view: View, params: Mapping[str, str]) -> str:
     handler = params.get("handler", "").strip() or None
     groups = summaries.failure_groups(view.store, handler)
     rows = [[e(g.handler), '<span class="err">%s</span>' % e(g.error_code or "-"),
-             '<a href="/tasks%s">%d</a>' % (e(query(status="given-up", handler=g.handler)),
-                                            g.given_up),
-             '<a href="/tasks%s">%d</a>' % (e(query(status="retrying", handler=g.handler)),
-                                            g.retrying),
+             '<a href="/tasks%s">%d</a>' % (e(query(status="given-up", handler=g.handler,
+                                                   error=g.error_code)), g.given_up),
+             '<a href="/tasks%s">%d</a>' % (e(query(status="retrying", handler=g.handler,
+                                                   error=g.error_code)), g.retrying),
              '<a href="/tasks/%d">task %d</a> %s' % (g.latest_task_id, g.latest_task_id,
                                                      when(g.latest_on)),
              '<pre class="error">%s</pre>' % e(g.latest_error_message)] for g in groups]
