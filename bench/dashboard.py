@@ -146,7 +146,8 @@ def time_pages(url, repeat):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="bench/dashboard.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="bench/dashboard.py",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", choices=("sqlite", "postgresql", "all"), default="sqlite")
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
