@@ -72,7 +72,7 @@ class Dashboard:
             self.store.close()
             raise
         start_response(code, headers + HEADERS + [("Content-Length", str(len(body)))])
-        return [body]
+        return [b""] if environ.get("REQUEST_METHOD") == "HEAD" else [body]
 
     def respond(self, environ: Dict[str, Any]) -> Response:
         if not self.guard.allows(environ.get("HTTP_AUTHORIZATION")):
