@@ -280,6 +280,32 @@ def cmd_periodic(args):
         print("periodic task %r removed" % args.name)
 
 
+def cmd_dashboard(args):
+    from .web import require_prometheus_client
+    if args.hash_password:
+        from .web.auth import hash_password
+        password = sys.stdin.readline().rstrip("\n")
+        if not password:
+            raise InputError("--hash-password reads the password from standard input; got none")
+        print(hash_password(password))
+        return EXIT_OK
+    require_prometheus_client()
+    from .web.app import serve
+    from .web.auth import Guard, parse_bind
+    config = args.loaded_config.dashboard
+    # Refuse a bad or unauthenticated bind before touching the database.
+    Guard(config).check_bind(parse_bind(args.bind or config.bind)[0])
+    return serve(_queue(args).store, config, bind=args.bind,
+                 read_only=True if args.read_only else None)
+
+
+def cmd_metrics(args):
+    from .web import require_prometheus_client
+    require_prometheus_client()
+    from .web.metrics import exposition
+    sys.stdout.write(exposition(_queue(args).store).decode())
+
+
 def cmd_calendar(args):
     from .calendar import CalendarError, parse_calendar, render_analyze, render_json
     try:
@@ -386,6 +412,16 @@ def build_parser():
                                        "with --all: whose periodic tasks")
         a.add_argument("--all", action="store_true",
                        help="every periodic task of --owner, in one transaction")
+
+    p = command("dashboard", cmd_dashboard, "serve the web dashboard and /metrics "
+                                            "(pip install 'taskrunner[web]')")
+    p.add_argument("--bind", metavar="HOST:PORT",
+                   help="listen here (default: [dashboard] bind, 127.0.0.1:8411)")
+    p.add_argument("--read-only", action="store_true", help="serve the pages without actions")
+    p.add_argument("--hash-password", action="store_true",
+                   help="print the hash of the password read from stdin for [dashboard] "
+                        "password_hash, and exit")
+    command("metrics", cmd_metrics, "print the Prometheus metrics (for a textfile collector)")
 
     p = command("calendar", cmd_calendar, "next elapses of a calendar event, like "
                                           "systemd-analyze calendar")

@@ -53,6 +53,12 @@ def _string(value):
     return value
 
 
+def _bool(value):
+    if not isinstance(value, bool):
+        raise ValueError("expected true or false")
+    return value
+
+
 def _string_list(value):
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ValueError("expected a list of strings")
@@ -104,6 +110,14 @@ SCHEMA = {
     },
     "log": {
         "level": ("info", _choice("debug", "info", "warning", "error")),
+    },
+    "dashboard": {
+        "bind": ("127.0.0.1:8411", _string),
+        "read_only": (False, _bool),
+        # pbkdf2_sha256$iterations$salt$hash, from `taskrunner dashboard --hash-password`.
+        "password_hash": ("", _string),
+        # The name of an environment variable holding the password.
+        "password_env": ("", _string),
     },
 }
 

@@ -60,6 +60,8 @@ def test_every_default_is_applied_when_the_key_is_absent(tmp_path, section, key)
 
 
 def _toml_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, str):
         return '"%s"' % value
     if isinstance(value, list):

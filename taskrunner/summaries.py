@@ -1,0 +1,343 @@
+"""Read queries of the dashboard and the metrics: filtered task lists, counts, runs finished
+per minute, queue lag, failures grouped by handler and error code, and the per-handler
+figures of the Prometheus collector.
+
+Like `reads`, these functions only read, return plain typed records with aware UTC
+datetimes, and are the only SQL behind the web pages and ``/metrics``. Each is written to
+stay fast on a history of a million runs (bench/dashboard.py times them): lists are
+newest first by id with keyset paging (``before``), and aggregates go through the indexes
+of migration 0010.
+"""
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import peewee as pw
+
+from .errors import InputError
+from .models import (CANCELLED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
+                     as_utc, run_status_is, utcnow)
+from .reads import TaskInfo, aware, task_info
+
+# What the dashboard's status filter offers: the task statuses, and two views of failure.
+STATUS_FILTERS = (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED, ERROR,
+                  TIMEOUT, "failed")
+# Seconds; the buckets of the run duration histogram.
+DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+
+
+@dataclass(frozen=True)
+class TaskFilter:
+    """A filtered view of the tasks; every field optional. `since`/`until` bound the time
+    the task was queued; `periodic_task_id` selects the tasks a periodic task submitted;
+    `error_code` the tasks whose last error has that code."""
+    status: Optional[str] = None
+    handler: Optional[str] = None
+    since: Optional[datetime] = None
+    until: Optional[datetime] = None
+    periodic_task_id: Optional[int] = None
+    error_code: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.status is not None and self.status not in STATUS_FILTERS:
+            raise InputError("unknown task status %r: expected one of %s"
+                             % (self.status, ", ".join(STATUS_FILTERS)))
+        for value in (self.since, self.until):
+            if value is not None and value.tzinfo is None:
+                raise InputError("task filter times must be aware datetimes")
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of a task list: `tasks` newest first; `next_before` pages on (None at the end)."""
+    tasks: List[TaskInfo]
+    next_before: Optional[int]
+
+
+@dataclass(frozen=True)
+class MinuteCount:
+    """Runs that ended in one minute (`minute` is its start)."""
+    minute: datetime
+    succeeded: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class FailureGroup:
+    """Failed tasks of one handler and error code: how many are given up or retrying, and
+    the latest one's error."""
+    handler: str
+    error_code: Optional[str]
+    given_up: int
+    retrying: int
+    latest_task_id: int
+    latest_error_message: Optional[str]
+    latest_on: Optional[datetime]
+
+
+@dataclass(frozen=True)
+class DurationHistogram:
+    """Finished runs of one handler: cumulative counts at `DURATION_BUCKETS`, their total."""
+    handler: str
+    buckets: Tuple[int, ...]
+    count: int
+    total_seconds: float
+
+
+def _failed() -> Any:
+    """``last_status IN ('error', 'timeout')`` written out, not bound: SQLite and PostgreSQL
+    use the partial index of failed tasks (migration 0010) only for a query that names its
+    predicate. For queries of task_queue alone (the column is not qualified)."""
+    return pw.SQL("last_status IN ('%s')" % "', '".join(FAILED))
+
+
+def _not_succeeded() -> Any:
+    """``last_status <> 'success'`` written out: the predicate of the partial status index
+    (migration 0010), named by every query that should read it."""
+    return pw.SQL("last_status <> '%s'" % SUCCESS)
+
+
+def _task_conditions(store: Any, view: TaskFilter) -> List[Any]:
+    Task = store.Task
+    conditions = []
+    if view.status == "retrying":
+        conditions.append(_failed() & Task.finished_on.is_null())
+    elif view.status == "given-up":
+        conditions.append(_failed() & Task.finished_on.is_null(False))
+    elif view.status == "failed":
+        conditions.append(_failed())
+    elif view.status == SUCCESS:
+        conditions.append(Task.last_status == SUCCESS)
+    elif view.status is not None:
+        conditions.append(_not_succeeded() & (Task.last_status == view.status))
+    if view.handler:
+        conditions.append(Task.handler == view.handler)
+    if view.since is not None:
+        conditions.append(Task.queued_on >= as_utc(view.since))
+    if view.until is not None:
+        conditions.append(Task.queued_on < as_utc(view.until))
+    if view.periodic_task_id is not None:
+        conditions.append(Task.periodic_task_id == view.periodic_task_id)
+    if view.error_code:
+        conditions.append(Task.last_error_code == view.error_code)
+    return conditions
+
+
+def find_tasks(store: Any, view: TaskFilter = TaskFilter(), before: Optional[int] = None,
+               limit: int = 50) -> TaskPage:
+    """Tasks matching `view`, newest first, with ids below `before` (keyset paging: a page
+    deep in a long history costs what the first one does)."""
+    Task = store.Task
+    query = Task.select().order_by(Task.id.desc()).limit(limit + 1)
+    if view.since is not None or view.until is not None:
+        # Newest first by the queued time the range bounds (its index, read in order): the
+        # same order as by id, but read from the index instead of sorting the range.
+        query = query.order_by(Task.queued_on.desc(), Task.id.desc())
+    conditions = _task_conditions(store, view)
+    if before is not None:
+        conditions.append(Task.id < before)
+    if conditions:
+        query = query.where(*conditions)
+    rows = list(query)
+    tasks = [task_info(row) for row in rows[:limit]]
+    return TaskPage(tasks, tasks[-1].id if len(rows) > limit else None)
+
+
+def matching_task_ids(store: Any, view: TaskFilter, limit: int) -> List[int]:
+    """Ids of up to `limit` tasks matching `view`, newest first (for bulk actions)."""
+    Task = store.Task
+    query = Task.select(Task.id).order_by(Task.id.desc()).limit(limit)
+    conditions = _task_conditions(store, view)
+    if conditions:
+        query = query.where(*conditions)
+    return [task_id for (task_id,) in query.tuples()]
+
+
+def periodic_task_id(store: Any, name: str) -> int:
+    """The id of the periodic task `name` (its submitted tasks carry it)."""
+    PeriodicTask = store.PeriodicTask
+    row = PeriodicTask.select(PeriodicTask.id).where(PeriodicTask.name == name).first()
+    if row is None:
+        raise InputError("no periodic task named %r" % name)
+    return int(row.id)
+
+
+def succeeded_count(store: Any) -> int:
+    """Tasks that succeeded: all tasks (the smallest index) less the others (the partial
+    status index). Still the costly count on a long history: a long-lived reader keeps it
+    a few seconds (`status_counts`)."""
+    Task = store.Task
+    total = Task.select(pw.fn.COUNT(pw.SQL("*"))).scalar() or 0
+    others = Task.select(pw.fn.COUNT(pw.SQL("*"))).where(_not_succeeded()).scalar() or 0
+    return int(total) - int(others)
+
+
+def status_counts(store: Any, succeeded: Optional[int] = None) -> Dict[str, int]:
+    """Tasks by where they stand: scheduled, running, retrying, given-up, success,
+    cancelled (every status present, 0 when none). The statuses other than success are
+    few index entries, read every time; `succeeded` is the caller's recent
+    `succeeded_count`, or None to count them now."""
+    Task = store.Task
+    counts = {s: 0 for s in (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED)}
+    for status, n in Task.select(Task.last_status, pw.fn.COUNT(pw.SQL("*"))).where(
+            _not_succeeded()).group_by(Task.last_status).tuples():
+        key = "given-up" if status in FAILED else status
+        counts[key] = counts.get(key, 0) + n
+    counts[SUCCESS] = succeeded_count(store) if succeeded is None else succeeded
+    retrying = Task.select(pw.fn.COUNT(pw.SQL("*"))).where(
+        _failed() & Task.finished_on.is_null()).scalar() or 0
+    counts["retrying"] += retrying
+    counts["given-up"] -= retrying
+    return counts
+
+
+def _minute(store: Any, column: Any) -> Any:
+    if store.backend == "postgresql":
+        return pw.fn.to_char(pw.fn.date_trunc("minute", column), "YYYY-MM-DD HH24:MI")
+    if store.backend == "mysql":
+        return pw.fn.DATE_FORMAT(column, "%Y-%m-%d %H:%i")
+    return pw.fn.strftime("%Y-%m-%d %H:%M", column)
+
+
+def runs_per_minute(store: Any, minutes: int = 60, now: Optional[datetime] = None
+                    ) -> List[MinuteCount]:
+    """Runs that ended succeeded or failed in each of the last `minutes` minutes, oldest
+    first, the current minute last (every minute present)."""
+    Run = store.Run
+    now = as_utc(now) if now else utcnow()
+    current = now.replace(second=0, microsecond=0)
+    first = current - timedelta(minutes=minutes - 1)
+    bucket = _minute(store, Run.finished_on)
+    counts: Dict[Tuple[str, str], int] = {}
+    query = (Run.select(bucket.alias("m"), Run.status, pw.fn.COUNT(Run.id))
+             .where((Run.finished_on >= first) & Run.status.in_((SUCCESS,) + FAILED))
+             .group_by(pw.SQL("1"), pw.SQL("2")).tuples())   # the bucket's parameters
+                                                             # are bound: name it by position
+    for minute, status, n in query:
+        if isinstance(minute, datetime):    # the column's converter may parse it back
+            minute = minute.strftime("%Y-%m-%d %H:%M")
+        key = (minute, SUCCESS if status == SUCCESS else ERROR)
+        counts[key] = counts.get(key, 0) + n
+    result = []
+    for i in range(minutes):
+        at = first + timedelta(minutes=i)
+        label = at.strftime("%Y-%m-%d %H:%M")
+        result.append(MinuteCount(aware(at), counts.get((label, SUCCESS), 0),
+                                  counts.get((label, ERROR), 0)))
+    return result
+
+
+def queue_lag(store: Any, now: Optional[datetime] = None) -> float:
+    """Seconds since the oldest due run was due (0 when none waits)."""
+    Run = store.Run
+    now = as_utc(now) if now else utcnow()
+    oldest = Run.select(pw.fn.MIN(Run.scheduled_on)).where(
+        run_status_is(Run, SCHEDULED) & (Run.scheduled_on <= now)).scalar()
+    if oldest is None:
+        return 0.0
+    if isinstance(oldest, str):       # SQLite returns an aggregate's datetime as text
+        oldest = datetime.fromisoformat(oldest)
+    return max(0.0, (now - oldest).total_seconds())
+
+
+def failure_groups(store: Any, handler: Optional[str] = None) -> List[FailureGroup]:
+    """Failed tasks (given up or retrying) grouped by handler and error code, the largest
+    group first."""
+    Task = store.Task
+    retrying = pw.fn.SUM(pw.Case(None, [(Task.finished_on.is_null(), 1)], 0))
+    query = (Task.select(Task.handler, Task.last_error_code, pw.fn.COUNT(pw.SQL("*")),
+                         retrying, pw.fn.MAX(Task.id))
+             .where(_failed())
+             .group_by(Task.handler, Task.last_error_code))
+    if handler:
+        query = query.where(Task.handler == handler)
+    groups = list(query.tuples())
+    latest = {row.id: row for row in Task.select(
+        Task.id, Task.last_error_message, Task.updated_on).where(
+        Task.id.in_([g[4] for g in groups]))} if groups else {}
+    result = []
+    for name, code, n, n_retrying, latest_id in groups:
+        row = latest[latest_id]
+        result.append(FailureGroup(name, code, int(n) - int(n_retrying), int(n_retrying),
+                                   latest_id, row.last_error_message, aware(row.updated_on)))
+    result.sort(key=lambda g: (-(g.given_up + g.retrying), g.handler, g.error_code or ""))
+    return result
+
+
+def _finished_between(Run: Any, since: Optional[datetime], until: Optional[datetime]) -> Any:
+    condition = Run.finished_on.is_null(False)
+    if since is not None:
+        condition &= Run.finished_on >= since
+    if until is not None:
+        condition &= Run.finished_on < until
+    return condition
+
+
+def runs_ended_by_handler(store: Any, since: Optional[datetime] = None,
+                          until: Optional[datetime] = None) -> List[Tuple[str, str, int]]:
+    """(handler, final run status, runs) over the runs in the database that finished in
+    [since, until) (naive UTC; None: unbounded)."""
+    Task, Run = store.Task, store.Run
+    query = (Run.select(Task.handler, Run.status, pw.fn.COUNT(Run.id))
+             .join(Task, on=(Run.task_id == Task.id))
+             .where(_finished_between(Run, since, until))
+             .group_by(Task.handler, Run.status).tuples())
+    return [(h, s, int(n)) for h, s, n in query]
+
+
+def _seconds_between(store: Any, start: Any, end: Any) -> Any:
+    if store.backend == "postgresql":
+        return pw.fn.date_part("epoch", end - start)
+    if store.backend == "mysql":
+        return pw.fn.TIMESTAMPDIFF(pw.SQL("MICROSECOND"), start, end) / 1e6
+    return (pw.fn.julianday(end) - pw.fn.julianday(start)) * 86400.0
+
+
+def duration_histograms(store: Any, buckets: Sequence[float] = DURATION_BUCKETS,
+                        since: Optional[datetime] = None, until: Optional[datetime] = None
+                        ) -> List[DurationHistogram]:
+    """Per handler, the durations of the runs that started and finished in [since, until),
+    as a cumulative histogram (one pass over the runs, counted by the database)."""
+    Task, Run = store.Task, store.Run
+    seconds = _seconds_between(store, Run.started_on, Run.finished_on)
+    columns = [pw.fn.SUM(pw.Case(None, [(seconds <= bound, 1)], 0)) for bound in buckets]
+    query = (Run.select(Task.handler, pw.fn.COUNT(Run.id), pw.fn.SUM(seconds), *columns)
+             .join(Task, on=(Run.task_id == Task.id))
+             .where(_finished_between(Run, since, until) & Run.started_on.is_null(False))
+             .group_by(Task.handler).tuples())
+    return [DurationHistogram(row[0], tuple(int(n or 0) for n in row[3:]), int(row[1]),
+                              float(row[2] or 0.0)) for row in query]
+
+
+class RunTotals:
+    """`runs_ended_by_handler` and `duration_histograms` over the whole history, kept by a
+    long-lived process (the dashboard) and brought up to date from the runs that finished
+    since its last look: the first `refresh` reads every run, later ones only the new
+    ones (the finished_on index). Runs are counted once they have been finished for
+    `margin` seconds, so that one committed a little after its finished_on is not missed."""
+
+    def __init__(self, margin: float = 10.0) -> None:
+        self.margin = timedelta(seconds=margin)
+        self.until: Optional[datetime] = None
+        self.ended: Dict[Tuple[str, str], int] = {}
+        self.durations: Dict[str, DurationHistogram] = {}
+        self.lock = threading.Lock()
+
+    def refresh(self, store: Any, now: Optional[datetime] = None
+                ) -> Tuple[List[Tuple[str, str, int]], List[DurationHistogram]]:
+        with self.lock:
+            until = (as_utc(now) if now else utcnow()) - self.margin
+            since = self.until
+            for handler, status, n in runs_ended_by_handler(store, since, until):
+                self.ended[(handler, status)] = self.ended.get((handler, status), 0) + n
+            for h in duration_histograms(store, since=since, until=until):
+                old = self.durations.get(h.handler)
+                if old is not None:
+                    h = DurationHistogram(h.handler, tuple(
+                        a + b for a, b in zip(old.buckets, h.buckets)), old.count + h.count,
+                        old.total_seconds + h.total_seconds)
+                self.durations[h.handler] = h
+            self.until = until
+            return ([(h, s, n) for (h, s), n in sorted(self.ended.items())],
+                    [self.durations[h] for h in sorted(self.durations)])

@@ -1,0 +1,269 @@
+"""The dashboard as a WSGI application on the standard library's HTTP server: a
+small router, the password check, CSRF-checked actions, and ``/metrics``.
+
+Requests are served by a fixed set of worker threads, each keeping its own database
+connection (closed after an error, opened again by the next request). Actions are POSTs
+carrying the page's CSRF token (and, when the browser sends one, an Origin of this host);
+bulk actions show a confirmation page first.
+"""
+import json
+import logging
+import re
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from urllib.parse import parse_qsl, urlencode
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from .. import lifecycle, periodic, summaries
+from ..errors import InputError, StateError, TaskNotFound
+from . import pages
+from .assets import CSS, JS
+from .auth import Guard, parse_bind
+from .html import e, page
+
+log = logging.getLogger("taskrunner.dashboard")
+
+BULK_LIMIT = 1000
+SLOW_COUNT = 0.02   # seconds
+MAX_BODY = 65536
+HEADERS = [("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; "
+            "frame-ancestors 'none'; form-action 'self'"),
+           ("X-Content-Type-Options", "nosniff"), ("X-Frame-Options", "DENY"),
+           ("Referrer-Policy", "same-origin"), ("Cache-Control", "no-store")]
+PAGES: Dict[str, Tuple[str, Callable[..., str], Optional[str]]] = {
+    "/": ("Overview", pages.overview, "overview"),
+    "/runners": ("Runners", pages.runners, "runners"),
+    "/tasks": ("Tasks", pages.tasks, None),
+    "/failures": ("Failures", pages.failures, None),
+    "/periodic": ("Periodic tasks", pages.periodic, None),
+}
+TASK_PATH = re.compile(r"^/tasks/([0-9]{1,18})$")
+TASK_ACTION = re.compile(r"^/tasks/([0-9]{1,18})/(retry|cancel)$")
+
+Response = Tuple[str, List[Tuple[str, str]], bytes]
+
+
+def _html(text: str, code: str = "200 OK") -> Response:
+    return code, [("Content-Type", "text/html; charset=utf-8")], text.encode()
+
+
+def _redirect(location: str) -> Response:
+    return "303 See Other", [("Location", location)], b""
+
+
+class Dashboard:
+    """The WSGI application on one store."""
+
+    def __init__(self, store: Any, guard: Guard, read_only: bool = False):
+        self.store, self.guard, self.read_only = store, guard, read_only
+        self.totals = summaries.RunTotals()
+        self.succeeded: Optional[int] = None      # kept by `keep_counts`
+        self.view = pages.View(store, guard.csrf_token, read_only, lambda: self.succeeded)
+
+    def __call__(self, environ: Dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+        try:
+            code, headers, body = self.respond(environ)
+        except BaseException:
+            # This worker's connection may be broken (a server restart): the worker's next
+            # request opens a new one. Otherwise each worker keeps its connection.
+            self.store.close()
+            raise
+        start_response(code, headers + HEADERS + [("Content-Length", str(len(body)))])
+        return [b""] if environ.get("REQUEST_METHOD") == "HEAD" else [body]
+
+    def respond(self, environ: Dict[str, Any]) -> Response:
+        if not self.guard.allows(environ.get("HTTP_AUTHORIZATION")):
+            return ("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="taskrunner"'),
+                                         ("Content-Type", "text/plain")], b"password required\n")
+        method = environ.get("REQUEST_METHOD", "GET")
+        path = environ.get("PATH_INFO", "/")
+        params = dict(parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True))
+        try:
+            if method == "POST":
+                return self.post(environ, path)
+            if method not in ("GET", "HEAD"):
+                return "405 Method Not Allowed", [("Allow", "GET, POST")], b""
+            return self.get(path, params)
+        except TaskNotFound as exc:
+            return self.error(path, str(exc), "404 Not Found")
+        except InputError as exc:
+            return self.error(path, str(exc), "400 Bad Request")
+
+    def error(self, path: str, message: str, code: str) -> Response:
+        return _html(page(code.split(" ", 1)[1], path, '<p class="notice">%s</p>' % e(message),
+                          read_only=self.read_only), code)
+
+    # -- GET ----------------------------------------------------------------------------------
+
+    def get(self, path: str, params: Dict[str, str]) -> Response:
+        if path == "/static/app.css":
+            return "200 OK", [("Content-Type", "text/css; charset=utf-8")], CSS.encode()
+        if path == "/static/app.js":
+            return "200 OK", [("Content-Type", "text/javascript; charset=utf-8")], JS.encode()
+        if path == "/metrics":
+            from .metrics import exposition
+            return "200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")], \
+                exposition(self.store, self.totals, self.succeeded)
+        if path == "/api/parts":
+            return "200 OK", [("Content-Type", "application/json")], json.dumps(
+                pages.live_parts(self.view, params)).encode()
+        notice = params.get("notice")
+        match = TASK_PATH.match(path)
+        if match:
+            task_id = int(match.group(1))
+            body = pages.task(self.view, params, task_id)
+            return _html(page("Task %d" % task_id, path, body, notice,
+                              "/api/parts?page=task&id=%d" % task_id, self.read_only))
+        if path not in PAGES:
+            return self.error(path, "no page at %s" % path, "404 Not Found")
+        title, render, live = PAGES[path]
+        return _html(page(title, path, render(self.view, params), notice,
+                          "/api/parts?page=%s" % live if live else None, self.read_only))
+
+    # -- POST ---------------------------------------------------------------------------------
+
+    def post(self, environ: Dict[str, Any], path: str) -> Response:
+        if self.read_only:
+            return self.error(path, "the dashboard is read-only", "403 Forbidden")
+        origin = environ.get("HTTP_ORIGIN")
+        host = environ.get("HTTP_HOST", "")
+        if origin and origin.split("://", 1)[-1] != host:
+            return self.error(path, "cross-site request refused", "403 Forbidden")
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        if length > MAX_BODY:
+            return self.error(path, "request too large", "413 Payload Too Large")
+        form = dict(parse_qsl(environ["wsgi.input"].read(length).decode("utf-8", "replace")))
+        if not self.guard.csrf_ok(form.get("csrf")):
+            return self.error(path, "missing or wrong CSRF token: reload the page and try "
+                              "again", "403 Forbidden")
+        match = TASK_ACTION.match(path)
+        if match:
+            task_id, verb = int(match.group(1)), match.group(2)
+            try:
+                (lifecycle.retry if verb == "retry" else lifecycle.cancel)(self.store, task_id)
+                notice = "task %d %s" % (task_id, "re-armed" if verb == "retry" else "cancelled")
+            except (StateError, TaskNotFound) as exc:
+                notice = str(exc)
+            return _redirect("/tasks/%d?%s" % (task_id, urlencode({"notice": notice})))
+        if path in ("/periodic/enable", "/periodic/disable"):
+            enable = path == "/periodic/enable"
+            periodic.set_enabled(self.store, form.get("name", ""), enable)
+            return _redirect("/periodic?" + urlencode({"notice": "periodic task %r %s" % (
+                form.get("name", ""), "enabled" if enable else "disabled")}))
+        if path == "/tasks/bulk":
+            return self.bulk(path, form)
+        return self.error(path, "no action at %s" % path, "404 Not Found")
+
+    def bulk(self, path: str, form: Dict[str, str]) -> Response:
+        action = form.get("action")
+        if action not in ("retry", "cancel"):
+            raise InputError("unknown bulk action %r" % action)
+        ids = summaries.matching_task_ids(self.store, pages.task_filter(self.store, form),
+                                                BULK_LIMIT)
+        if form.get("confirm") != "yes":
+            return _html(page("Confirm: %s tasks" % action, path,
+                              pages.confirm_bulk(self.view, form, len(ids), BULK_LIMIT),
+                              read_only=self.read_only))
+        verb = lifecycle.retry if action == "retry" else lifecycle.cancel
+        done = refused = 0
+        for task_id in ids:
+            try:
+                verb(self.store, task_id)
+                done += 1
+            except (StateError, TaskNotFound):
+                refused += 1
+        notice = "%s: %d task(s) done, %d left as they were (wrong state)" % (action, done, refused)
+        return _redirect("/tasks?" + urlencode(dict(pages.filter_params(form), notice=notice)))
+
+
+def keep_counts(app: "Dashboard", stop: threading.Event, interval: float = 5.0) -> None:
+    """The slow counts, kept by a thread of their own so that no request waits for them:
+    the succeeded tasks (every `interval` seconds, when counting them takes longer than
+    `SLOW_COUNT`) and, once at start, the run totals of /metrics (the first look reads
+    every run)."""
+    first = True
+    while not stop.is_set():
+        try:
+            started = time.monotonic()
+            succeeded = summaries.succeeded_count(app.store)
+            # Kept only when counting is slow; a small history is counted per request.
+            app.succeeded = succeeded if time.monotonic() - started > SLOW_COUNT else None
+            if first:
+                app.totals.refresh(app.store)
+                first = False
+        except Exception:  # noqa: BLE001 - the pages count by themselves meanwhile
+            log.exception("counting the succeeded tasks failed")
+            app.succeeded = None
+            app.store.close()
+        stop.wait(interval)
+    app.store.close()
+
+
+class _Server(WSGIServer):
+    """Requests handled by a fixed set of worker threads, each with its own database
+    connection kept from one request to the next (connecting to PostgreSQL costs more than
+    most pages)."""
+    allow_reuse_address = True
+    workers = 8
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="dashboard")
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.pool.submit(self._handle, request, client_address)
+
+    def _handle(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.pool.shutdown(wait=False)
+
+
+class _Handler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+def serve(store: Any, dashboard_config: Any, bind: Optional[str] = None,
+          read_only: Optional[bool] = None, ready: Optional[Callable[[Any], None]] = None) -> int:
+    """Serve the dashboard until interrupted. A non-loopback bind without a password is an
+    InputError (exit 2), raised before anything listens."""
+    host, port = parse_bind(bind or dashboard_config.bind)
+    guard = Guard(dashboard_config)
+    guard.check_bind(host)
+    only_read = dashboard_config.read_only if read_only is None else read_only
+    app = Dashboard(store, guard, only_read)
+    try:
+        server = make_server(host, port, app, server_class=_Server, handler_class=_Handler)
+    except OSError as exc:
+        raise InputError("cannot listen on %s:%d: %s" % (host, port, exc.strerror)) from None
+    shown = "[%s]" % host if ":" in host else host
+    print("taskrunner dashboard on http://%s:%d/ (%s%s)" % (
+        shown, server.server_port, "password required" if guard.required else
+        "no authentication: local connections only", ", read-only" if only_read else ""),
+        flush=True)
+    stop = threading.Event()
+    threading.Thread(target=keep_counts, args=(app, stop), name="dashboard-counts",
+                     daemon=True).start()
+    if ready is not None:
+        ready(server)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        stop.set()
+        server.server_close()
+        sys.stdout.flush()
+    return 0

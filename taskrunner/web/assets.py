@@ -1,0 +1,102 @@
+"""The dashboard's stylesheet and script, served from /static/ (the Content-Security-Policy
+allows no inline script or style)."""
+
+CSS = """
+:root { --fg: #1d2330; --muted: #6b7280; --line: #e3e6ec; --bg: #f6f7fa; --accent: #2f80ed; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+       color: var(--fg); background: var(--bg); }
+header { display: flex; align-items: center; gap: 18px; padding: 10px 24px; background: #1d2330;
+         color: #fff; }
+header .brand { font-weight: 700; letter-spacing: .02em; }
+header nav a { color: #c9d2e3; text-decoration: none; margin-right: 14px; padding: 4px 0; }
+header nav a.active, header nav a:hover { color: #fff; border-bottom: 2px solid var(--accent); }
+header .refreshed { margin-left: auto; color: #8d97aa; font-size: 12px; }
+.badge { background: #f2994a; color: #1d2330; border-radius: 4px; padding: 1px 6px;
+         font-size: 12px; }
+main { padding: 16px 24px 40px; max-width: 1400px; }
+h1 { font-size: 20px; margin: 4px 0 14px; }
+h2 { font-size: 15px; margin: 14px 0 8px; }
+h2 small { color: var(--muted); font-weight: 400; margin-left: 8px; }
+a { color: var(--accent); }
+.muted { color: var(--muted); }
+.notice { background: #fff7e0; border: 1px solid #f2d28b; padding: 8px 12px; border-radius: 6px; }
+.card { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 4px 16px 14px;
+        margin-bottom: 16px; }
+.cols { display: flex; gap: 16px; flex-wrap: wrap; }
+.cols .card { flex: 1 1 260px; }
+.cols .card.wide { flex: 3 1 560px; }
+.tiles { display: flex; gap: 10px; flex-wrap: wrap; margin-bottom: 10px; }
+.tile { flex: 1 1 120px; background: #fff; border: 1px solid var(--line); border-left-width: 5px;
+        border-radius: 8px; padding: 8px 12px; color: var(--fg); text-decoration: none; }
+.tile .n { display: block; font-size: 24px; font-weight: 700; }
+.tile-scheduled { border-left-color: #6c8ebf; } .tile-running { border-left-color: #2f80ed; }
+.tile-retrying { border-left-color: #f2994a; } .tile-given-up { border-left-color: #d64545; }
+.tile-success { border-left-color: #27ae60; } .tile-cancelled { border-left-color: #9b9b9b; }
+.statusbar { width: 100%; height: 14px; display: block; margin: 4px 0 16px; border-radius: 4px; }
+.chart { width: 100%; height: auto; }
+.chart .tick { font-size: 11px; fill: var(--muted); }
+.chart .axis { stroke: #c5cad3; }
+.big { font-size: 26px; font-weight: 700; margin: 4px 0 0; }
+table { width: 100%; border-collapse: collapse; background: #fff; }
+th, td { text-align: left; padding: 6px 8px; border-bottom: 1px solid var(--line);
+         vertical-align: top; }
+th { font-weight: 600; color: var(--muted); font-size: 12px; text-transform: uppercase; }
+tbody tr:hover { background: #f9fafc; }
+pre { margin: 0; white-space: pre-wrap; word-break: break-word; font-size: 12px;
+      max-height: 320px; overflow: auto; }
+pre.error { color: #8a1f1f; }
+.err { color: #b42318; font-weight: 600; font-family: ui-monospace, monospace; font-size: 12px; }
+.status { display: inline-block; border-radius: 10px; padding: 0 8px; font-size: 12px;
+          background: #eef1f5; white-space: nowrap; }
+.status-success { background: #dcf5e6; color: #146c3b; }
+.status-running { background: #dbe9fd; color: #1c4f9c; }
+.status-scheduled { background: #e5ecf6; color: #38527a; }
+.status-error, .status-timeout, .status-given-up { background: #fde2e2; color: #962020; }
+.status-retrying { background: #fdebd8; color: #8a4a10; }
+.status-stopping { background: #fdebd8; color: #8a4a10; }
+progress { width: 120px; height: 12px; vertical-align: middle; }
+.pct { font-size: 12px; color: var(--muted); }
+form.inline { display: inline; margin-right: 6px; }
+button { font: inherit; padding: 3px 12px; border-radius: 6px; border: 1px solid #b8c1d1;
+         background: #fff; cursor: pointer; }
+button:hover { border-color: var(--accent); }
+button.danger { border-color: #e3a3a3; color: #962020; }
+.filters { display: flex; flex-wrap: wrap; gap: 10px; align-items: end; margin-bottom: 12px;
+           background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 10px; }
+.filters label { display: flex; flex-direction: column; font-size: 12px; color: var(--muted); }
+.filters input, .filters select { font: inherit; padding: 3px 6px; }
+.bulk { margin: 0 0 10px; color: var(--muted); }
+.pager { display: flex; justify-content: space-between; }
+dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 4px 16px; background: #fff;
+           border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px; }
+dl.facts dt { color: var(--muted); } dl.facts dd { margin: 0; }
+.empty { padding: 8px 0; }
+code, time { white-space: nowrap; }
+"""
+
+JS = """
+(function () {
+  'use strict';
+  var url = document.body.getAttribute('data-parts');
+  var stamp = document.getElementById('refreshed');
+  if (!url) { return; }
+  function swap(parts) {
+    Object.keys(parts).forEach(function (id) {
+      var element = document.getElementById(id);
+      if (element) { element.innerHTML = parts[id]; }
+    });
+    if (stamp) { stamp.textContent = 'live · updated ' + new Date().toLocaleTimeString(); }
+    document.body.setAttribute('data-refreshes',
+      String(Number(document.body.getAttribute('data-refreshes') || 0) + 1));
+  }
+  function tick() {
+    fetch(url, {headers: {'Accept': 'application/json'}, credentials: 'same-origin'})
+      .then(function (response) { return response.ok ? response.json() : null; })
+      .then(function (parts) { if (parts) { swap(parts); } })
+      .catch(function () { if (stamp) { stamp.textContent = 'offline, retrying'; } })
+      .then(function () { window.setTimeout(tick, 1500); });
+  }
+  window.setTimeout(tick, 1500);
+})();
+"""

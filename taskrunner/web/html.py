@@ -1,0 +1,176 @@
+"""HTML building blocks of the dashboard: escaping, the page frame, times, progress bars,
+tables and the inline SVG charts. Every value that comes from the database goes through
+`e()` (task data and results are shown as text, never as markup)."""
+import json
+from datetime import datetime, timezone
+from html import escape
+from typing import Any, Iterable, List, Optional, Sequence
+from urllib.parse import urlencode
+
+NAV = (("/", "Overview"), ("/runners", "Runners"), ("/tasks", "Tasks"),
+       ("/failures", "Failures"), ("/periodic", "Periodic tasks"))
+STATUS_COLOURS = {"scheduled": "#6c8ebf", "running": "#2f80ed", "retrying": "#f2994a",
+                  "given-up": "#d64545", "success": "#27ae60", "cancelled": "#9b9b9b",
+                  "error": "#d64545", "timeout": "#d64545", "requeued": "#b07cc6"}
+
+
+def e(value: Any) -> str:
+    return escape("" if value is None else str(value), quote=True)
+
+
+def query(**params: Any) -> str:
+    """'?a=1&b=2' from the parameters that are set."""
+    given = {k: v for k, v in params.items() if v not in (None, "")}
+    return "?" + urlencode(given) if given else ""
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def when(value: Optional[datetime]) -> str:
+    """A time as UTC text in a <time> element ('' for none)."""
+    if value is None:
+        return ""
+    return '<time datetime="%s">%s</time>' % (e(value.isoformat()),
+                                               e(value.strftime("%Y-%m-%d %H:%M:%S")))
+
+
+def span(seconds: Optional[float]) -> str:
+    """A duration as '850 ms', '12 s', '3 min 4 s', '2 h 5 min', '3 d 4 h'."""
+    if seconds is None:
+        return ""
+    if seconds < 1:
+        return "%d ms" % round(seconds * 1000)
+    if seconds < 60:
+        return "%.1f s" % seconds if seconds < 10 else "%d s" % seconds
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return "%d min %d s" % (minutes, secs)
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return "%d h %d min" % (hours, minutes)
+    return "%d d %d h" % divmod(hours, 24)
+
+
+def ago(value: Optional[datetime], at: Optional[datetime] = None) -> str:
+    if value is None:
+        return ""
+    seconds = ((at or now()) - value).total_seconds()
+    return span(seconds) + " ago" if seconds >= 0 else "in " + span(-seconds)
+
+
+def status(name: Optional[str]) -> str:
+    if not name:
+        return ""
+    return '<span class="status status-%s">%s</span>' % (e(name), e(name))
+
+
+def progress(percent: Optional[int]) -> str:
+    if percent is None:
+        return ""
+    return ('<progress max="100" value="%d" title="%d%%"></progress> <span class="pct">%d%%'
+            '</span>' % (percent, percent, percent))
+
+
+def pretty(value: Any) -> str:
+    """JSON data or results, indented, as escaped text."""
+    if value is None:
+        return '<span class="muted">none</span>'
+    return "<pre>%s</pre>" % e(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+def short(value: Any, width: int = 80) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return e(text if len(text) <= width else text[:width - 1] + "…")
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], empty: str = "nothing here",
+          css: str = "") -> str:
+    """A table of cells that are already HTML."""
+    rows = list(rows)
+    if not rows:
+        return '<p class="muted empty">%s</p>' % e(empty)
+    head = "".join("<th>%s</th>" % e(h) for h in headers)
+    body = "".join("<tr>%s</tr>" % "".join("<td>%s</td>" % c for c in row) for row in rows)
+    return '<table class="%s"><thead><tr>%s</tr></thead><tbody>%s</tbody></table>' % (
+        e(css), head, body)
+
+
+def csrf_form(action: str, token: str, button: str, fields: Optional[dict] = None,
+              css: str = "") -> str:
+    hidden = "".join('<input type="hidden" name="%s" value="%s">' % (e(k), e(v))
+                     for k, v in (fields or {}).items() if v not in (None, ""))
+    return ('<form method="post" action="%s" class="inline"><input type="hidden" name="csrf" '
+            'value="%s">%s<button type="submit" class="%s">%s</button></form>'
+            % (e(action), e(token), hidden, e(css), e(button)))
+
+
+def page(title: str, path: str, body: str, notice: Optional[str] = None,
+         parts: Optional[str] = None, read_only: bool = False) -> str:
+    """The frame around a page: navigation, an optional notice, the live-parts endpoint."""
+    nav = "".join('<a href="%s"%s>%s</a>' % (href, ' class="active"' if (
+        path == href or (href != "/" and path.startswith(href))) else "", label)
+        for href, label in NAV)
+    flash = '<p class="notice" role="status">%s</p>' % e(notice) if notice else ""
+    live = ' data-parts="%s"' % e(parts) if parts else ""
+    badge = '<span class="badge">read-only</span>' if read_only else ""
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            "<title>%s · taskrunner</title><link rel=\"icon\" href=\"data:,\">"
+            "<link rel=\"stylesheet\" href=\"/static/app.css\">"
+            "<script src=\"/static/app.js\" defer></script></head>"
+            "<body%s><header><span class=\"brand\">taskrunner</span><nav>%s</nav>%s"
+            "<span class=\"refreshed\" id=\"refreshed\"></span></header>"
+            "<main><h1>%s</h1>%s%s</main></body></html>"
+            % (e(title), live, nav, badge, e(title), flash, body))
+
+
+# -- pictures -------------------------------------------------------------------------------
+
+def status_bar(counts: dict) -> str:
+    """One horizontal bar split by the share of each status (SVG)."""
+    total = sum(counts.values())
+    if not total:
+        return ""
+    x, parts = 0.0, []
+    for name, n in counts.items():
+        if not n:
+            continue
+        width = 1000.0 * n / total
+        parts.append('<rect x="%.2f" y="0" width="%.2f" height="18" fill="%s"><title>%s: %d'
+                     '</title></rect>' % (x, max(width, 1.5), STATUS_COLOURS.get(name, "#999"),
+                                          e(name), n))
+        x += width
+    return ('<svg class="statusbar" viewBox="0 0 1000 18" preserveAspectRatio="none" '
+            'role="img" aria-label="tasks by status">%s</svg>' % "".join(parts))
+
+
+def minute_chart(minutes: List[Any]) -> str:
+    """Runs finished per minute, succeeded stacked under failed, as SVG bars."""
+    width, height, left, bottom = 720, 180, 40, 22
+    peak = max([m.succeeded + m.failed for m in minutes] + [1])
+    scale = (height - bottom - 8) / peak
+    step = (width - left) / max(len(minutes), 1)
+    bars = []
+    for i, m in enumerate(minutes):
+        x = left + i * step
+        ok_h, bad_h = m.succeeded * scale, m.failed * scale
+        base = height - bottom
+        label = "%s UTC: %d succeeded, %d failed" % (m.minute.strftime("%H:%M"), m.succeeded,
+                                                      m.failed)
+        bars.append('<g><title>%s</title><rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" '
+                    'fill="#27ae60"/><rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" '
+                    'fill="#d64545"/></g>' % (e(label), x, base - ok_h, step * 0.8, ok_h,
+                                              x, base - ok_h - bad_h, step * 0.8, bad_h))
+    ticks = []
+    for i in range(0, len(minutes), 10):
+        ticks.append('<text x="%.1f" y="%d" class="tick">%s</text>' % (
+            left + i * step, height - 6, e(minutes[i].minute.strftime("%H:%M"))))
+    axis = ('<text x="%d" y="14" class="tick" text-anchor="end">%d</text>'
+            '<text x="%d" y="%d" class="tick" text-anchor="end">0</text>'
+            '<line x1="%d" y1="%d" x2="%d" y2="%d" class="axis"/>'
+            % (left - 6, peak, left - 6, height - bottom, left, height - bottom, width,
+               height - bottom))
+    return ('<svg class="chart" viewBox="0 0 %d %d" role="img" aria-label="runs finished per '
+            'minute">%s%s%s</svg>' % (width, height, axis, "".join(bars), "".join(ticks)))

@@ -1,0 +1,94 @@
+"""Prometheus metrics: a collector that reads the database at scrape time (through the read
+functions), so every figure, counters included, comes from what the database holds and
+survives any restart of the process serving it.
+
+The run counters and the duration histogram are totals over the runs in the database,
+which the dashboard keeps between scrapes and brings up to date from the runs finished
+since (`summaries.RunTotals`): they count a run about ten seconds after it ended. A
+restarted dashboard reads them again from the database (the same figures, less what
+rotation deleted meanwhile, which Prometheus' ``rate()`` treats as a counter reset).
+"""
+from typing import Any, Iterator, Optional
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily)
+
+from .. import reads, summaries
+from .html import now
+
+
+class StoreCollector:
+    """Every metric of one store, read when Prometheus scrapes."""
+
+    def __init__(self, store: Any, totals: Optional[summaries.RunTotals] = None,
+                 succeeded: Optional[int] = None):
+        self.store, self.succeeded = store, succeeded
+        # The dashboard keeps its totals between scrapes; `taskrunner metrics` reads all.
+        self.totals = totals or summaries.RunTotals(margin=0.0)
+
+    def collect(self) -> Iterator[Any]:
+        store = self.store
+        tasks = GaugeMetricFamily("taskrunner_tasks", "Tasks by status.", labels=["status"])
+        for status, n in summaries.status_counts(store, self.succeeded).items():
+            tasks.add_metric([status], n)
+        yield tasks
+
+        ended = CounterMetricFamily("taskrunner_runs_ended", "Runs ended, by handler and final "
+                                    "status (runs in the database).", labels=["handler", "status"])
+        ended_runs, histograms = self.totals.refresh(store)
+        for handler, status, n in ended_runs:
+            ended.add_metric([handler, status], n)
+        yield ended
+
+        duration = HistogramMetricFamily("taskrunner_run_duration_seconds", "Duration of the "
+                                         "finished runs, by handler.", labels=["handler"])
+        for h in histograms:
+            buckets = [(repr(float(b)), n) for b, n in zip(summaries.DURATION_BUCKETS,
+                                                            h.buckets)]
+            duration.add_metric([h.handler], buckets + [("+Inf", h.count)], h.total_seconds)
+        yield duration
+
+        yield GaugeMetricFamily("taskrunner_queue_lag_seconds", "Seconds since the oldest "
+                                "due run was due (0 when none waits).",
+                                value=summaries.queue_lag(store))
+
+        alive = GaugeMetricFamily("taskrunner_runners_alive", "Runners registered running, "
+                                  "by host.", labels=["host"])
+        rss = GaugeMetricFamily("taskrunner_runners_rss_bytes", "Resident memory of the "
+                                "running runners, by host.", labels=["host"])
+        hosts: dict = {}
+        for r in reads.running_runners(store):
+            if r.kind == "runner":
+                count, memory = hosts.get(r.host, (0, 0.0))
+                hosts[r.host] = (count + 1, memory + (r.rss_mb or 0.0) * 1048576)
+        for host, (count, memory) in sorted(hosts.items()):
+            alive.add_metric([host], count)
+            rss.add_metric([host], memory)
+        yield alive
+        yield rss
+
+        until = GaugeMetricFamily("taskrunner_periodic_seconds_until_due", "Seconds until a "
+                                  "periodic task is next due (negative: overdue).",
+                                  labels=["name"])
+        failures = GaugeMetricFamily("taskrunner_periodic_consecutive_failures", "Failed runs "
+                                     "in a row of a periodic task's tasks.", labels=["name"])
+        enabled = GaugeMetricFamily("taskrunner_periodic_enabled", "1 if the periodic task is "
+                                    "enabled.", labels=["name"])
+        at = now()
+        for p in reads.list_periodic(store):
+            if p.enabled and p.nextrun is not None:
+                until.add_metric([p.name], (p.nextrun - at).total_seconds())
+            failures.add_metric([p.name], p.consecutive_failures)
+            enabled.add_metric([p.name], 1 if p.enabled else 0)
+        yield until
+        yield failures
+        yield enabled
+
+
+def exposition(store: Any, totals: Optional[summaries.RunTotals] = None,
+               succeeded: Optional[int] = None) -> bytes:
+    """The metrics of `store` in the Prometheus text format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(store, totals, succeeded))  # type: ignore[arg-type]
+    return generate_latest(registry)

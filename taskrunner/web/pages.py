@@ -1,0 +1,313 @@
+"""The dashboard's pages, each built from the read functions only (`reads`, `summaries`).
+
+A page is ``(title, body)``; the parts of it that refresh by themselves are functions of
+their own (``*_live``) that the page embeds in an element with an id, and that
+``/api/parts`` serves again as JSON for the page's script to swap in.
+"""
+from collections import OrderedDict
+from datetime import datetime, timezone
+from typing import Any, Dict, Mapping, Optional
+
+from .. import reads, summaries
+from ..errors import InputError
+from .html import (ago, csrf_form, e, minute_chart, pretty, progress, query, short, span,
+                   status, status_bar, table, when)
+from .html import now as utcnow
+
+PAGE_SIZE = 50
+
+
+class View:
+    """What every page needs: the store, the CSRF token, whether actions are offered."""
+
+    def __init__(self, store: Any, csrf: str, read_only: bool,
+                 succeeded: Optional[Any] = None):
+        self.store, self.csrf, self.read_only = store, csrf, read_only
+        # () -> the recent count of succeeded tasks the server keeps, or None
+        self.succeeded = succeeded or (lambda: None)
+
+    def action(self, path: str, button: str, fields: Optional[dict] = None, css: str = "") -> str:
+        return "" if self.read_only else csrf_form(path, self.csrf, button, fields, css)
+
+
+def _time_param(params: Mapping[str, str], name: str) -> Optional[datetime]:
+    text = params.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    except ValueError:
+        raise InputError("invalid %s time %r: expected ISO 8601, e.g. 2026-01-31T08:00"
+                         % (name, text)) from None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def task_filter(store: Any, params: Mapping[str, str]) -> summaries.TaskFilter:
+    """The tasks filter named by the URL's status, handler, since, until and periodic."""
+    periodic = params.get("periodic", "").strip()
+    return summaries.TaskFilter(
+        status=params.get("status") or None, handler=params.get("handler", "").strip() or None,
+        since=_time_param(params, "since"), until=_time_param(params, "until"),
+        periodic_task_id=summaries.periodic_task_id(store, periodic) if periodic else None,
+        error_code=params.get("error", "").strip() or None)
+
+
+def filter_params(params: Mapping[str, str]) -> Dict[str, str]:
+    return {k: params[k] for k in ("status", "handler", "error", "since", "until", "periodic")
+            if params.get(k)}
+
+
+# -- overview -------------------------------------------------------------------------------
+
+def overview_live(view: View, params: Mapping[str, str]) -> str:
+    store = view.store
+    counts = summaries.status_counts(store, view.succeeded())
+    tiles = "".join(
+        '<a class="tile tile-%s" href="/tasks%s"><span class="n">%d</span><span>%s</span></a>'
+        % (e(name), e(query(status=name)), n, e(name.replace("-", " ")))
+        for name, n in counts.items())
+    minutes = summaries.runs_per_minute(store)
+    done = sum(m.succeeded for m in minutes), sum(m.failed for m in minutes)
+    lag = summaries.queue_lag(store)
+    hosts: Dict[str, list] = OrderedDict()
+    for runner in reads.running_runners(store):
+        hosts.setdefault(runner.host, []).append(runner)
+    host_rows = [[e(host), "%d" % sum(r.kind == "runner" for r in rows),
+                  "%d" % sum(r.run_id is not None for r in rows),
+                  "yes" if any(r.kind == "overseer" for r in rows) else "no"]
+                 for host, rows in hosts.items()]
+    return ('<section class="tiles">%s</section>%s'
+            '<div class="cols"><section class="card wide"><h2>Runs finished per minute, last '
+            'hour <small>%d succeeded · %d failed</small></h2>%s</section>'
+            '<section class="card"><h2>Queue lag</h2><p class="big" id="queue-lag">%s</p>'
+            '<p class="muted">age of the oldest due run</p><h2>Runners alive</h2>%s</section>'
+            '</div>' % (tiles, status_bar(counts), done[0], done[1], minute_chart(minutes),
+                        span(lag) if lag else "none", table(
+                            ["Host", "Runners", "Busy", "Overseer"], host_rows,
+                            "no runner is running")))
+
+
+def overview(view: View, params: Mapping[str, str]) -> str:
+    due = [p for p in reads.list_periodic(view.store) if p.enabled and p.nextrun]
+    due.sort(key=lambda p: p.nextrun or datetime.max.replace(tzinfo=timezone.utc))
+    at = utcnow()
+    rows = [['<a href="/tasks%s">%s</a>' % (e(query(periodic=p.name)), e(p.name)), e(p.timer),
+             when(p.nextrun), e(ago(p.nextrun, at))] for p in due[:10]]
+    return ('<div id="overview-live" data-live>%s</div><section class="card"><h2>Next periodic '
+            'tasks due</h2>%s</section>' % (overview_live(view, params), table(
+                ["Periodic task", "Timer", "Next due (UTC)", ""], rows,
+                "no enabled periodic task is due")))
+
+
+# -- runners --------------------------------------------------------------------------------
+
+def runners_live(view: View, params: Mapping[str, str]) -> str:
+    at = utcnow()
+    hosts: Dict[str, list] = OrderedDict()
+    for r in reads.running_runners(view.store):
+        hosts.setdefault(r.host, []).append(r)
+    if not hosts:
+        return '<p class="muted empty">no runner or overseer is running</p>'
+    parts = []
+    for host, rows in hosts.items():
+        cells = []
+        for r in rows:
+            elapsed = ""
+            if r.run_id is not None:
+                run = next((x for x in reads.runs_of(view.store, r.task_id) if x.id == r.run_id),
+                           None)
+                if run is not None and run.started_on is not None:
+                    elapsed = span((at - run.started_on).total_seconds())
+                task = reads.get_task(view.store, r.task_id)
+                current = '<a href="/tasks/%d">task %d</a> run %d' % (r.task_id, r.task_id,
+                                                                      r.run_id)
+                handler = e(task.handler)
+            else:
+                current, handler = '<span class="muted">idle</span>', ""
+            state = status("stopping" if r.state != "running" else r.state)
+            cells.append([e(r.id), e(r.kind), e(r.pid), state, current, handler,
+                          progress(r.progress), elapsed,
+                          "%s MB" % e(r.rss_mb) if r.rss_mb is not None else "",
+                          e(r.runs_done), e(ago(r.heartbeat_on, at))])
+        parts.append('<section class="card"><h2>%s</h2>%s</section>' % (e(host), table(
+            ["ID", "Kind", "PID", "State", "Current run", "Handler", "Progress", "Elapsed",
+             "RSS", "Runs done", "Heartbeat"], cells, css="runners")))
+    return "".join(parts)
+
+
+def runners(view: View, params: Mapping[str, str]) -> str:
+    return '<div id="runners-live" data-live>%s</div>' % runners_live(view, params)
+
+
+# -- tasks ----------------------------------------------------------------------------------
+
+def _filter_form(params: Mapping[str, str]) -> str:
+    options = "".join('<option value="%s"%s>%s</option>' % (
+        e(s), " selected" if params.get("status") == s else "", e(s))
+        for s in ("",) + summaries.STATUS_FILTERS)
+    field = '<label>%s <input name="%s" value="%s" placeholder="%s"%s></label>'
+    return ('<form method="get" action="/tasks" class="filters" id="task-filters">'
+            '<label>Status <select name="status">%s</select></label>%s%s%s%s%s'
+            '<button type="submit">Filter</button> <a href="/tasks">clear</a></form>' % (
+                options,
+                field % ("Handler", "handler", e(params.get("handler", "")),
+                         "taskrunner.handlers.Echo", ' size="28"'),
+                field % ("Error code", "error", e(params.get("error", "")), "code",
+                         ' size="12"'),
+                field % ("Queued since", "since", e(params.get("since", "")),
+                         "2026-01-31T08:00 (UTC)", ' size="20"'),
+                field % ("until", "until", e(params.get("until", "")), "ISO 8601 (UTC)",
+                         ' size="20"'),
+                field % ("Periodic task", "periodic", e(params.get("periodic", "")), "name",
+                         ' size="16"')))
+
+
+def task_row(t: Any) -> list:
+    outcome = ""
+    if t.last_error_code:
+        outcome = '<span class="err">%s</span> %s' % (e(t.last_error_code),
+                                                      short(t.last_error_message or "", 60))
+    return ['<a href="/tasks/%d">%d</a>' % (t.id, t.id), e(t.handler),
+            status("given-up" if t.given_up else (
+                "retrying" if t.status in ("error", "timeout") and not t.finished_on
+                else t.status)),
+            "%d / %d" % (t.runs_failed, t.max_retries), "%d" % t.runs,
+            when(t.scheduled_on), when(t.finished_on), outcome]
+
+
+def tasks(view: View, params: Mapping[str, str]) -> str:
+    chosen = task_filter(view.store, params)
+    before = params.get("before", "").strip()
+    if before and not before.isdigit():
+        raise InputError("invalid before %r: expected a task id" % before)
+    result = summaries.find_tasks(view.store, chosen, int(before) if before else None, PAGE_SIZE)
+    rows = [task_row(t) for t in result.tasks]
+    more = ('<a class="older" href="/tasks%s">Older →</a>' % e(query(
+        before=result.next_before, **filter_params(params)))) if result.next_before else ""
+    newest = '<a href="/tasks%s">← Newest</a>' % e(query(**filter_params(params))) \
+        if before else ""
+    bulk = ""
+    if not view.read_only and result.tasks:
+        fields = filter_params(params)
+        bulk = ('<div class="bulk">Every task matching this filter: %s %s</div>'
+                % (view.action("/tasks/bulk", "Retry all…", dict(fields, action="retry")),
+                   view.action("/tasks/bulk", "Cancel all…", dict(fields, action="cancel"),
+                               css="danger")))
+    return '%s%s%s<p class="pager">%s %s</p>' % (
+        _filter_form(params), bulk,
+        table(["Task", "Handler", "Status", "Failures", "Runs", "Scheduled (UTC)",
+               "Finished (UTC)", "Error"], rows, "no task matches this filter", css="tasks"),
+        newest, more)
+
+
+def confirm_bulk(view: View, params: Mapping[str, str], count: int, limit: int) -> str:
+    action = params["action"]
+    fields = dict(filter_params(params), action=action, confirm="yes")
+    described = ", ".join("%s %s" % (k, v) for k, v in filter_params(params).items()) \
+        or "no filter: every task"
+    capped = " (the newest %d at a time)" % limit if count >= limit else ""
+    return ('<section class="card confirm"><p>%s <strong>%d</strong> task(s)%s matching: %s?'
+            '</p><p>Tasks that cannot be %s (wrong state) are left as they are.</p>%s '
+            '<a href="/tasks%s">Back</a></section>' % (
+                e(action.capitalize()), count, e(capped), e(described),
+                "retried" if action == "retry" else "cancelled",
+                view.action("/tasks/bulk", "Yes, %s %d task(s)" % (action, count), fields,
+                            css="danger" if action == "cancel" else ""),
+                e(query(**filter_params(params)))))
+
+
+def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
+    t = reads.get_task(view.store, task_id)
+    runs = reads.runs_of(view.store, task_id)
+    shown = "given-up" if t.given_up else t.status
+    facts = [("Status", status(shown)), ("Handler", e(t.handler)), ("Priority", e(t.priority)),
+             ("Queued", "%s by %s" % (when(t.queued_on), e(t.queued_by or "-"))),
+             ("Scheduled", when(t.scheduled_on)), ("Next run", when(t.next_run_on)),
+             ("Finished", when(t.finished_on)),
+             ("Runs", "%d, %d failed in a row of %d allowed" % (t.runs, t.runs_failed,
+                                                                t.max_retries)),
+             ("Run timeout", span(t.run_timeout)), ("Max runtime", span(t.max_runtime)),
+             ("Unique key", e(t.unique_key)),
+             ("Periodic task", e(t.periodic_task_id)),
+             ("Last error", '<span class="err">%s</span> %s' % (
+                 e(t.last_error_code), e(t.last_error_message)) if t.last_error_code else "")]
+    facts_html = "".join("<dt>%s</dt><dd>%s</dd>" % (k, v) for k, v in facts if v)
+    rows = []
+    for r in reversed(runs):
+        error = ""
+        if r.error_code:
+            error = '<span class="err">%s</span><pre class="error">%s</pre>' % (
+                e(r.error_code), e(r.error_message))
+        rows.append([e(r.attempt), e(r.id), status(r.status), e(r.runner_id),
+                     progress(r.percent_completed), when(r.created_on), when(r.started_on),
+                     when(r.finished_on), span(r.duration),
+                     pretty(r.results) if r.results is not None else "", error])
+    return ('<dl class="facts">%s</dl><h2>Runs</h2>%s' % (facts_html, table(
+        ["Attempt", "Run", "Status", "Runner", "Progress", "Created", "Started", "Finished",
+         "Duration", "Results", "Error"], rows, "no run yet", css="runs")))
+
+
+def task(view: View, params: Mapping[str, str], task_id: int) -> str:
+    t = reads.get_task(view.store, task_id)
+    actions = ""
+    if t.status in ("error", "timeout"):
+        actions += view.action("/tasks/%d/retry" % t.id, "Retry")
+    if t.finished_on is None and t.status != "cancelled":
+        actions += view.action("/tasks/%d/cancel" % t.id, "Cancel", css="danger")
+    return ('<p class="actions">%s</p><div id="task-live" data-live>%s</div><h2>Data</h2>%s'
+            % (actions, task_live(view, params, task_id), pretty(t.data)))
+
+
+# -- failures and periodic tasks ---------------------------------------------------------------
+
+def failures(view: View, params: Mapping[str, str]) -> str:
+    handler = params.get("handler", "").strip() or None
+    groups = summaries.failure_groups(view.store, handler)
+    rows = [[e(g.handler), '<span class="err">%s</span>' % e(g.error_code or "-"),
+             '<a href="/tasks%s">%d</a>' % (e(query(status="given-up", handler=g.handler,
+                                                   error=g.error_code)), g.given_up),
+             '<a href="/tasks%s">%d</a>' % (e(query(status="retrying", handler=g.handler,
+                                                   error=g.error_code)), g.retrying),
+             '<a href="/tasks/%d">task %d</a> %s' % (g.latest_task_id, g.latest_task_id,
+                                                     when(g.latest_on)),
+             '<pre class="error">%s</pre>' % e(g.latest_error_message)] for g in groups]
+    form = ('<form method="get" action="/failures" class="filters"><label>Handler <input '
+            'name="handler" value="%s" size="28"></label><button type="submit">Filter</button>'
+            ' <a href="/failures">clear</a></form>' % e(handler or ""))
+    return form + table(["Handler", "Error code", "Given up", "Retrying", "Latest",
+                         "Latest error"], rows, "no failed task", css="failures")
+
+
+def periodic(view: View, params: Mapping[str, str]) -> str:
+    at = utcnow()
+    rows = []
+    for p in reads.list_periodic(view.store):
+        toggle = view.action("/periodic/%s" % ("disable" if p.enabled else "enable"),
+                             "Disable" if p.enabled else "Enable", {"name": p.name},
+                             css="danger" if p.enabled else "")
+        rows.append(['<a href="/tasks%s">%s</a>' % (e(query(periodic=p.name)), e(p.name)),
+                     e(p.handler), "<code>%s</code>" % e(p.timer),
+                     "%s <small>%s</small>" % (when(p.nextrun), e(ago(p.nextrun, at)))
+                     if p.enabled else '<span class="muted">disabled</span>',
+                     when(p.last_run), status(p.last_status), e(p.consecutive_failures),
+                     "%d submitted, %d skipped" % (p.submitted, p.skipped),
+                     "yes" if p.enabled else "no", toggle])
+    return table(["Name", "Handler", "Timer", "Next due (UTC)", "Last run", "Last status",
+                  "Failures in a row", "Statistics", "Enabled", ""], rows,
+                 "no periodic task", css="periodic")
+
+
+LIVE = {"overview": overview_live, "runners": runners_live}
+
+
+def live_parts(view: View, params: Mapping[str, str]) -> Dict[str, str]:
+    """The live parts of a page, by element id, for ``/api/parts?page=...``."""
+    name = params.get("page", "")
+    if name == "task":
+        task_id = params.get("id", "")
+        if not task_id.isdigit():
+            raise InputError("invalid task id %r" % task_id)
+        return {"task-live": task_live(view, params, int(task_id))}
+    if name not in LIVE:
+        raise InputError("no live parts for page %r" % name)
+    return {"%s-live" % name: LIVE[name](view, params)}

@@ -1,0 +1,207 @@
+"""The dashboard in a real browser: headless Chromium (Debian's chromium and chromium-driver,
+which .ci/run installs) driven by Selenium. Each page loads without console errors and is
+saved as a screenshot ($TASKRUNNER_SCREENSHOTS, default the test's tmp dir); filters,
+live progress under a real runner, retry, cancel, bulk actions and CSRF in the browser."""
+import os
+import shutil
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from conftest import databases_required, wait_for  # noqa: E402
+from dashboard_helpers import Served  # noqa: E402
+from test_dashboard import history  # noqa: E402
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+PAGES = {"overview": "/", "runners": "/runners", "tasks": "/tasks", "failures": "/failures",
+         "periodic": "/periodic"}
+
+
+def _missing():
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[test]')"
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not shutil.which(path):
+            return "%s is missing (apt-get install chromium chromium-driver)" % path
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    reason = _missing()
+    if reason:
+        if databases_required():
+            pytest.fail(reason + " (required in CI)")
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", "--window-size=1400,1000", "--no-proxy-server"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def site(sqlite_db):
+    queue = sqlite_db.queue()
+    served = Served(queue.store)
+    served.queue, served.db = queue, sqlite_db
+    yield served
+    served.stop()
+    queue.close()
+
+
+def console_errors(driver):
+    return [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def screenshot(driver, name, tmp_path):
+    directory = os.environ.get("TASKRUNNER_SCREENSHOTS") or str(tmp_path)
+    os.makedirs(directory, exist_ok=True)
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1400, max(700, min(int(height) + 40, 2400)))
+    path = os.path.join(directory, name + ".png")
+    driver.save_screenshot(path)
+    driver.set_window_size(1400, 1000)
+    return path
+
+
+def by_css(driver, selector):
+    from selenium.webdriver.common.by import By
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def test_every_page_loads_without_console_errors(browser, site, tmp_path):
+    queue = site.queue
+    ids = history(queue)
+    from taskrunner import periodic
+    periodic.add_periodic(queue.store, "nightly-report", "taskrunner.handlers.Echo", "*-*-* 02:00")
+    periodic.add_periodic(queue.store, "every-5-min", "taskrunner.handlers.Echo", "every 5min")
+    periodic.set_enabled(queue.store, "every-5-min", False)
+    xss = queue.add_task("taskrunner.handlers.Echo", {"html": "<script>alert('x')</script>"})
+    queue.run_pending()
+    browser.get_log("browser")
+    for name, path in dict(PAGES, task="/tasks/%d" % ids["failed"], xss="/tasks/%d" % xss).items():
+        browser.get(site.url + path)
+        assert by_css(browser, "main h1"), name
+        if path in ("/", "/runners") or path.startswith("/tasks/"):
+            # Wait for one live refresh: the JSON endpoint answered and the part was swapped.
+            wait_for(lambda: browser.execute_script(
+                "return document.body.getAttribute('data-refreshes')"), timeout=30,
+                message="a live refresh of " + name)
+        assert console_errors(browser) == [], name
+        screenshot(browser, name, tmp_path)
+    # The task whose data holds a script: shown as text, never run.
+    assert "<script>alert('x')</script>" in browser.find_element("css selector", "main").text
+    assert browser.execute_script("return document.querySelectorAll('main script').length") == 0
+
+
+def test_filters_narrow_the_task_list(browser, site):
+    from selenium.webdriver.support.ui import Select
+    ids = history(site.queue)
+    browser.get(site.url + "/tasks")
+    assert len(by_css(browser, "table.tasks tbody tr")) == 6
+    Select(browser.find_element("name", "status")).select_by_value("given-up")
+    browser.find_element("css selector", "#task-filters button").click()
+    wait_for(lambda: "status=given-up" in browser.current_url, message="the filtered URL")
+    rows = by_css(browser, "table.tasks tbody tr")
+    assert [r.find_element("css selector", "td a").text for r in rows] == [str(ids["failed"])]
+    browser.get(site.url + "/tasks?handler=taskrunner.handlers.Fail")
+    assert len(by_css(browser, "table.tasks tbody tr")) == 2
+    # From the Failures page: the given-up tasks of one handler and error code.
+    browser.get(site.url + "/failures")
+    browser.find_element("css selector", "a[href*='error=Planned'][href*='given-up']").click()
+    wait_for(lambda: "error=Planned" in browser.current_url, message="the failures link")
+    rows = by_css(browser, "table.tasks tbody tr")
+    assert [r.find_element("css selector", "td a").text for r in rows] == [str(ids["failed"])]
+    browser.get(site.url + "/tasks?since=2999-01-01T00:00")
+    assert by_css(browser, "table.tasks tbody tr") == []
+    assert "no task matches" in browser.find_element("css selector", "main").text
+    from test_dashboard import periodic_submission
+    submitted = periodic_submission(site.queue)
+    browser.get(site.url + "/periodic")
+    browser.find_element("link text", "every-minute").click()
+    wait_for(lambda: "periodic=every-minute" in browser.current_url, message="the periodic link")
+    rows = by_css(browser, "table.tasks tbody tr")
+    assert [r.find_element("css selector", "td a").text for r in rows] == [str(submitted[0])]
+    browser.get(site.url + "/tasks?since=yesterday")
+    assert "invalid since time" in browser.find_element("css selector", "main").text
+
+
+def test_live_progress_bar_moves_while_a_real_runner_works(browser, site, procs, tmp_path):
+    task_id = site.queue.add_task("taskrunner.handlers.Sleep", {"seconds": 8})
+    config = site.db.write_config(tmp_path / "c.toml", "[runner]\npoll_interval = 0.2\n")
+    procs.spawn("runner", "--burst", config=config, name="runner")
+    browser.get_log("browser")
+    browser.get(site.url + "/runners")
+    browser.execute_script("window.notReloaded = true")
+
+    def percent():
+        bars = by_css(browser, "#runners-live progress")
+        return bars and int(bars[0].get_attribute("value"))
+    first = wait_for(percent, timeout=60, interval=0.2, message="the runner's progress bar")
+    wait_for(lambda: (percent() or 0) >= first + 15, timeout=30, interval=0.2,
+             message="the progress bar to move on from %s%%" % first)
+    assert browser.execute_script("return window.notReloaded") is True
+    assert "task %d" % task_id in browser.find_element("id", "runners-live").text
+    screenshot(browser, "runners", tmp_path)
+    # The task page's run table is live too.
+    browser.get(site.url + "/tasks/%d" % task_id)
+    browser.execute_script("window.notReloaded = true")
+    wait_for(lambda: "success" in browser.find_element("id", "task-live").text, timeout=30,
+             interval=0.2, message="the run to end on the task page")
+    assert browser.execute_script("return window.notReloaded") is True
+    assert console_errors(browser) == []
+
+
+def test_retry_cancel_and_bulk_actions_change_the_database(browser, site):
+    queue = site.queue
+    ids = history(queue)
+    browser.get(site.url + "/tasks/%d" % ids["failed"])
+    browser.find_element("xpath", "//button[text()='Retry']").click()
+    wait_for(lambda: "re-armed" in browser.find_element("css selector", ".notice").text)
+    assert queue.get_task(ids["failed"]).status == "scheduled"
+
+    browser.get(site.url + "/tasks/%d" % ids["later"])
+    browser.find_element("xpath", "//button[text()='Cancel']").click()
+    wait_for(lambda: "cancelled" in browser.find_element("css selector", ".notice").text)
+    assert queue.get_task(ids["later"]).status == "cancelled"
+
+    # Bulk: cancel every scheduled Echo task, after a confirmation page.
+    browser.get(site.url + "/tasks?status=scheduled&handler=taskrunner.handlers.Echo")
+    browser.find_element("xpath", "//button[text()='Cancel all…']").click()
+    text = browser.find_element("css selector", ".confirm").text
+    assert "Cancel 1 task(s)" in text and "status scheduled" in text
+    assert queue.get_task(ids["due"]).status == "scheduled"      # nothing done yet
+    browser.find_element("xpath", "//button[starts-with(text(), 'Yes, cancel')]").click()
+    wait_for(lambda: "1 task(s) done" in browser.find_element("css selector", ".notice").text)
+    assert queue.get_task(ids["due"]).status == "cancelled"
+
+    from taskrunner import periodic, reads
+    periodic.add_periodic(queue.store, "nightly", "taskrunner.handlers.Echo", "*-*-* 02:00")
+    browser.get(site.url + "/periodic")
+    browser.find_element("xpath", "//button[text()='Disable']").click()
+    wait_for(lambda: "disabled" in browser.find_element("css selector", ".notice").text)
+    assert [p.enabled for p in reads.list_periodic(queue.store)] == [False]
+    browser.find_element("xpath", "//button[text()='Enable']").click()
+    wait_for(lambda: [p.enabled for p in reads.list_periodic(queue.store)] == [True])
+
+
+def test_a_post_without_the_csrf_token_is_refused(browser, site):
+    ids = history(site.queue)
+    browser.get(site.url + "/tasks/%d" % ids["failed"])
+    status = browser.execute_async_script(
+        "var done = arguments[arguments.length - 1];"
+        "fetch('/tasks/%d/retry', {method: 'POST', body: new URLSearchParams({x: '1'})})"
+        ".then(function (r) { done(r.status); });" % ids["failed"])
+    assert status == 403
+    assert site.queue.get_task(ids["failed"]).status == "error"
