@@ -11,6 +11,7 @@ import math
 import sys
 from datetime import datetime, timedelta, timezone
 
+from . import cli_runs
 from .config import Config
 from .errors import InputError
 from .handler import encode_data, load_handler
@@ -185,10 +186,11 @@ def cmd_tasks(args):
     if args.json:
         _print_json(tasks)
         return
-    _print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "SCHEDULED", "FINISHED", "ERROR"],
+    _print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "SCHEDULED", "FINISHED",
+                  "RESULT / ERROR"],
                  [[t["id"], t["handler"], "given-up" if t["given_up"] else t["status"], t["runs"],
-                   t["runs_failed"], t["scheduled_on"], t["finished_on"], t["last_error_code"]]
-                  for t in tasks])
+                   t["runs_failed"], t["scheduled_on"], t["finished_on"],
+                   cli_runs.outcome_column(t)] for t in tasks])
 
 
 def cmd_show(args):
@@ -196,8 +198,7 @@ def cmd_show(args):
     if args.json:
         _print_json(task)
         return
-    for key, value in task.items():
-        print("%-18s %s" % (key + ":", json.dumps(value) if key == "data" else value))
+    cli_runs.print_task(task)
 
 
 def cmd_runs(args):
@@ -205,11 +206,18 @@ def cmd_runs(args):
     if args.json:
         _print_json(runs)
         return
-    _print_table(["RUN", "ATTEMPT", "STATUS", "RUNNER", "%", "STARTED", "DURATION", "ERROR"],
+    _print_table(["RUN", "ATTEMPT", "STATUS", "RUNNER", "%", "STARTED", "DURATION", "RESULTS",
+                  "ERROR"],
                  [[r["id"], r["attempt"], r["status"], r["runner_id"], r["percent_completed"],
                    r["started_on"], "%.3fs" % r["duration"] if r["duration"] is not None else None,
+                   cli_runs.short(r["results"]),
                    "%s: %s" % (r["error_code"], r["error_message"]) if r["error_code"] else None]
                   for r in runs])
+    cli_runs.print_tracebacks(runs)
+
+
+def cmd_wait(args):
+    return cli_runs.wait(_queue(args), args.id, args.timeout, args.json)
 
 
 def cmd_retry(args):
@@ -333,6 +341,11 @@ def build_parser():
         p = command(name, func, text)
         p.add_argument("id", type=_task_id)
         p.add_argument("--json", action="store_true")
+    p = command("wait", cmd_wait, "wait until a task is final and print its outcome; exit 0 "
+                                  "success, 1 given up or cancelled, 3 timeout")
+    p.add_argument("id", type=_task_id)
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="give up after this long")
+    p.add_argument("--json", action="store_true")
     for name, func, text in (("retry", cmd_retry, "re-arm a failed or given-up task"),
                              ("cancel", cmd_cancel, "cancel a task that is not running")):
         command(name, func, text).add_argument("id", type=_task_id)

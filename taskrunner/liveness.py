@@ -53,13 +53,14 @@ def process_alive(pid, recorded_create_time):
         return True  # it exists; another user's process cannot be ours, but do not guess dead
 
 
-def register(store, kind=RUNNER, parent_id=None, now=None):
+def register(store, kind=RUNNER, parent_id=None, now=None, take_slot=True):
     """Insert this process's runner row and return it, or raise RunnerLimitReached.
 
     Rule 5 is a database rule: a runner takes a slot 1..limit, and (host, slot) is unique,
     so concurrent registrations cannot exceed the limit — a slot taken by a racing process
     makes the insert fail and this one tries the next free slot. Dead runners of this host
-    are swept first so they do not hold slots. An overseer takes no slot.
+    are swept first so they do not hold slots. An overseer takes no slot, nor does work run
+    inside an application's process (`take_slot` false: ``TaskQueue.run_pending``).
     """
     Runner = store.Runner
     now = now or utcnow()
@@ -68,7 +69,7 @@ def register(store, kind=RUNNER, parent_id=None, now=None):
     fields = dict(host=host, boot_id=boot_id(), pid=pid, pid_create_time=process.create_time(),
                   kind=kind, parent_id=parent_id, started_on=now, heartbeat_on=now,
                   status=RUNNING, rss=process.memory_info().rss)
-    if kind == OVERSEER:
+    if kind == OVERSEER or not take_slot:
         return Runner.create(**fields)
     refresh_runners(store, now=now, other_hosts=False)
     limit = store.config.runner.limit
@@ -220,3 +221,26 @@ def others_running(store, parent_id):
     return Runner.select().where(
         (Runner.host == hostname()) & (Runner.status == RUNNING) & Runner.slot.is_null(False)
         & ((Runner.parent_id != parent_id) | Runner.parent_id.is_null())).count()
+
+
+class ResidentSize:
+    """This process's RSS in bytes, cheap enough to read after every run: /proc/PID/statm
+    through a descriptor kept open (psutil opens and parses the file on every call, which
+    costs more than a no-op run's handler); psutil where there is no /proc."""
+
+    def __init__(self):
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        try:
+            self._fd = os.open("/proc/%d/statm" % os.getpid(), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd, self._process = None, psutil.Process()
+
+    def __call__(self):
+        if self._fd is None:
+            return self._process.memory_info().rss
+        return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
+
+    def close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 import peewee as pw
 
 from .errors import InputError, TaskNotFound
-from .models import FAILED, RUN_STATUSES, RUNNING, SCHEDULED, run_status_is
+from .models import FAILED, RUN_STATUSES, RUNNING, SCHEDULED, SUCCESS, run_status_is
 
 TASK_FILTERS = RUN_STATUSES + ("given-up",)
 
@@ -59,6 +59,26 @@ class TaskInfo(_Record):
     periodic_task_id: Optional[int]
     last_error_code: Optional[str]
     last_error_message: Optional[str]
+    results: Any = None                # of its latest run that has results (live or final)
+    last_traceback: Optional[str] = None   # of its latest run that failed with one
+
+
+@dataclass(frozen=True)
+class TaskOutcome(_Record):
+    """A task that reached a final state (`TaskQueue.wait`): ``success``, ``given-up``
+    (failed max_retries times in a row) or ``cancelled``, with its results, or its last
+    error and traceback."""
+    task_id: int
+    status: str
+    results: Any
+    error_code: Optional[str]
+    error_message: Optional[str]
+    traceback: Optional[str]
+    finished_on: datetime
+
+    @property
+    def ok(self) -> bool:
+        return self.status == SUCCESS
 
 
 @dataclass(frozen=True)
@@ -78,6 +98,7 @@ class RunInfo(_Record):
     results: Any
     error_code: Optional[str]
     error_message: Optional[str]
+    traceback: Optional[str]
 
 
 @dataclass(frozen=True)
@@ -125,7 +146,7 @@ class PeriodicTaskInfo(_Record):
     marked: Optional[datetime]
 
 
-def task_info(row: Any) -> TaskInfo:
+def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = None) -> TaskInfo:
     return TaskInfo(
         id=row.id, handler=row.handler, data=_decoded(row.data), status=row.last_status,
         given_up=row.given_up, priority=row.priority, queued_on=aware(row.queued_on),
@@ -134,7 +155,8 @@ def task_info(row: Any) -> TaskInfo:
         runs=row.run_count, runs_failed=row.runs_failed, max_retries=row.max_retries,
         run_timeout=row.run_timeout, max_runtime=row.max_runtime, unique_key=row.unique_key,
         periodic_task_id=row.periodic_task_id, last_error_code=row.last_error_code,
-        last_error_message=row.last_error_message)
+        last_error_message=row.last_error_message, results=results,
+        last_traceback=last_traceback)
 
 
 def run_info(row: Any) -> RunInfo:
@@ -146,7 +168,7 @@ def run_info(row: Any) -> RunInfo:
         created_on=aware(row.created_on), started_on=aware(row.started_on),
         updated_on=aware(row.updated_on), finished_on=aware(row.finished_on),
         duration=duration, results=_decoded(row.results), error_code=row.error_code,
-        error_message=row.error_message)
+        error_message=row.error_message, traceback=row.traceback)
 
 
 def periodic_info(row: Any) -> PeriodicTaskInfo:
@@ -162,12 +184,46 @@ def periodic_info(row: Any) -> PeriodicTaskInfo:
 
 # -- queries ------------------------------------------------------------------------------------
 
+def _latest(store: Any, ids: List[int], column: Any) -> Dict[int, Any]:
+    """task id -> `column` of its latest run where that column is set."""
+    Run = store.Run
+    if not ids:
+        return {}
+    latest = (Run.select(pw.fn.MAX(Run.id)).where(Run.task_id.in_(ids) & column.is_null(False))
+              .group_by(Run.task_id))
+    return dict(Run.select(Run.task_id, column).where(Run.id.in_(latest)).tuples())
+
+
+def _task_infos(store: Any, rows: List[Any]) -> List[TaskInfo]:
+    """Tasks with their latest results and traceback (two queries for any number)."""
+    ids = [row.id for row in rows]
+    results = _latest(store, ids, store.Run.results)
+    tracebacks = _latest(store, ids, store.Run.traceback)
+    return [task_info(row, _decoded(results.get(row.id)), tracebacks.get(row.id))
+            for row in rows]
+
+
 def get_task(store: Any, task_id: int) -> TaskInfo:
     Task = store.Task
     row = Task.get_or_none(Task.id == task_id)
     if row is None:
         raise TaskNotFound("no task with id %s" % task_id)
-    return task_info(row)
+    return _task_infos(store, [row])[0]
+
+
+def task_outcome(store: Any, task_id: int) -> Optional[TaskOutcome]:
+    """The task's outcome once it is final (success, given up, cancelled), else None;
+    TaskNotFound for an unknown id."""
+    task = get_task(store, task_id)
+    if task.finished_on is None:
+        return None
+    status = "given-up" if task.given_up else task.status
+    failed = status != SUCCESS
+    return TaskOutcome(
+        task_id=task.id, status=status, results=task.results,
+        error_code=task.last_error_code if failed else None,
+        error_message=task.last_error_message if failed else None,
+        traceback=task.last_traceback if failed else None, finished_on=task.finished_on)
 
 
 def runs_of(store: Any, task_id: int) -> List[RunInfo]:
@@ -189,7 +245,7 @@ def list_tasks(store: Any, status: Optional[str] = None, limit: int = 100) -> Li
                             & (Task.runs_failed >= Task.max_retries))
     elif status is not None:
         query = query.where(Task.last_status == status)
-    return [task_info(row) for row in query]
+    return _task_infos(store, list(query))
 
 
 def task_counts(store: Any) -> Dict[str, int]:

@@ -11,6 +11,8 @@ Contract kept for the overseer: a heartbeat thread refreshes the runner row ever
 ``[runner] heartbeat_interval``, whatever the handler is doing, and stops a run that was
 timed out (rule 8).
 """
+import asyncio
+import inspect
 import json
 import logging
 import os
@@ -21,40 +23,17 @@ import time
 from datetime import timedelta, timezone
 
 import peewee as pw
-import psutil
 
-from . import lifecycle, liveness, maintenance, periodic, wakeup
+from . import lifecycle, liveness, maintenance, outcomes, periodic, wakeup
 from .db import is_disconnect, is_transient
 from .errors import HandlerError, Retry, RunnerLimitReached, TaskError
 from .handler import RunContext, load_handler
-from .models import CANCELLED, ERROR, REQUEUED, RUNNER, SUCCESS, TIMEOUT, utcnow
+from .liveness import ResidentSize
+from .models import CANCELLED, REQUEUED, RUNNER, SUCCESS, TIMEOUT, utcnow
 
 log = logging.getLogger("taskrunner.runner")
 
 MB = 1024 * 1024
-
-
-class ResidentSize:
-    """This process's RSS in bytes, cheap enough to read after every run: /proc/PID/statm
-    through a descriptor kept open (psutil opens and parses the file on every call, which
-    costs more than a no-op run's handler); psutil where there is no /proc."""
-
-    def __init__(self):
-        self._page = os.sysconf("SC_PAGE_SIZE")
-        try:
-            self._fd = os.open("/proc/%d/statm" % os.getpid(), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self._fd, self._process = None, psutil.Process()
-
-    def __call__(self):
-        if self._fd is None:
-            return self._process.memory_info().rss
-        return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
-
-    def close(self):
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 class Interrupted(BaseException):
@@ -83,12 +62,17 @@ class Worker:
     REPEAT_WINDOW = 1.0
     EXIT_HARD = 4             # the handler did not return after its run was taken away
 
+    RESULTS_INTERVAL = 0.5    # how often the heartbeat thread stores changed run.results
+
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
-                 memory_limit=True):
+                 memory_limit=True, clock=None):
         self.store = store
         # Off for work run inside someone else's process (run_pending): its RSS is the
-        # application's, not a runner's that may be replaced.
+        # application's, not a runner's that may be replaced, and it takes no runner slot.
         self.memory_limit = memory_limit
+        # run_pending(now=...): the time claims, ends and backoffs are computed at.
+        self.clock = clock
+        self.context = None           # the RunContext of the handler running now
         self.config = store.config
         self._facade = None
         self.install_signals = install_signals
@@ -177,21 +161,33 @@ class Worker:
             self._facade = TaskQueue(self.store)
         return self._facade
 
+    def now(self):
+        """Naive UTC now, or the time run_pending(now=...) was given."""
+        return self.clock if self.clock is not None else utcnow()
+
     def _heartbeat_loop(self):
-        interval = wait = self.config.runner.heartbeat_interval
+        """Every heartbeat_interval: the runner row and rule 8; every RESULTS_INTERVAL while
+        a handler runs: its run.results, when they changed."""
+        interval = self.config.runner.heartbeat_interval
+        wait, beat_at = min(interval, self.RESULTS_INTERVAL), time.monotonic() + interval
         while not self._heartbeat_stop.wait(wait):
-            try:
-                rss = self._rss()
-                if not liveness.heartbeat(self.store, self.runner_id, rss=rss,
-                                          runs_done=self.runs_done):
-                    self.disowned = True
-                    self.stop_reason = self.stop_reason or "runner row is no longer running"
-                self._watch_current_run()
-            except pw.DatabaseError as exc:
-                log.warning("heartbeat failed: %s", exc)
-                self.store.db.close()
+            context = self.context
+            if context is not None:
+                context.flush_results()
+            if time.monotonic() >= beat_at or self.abort_deadline is not None:
+                beat_at = time.monotonic() + interval
+                try:
+                    rss = self._rss()
+                    if not liveness.heartbeat(self.store, self.runner_id, rss=rss,
+                                              runs_done=self.runs_done):
+                        self.disowned = True
+                        self.stop_reason = self.stop_reason or "runner row is no longer running"
+                    self._watch_current_run()
+                except pw.DatabaseError as exc:
+                    log.warning("heartbeat failed: %s", exc)
+                    self.store.db.close()
             deadline = self.abort_deadline
-            wait = interval if deadline is None else \
+            wait = min(interval, self.RESULTS_INTERVAL) if deadline is None else \
                 max(0.05, min(interval, deadline - time.monotonic()))
         if not self.store.db.is_closed():
             self.store.db.close()
@@ -239,8 +235,9 @@ class Worker:
 
     def execute(self, claimed, claim_next=False):
         """Run one claimed run's handler and record its outcome. With `claim_next`, unless
-        the runner is now due to exit, the outcome and the claim of its next run are one
-        transaction (one commit per job); returns that run, or None."""
+        the runner is now due to exit or the run failed (its hooks run first), the outcome
+        and the claim of its next run are one transaction (one commit per job); returns that
+        run, or None."""
         started = time.monotonic()
         log.debug("run %d of task %d started: %s (attempt %d)", claimed.run_id, claimed.task_id,
                   claimed.handler, claimed.attempt)
@@ -249,13 +246,16 @@ class Worker:
         self.abort_reason = self.abort_deadline = None
         self.current = (claimed, hard_deadline)
         try:
-            status, code, message, results, retry_at = self._run_handler(claimed)
+            outcome, handler, context = self._run_handler(claimed)
         finally:
-            self.current = None
+            self.current = self.context = None
         self.runs_done += 1
-        args = (claimed.run_id, claimed.task_id, status, self.runner_id, results, code, message)
-        options = dict(periodic_task_id=claimed.periodic_task_id, retry_at=retry_at)
-        if claim_next and not self._should_exit():
+        status, now = outcome.status, self.now()
+        args = (claimed.run_id, claimed.task_id, status, self.runner_id, outcome.results,
+                outcome.code, outcome.message)
+        options = dict(periodic_task_id=claimed.periodic_task_id, retry_at=outcome.retry_at,
+                       traceback=outcome.traceback, now=now)
+        if claim_next and outcome.exc is None and not self._should_exit():
             ended, following = self._with_database(lambda: lifecycle.end_run_and_claim(
                 self.store, *args, **options),
                 reconnected=lambda: self._give_back_lost_claims(keep=claimed.run_id))
@@ -268,9 +268,7 @@ class Worker:
                 self.store, claimed.run_id, self.runner_id, status))
         elapsed = time.monotonic() - started
         if ended:
-            log.info("run %d of task %d finished: %s %s in %.3fs%s", claimed.run_id,
-                     claimed.task_id, claimed.handler, status, elapsed,
-                     " (%s: %s)" % (code, message) if code else "")
+            outcomes.after_run(self.store, claimed, outcome, elapsed, handler, context)
         else:
             log.warning("run %d of task %d finished %s in %.3fs, but it had been ended meanwhile "
                         "(timeout); its outcome is discarded", claimed.run_id, claimed.task_id,
@@ -278,23 +276,23 @@ class Worker:
         return following
 
     def _run_handler(self, claimed):
-        """Decode the data, load the handler and run it; returns (status, error_code,
-        error_message, results as JSON text, retry_at of a requeued run)."""
-        status, code, message, results, retry_at = SUCCESS, None, None, None, None
+        """Decode the data, load the handler and run it; returns (Outcome, the handler
+        instance or None, the RunContext or None)."""
         try:
             data = json.loads(claimed.data)
         except ValueError as exc:
-            return ERROR, "DataDecodeError", "task data is not JSON: %s" % exc, None, None
+            return outcomes.failed("DataDecodeError", "task data is not JSON: %s" % exc), None, None
         try:
             cls = self._handler_class(claimed.handler)
         except HandlerError as exc:
-            return ERROR, "HandlerError", str(exc), None, None
+            return outcomes.failed("HandlerError", str(exc), getattr(exc, "import_traceback", None)
+                                ), None, None
         if claimed.periodic_task_id is not None and claimed.attempt == 1 \
                 and not periodic.allow_start(self.store, claimed.periodic_task_id):
             # Nuntium's tolerance: the previous task of this periodic task started too recently
             # (a retry of the same task is not a new occurrence).
-            return CANCELLED, "MinSpacing", "dropped: the previous task of this periodic task " \
-                "started less than min_spacing ago", None, None
+            return outcomes.Outcome(CANCELLED, "MinSpacing", "dropped: the previous task of this "
+                                 "periodic task started less than min_spacing ago"), None, None
         deadline = None
         if claimed.max_runtime:
             # The handler's deadline comes a grace before the hard limit, so a handler that
@@ -304,47 +302,54 @@ class Worker:
                         ).replace(tzinfo=timezone.utc)
         context = RunContext(
             claimed.run_id, claimed.task_id, claimed.attempt, data, deadline=deadline,
-            report=lambda pct: lifecycle.report_progress(self.store, claimed.run_id,
-                                                         self.runner_id, pct),
+            report=lambda pct, results: lifecycle.report_progress(
+                self.store, claimed.run_id, self.runner_id, pct, results),
             stopping=lambda: self.told_to_stop is not None or self.abort_reason is not None,
             queue=self._queue_facade())
+        handler = cls()
+        outcome = outcomes.Outcome(SUCCESS)
         try:
             self.in_handler = True
+            self.context = context
             try:
-                cls().handle(context)
+                coroutine = handler.handle(context)
+                if inspect.iscoroutine(coroutine):
+                    # async def handle: run to completion here; an Interrupted raised by a
+                    # signal leaves asyncio.run, which cancels the coroutine on its way out.
+                    asyncio.run(coroutine)
             finally:
                 self.in_handler = False
         except Interrupted as exc:
             if self.abort_reason is not None:     # its run was taken away: rule 8
-                status, code, message = TIMEOUT, "Interrupted", str(exc)
+                outcome = outcomes.failed("Interrupted", str(exc), outcomes.format_traceback(exc),
+                                       exc, TIMEOUT)
             else:
-                status, code, message = REQUEUED, "Stopped", "handed back: %s" % exc
+                outcome = outcomes.Outcome(REQUEUED, "Stopped", "handed back: %s" % exc)
         except Retry as exc:
-            status, code = REQUEUED, "Snoozed" if exc.in_seconds else "Retry"
+            code = "Snoozed" if exc.in_seconds else "Retry"
             message = exc.reason or ("run again in %gs" % exc.in_seconds if exc.in_seconds
                                      else "run again")
-            if exc.in_seconds:
-                retry_at = utcnow() + timedelta(seconds=exc.in_seconds)
+            retry_at = self.now() + timedelta(seconds=exc.in_seconds) if exc.in_seconds else None
+            outcome = outcomes.Outcome(REQUEUED, code, message, retry_at=retry_at)
         except (Exception, SystemExit) as exc:
             code = exc.code if isinstance(exc, TaskError) and exc.code else type(exc).__name__
             text = str(exc) or repr(exc)
             if self.told_to_stop is not None:
                 # It ended early because its runner was told to stop: handed back.
-                status, code = REQUEUED, "Stopped"
-                message = "handed back: %s; the handler ended with %s: %s" % (
-                    self.stop_reason, code, text)
+                outcome = outcomes.Outcome(REQUEUED, "Stopped", "handed back: %s; the handler "
+                                        "ended with %s: %s" % (self.stop_reason, code, text))
             else:
-                status, code, message = ERROR, code, text
+                outcome = outcomes.failed(code, text, outcomes.format_traceback(exc), exc)
         # Progress the database could not take during the run (a restart) is written now,
         # before the outcome; it never reached the handler as an error.
         context.flush_progress()
         if context.results is not None:
             try:
-                results = json.dumps(context.results, allow_nan=False)
+                outcome = outcome._replace(results=json.dumps(context.results, allow_nan=False))
             except (TypeError, ValueError) as exc:
-                status, code = ERROR, "ResultsNotJSON"
-                message = "run.results is not JSON-serialisable: %s" % exc
-        return status, code, message, results, retry_at
+                outcome = outcomes.failed("ResultsNotJSON", "run.results is not JSON-serialisable: "
+                                       "%s" % exc, outcomes.format_traceback(exc), exc)
+        return outcome, handler, context
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -426,13 +431,14 @@ class Worker:
         max_runs = self.max_runs = max_runs if max_runs is not None else self.config.runner.max_runs
         if self.install_signals:
             self._setup_signals()
-        row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id)
+        row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id,
+                                take_slot=self.memory_limit)
         self.runner_id = row.id
         if not burst:
             self._listener = wakeup.Listener(self.config.database.url)
             if self.store.backend == "postgresql":
                 self._pg_listener = wakeup.PostgresListener(self.store.db)
-        log.info("runner %d started (pid %d, slot %d)", row.id, row.pid, row.slot)
+        log.info("runner %d started (pid %d, slot %s)", row.id, row.pid, row.slot)
         self._rss = ResidentSize()
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
@@ -440,8 +446,8 @@ class Worker:
         try:
             while claimed is not None or not self._should_exit():
                 if claimed is None:
-                    claimed = self._with_database(lambda: lifecycle.claim(self.store,
-                                                                          self.runner_id),
+                    claimed = self._with_database(lambda: lifecycle.claim(
+                        self.store, self.runner_id, self.now()),
                                                   reconnected=self._give_back_lost_claims)
                     if claimed is None:
                         if burst:

@@ -106,6 +106,10 @@ class Store:
         """Wake this host's idle runners of this database."""
         wakeup.notify_local(self.url)
 
+    def wake_waiters(self):
+        """After a commit that ended a run or a task: wake this host's `TaskQueue.wait`."""
+        wakeup.notify_local(self.url, wakeup.ENDED)
+
     def insert_returning(self):
         """Whether INSERT ... RETURNING works here: PostgreSQL, SQLite 3.35+, MariaDB 10.5+."""
         if self._returning is None:

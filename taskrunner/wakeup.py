@@ -6,29 +6,40 @@ socket there. PostgreSQL also carries the news across hosts: runners LISTEN on a
 and adding a task NOTIFYs it in the same transaction (delivered on commit).
 
 A lost wake-up costs at most ``[runner] poll_interval``: runners still poll.
+
+Whoever waits for a task to end (`TaskQueue.wait`) listens the same way in a directory of
+its own (`ENDED`): a run's end on this host wakes it. Ends on other hosts reach it by its
+bounded poll.
 """
 import errno
 import hashlib
+import itertools
 import os
 import socket
 import tempfile
 
 CHANNEL = "taskrunner_runs"
+# What a listener waits for: runs to claim (idle runners), or runs that ended (waiters).
+CLAIMABLE, ENDED = "", "-ended"
+_SERIAL = itertools.count()
 
 
-def _directory(url):
+def _directory(url, kind=CLAIMABLE):
     digest = hashlib.sha1(url.encode()).hexdigest()[:16]
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return os.path.join(base, "taskrunner-%s" % digest)
+    return os.path.join(base, "taskrunner-%s%s" % (digest, kind))
 
 
 class Listener:
     """A runner's end: a socket (and, on PostgreSQL, a LISTEN) to wait on while idle."""
 
-    def __init__(self, url):
-        self.directory = _directory(url)
+    def __init__(self, url, kind=CLAIMABLE):
+        self.directory = _directory(url, kind)
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        self.path = os.path.join(self.directory, "%d.sock" % os.getpid())
+        # A process may wait for several tasks at once (threads): each waiter its own socket.
+        name = "%d.sock" % os.getpid() if kind == CLAIMABLE else \
+            "%d-%d.sock" % (os.getpid(), next(_SERIAL))
+        self.path = os.path.join(self.directory, name)
         if os.path.exists(self.path):
             os.unlink(self.path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -53,9 +64,10 @@ class Listener:
             pass
 
 
-def notify_local(url):
-    """Wake the idle runners of this host that work on `url`'s database."""
-    directory = _directory(url)
+def notify_local(url, kind=CLAIMABLE):
+    """Wake the idle runners (or the waiters, `ENDED`) of this host that work on `url`'s
+    database."""
+    directory = _directory(url, kind)
     try:
         names = os.listdir(directory)
     except FileNotFoundError:

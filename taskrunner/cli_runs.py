@@ -1,0 +1,74 @@
+"""What the ``taskrunner`` command prints about tasks and runs: short results and errors
+for tables, tracebacks under them, and ``taskrunner wait``.
+
+``wait`` exit codes: 0 the task succeeded; 1 it gave up or was cancelled; 3 it was not final
+within ``--timeout`` (2 stays the usage error of every command).
+"""
+import json
+import sys
+
+EXIT_SUCCESS, EXIT_NOT_SUCCESS, EXIT_TIMEOUT = 0, 1, 3
+FAILED_STATUSES = ("error", "timeout", "given-up", "cancelled")
+
+
+def short(value, width=40):
+    """One line of at most `width` characters: text as is, anything else as JSON."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def outcome_column(task):
+    """A task table's RESULT / ERROR cell: its last error while it is failing or gave up,
+    else its latest results."""
+    if task["status"] in FAILED_STATUSES and task["last_error_code"]:
+        return short("%s: %s" % (task["last_error_code"], task["last_error_message"]))
+    return short(task["results"])
+
+
+def print_task(task):
+    """`show ID` as text: one field a line, data and results as JSON, the last traceback
+    under them."""
+    for key, value in task.items():
+        if key == "last_traceback":
+            continue
+        if key in ("data", "results"):
+            value = json.dumps(value)
+        print("%-18s %s" % (key + ":", value))
+    if task["last_traceback"]:
+        print("last traceback:")
+        print(task["last_traceback"].rstrip())
+
+
+def print_tracebacks(runs):
+    """Under a `runs ID` table: the traceback of each run that has one."""
+    for run in runs:
+        if run["traceback"]:
+            print("\nrun %d (attempt %d) traceback:" % (run["id"], run["attempt"]))
+            print(run["traceback"].rstrip())
+
+
+def wait(queue, task_id, timeout, as_json):
+    """``taskrunner wait``: block until the task is final; print its outcome; exit code."""
+    from .errors import WaitTimeout
+    try:
+        outcome = queue.wait(task_id, timeout=timeout)
+    except WaitTimeout as exc:
+        if as_json:
+            print(json.dumps({"task_id": task_id, "status": "timeout"}))
+        print("taskrunner: %s" % exc, file=sys.stderr)
+        return EXIT_TIMEOUT
+    result = outcome.to_json()
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        print("task %d %s" % (task_id, outcome.status))
+        if outcome.results is not None:
+            print("results: %s" % json.dumps(outcome.results))
+        if outcome.error_code:
+            print("error: %s: %s" % (outcome.error_code, outcome.error_message))
+        if outcome.traceback:
+            print(outcome.traceback.rstrip())
+    return EXIT_SUCCESS if outcome.ok else EXIT_NOT_SUCCESS

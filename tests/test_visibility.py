@@ -1,0 +1,284 @@
+"""Every run can be seen (issue 12): tracebacks of failed runs, results while a run goes on,
+waiting for a task's outcome, the handler's hooks, async handlers, and run_pending driving
+time. Real databases; real runner processes where the process boundary is the point."""
+import json
+import logging
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from taskrunner import liveness
+from taskrunner.models import utcnow
+
+from conftest import START_TIMEOUT, ok, taskrunner, utc, wait_for
+from visibility_handlers import BREAK_ENV, read_lines
+
+H = "visibility_handlers."
+
+
+def final_run(queue, task_id):
+    return queue.runs_of(task_id)[-1]
+
+
+# -- 1. tracebacks --------------------------------------------------------------------------
+
+def test_failed_run_stores_its_traceback_and_logs_it(queue, caplog):
+    task_id = queue.add_task(H + "KeyFails", max_retries=1)
+    with caplog.at_level(logging.INFO, logger="taskrunner"):
+        assert queue.run_pending() == 1
+    run = final_run(queue, task_id)
+    assert (run.status, run.error_code, run.error_message) == ("error", "KeyError", "'amount'")
+    assert run.traceback.startswith("Traceback (most recent call last):")
+    assert 'visibility_handlers.py", line' in run.traceback
+    assert 'return invoice["amount"]' in run.traceback
+    assert run.traceback.rstrip().endswith("KeyError: 'amount'")
+    assert run.to_json()["traceback"] == run.traceback
+    task = queue.get_task(task_id)
+    assert task.last_traceback == run.traceback and task.given_up
+    failed = [r for r in caplog.records if " failed: " in r.getMessage()]
+    assert [r.levelname for r in failed] == ["WARNING"]
+    assert 'return invoice["amount"]' in failed[0].getMessage()
+    gave_up = [r for r in caplog.records if "gave up" in r.getMessage()]
+    assert [r.levelname for r in gave_up] == ["ERROR"]
+
+
+def test_a_retrying_failure_is_not_logged_as_a_give_up(queue, caplog):
+    queue.add_task(H + "KeyFails", max_retries=3)
+    with caplog.at_level(logging.INFO, logger="taskrunner"):
+        queue.run_pending()
+    assert not [r for r in caplog.records if "gave up" in r.getMessage()]
+    assert [r.levelname for r in caplog.records if " failed: " in r.getMessage()] == [
+        "WARNING"]
+
+
+def test_traceback_is_bounded_to_its_last_64_kib(queue):
+    task_id = queue.add_task(H + "KeyFails", data={"size": 200_000}, max_retries=1)
+    queue.run_pending()
+    stored = final_run(queue, task_id).traceback
+    assert len(stored.encode("utf-8")) <= 65536
+    assert stored.startswith("[... ") and stored.rstrip().endswith("x END")
+
+
+def test_handler_that_cannot_be_imported_stores_the_import_traceback(queue, monkeypatch):
+    task_id = queue.add_task("broken_handlers.Fine", max_retries=1)
+    monkeypatch.setenv(BREAK_ENV, "1")
+    monkeypatch.delitem(sys.modules, "broken_handlers", raising=False)
+    queue.run_pending()
+    run = final_run(queue, task_id)
+    assert run.error_code == "HandlerError"
+    assert "broken on purpose" in run.error_message
+    assert 'broken_handlers.py", line' in run.traceback
+    assert "raise ImportError" in run.traceback
+
+
+def test_cli_shows_the_traceback_in_runs_and_show_as_text_and_json(database):
+    queue = database.queue()
+    task_id = queue.add_task(H + "KeyFails", max_retries=1)
+    queue.run_pending()
+    runs_text = ok(taskrunner("runs", str(task_id), url=database.url))
+    assert 'return invoice["amount"]' in runs_text and "KeyError: 'amount'" in runs_text
+    runs_json = json.loads(ok(taskrunner("runs", str(task_id), "--json", url=database.url)))
+    assert 'return invoice["amount"]' in runs_json[0]["traceback"]
+    show_text = ok(taskrunner("show", str(task_id), url=database.url))
+    assert 'return invoice["amount"]' in show_text
+    show_json = json.loads(ok(taskrunner("show", str(task_id), "--json", url=database.url)))
+    assert 'return invoice["amount"]' in show_json["last_traceback"]
+    queue.close()
+
+
+# -- 4. hooks -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("hooks_fail", [False, True], ids=["hooks", "failing-hooks"])
+def test_on_failure_and_on_give_up_are_called_and_never_change_the_outcome(
+        queue, tmp_path, hooks_fail, caplog):
+    log = str(tmp_path / "hooks.log")
+    t0 = utcnow()
+    task_id = queue.add_task(H + "Hooked", data={"log": log, "hooks_fail": hooks_fail},
+                             max_retries=2, retry_backoff=10)
+    with caplog.at_level(logging.INFO, logger="taskrunner"):
+        assert queue.run_pending(now=utc(t0)) == 1
+        assert queue.run_pending(now=utc(t0 + timedelta(hours=1))) == 1
+    runs = queue.runs_of(task_id)
+    assert read_lines(log) == [
+        ["on_failure", runs[0].id, 1, "RuntimeError"],
+        ["on_failure", runs[1].id, 2, "RuntimeError"],
+        ["on_give_up", task_id, "error", 2]]
+    assert [(r.status, r.error_code, r.results) for r in runs] == [
+        ("error", "RuntimeError", {"partial": 1})] * 2
+    assert queue.get_task(task_id).given_up
+    hook_errors = [r for r in caplog.records if "raised; the run's outcome is unchanged"
+                   in r.getMessage()]
+    assert len(hook_errors) == (3 if hooks_fail else 0)
+
+
+# -- 5. async handlers ----------------------------------------------------------------------
+
+def test_async_handler_runs_to_completion(queue):
+    ok_id = queue.add_task(H + "AsyncAdd", data={"numbers": [1, 2, 3]})
+    bad_id = queue.add_task(H + "AsyncAdd", data={"fail": True}, max_retries=1)
+    assert queue.run_pending() == 2
+    assert (final_run(queue, ok_id).status, final_run(queue, ok_id).results) == (
+        "success", {"sum": 6})
+    bad = final_run(queue, bad_id)
+    assert (bad.status, bad.error_code) == ("error", "KeyError")
+    assert "async-missing" in bad.traceback and "visibility_handlers.py" in bad.traceback
+
+
+# -- 6. run_pending drives time and takes no slot -------------------------------------------
+
+def test_run_pending_takes_a_task_through_its_retries_without_sleeping(queue):
+    t0 = utcnow()
+    task_id = queue.add_task(H + "KeyFails", max_retries=3, retry_backoff=60)
+    assert queue.run_pending(now=utc(t0)) == 1
+    task = queue.get_task(task_id)
+    assert task.status == "error" and not task.given_up
+    retry_at = task.next_run_on
+    assert utc(t0 + timedelta(seconds=29)) < retry_at <= utc(t0 + timedelta(seconds=61))
+    assert queue.run_pending(now=retry_at - timedelta(seconds=1)) == 0    # backoff holds
+    assert queue.run_pending(now=retry_at) == 1
+    assert queue.run_pending(now=utc(t0 + timedelta(days=1))) == 1
+    task = queue.get_task(task_id)
+    assert task.given_up and task.runs == 3
+    assert [r.attempt for r in queue.runs_of(task_id)] == [1, 2, 3]
+
+
+def test_run_pending_takes_no_runner_slot(database):
+    queue = database.queue(runner={"limit": 1})
+    liveness.register(queue.store)          # this host's only slot is taken
+    task_id = queue.add_task("taskrunner.handlers.Echo", data={"x": 1})
+    assert queue.run_pending() == 1
+    assert final_run(queue, task_id).status == "success"
+    queue.close()
+
+
+def test_run_pending_refuses_a_naive_now(queue):
+    from taskrunner import InputError
+    with pytest.raises(InputError, match="aware"):
+        queue.run_pending(now=utcnow())
+
+
+# -- 3. wait --------------------------------------------------------------------------------
+
+def test_wait_returns_the_outcome_of_success_give_up_and_cancel(queue):
+    done = queue.add_task("taskrunner.handlers.Echo", data={"x": 1})
+    failed = queue.add_task(H + "KeyFails", max_retries=1)
+    cancelled = queue.add_task("taskrunner.handlers.Echo", scheduled_on=utc(
+        utcnow() + timedelta(hours=1)))
+    queue.cancel(cancelled)
+    queue.run_pending()
+    outcome = queue.wait(done, timeout=5)
+    assert (outcome.status, outcome.ok, outcome.results, outcome.error_code) == (
+        "success", True, {"x": 1}, None)
+    outcome = queue.wait(failed, timeout=5)
+    assert (outcome.status, outcome.ok, outcome.error_code, outcome.error_message) == (
+        "given-up", False, "KeyError", "'amount'")
+    assert 'return invoice["amount"]' in outcome.traceback
+    outcome = queue.wait(cancelled)
+    assert (outcome.status, outcome.ok) == ("cancelled", False)
+    assert outcome.to_json()["finished_on"].endswith("+00:00")
+
+
+def test_wait_times_out_while_the_task_is_retrying(queue):
+    t0 = utcnow()
+    task_id = queue.add_task(H + "KeyFails", max_retries=3)
+    queue.run_pending(now=utc(t0))
+    from taskrunner import WaitTimeout      # imported here: the module loads on older code
+    started = time.monotonic()
+    with pytest.raises(WaitTimeout, match="task %d did not end within 0.3s" % task_id):
+        queue.wait(task_id, timeout=0.3)
+    assert 0.25 < time.monotonic() - started < 2
+
+
+def test_wait_is_woken_when_the_run_ends_on_this_host(database):
+    """The waiter sleeps on the same-host wake-up: it returns well before its poll."""
+    waiter, worker = database.queue(), database.queue()
+    task_id = waiter.add_task("taskrunner.handlers.Echo", data={"y": 2},
+                              scheduled_on=utc(utcnow() + timedelta(seconds=1)))
+    ended = []
+
+    def work():
+        wait_for(lambda: time.sleep(0.05) or worker.run_pending() == 1, timeout=30,
+                 message="the task to run")
+        ended.append(time.monotonic())
+    thread = threading.Thread(target=work)
+    thread.start()
+    outcome = waiter.wait(task_id, timeout=30)
+    returned = time.monotonic()
+    thread.join()
+    assert outcome.results == {"y": 2}
+    assert returned - ended[0] < 0.5 if ended else True
+    waiter.close()
+    worker.close()
+
+
+def test_cli_wait_exit_codes_and_output(database):
+    queue = database.queue()
+    done = queue.add_task("taskrunner.handlers.Echo", data={"x": 1})
+    failed = queue.add_task(H + "KeyFails", max_retries=1)
+    queue.run_pending()
+    waiting = queue.add_task("taskrunner.handlers.Echo", scheduled_on=utc(
+        utcnow() + timedelta(hours=1)))
+    result = taskrunner("wait", str(done), url=database.url)
+    assert result.returncode == 0 and "success" in result.stdout and '"x": 1' in result.stdout
+    result = taskrunner("wait", str(done), "--json", url=database.url)
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["results"] == {"x": 1}
+    result = taskrunner("wait", str(failed), url=database.url)
+    assert result.returncode == 1 and "given-up" in result.stdout
+    assert 'return invoice["amount"]' in result.stdout
+    assert json.loads(taskrunner("wait", str(failed), "--json", url=database.url).stdout)[
+        "status"] == "given-up"
+    result = taskrunner("wait", str(waiting), "--timeout", "0.2", url=database.url)
+    assert result.returncode == 3 and "did not end within" in result.stderr
+    result = taskrunner("wait", str(waiting), "--timeout", "0.2", "--json", url=database.url)
+    assert result.returncode == 3
+    assert json.loads(result.stdout) == {"task_id": waiting, "status": "timeout"}
+    queue.close()
+
+
+# -- 2. live results ------------------------------------------------------------------------
+
+def test_results_are_visible_to_other_processes_while_the_run_goes_on(database, tmp_path, procs):
+    config = database.write_config(tmp_path / "c.toml", "[runner]\npoll_interval = 0.1\n")
+    queue = database.queue()
+    go = str(tmp_path / "go")
+    task_id = queue.add_task(H + "LiveResults", data={"go": go})
+    procs.spawn("runner", config=config, name="runner")
+
+    def results():
+        runs = queue.runs_of(task_id)
+        return runs and runs[-1].status == "running" and runs[-1].results
+    assert wait_for(results, timeout=START_TIMEOUT, message="results of a running run") == {
+        "step": 1}
+    open(go, "w").close()
+    changed = time.monotonic()
+    wait_for(lambda: results() == {"step": 2}, timeout=5, message="the changed results")
+    assert time.monotonic() - changed < 1.5     # within a second, and a loaded machine
+    assert "step" in ok(taskrunner("show", str(task_id), url=database.url))
+    open(go + ".2", "w").close()
+    outcome = queue.wait(task_id, timeout=30)
+    assert outcome.results == {"step": 3, "done": True}
+    assert final_run(queue, task_id).results == {"step": 3, "done": True}
+    queue.close()
+
+
+def test_async_handler_is_stopped_by_max_runtime_like_a_sync_one(sqlite_db, tmp_path, procs):
+    config = sqlite_db.write_config(tmp_path / "c.toml", (
+        "[runner]\npoll_interval = 0.1\nheartbeat_interval = 0.2\n"
+        "[overseer]\nkill_grace = 1\n"))
+    queue = sqlite_db.queue()
+    log = str(tmp_path / "async.log")
+    task_id = queue.add_task(H + "AsyncSleeper", data={"log": log, "ignore_stop": True},
+                             max_runtime=1.5, max_retries=1)
+    after = queue.add_task("taskrunner.handlers.Echo", data={"after": True}, priority=-1)
+    procs.spawn("runner", config=config, name="runner")
+    outcome = queue.wait(task_id, timeout=START_TIMEOUT)
+    assert (outcome.status, outcome.error_code) == ("given-up", "MaxRuntime")
+    # The run is ended first (by the runner's own watch), then the coroutine is interrupted.
+    wait_for(lambda: read_lines(log) == ["should_stop", "cancelled"], timeout=10,
+             message="the coroutine to be cancelled")
+    assert queue.wait(after, timeout=START_TIMEOUT).results == {"after": True}
+    queue.close()
