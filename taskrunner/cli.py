@@ -164,11 +164,22 @@ def cmd_status(args):
     queue = _queue(args)
     rows = [r.to_json() for r in reads.running_runners(queue.store)]
     counts = reads.task_counts(queue.store)
+    figures = reads.health(queue.store)
+    handlers = {name: stats.to_json() for name, stats in
+                sorted(reads.run_stats(queue.store, by="handler").items())}
     if args.json:
-        _print_json({"database": _masked_url(queue), "runners": rows, "tasks": counts})
+        _print_json({"database": _masked_url(queue), "runners": rows, "tasks": counts,
+                     "retrying": figures["tasks_retrying"], "given_up": figures["tasks_given_up"],
+                     "handlers": handlers})
         return
     print("database: %s" % _masked_url(queue))
     print("tasks: " + (", ".join("%s %d" % kv for kv in sorted(counts.items())) or "none"))
+    print("failed tasks: %d retrying, %d given up" % (figures["tasks_retrying"],
+                                                     figures["tasks_given_up"]))
+    if handlers:
+        print()
+        _print_table(*cli_runs.stats_table("HANDLER", handlers))
+        print()
     if not rows:
         print("no runners running")
         return
@@ -263,10 +274,10 @@ def cmd_periodic(args):
             _print_json(rows)
             return
         _print_table(["NAME", "ENABLED", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS",
-                      "FAILURES", "HANDLER"],
+                      "FAILURES", "HANDLER"] + cli_runs.STATS_HEADERS,
                      [[r["name"], "yes" if r["enabled"] else "no", r["timer"], r["nextrun"],
                        r["last_run"], r["last_status"], r["consecutive_failures"], r["handler"]]
-                      for r in rows])
+                      + cli_runs.stats_cells(r["stats"]) for r in rows])
     elif args.action in ("enable", "disable"):
         periodic.set_enabled(store, args.name, args.action == "enable", owner=args.owner)
         print("periodic task %r %sd" % (args.name, args.action))

@@ -50,6 +50,25 @@ def print_tracebacks(runs):
             print(run["traceback"].rstrip())
 
 
+STATS_HEADERS = ["RUNS", "OK", "ERRORS", "CRASHES", "AVG", "P95"]
+
+
+def _duration(seconds):
+    return None if seconds is None else "%.3fs" % seconds
+
+
+def stats_cells(stats):
+    return [stats["runs"], stats["successes"], stats["errors"], stats["crashes"],
+            _duration(stats["avg_duration"]), _duration(stats["p95_duration"])]
+
+
+def stats_table(key_header, stats_by_key):
+    """(headers, rows) of run statistics, one row per handler or periodic task."""
+    return ([key_header] + STATS_HEADERS + ["LAST SUCCESS"],
+            [[key] + stats_cells(stats) + [stats["last_success"]]
+             for key, stats in stats_by_key.items()])
+
+
 def wait(queue, task_id, timeout, as_json):
     """``taskrunner wait``: block until the task is final; print its outcome; exit code."""
     from .errors import WaitTimeout

@@ -86,11 +86,14 @@ def register(store, kind=RUNNER, parent_id=None, now=None, take_slot=True):
     raise RunnerLimitReached("this host already has %d running runners ([runner] limit)" % limit)
 
 
-def heartbeat(store, runner_id, rss=None, runs_done=None, now=None):
+def heartbeat(store, runner_id, rss=None, runs_done=None, now=None, stopping=None):
     """Refresh the runner's heartbeat; False when the row is no longer ``running`` (someone
-    declared this runner dead), in which case it must stop claiming."""
+    declared this runner dead), in which case it must stop claiming. `stopping`: why the
+    runner is winding down its run (it then reads as ``stopping`` until it exits)."""
     Runner = store.Runner
     values = {Runner.heartbeat_on: now or utcnow()}
+    if stopping is not None:
+        values[Runner.exit_reason] = "stopping: %s" % stopping
     if rss is not None:
         values[Runner.rss] = rss
     if runs_done is not None:

@@ -14,9 +14,10 @@ from typing import Any, Dict, List, Optional
 import peewee as pw
 
 from .errors import InputError, TaskNotFound
-from .models import FAILED, RUN_STATUSES, RUNNING, SCHEDULED, SUCCESS, run_status_is
+from .models import CRASHED, FAILED, RUN_STATUSES, RUNNING, SCHEDULED, SUCCESS, run_status_is
 
 TASK_FILTERS = RUN_STATUSES + ("given-up",)
+STOPPING = "stopping"       # the state of a running runner that is winding down its run
 
 
 def aware(value: Optional[datetime]) -> Optional[datetime]:
@@ -28,11 +29,19 @@ def _decoded(text: Optional[str]) -> Any:
     return json.loads(text) if text else None
 
 
+def _json_ready(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {key: _json_ready(item) for key, item in value.items()}
+    return value
+
+
 class _Record:
     """What every record can do: turn into JSON-ready data (ISO 8601 datetimes)."""
 
     def to_json(self) -> Dict[str, Any]:
-        return {key: value.isoformat() if isinstance(value, datetime) else value
+        return {key: _json_ready(value)
                 for key, value in dataclasses.asdict(self).items()}  # type: ignore[call-overload]
 
 
@@ -121,6 +130,22 @@ class RunnerInfo(_Record):
 
 
 @dataclass(frozen=True)
+class RunStats(_Record):
+    """The runs of one handler or of one periodic task's tasks: how many ended how, when,
+    and how long the last STATS_WINDOW of them took. Crashes (the runner process died) are
+    counted apart from errors and timeouts."""
+    runs: int                          # started runs, whatever became of them
+    successes: int
+    errors: int                        # error or timeout, crashes not included
+    crashes: int
+    last_start: Optional[datetime]
+    last_finish: Optional[datetime]
+    last_success: Optional[datetime]
+    avg_duration: Optional[float]      # seconds, of the last STATS_WINDOW finished runs
+    p95_duration: Optional[float]
+
+
+@dataclass(frozen=True)
 class PeriodicTaskInfo(_Record):
     """A timer that submits tasks, with its counters."""
     name: str
@@ -144,6 +169,7 @@ class PeriodicTaskInfo(_Record):
     source: str
     worker: Optional[str]
     marked: Optional[datetime]
+    stats: Optional[RunStats] = None
 
 
 def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = None) -> TaskInfo:
@@ -171,7 +197,7 @@ def run_info(row: Any) -> RunInfo:
         error_message=row.error_message, traceback=row.traceback)
 
 
-def periodic_info(row: Any) -> PeriodicTaskInfo:
+def periodic_info(row: Any, stats: Optional[RunStats] = None) -> PeriodicTaskInfo:
     return PeriodicTaskInfo(
         name=row.name, enabled=row.enabled, handler=row.handler, data=_decoded(row.data),
         timer=row.timer, nextrun=aware(row.nextrun), last_due=aware(row.last_due),
@@ -179,7 +205,8 @@ def periodic_info(row: Any) -> PeriodicTaskInfo:
         last_status=row.last_status, consecutive_failures=row.consecutive_failures,
         submitted=row.submitted_count, skipped=row.skipped_count, priority=row.priority,
         catch_up=row.catch_up, max_runtime=row.max_runtime, min_spacing=row.min_spacing,
-        owner=row.owner, source=row.source, worker=row.worker, marked=aware(row.marked))
+        owner=row.owner, source=row.source, worker=row.worker, marked=aware(row.marked),
+        stats=stats)
 
 
 # -- queries ------------------------------------------------------------------------------------
@@ -263,8 +290,10 @@ def running_runners(store: Any) -> List[RunnerInfo]:
     result = []
     for r in rows:
         run = current.get(r.id)
+        # A runner winding down its run (told to stop, or its run taken away) said so.
+        state = STOPPING if r.exit_reason and r.exit_reason.startswith("stopping") else r.status
         result.append(RunnerInfo(
-            id=r.id, kind=r.kind, host=r.host, pid=r.pid, state=r.status, slot=r.slot,
+            id=r.id, kind=r.kind, host=r.host, pid=r.pid, state=state, slot=r.slot,
             parent_id=r.parent_id, run_id=run.id if run else None,
             task_id=run.task_id if run else None,
             progress=run.percent_completed if run else None,
@@ -274,19 +303,82 @@ def running_runners(store: Any) -> List[RunnerInfo]:
 
 
 def health(store: Any) -> Dict[str, int]:
-    """The figures of ``taskrunner check``: runners running, runs waiting, tasks retrying."""
+    """The figures of ``taskrunner check`` and ``status``: runners running, runs waiting,
+    failed tasks waiting to retry and failed tasks given up."""
     Runner, Run, Task = store.Runner, store.Run, store.Task
     return {
         "runners_running": Runner.select().where(Runner.status == RUNNING).count(),
         "runs_waiting": Run.select().where(run_status_is(Run, SCHEDULED)).count(),
         "tasks_retrying": Task.select().where(
             Task.last_status.in_(FAILED) & Task.finished_on.is_null()).count(),
+        "tasks_given_up": Task.select().where(
+            Task.last_status.in_(FAILED) & Task.finished_on.is_null(False)).count(),
     }
 
 
 def list_periodic(store: Any, owner: Optional[str] = None) -> List[PeriodicTaskInfo]:
+    """Periodic tasks by name, each with the statistics of its tasks' runs."""
     PeriodicTask = store.PeriodicTask
     query = PeriodicTask.select().order_by(PeriodicTask.name)
     if owner is not None:
         query = query.where(PeriodicTask.owner == owner)
-    return [periodic_info(row) for row in query]
+    rows = list(query)
+    stats = run_stats(store, by="periodic") if rows else {}
+    return [periodic_info(row, stats.get(row.id, EMPTY_STATS)) for row in rows]
+
+
+# -- statistics ---------------------------------------------------------------------------------
+
+STATS_WINDOW = 100      # runs per handler / periodic task that the durations are taken from
+EMPTY_STATS = RunStats(0, 0, 0, 0, None, None, None, None, None)
+
+
+def _when(value: Any) -> Optional[datetime]:
+    """A datetime read back from an aggregate or a subquery: SQLite returns its text."""
+    if value is None or isinstance(value, datetime):
+        return aware(value)
+    return aware(datetime.fromisoformat(str(value)))
+
+
+def run_stats(store: Any, by: str = "handler",
+              window: int = STATS_WINDOW) -> Dict[Any, RunStats]:
+    """Statistics of the runs in task_runs (rotation deletes old ones), keyed by handler
+    path (`by` = "handler") or by periodic task id ("periodic"). Two queries: the counts
+    and last times as one aggregate, the durations of the last `window` finished runs of
+    each key through a window function (SQLite 3.25+, PostgreSQL, MariaDB 10.2+)."""
+    Task, Run = store.Task, store.Run
+    key = Task.handler if by == "handler" else Task.periodic_task_id
+    crashed = Run.error_code == CRASHED
+    failed = Run.status.in_(FAILED) & (Run.error_code.is_null() | (Run.error_code != CRASHED))
+
+    def count(condition: Any) -> Any:
+        return pw.fn.SUM(pw.Case(None, [(condition, 1)], 0))
+    totals = (Run.select(key.alias("key"), pw.fn.COUNT(Run.started_on), count(Run.status == SUCCESS),
+                         count(failed), count(crashed), pw.fn.MAX(Run.started_on),
+                         pw.fn.MAX(Run.finished_on),
+                         pw.fn.MAX(pw.Case(None, [(Run.status == SUCCESS, Run.finished_on)])))
+              .join(Task, on=(Run.task_id == Task.id)).where(key.is_null(False))
+              .group_by(key).tuples())
+    rank = pw.fn.ROW_NUMBER().over(partition_by=[key], order_by=[Run.id.desc()])
+    recent = (Run.select(key.alias("key"), Run.started_on.alias("started"),
+                         Run.finished_on.alias("finished"), rank.alias("rank"))
+              .join(Task, on=(Run.task_id == Task.id))
+              .where(key.is_null(False) & Run.status.in_((SUCCESS,) + FAILED)
+                     & Run.started_on.is_null(False) & Run.finished_on.is_null(False)
+                     & (Run.error_code.is_null() | (Run.error_code != CRASHED))))
+    durations: Dict[Any, List[float]] = {}
+    for k, started, finished in (Run.select(recent.c.key, recent.c.started, recent.c.finished)
+                                 .from_(recent).where(recent.c.rank <= window).tuples()):
+        begin, end = _when(started), _when(finished)
+        durations.setdefault(k, []).append((end - begin).total_seconds())  # type: ignore
+    result = {}
+    for k, runs, successes, errors, crashes, start, finish, success in totals:
+        taken = sorted(durations.get(k, []))
+        result[k] = RunStats(
+            runs=int(runs or 0), successes=int(successes or 0), errors=int(errors or 0),
+            crashes=int(crashes or 0), last_start=_when(start), last_finish=_when(finish),
+            last_success=_when(success),
+            avg_duration=round(sum(taken) / len(taken), 6) if taken else None,
+            p95_duration=round(taken[max(0, -(-95 * len(taken) // 100) - 1)], 6)
+            if taken else None)
+    return result

@@ -170,18 +170,23 @@ class Worker:
         a handler runs: its run.results, when they changed."""
         interval = self.config.runner.heartbeat_interval
         wait, beat_at = min(interval, self.RESULTS_INTERVAL), time.monotonic() + interval
+        shown_stopping = None
         while not self._heartbeat_stop.wait(wait):
             context = self.context
             if context is not None:
                 context.flush_results()
-            if time.monotonic() >= beat_at or self.abort_deadline is not None:
+            # A run being stopped shows as such (`status`: stopping) until the runner exits.
+            stopping = (self.abort_reason or self.stop_reason) if self.current else None
+            if time.monotonic() >= beat_at or self.abort_deadline is not None \
+                    or (stopping is not None and stopping != shown_stopping):
                 beat_at = time.monotonic() + interval
                 try:
                     rss = self._rss()
                     if not liveness.heartbeat(self.store, self.runner_id, rss=rss,
-                                              runs_done=self.runs_done):
+                                              runs_done=self.runs_done, stopping=stopping):
                         self.disowned = True
                         self.stop_reason = self.stop_reason or "runner row is no longer running"
+                    shown_stopping = stopping or shown_stopping
                     self._watch_current_run()
                 except pw.DatabaseError as exc:
                     log.warning("heartbeat failed: %s", exc)

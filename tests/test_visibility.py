@@ -3,6 +3,7 @@ waiting for a task's outcome, the handler's hooks, async handlers, and run_pendi
 time. Real databases; real runner processes where the process boundary is the point."""
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -281,4 +282,94 @@ def test_async_handler_is_stopped_by_max_runtime_like_a_sync_one(sqlite_db, tmp_
     wait_for(lambda: read_lines(log) == ["should_stop", "cancelled"], timeout=10,
              message="the coroutine to be cancelled")
     assert queue.wait(after, timeout=START_TIMEOUT).results == {"after": True}
+    queue.close()
+
+
+# -- 7. statistics and the stopping state ---------------------------------------------------
+
+def _crash_one_run(queue):
+    """A run whose runner process died: claimed by a registered runner, which is then
+    declared dead (what the overseer does for a kill -9)."""
+    from taskrunner import lifecycle
+    runner = liveness.register(queue.store, take_slot=False)
+    assert lifecycle.claim(queue.store, runner.id) is not None
+    assert liveness.mark_runner_dead(queue.store, runner.id, "killed in a test")
+
+
+def test_run_statistics_per_handler_count_crashes_apart(database):
+    from taskrunner import reads
+    queue = database.queue()
+    echo = "taskrunner.handlers.Echo"
+    for n in range(2):
+        queue.add_task(echo, data={"n": n})
+    queue.add_task(H + "KeyFails", max_retries=1)
+    queue.run_pending()
+    queue.add_task(H + "KeyFails", max_retries=1)
+    _crash_one_run(queue)
+    queue.add_task(echo, scheduled_on=utc(utcnow() + timedelta(hours=1)))   # never run
+    stats = reads.run_stats(queue.store)
+    assert set(stats) == {echo, H + "KeyFails"}
+    ok_stats, bad = stats[echo], stats[H + "KeyFails"]
+    assert (ok_stats.runs, ok_stats.successes, ok_stats.errors, ok_stats.crashes) == (2, 2, 0, 0)
+    assert (bad.runs, bad.successes, bad.errors, bad.crashes) == (2, 0, 1, 1)
+    assert ok_stats.last_success is not None and ok_stats.last_success.tzinfo is not None
+    assert ok_stats.last_finish >= ok_stats.last_start
+    assert bad.last_success is None and bad.last_finish >= bad.last_start
+    assert 0 <= ok_stats.avg_duration <= ok_stats.p95_duration < 60
+    assert bad.avg_duration is not None      # the crash is not among the durations
+
+    status = json.loads(ok(taskrunner("status", "--json", url=database.url)))
+    assert status["handlers"][echo]["successes"] == 2
+    assert status["handlers"][H + "KeyFails"]["crashes"] == 1
+    assert status["handlers"][echo]["last_success"].endswith("+00:00")
+    assert (status["retrying"], status["given_up"]) == (0, 2)
+    text = ok(taskrunner("status", url=database.url))
+    assert "failed tasks: 0 retrying, 2 given up" in text
+    [line] = [line for line in text.splitlines() if line.startswith(H + "KeyFails")]
+    assert line.split()[1:5] == ["2", "0", "1", "1"]
+    queue.close()
+
+
+def test_statistics_of_a_periodic_task_in_periodic_list(database):
+    from taskrunner import periodic
+    queue = database.queue()
+    periodic.add_periodic(queue.store, "hourly", H + "KeyFails", "every 1h", max_retries=1,
+                          now=utcnow() - timedelta(hours=1, seconds=1))
+    periodic.add_periodic(queue.store, "idle", H + "KeyFails", "every 1h")
+    periodic.PeriodicScheduler(queue.store).run_pending()
+    assert queue.run_pending() == 1
+    rows = json.loads(ok(taskrunner("periodic", "list", "--json", url=database.url)))
+    stats = {r["name"]: r["stats"] for r in rows}
+    assert (stats["hourly"]["runs"], stats["hourly"]["errors"], stats["hourly"]["crashes"]) == (
+        1, 1, 0)
+    assert stats["hourly"]["last_finish"].endswith("+00:00")
+    assert stats["idle"]["runs"] == 0 and stats["idle"]["avg_duration"] is None
+    table = ok(taskrunner("periodic", "list", url=database.url)).splitlines()
+    assert table[0].split()[-6:] == ["RUNS", "OK", "ERRORS", "CRASHES", "AVG", "P95"]
+    [line] = [line for line in table if line.startswith("hourly ")]
+    assert line.split()[-6:-2] == ["1", "0", "1", "0"]
+    queue.close()
+
+
+def test_a_runner_winding_down_its_run_shows_as_stopping(sqlite_db, tmp_path, procs):
+    import signal
+    config = sqlite_db.write_config(tmp_path / "c.toml", "[runner]\npoll_interval = 0.1\n")
+    queue = sqlite_db.queue()
+    go = str(tmp_path / "go")
+    task_id = queue.add_task(H + "LiveResults", data={"go": go})
+    runner = procs.spawn("runner", config=config, name="runner")
+
+    def state():
+        rows = json.loads(ok(taskrunner("status", "--json", url=sqlite_db.url)))["runners"]
+        return [(r["state"], r["task_id"]) for r in rows]
+    wait_for(lambda: state() == [("running", task_id)], timeout=START_TIMEOUT,
+             message="the runner to run the task")
+    os.kill(runner.pid, signal.SIGTERM)      # graceful: it finishes the run first
+    wait_for(lambda: state() == [("stopping", task_id)], timeout=5, message="stopping")
+    assert "stopping" in ok(taskrunner("status", url=sqlite_db.url))
+    open(go, "w").close()
+    open(go + ".2", "w").close()
+    assert procs.wait(runner) == 0
+    assert queue.wait(task_id, timeout=10).status == "success"
+    assert state() == []
     queue.close()
