@@ -237,8 +237,12 @@ def cmd_retry(args):
 
 
 def cmd_cancel(args):
-    _queue(args).cancel(args.id)
-    print("task %d cancelled" % args.id)
+    running = _queue(args).cancel(args.id)
+    if running is None:
+        print("task %d cancelled" % args.id)
+    else:
+        print("task %d: its run %d is asked to stop; the task ends cancelled when it does"
+              % (args.id, running))
 
 
 def cmd_rotate(args):
@@ -358,7 +362,8 @@ def build_parser():
     p.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="give up after this long")
     p.add_argument("--json", action="store_true")
     for name, func, text in (("retry", cmd_retry, "re-arm a failed or given-up task"),
-                             ("cancel", cmd_cancel, "cancel a task that is not running")):
+                             ("cancel", cmd_cancel, "cancel a task (a running one stops "
+                                                    "cooperatively)")):
         command(name, func, text).add_argument("id", type=_task_id)
     command("rotate", cmd_rotate, "delete old ended tasks and runner rows")
     command("check", cmd_check, "check the config and the database")

@@ -1,11 +1,11 @@
 """The operator's verbs on tasks: retry a failed or given-up task, cancel one that has not
-ended. Each is one write transaction of the store that says which race it closes.
+ended (a running one cooperatively). Each is one write transaction of the store that says which race it closes.
 """
 import peewee as pw
 
 from .errors import StateError, TaskNotFound
 from .lifecycle import create_missing_runs
-from .models import CANCELLED, FAILED, SCHEDULED, utcnow
+from .models import CANCELLED, FAILED, RUNNING, SCHEDULED, utcnow
 
 
 def _locked_task(store, task_id):
@@ -43,9 +43,13 @@ def retry(store, task_id, now=None):
 
 
 def cancel(store, task_id, now=None):
-    """Cancel a task that has no running run; its scheduled run becomes ``cancelled``.
-    Race closed: cancel against a runner claiming the run — the run is cancelled only
-    WHERE status='scheduled', in the same transaction as the task update."""
+    """Cancel a task that has not ended. A scheduled run becomes ``cancelled`` with its task;
+    a running run is asked to stop (cooperatively: its runner makes ``should_stop()`` true,
+    interrupts the handler after kill_grace, and ends the run and the task ``cancelled``).
+    Returns the id of the running run asked to stop, or None when the task is cancelled now.
+    Race closed: cancel against a runner claiming or ending the run — the run is cancelled
+    only WHERE status='scheduled', and asked to stop only WHERE status='running', in the
+    same transaction as the task update."""
     Task, Run = store.Task, store.Run
     now = now or utcnow()
 
@@ -59,9 +63,14 @@ def cancel(store, task_id, now=None):
                                    active_task_id=None).where(
                 (Run.id == live.id) & (Run.status == SCHEDULED)).execute()
             if not cancelled:
-                raise StateError("task %d is running (run %d); it cannot be cancelled"
-                                 % (task.id, live.id))
+                if not Run.update(cancel_requested_on=now).where(
+                        (Run.id == live.id) & (Run.status == RUNNING)).execute():
+                    raise StateError("task %d: its run %d changed state meanwhile; try again"
+                                     % (task.id, live.id))
+                return live.id
         Task.update(last_status=CANCELLED, next_run_on=None, finished_on=now,
                     active_key=None, updated_on=now).where(Task.id == task.id).execute()
-    store.write(step)
+        return None
+    running = store.write(step)
     store.wake_waiters()
+    return running

@@ -263,10 +263,12 @@ def was_ended_by(store, run_id, runner_id, status):
 
 
 def runs_under(store, run_id, runner_id):
-    """Whether the run is still ``running`` under this runner (nobody timed it out)."""
+    """Whether the run is still ``running`` under this runner (nobody timed it out), and
+    whether an operator asked it to stop: (running, cancel requested)."""
     Run = store.Run
-    return Run.select(Run.id).where((Run.id == run_id) & (Run.runner_id == runner_id)
-                                    & (Run.status == RUNNING)).exists()
+    row = Run.select(Run.cancel_requested_on).where(
+        (Run.id == run_id) & (Run.runner_id == runner_id) & (Run.status == RUNNING)).first()
+    return row is not None, row is not None and row.cancel_requested_on is not None
 
 
 def report_progress(store, run_id, runner_id, percent=None, results=None, now=None):

@@ -100,6 +100,8 @@ class Run(BaseModel):
     error_message = pw.TextField(null=True)
     # The traceback of a failed run (its last TRACEBACK_LIMIT bytes).
     traceback = pw.TextField(null=True)
+    # Set by an operator's cancel of the running run: its runner stops it cooperatively.
+    cancel_requested_on = pw.DateTimeField(null=True)
     runner_id = pw.IntegerField(null=True)
     attempt = pw.IntegerField(default=1)
     active_task_id = pw.IntegerField(null=True, unique=True)

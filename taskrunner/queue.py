@@ -108,9 +108,13 @@ class TaskQueue:
         """Re-arm a failed or given-up task: its failures count from zero, a run now."""
         control.retry(self.store, task_id)
 
-    def cancel(self, task_id: int) -> None:
-        """Cancel a task that is not running."""
-        control.cancel(self.store, task_id)
+    def cancel(self, task_id: int) -> Optional[int]:
+        """Cancel a task that has not ended. A running task is stopped cooperatively: its
+        runner notices within ``[runner] heartbeat_interval``, ``should_stop()`` turns true,
+        the handler is interrupted if it still runs after ``[overseer] kill_grace``, and the
+        run and the task end ``cancelled``. Returns the id of that running run (the task is
+        not cancelled yet: `wait` for it), or None when the task is cancelled now."""
+        return control.cancel(self.store, task_id)
 
     def process_queue(self) -> Dict[str, Any]:
         """Mark dead runners, time out overdue runs, create due runs (what the overseer does

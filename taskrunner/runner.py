@@ -84,6 +84,7 @@ class Worker:
         self.current = None           # (ClaimedRun, hard deadline as naive UTC or None)
         self.abort_reason = None
         self.abort_deadline = None
+        self.cancel_reason = None     # an operator cancelled the running run
         self.in_handler = False
         self.runs_done = 0
         self.max_runs = None
@@ -176,7 +177,8 @@ class Worker:
             if context is not None:
                 context.flush_results()
             # A run being stopped shows as such (`status`: stopping) until the runner exits.
-            stopping = (self.abort_reason or self.stop_reason) if self.current else None
+            stopping = (self.abort_reason or self.cancel_reason or self.stop_reason) \
+                if self.current else None
             if time.monotonic() >= beat_at or self.abort_deadline is not None \
                     or (stopping is not None and stopping != shown_stopping):
                 beat_at = time.monotonic() + interval
@@ -206,6 +208,10 @@ class Worker:
         if current is None or not self.install_signals:
             return
         claimed, hard_deadline = current
+        if self.cancel_reason is not None and self.abort_reason is None:
+            if time.monotonic() >= self.abort_deadline:     # kill_grace to see should_stop()
+                self._interrupt_run(claimed, "it was cancelled and still ran after kill_grace")
+            return
         if self.abort_reason is not None:
             if self.current is current and time.monotonic() >= self.abort_deadline:
                 log.error("run %d of task %d: the handler did not return within kill_grace "
@@ -220,10 +226,22 @@ class Worker:
                               error_message="running longer than %gs (max_runtime)"
                               % claimed.max_runtime)
             reason = "its max_runtime (%gs) passed" % claimed.max_runtime
-        elif not lifecycle.runs_under(self.store, claimed.run_id, self.runner_id):
-            reason = "it was ended by someone else (timed out)"
         else:
-            return
+            running, cancelled = lifecycle.runs_under(self.store, claimed.run_id, self.runner_id)
+            if running and not cancelled:
+                return
+            if running:
+                # Cooperative first: should_stop() turns true; interrupted after kill_grace.
+                log.warning("run %d of task %d: cancelled by an operator; stopping it",
+                            claimed.run_id, claimed.task_id)
+                self.cancel_reason = "cancelled by an operator while running"
+                self.abort_deadline = time.monotonic() + self.config.overseer.kill_grace
+                return
+            reason = "it was ended by someone else (timed out)"
+        self._interrupt_run(claimed, reason)
+
+    def _interrupt_run(self, claimed, reason):
+        """Interrupt the handler (SIGUSR2 to this process); exit hard after kill_grace."""
         log.warning("run %d of task %d: interrupting the handler: %s", claimed.run_id,
                     claimed.task_id, reason)
         self.abort_deadline = time.monotonic() + self.config.overseer.kill_grace
@@ -248,7 +266,7 @@ class Worker:
                   claimed.handler, claimed.attempt)
         hard_deadline = claimed.started_on + timedelta(seconds=claimed.max_runtime) \
             if claimed.max_runtime else None
-        self.abort_reason = self.abort_deadline = None
+        self.abort_reason = self.abort_deadline = self.cancel_reason = None
         self.current = (claimed, hard_deadline)
         try:
             outcome, handler, context = self._run_handler(claimed)
@@ -309,7 +327,8 @@ class Worker:
             claimed.run_id, claimed.task_id, claimed.attempt, data, deadline=deadline,
             report=lambda pct, results: lifecycle.report_progress(
                 self.store, claimed.run_id, self.runner_id, pct, results),
-            stopping=lambda: self.told_to_stop is not None or self.abort_reason is not None,
+            stopping=lambda: self.told_to_stop is not None or self.abort_reason is not None
+            or self.cancel_reason is not None,
             queue=self._queue_facade())
         handler = cls()
         outcome = outcomes.Outcome(SUCCESS)
@@ -345,6 +364,11 @@ class Worker:
                                         "ended with %s: %s" % (self.stop_reason, code, text))
             else:
                 outcome = outcomes.failed(code, text, outcomes.format_traceback(exc), exc)
+        if self.cancel_reason is not None:
+            # However the handler ended, the operator's cancel is the outcome.
+            outcome = outcomes.Outcome(CANCELLED, "Cancelled", "%s; the handler ended: %s" % (
+                self.cancel_reason, outcome.message or outcome.status),
+                traceback=outcome.traceback)
         # Progress the database could not take during the run (a restart) is written now,
         # before the outcome; it never reached the handler as an error.
         context.flush_progress()

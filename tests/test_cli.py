@@ -234,7 +234,7 @@ def test_unsupported_url_scheme_exits_2():
     assert "s3cret" not in result.stdout + result.stderr
 
 
-def test_cancel_of_a_running_task_is_refused(database):
+def test_cancel_of_a_running_task_asks_its_run_to_stop(database):
     q = database.queue()
     try:
         task_id = q.add_task(ECHO)
@@ -242,10 +242,10 @@ def test_cancel_of_a_running_task_is_refused(database):
         assert claimed.task_id == task_id
     finally:
         q.close()
-    before = snapshot(database)
-    usage_error(taskrunner("cancel", str(task_id), url=database.url), "running")
-    assert snapshot(database) == before
-    assert before[0][0][2] == RUNNING
+    out = ok(taskrunner("cancel", str(task_id), url=database.url))
+    assert out == "task %d: its run %d is asked to stop; the task ends cancelled when it " \
+        "does\n" % (task_id, claimed.run_id)
+    assert snapshot(database)[0][0][2] == RUNNING    # until its runner has stopped it
 
 
 def test_retry_of_a_successful_task_is_refused(database):

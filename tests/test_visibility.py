@@ -373,3 +373,32 @@ def test_a_runner_winding_down_its_run_shows_as_stopping(sqlite_db, tmp_path, pr
     assert queue.wait(task_id, timeout=10).status == "success"
     assert state() == []
     queue.close()
+
+
+# -- 8. cancel of a running task ------------------------------------------------------------
+
+@pytest.mark.parametrize("stubborn", [False, True], ids=["cooperative", "interrupted"])
+def test_cancel_of_a_running_task_stops_it_and_ends_it_cancelled(database_sp, tmp_path, procs,
+                                                                   stubborn):
+    config = database_sp.write_config(tmp_path / "c.toml", (
+        "[runner]\npoll_interval = 0.1\nheartbeat_interval = 0.3\n[overseer]\nkill_grace = 1\n"))
+    queue = database_sp.queue()
+    log = str(tmp_path / "run.log")
+    task_id = queue.add_task(H + "UntilStopped", data={"log": log, "stubborn": stubborn})
+    after = queue.add_task("taskrunner.handlers.Echo", data={"next": 1}, priority=-1)
+    runner = procs.spawn("runner", config=config, name="runner")
+    wait_for(lambda: read_lines(log) == ["started"], timeout=START_TIMEOUT,
+             message="the handler to start")
+    out = ok(taskrunner("cancel", str(task_id), url=database_sp.url))
+    assert "is asked to stop" in out
+    outcome = queue.wait(task_id, timeout=30)
+    assert outcome.status == "cancelled"
+    run = final_run(queue, task_id)
+    assert (run.status, run.error_code) == ("cancelled", "Cancelled")
+    assert run.results["done"] >= 1
+    assert read_lines(log) == ["started", "should_stop"]
+    if stubborn:
+        assert "interrupted" in run.error_message
+    assert queue.wait(after, timeout=30).results == {"next": 1}    # the runner goes on
+    assert runner.poll() is None
+    queue.close()

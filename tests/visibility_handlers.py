@@ -88,3 +88,17 @@ class AsyncSleeper(TaskHandler):
         except asyncio.CancelledError:
             _append(run.data["log"], "cancelled")
             raise
+
+
+class UntilStopped(TaskHandler):
+    """Works until should_stop(); with data["stubborn"], ignores it (interrupted only)."""
+
+    def handle(self, run):
+        _append(run.data["log"], "started")
+        run.results = {"done": 0}
+        try:
+            while run.data.get("stubborn") or not run.should_stop():
+                run.results = {"done": run.results["done"] + 1}
+                time.sleep(0.05)
+        finally:
+            _append(run.data["log"], "should_stop" if run.should_stop() else "left")
