@@ -193,15 +193,21 @@ def cmd_status(args):
 
 def cmd_tasks(args):
     queue = _queue(args)
-    tasks = [t.to_json() for t in queue.tasks(status=args.status, limit=args.limit)]
+    filters = cli_runs.task_filters(args)
+    tasks = [t.to_json() for t in queue.tasks(limit=None if args.all else args.limit,
+                                              offset=args.offset, **filters)]
     if args.json:
         _print_json(tasks)
         return
-    _print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "SCHEDULED", "FINISHED",
-                  "RESULT / ERROR"],
+    _print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "SCHEDULED", "NEXT RUN",
+                  "FINISHED", "RESULT / ERROR"],
                  [[t["id"], t["handler"], "given-up" if t["given_up"] else t["status"], t["runs"],
-                   t["runs_failed"], t["scheduled_on"], t["finished_on"],
+                   t["runs_failed"], t["scheduled_on"], t["next_run_on"], t["finished_on"],
                    cli_runs.outcome_column(t)] for t in tasks])
+    from . import reads
+    total = reads.count_tasks(queue.store, **filters)
+    print("showing %d of %d tasks%s" % (len(tasks), total, " (--offset, --limit or --all "
+                                         "for the others)" if len(tasks) < total else ""))
 
 
 def cmd_show(args):
@@ -232,17 +238,20 @@ def cmd_wait(args):
 
 
 def cmd_retry(args):
-    _queue(args).retry(args.id)
-    print("task %d re-armed" % args.id)
+    if cli_runs.bulk(_queue(args), "retry", args) is None and len(args.ids) == 1 \
+            and not cli_runs.task_filters(args):
+        print("task %d re-armed" % args.ids[0])
 
 
 def cmd_cancel(args):
-    running = _queue(args).cancel(args.id)
-    if running is None:
-        print("task %d cancelled" % args.id)
-    else:
+    queue = _queue(args)
+    single = len(args.ids) == 1 and not cli_runs.task_filters(args)
+    running = cli_runs.bulk(queue, "cancel", args)
+    if single and running is None:
+        print("task %d cancelled" % args.ids[0])
+    elif single:
         print("task %d: its run %d is asked to stop; the task ends cancelled when it does"
-              % (args.id, running))
+              % (args.ids[0], running))
 
 
 def cmd_rotate(args):
@@ -348,9 +357,11 @@ def build_parser():
     p = command("status", cmd_status, "runners and task counts")
     p.add_argument("--json", action="store_true")
     p = command("tasks", cmd_tasks, "list tasks, most recent first")
-    p.add_argument("--status", choices=("scheduled", "running", "success", "error", "timeout",
-                                        "cancelled", "given-up"))
+    cli_runs.add_task_filters(p, _at)
     p.add_argument("--limit", type=_positive_int, default=100)
+    p.add_argument("--offset", type=cli_runs.non_negative_int, default=0,
+                   help="skip this many of the most recent")
+    p.add_argument("--all", action="store_true", help="every matching task (no --limit)")
     p.add_argument("--json", action="store_true")
     for name, func, text in (("show", cmd_show, "one task"), ("runs", cmd_runs, "a task's runs")):
         p = command(name, func, text)
@@ -361,10 +372,12 @@ def build_parser():
     p.add_argument("id", type=_task_id)
     p.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="give up after this long")
     p.add_argument("--json", action="store_true")
-    for name, func, text in (("retry", cmd_retry, "re-arm a failed or given-up task"),
-                             ("cancel", cmd_cancel, "cancel a task (a running one stops "
+    for name, func, text in (("retry", cmd_retry, "re-arm failed or given-up tasks"),
+                             ("cancel", cmd_cancel, "cancel tasks (a running one stops "
                                                     "cooperatively)")):
-        command(name, func, text).add_argument("id", type=_task_id)
+        p = command(name, func, text + ", by id and/or filter")
+        p.add_argument("ids", type=_task_id, nargs="*", metavar="ID")
+        cli_runs.add_task_filters(p, _at)
     command("rotate", cmd_rotate, "delete old ended tasks and runner rows")
     command("check", cmd_check, "check the config and the database")
 

@@ -91,3 +91,68 @@ def wait(queue, task_id, timeout, as_json):
         if outcome.traceback:
             print(outcome.traceback.rstrip())
     return EXIT_SUCCESS if outcome.ok else EXIT_NOT_SUCCESS
+
+
+# -- task filters and the bulk verbs -----------------------------------------------------
+
+STATUS_CHOICES = ("scheduled", "running", "success", "error", "timeout", "cancelled",
+                  "requeued", "given-up")
+
+
+def non_negative_int(text):
+    import argparse
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError("expected a whole number >= 0, got %r" % text)
+    return value
+
+
+def add_task_filters(parser, time_type):
+    """The filters shared by ``tasks``, ``retry`` and ``cancel``."""
+    parser.add_argument("--status", choices=STATUS_CHOICES)
+    parser.add_argument("--handler", metavar="PATH", help="tasks of this handler")
+    parser.add_argument("--since", type=time_type, metavar="TIME",
+                        help="queued at or after this ISO 8601 time")
+    parser.add_argument("--until", type=time_type, metavar="TIME",
+                        help="queued before this ISO 8601 time")
+    parser.add_argument("--periodic", metavar="NAME", help="tasks of this periodic task")
+
+
+def task_filters(args):
+    return {name: getattr(args, name) for name in ("status", "handler", "since", "until",
+                                                   "periodic")
+            if getattr(args, name) is not None}
+
+
+def bulk(queue, verb, args):
+    """``retry`` / ``cancel`` of the tasks named by id, matched by the filters, or both (the
+    named ones that match). One id and no filter: the single-task verb (its refusal is the command's error, exit 2). Else
+    each task in turn; prints how many were changed and why the others were not (exit 0)."""
+    from . import control, reads
+    from .errors import InputError, StateError
+    filters = task_filters(args)
+    if not args.ids and not filters:
+        raise InputError("%s: give task ids, or filters (--status, --handler, --since, "
+                         "--until, --periodic)" % verb)
+    action = control.retry if verb == "retry" else control.cancel
+    if len(args.ids) == 1 and not filters:
+        return action(queue.store, args.ids[0])
+    ids = list(dict.fromkeys(args.ids))
+    if filters:        # with ids too: those of them that match
+        matched = reads.task_ids(queue.store, **filters)
+        ids = [i for i in ids if i in set(matched)] if ids else matched
+    changed, refused = 0, []
+    for task_id in ids:
+        try:
+            action(queue.store, task_id)
+            changed += 1
+        except (StateError, InputError) as exc:
+            refused.append(str(exc))
+    done = "re-armed" if verb == "retry" else "cancelled (or asked to stop)"
+    print("%s %d of %d task(s)" % (done, changed, len(ids)))
+    for reason in refused:
+        print("  not %s: %s" % ("re-armed" if verb == "retry" else "cancelled", reason))
+    return None

@@ -15,8 +15,7 @@ from datetime import timedelta
 
 import peewee as pw
 
-from .errors import StateError, TaskNotFound
-from .models import (CANCELLED, CRASHED, FAILED, REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
+from .models import (CANCELLED, CRASHED, REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
                      TRACEBACK_LIMIT, run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.lifecycle")

@@ -6,12 +6,19 @@ logged and changes nothing — the outcome is stored before any hook runs.
 """
 import logging
 import traceback as tb
+from datetime import timedelta
 from typing import Any, NamedTuple, Optional
 
 from . import reads
-from .models import ERROR, FAILED
+from .errors import Retry, TaskError
+from .models import ERROR, FAILED, REQUEUED, TIMEOUT
 
 log = logging.getLogger("taskrunner.runner")
+
+
+class Interrupted(BaseException):
+    """Raised inside a handler to interrupt it. BaseException so that a handler's
+    ``except Exception`` does not swallow it."""
 
 
 class Outcome(NamedTuple):
@@ -28,6 +35,28 @@ class Outcome(NamedTuple):
 
 def failed(code, message, traceback=None, exc=None, status=ERROR):
     return Outcome(status, code, message, traceback=traceback, exc=exc)
+
+
+def of_exception(exc, now, aborted=False, stopping=None):
+    """The outcome of a handler that raised `exc`: an interrupt is a timeout when its run
+    was taken away (`aborted`), else a hand-back; `Retry` requeues (at `now` + in_seconds);
+    a failure while its runner was told to stop (`stopping`: why) hands the run back too."""
+    if isinstance(exc, Interrupted):
+        if aborted:
+            return failed("Interrupted", str(exc), format_traceback(exc), exc, TIMEOUT)
+        return Outcome(REQUEUED, "Stopped", "handed back: %s" % exc)
+    if isinstance(exc, Retry):
+        code = "Snoozed" if exc.in_seconds else "Retry"
+        message = exc.reason or ("run again in %gs" % exc.in_seconds if exc.in_seconds
+                                 else "run again")
+        retry_at = now + timedelta(seconds=exc.in_seconds) if exc.in_seconds else None
+        return Outcome(REQUEUED, code, message, retry_at=retry_at)
+    code = exc.code if isinstance(exc, TaskError) and exc.code else type(exc).__name__
+    text = str(exc) or repr(exc)
+    if stopping is not None:
+        return Outcome(REQUEUED, "Stopped", "handed back: %s; the handler ended with %s: %s"
+                       % (stopping, code, text))
+    return failed(code, text, format_traceback(exc), exc)
 
 
 def format_traceback(exc):

@@ -98,9 +98,15 @@ class TaskQueue:
         """Every run of the task, oldest first."""
         return reads.runs_of(self.store, task_id)
 
-    def tasks(self, status: Optional[str] = None, limit: int = 100) -> List[TaskInfo]:
-        """Tasks, most recent first; `status` a run status or ``given-up``."""
-        return reads.list_tasks(self.store, status=status, limit=limit)
+    def tasks(self, status: Optional[str] = None, limit: Optional[int] = 100, offset: int = 0,
+              handler: Optional[str] = None, since: Optional[datetime] = None,
+              until: Optional[datetime] = None, periodic: Optional[str] = None
+              ) -> List[TaskInfo]:
+        """Tasks, most recent first, `offset` skipped, at most `limit` (None: all). Filters:
+        `status` a run status or ``given-up``, `handler`, `since` / `until` (aware) around
+        queued_on, `periodic` the name of the periodic task that submitted them."""
+        return reads.list_tasks(self.store, status=status, limit=limit, offset=offset,
+                                handler=handler, since=since, until=until, periodic=periodic)
 
     # -- the operator's verbs -----------------------------------------------------------------
 

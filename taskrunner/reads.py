@@ -260,19 +260,57 @@ def runs_of(store: Any, task_id: int) -> List[RunInfo]:
     return [run_info(r) for r in Run.select().where(Run.task_id == task_id).order_by(Run.id)]
 
 
-def list_tasks(store: Any, status: Optional[str] = None, limit: int = 100) -> List[TaskInfo]:
-    """Most recent first. `status`: a run status, or ``given-up``."""
-    Task = store.Task
+def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str] = None,
+                since: Optional[datetime] = None, until: Optional[datetime] = None,
+                periodic: Optional[str] = None) -> Any:
+    """Tasks matching every filter given: `status` a run status or ``given-up``, `handler`
+    its dotted path, `since` / `until` (aware) bounds of its queued_on, `periodic` the name
+    of the periodic task that submitted it. InputError for an unknown status or name."""
+    Task, PeriodicTask = store.Task, store.PeriodicTask
     if status is not None and status not in TASK_FILTERS:
         raise InputError("unknown task status %r: expected one of %s"
                          % (status, ", ".join(TASK_FILTERS)))
-    query = Task.select().order_by(Task.id.desc()).limit(limit)
+    query = Task.select()
     if status == "given-up":
         query = query.where(Task.last_status.in_(FAILED) & Task.next_run_on.is_null()
                             & (Task.runs_failed >= Task.max_retries))
     elif status is not None:
         query = query.where(Task.last_status == status)
+    if handler is not None:
+        query = query.where(Task.handler == handler)
+    for bound, compare in ((since, Task.queued_on.__ge__), (until, Task.queued_on.__lt__)):
+        if bound is not None:
+            if bound.tzinfo is None:
+                raise InputError("task filters take aware datetimes")
+            query = query.where(compare(bound.astimezone(timezone.utc).replace(tzinfo=None)))
+    if periodic is not None:
+        row = PeriodicTask.get_or_none(PeriodicTask.name == periodic)
+        if row is None:
+            raise InputError("no periodic task named %r" % periodic)
+        query = query.where(Task.periodic_task_id == row.id)
+    return query
+
+
+def list_tasks(store: Any, status: Optional[str] = None, limit: Optional[int] = 100,
+               offset: int = 0, **filters: Any) -> List[TaskInfo]:
+    """Most recent first, `offset` skipped, at most `limit` (None: all); the filters are
+    those of `tasks_query`."""
+    query = tasks_query(store, status=status, **filters).order_by(store.Task.id.desc())
+    if limit is not None or offset:
+        query = query.limit(limit).offset(offset)
     return _task_infos(store, list(query))
+
+
+def count_tasks(store: Any, status: Optional[str] = None, **filters: Any) -> int:
+    """How many tasks match the filters of `tasks_query`."""
+    return int(tasks_query(store, status=status, **filters).count())
+
+
+def task_ids(store: Any, status: Optional[str] = None, **filters: Any) -> List[int]:
+    """The ids of the tasks matching the filters, oldest first (for the bulk verbs)."""
+    Task = store.Task
+    query = tasks_query(store, status=status, **filters).select(Task.id).order_by(Task.id)
+    return [row.id for row in query]
 
 
 def task_counts(store: Any) -> Dict[str, int]:

@@ -26,19 +26,15 @@ import peewee as pw
 
 from . import lifecycle, liveness, maintenance, outcomes, periodic, wakeup
 from .db import is_disconnect, is_transient
-from .errors import HandlerError, Retry, RunnerLimitReached, TaskError
+from .errors import HandlerError, RunnerLimitReached
 from .handler import RunContext, load_handler
 from .liveness import ResidentSize
-from .models import CANCELLED, REQUEUED, RUNNER, SUCCESS, TIMEOUT, utcnow
+from .models import CANCELLED, RUNNER, SUCCESS, TIMEOUT, utcnow
+from .outcomes import Interrupted
 
 log = logging.getLogger("taskrunner.runner")
 
 MB = 1024 * 1024
-
-
-class Interrupted(BaseException):
-    """Raised inside a handler to interrupt it. BaseException so that a handler's
-    ``except Exception`` does not swallow it."""
 
 
 class Worker:
@@ -343,27 +339,12 @@ class Worker:
                     asyncio.run(coroutine)
             finally:
                 self.in_handler = False
-        except Interrupted as exc:
-            if self.abort_reason is not None:     # its run was taken away: rule 8
-                outcome = outcomes.failed("Interrupted", str(exc), outcomes.format_traceback(exc),
-                                       exc, TIMEOUT)
-            else:
-                outcome = outcomes.Outcome(REQUEUED, "Stopped", "handed back: %s" % exc)
-        except Retry as exc:
-            code = "Snoozed" if exc.in_seconds else "Retry"
-            message = exc.reason or ("run again in %gs" % exc.in_seconds if exc.in_seconds
-                                     else "run again")
-            retry_at = self.now() + timedelta(seconds=exc.in_seconds) if exc.in_seconds else None
-            outcome = outcomes.Outcome(REQUEUED, code, message, retry_at=retry_at)
-        except (Exception, SystemExit) as exc:
-            code = exc.code if isinstance(exc, TaskError) and exc.code else type(exc).__name__
-            text = str(exc) or repr(exc)
-            if self.told_to_stop is not None:
-                # It ended early because its runner was told to stop: handed back.
-                outcome = outcomes.Outcome(REQUEUED, "Stopped", "handed back: %s; the handler "
-                                        "ended with %s: %s" % (self.stop_reason, code, text))
-            else:
-                outcome = outcomes.failed(code, text, outcomes.format_traceback(exc), exc)
+        except (Interrupted, Exception, SystemExit) as exc:
+            # Interrupted: its run was taken away (rule 8) when an abort reason is set, else
+            # a stop; any failure of a runner told to stop hands the run back.
+            outcome = outcomes.of_exception(
+                exc, self.now(), aborted=self.abort_reason is not None,
+                stopping=self.stop_reason if self.told_to_stop is not None else None)
         if self.cancel_reason is not None:
             # However the handler ended, the operator's cancel is the outcome.
             outcome = outcomes.Outcome(CANCELLED, "Cancelled", "%s; the handler ended: %s" % (

@@ -402,3 +402,66 @@ def test_cancel_of_a_running_task_stops_it_and_ends_it_cancelled(database_sp, tm
     assert queue.wait(after, timeout=30).results == {"next": 1}    # the runner goes on
     assert runner.poll() is None
     queue.close()
+
+
+# -- 8. the operator's filters and bulk verbs -----------------------------------------------
+
+def test_tasks_filters_offset_all_and_showing_n_of_m(database):
+    queue = database.queue()
+    echo = "taskrunner.handlers.Echo"
+    t0 = utcnow()
+    ids = [enqueue_at(queue, echo, t0 + timedelta(minutes=n)) for n in range(5)]
+    fails = [enqueue_at(queue, H + "KeyFails", t0 + timedelta(minutes=10 + n), max_retries=3)
+             for n in range(2)]
+    queue.run_pending(now=utc(t0 + timedelta(minutes=20)))
+    url = database.url
+    out = ok(taskrunner("tasks", "--handler", echo, "--limit", "2", url=url))
+    assert [line.split()[0] for line in out.splitlines()[1:3]] == [str(ids[4]), str(ids[3])]
+    assert out.splitlines()[-1] == "showing 2 of 5 tasks (--offset, --limit or --all for the " \
+        "others)"
+    out = ok(taskrunner("tasks", "--handler", echo, "--limit", "2", "--offset", "2", url=url))
+    assert [line.split()[0] for line in out.splitlines()[1:3]] == [str(ids[2]), str(ids[1])]
+    listed = json.loads(ok(taskrunner("tasks", "--all", "--json", url=url)))
+    assert [t["id"] for t in listed] == list(reversed(ids + fails))
+    since = utc(t0 + timedelta(minutes=1)).isoformat()
+    until = utc(t0 + timedelta(minutes=3)).isoformat()
+    listed = json.loads(ok(taskrunner("tasks", "--since", since, "--until", until, "--json",
+                                      url=url)))
+    assert [t["id"] for t in listed] == [ids[2], ids[1]]
+    # A task waiting to retry shows when it runs next, and its error.
+    out = ok(taskrunner("tasks", "--handler", H + "KeyFails", url=url))
+    assert "NEXT RUN" in out.splitlines()[0]
+    line = out.splitlines()[1]
+    retry_at = queue.get_task(fails[1]).next_run_on
+    assert retry_at.isoformat() in line and "KeyError: 'amount'" in line
+    assert out.splitlines()[-1] == "showing 2 of 2 tasks"
+    queue.close()
+
+
+def enqueue_at(queue, handler, when, **options):
+    from taskrunner import enqueue
+    return enqueue.add_task(queue.store, handler, scheduled_on=utc(when), now=when, **options)
+
+
+def test_retry_and_cancel_many_by_ids_and_by_filter(database):
+    queue = database.queue()
+    t0 = utcnow()
+    failed = [enqueue_at(queue, H + "KeyFails", t0, max_retries=1) for _ in range(3)]
+    ok_id = enqueue_at(queue, "taskrunner.handlers.Echo", t0)
+    queue.run_pending(now=utc(t0))
+    url = database.url
+    out = ok(taskrunner("retry", str(failed[0]), str(failed[1]), str(ok_id), url=url))
+    assert out.splitlines()[0] == "re-armed 2 of 3 task(s)"
+    assert "task %d is success" % ok_id in out
+    assert [queue.get_task(i).status for i in failed] == ["scheduled", "scheduled", "error"]
+    out = ok(taskrunner("retry", "--status", "given-up", "--handler", H + "KeyFails", url=url))
+    assert out.splitlines()[0] == "re-armed 1 of 1 task(s)"
+    out = ok(taskrunner("cancel", "--handler", H + "KeyFails", url=url))
+    assert out.splitlines()[0] == "cancelled (or asked to stop) 3 of 3 task(s)"
+    assert {queue.get_task(i).status for i in failed} == {"cancelled"}
+    assert queue.get_task(ok_id).status == "success"
+    result = taskrunner("retry", url=url)
+    assert result.returncode == 2 and "give task ids, or filters" in result.stderr
+    result = taskrunner("cancel", "--periodic", "nope", url=url)
+    assert result.returncode == 2 and "no periodic task named 'nope'" in result.stderr
+    queue.close()
