@@ -8,6 +8,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 from datetime import datetime, timedelta, timezone
 
@@ -256,6 +257,9 @@ def cmd_cancel(args):
 
 def cmd_rotate(args):
     result = _queue(args).rotate()
+    if args.json:
+        _print_json(result)
+        return
     print("deleted %(success)d successful tasks, %(failed)d failed tasks, %(runners)d runner rows"
           % result)
 
@@ -321,6 +325,8 @@ def build_parser():
     parser.add_argument("--database", metavar="URL",
                         help="database URL (default: $TASKRUNNER_DATABASE_URL, [database] url, "
                              "sqlite:///taskrunner.db)")
+    from . import __version__
+    parser.add_argument("--version", action="version", version="taskrunner " + __version__)
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                         help="log level on stderr (default: [log] level)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -378,7 +384,8 @@ def build_parser():
         p = command(name, func, text + ", by id and/or filter")
         p.add_argument("ids", type=_task_id, nargs="*", metavar="ID")
         cli_runs.add_task_filters(p, _at)
-    command("rotate", cmd_rotate, "delete old ended tasks and runner rows")
+    command("rotate", cmd_rotate, "delete old ended tasks and runner rows").add_argument(
+        "--json", action="store_true")
     command("check", cmd_check, "check the config and the database")
 
     p = command("periodic", cmd_periodic, "manage periodic tasks")
@@ -421,6 +428,9 @@ def setup_logging(level):
     logging.logThreads = logging.logMultiprocessing = False
     logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+    # Creating the schema on first use is routine: peewee's line per migration only at debug.
+    logging.getLogger("peewee.migrations").setLevel(
+        logging.DEBUG if level == "debug" else logging.WARNING)
 
 
 def main(argv=None):
@@ -428,7 +438,17 @@ def main(argv=None):
     try:
         args.loaded_config = Config.load(args.config, args.database)
         setup_logging(args.log_level or args.loaded_config.log.level)
-        return args.func(args) or EXIT_OK
+        code = args.func(args) or EXIT_OK
+        sys.stdout.flush()          # here, so that a closed pipe is handled below
+        return code
+    except BrokenPipeError:
+        # `taskrunner tasks | head`: the reader left. Nothing more to say, and nothing may be
+        # flushed at exit to the closed pipe (a traceback otherwise).
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):  # stdout is not a file (in-process)
+            pass
+        return EXIT_FAILURE
     except InputError as exc:
         print("taskrunner: error: %s" % exc, file=sys.stderr)
         return EXIT_USAGE

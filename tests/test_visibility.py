@@ -465,3 +465,40 @@ def test_retry_and_cancel_many_by_ids_and_by_filter(database):
     result = taskrunner("cancel", "--periodic", "nope", url=url)
     assert result.returncode == 2 and "no periodic task named 'nope'" in result.stderr
     queue.close()
+
+
+# -- 8. CLI polish ------------------------------------------------------------------------
+
+def test_version_option():
+    from taskrunner import __version__
+    result = taskrunner("--version")
+    assert (result.returncode, result.stdout) == (0, "taskrunner %s\n" % __version__)
+
+
+def test_a_closed_pipe_ends_the_command_quietly(sqlite_db):
+    import subprocess
+    from conftest import process_env
+    queue = sqlite_db.queue()
+    queue.add_tasks([{"handler": "taskrunner.handlers.Echo", "data": {"n": n}}
+                     for n in range(3000)])
+    queue.close()
+    proc = subprocess.Popen([sys.executable, "-m", "taskrunner", "--database", sqlite_db.url,
+                             "tasks", "--all"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=process_env())
+    assert proc.stdout.readline().startswith(b"ID ")
+    proc.stdout.close()                       # `| head -1`
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1
+    assert stderr == "", stderr
+
+
+def test_first_command_on_a_new_database_prints_no_migration_lines(tmp_path):
+    url = "sqlite:///%s" % (tmp_path / "new.db")
+    result = taskrunner("add", "taskrunner.handlers.Echo", url=url)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "1\n", "")
+
+
+def test_rotate_json(sqlite_db):
+    sqlite_db.queue().close()
+    assert json.loads(ok(taskrunner("rotate", "--json", url=sqlite_db.url))) == {
+        "success": 0, "failed": 0, "runners": 0}
