@@ -16,6 +16,7 @@ from . import cli_runs
 from .config import Config
 from .errors import InputError
 from .handler import encode_data, load_handler
+from .logs import setup_logging
 
 log = logging.getLogger("taskrunner.cli")
 
@@ -325,7 +326,7 @@ def build_parser():
     parser.add_argument("--database", metavar="URL",
                         help="database URL (default: $TASKRUNNER_DATABASE_URL, [database] url, "
                              "sqlite:///taskrunner.db)")
-    from . import __version__
+    from taskrunner import __version__   # the package itself (layer 5, like cli)
     parser.add_argument("--version", action="version", version="taskrunner " + __version__)
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                         help="log level on stderr (default: [log] level)")
@@ -421,23 +422,12 @@ def build_parser():
     return parser
 
 
-def setup_logging(level):
-    # The format names no source file, function or thread: skip collecting them (the
-    # logging HOWTO's "Optimization"), which a runner would otherwise do for every run.
-    logging._srcfile = None
-    logging.logThreads = logging.logMultiprocessing = False
-    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
-    # Creating the schema on first use is routine: peewee's line per migration only at debug.
-    logging.getLogger("peewee.migrations").setLevel(
-        logging.DEBUG if level == "debug" else logging.WARNING)
-
-
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         args.loaded_config = Config.load(args.config, args.database)
-        setup_logging(args.log_level or args.loaded_config.log.level)
+        setup_logging(args.log_level or args.loaded_config.log.level,
+                      args.loaded_config.log.format)
         code = args.func(args) or EXIT_OK
         sys.stdout.flush()          # here, so that a closed pipe is handled below
         return code

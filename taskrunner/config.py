@@ -100,6 +100,7 @@ SCHEMA = {
     },
     "log": {
         "level": ("info", _choice("debug", "info", "warning", "error")),
+        "format": ("text", _choice("text", "json")),
     },
 }
 

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Optional
 
 from . import reads
 from .errors import Retry, TaskError
+from .logs import run_fields
 from .models import ERROR, FAILED, REQUEUED, TIMEOUT
 
 log = logging.getLogger("taskrunner.runner")
@@ -70,15 +71,17 @@ def format_traceback(exc):
 
 def after_run(store, claimed, outcome, elapsed, handler=None, context=None):
     """Log the stored outcome of `claimed` and call the handler's hooks for a failure."""
+    fields = run_fields(claimed, outcome.status, elapsed, outcome.code)
     if outcome.status not in FAILED:
         log.info("run %d of task %d finished: %s %s in %.3fs%s", claimed.run_id,
                  claimed.task_id, claimed.handler, outcome.status, elapsed,
-                 " (%s: %s)" % (outcome.code, outcome.message) if outcome.code else "")
+                 " (%s: %s)" % (outcome.code, outcome.message) if outcome.code else "",
+                 extra=fields)
         return
     log.warning("run %d of task %d failed: %s %s in %.3fs (%s: %s)%s", claimed.run_id,
                 claimed.task_id, claimed.handler, outcome.status, elapsed, outcome.code,
                 _short(outcome.message), "\n" + outcome.traceback.rstrip() if outcome.traceback
-                else "")
+                else "", extra=fields)
     if handler is not None and outcome.exc is not None:
         _call_hook(claimed, "on_failure", handler.on_failure, context, outcome.exc)
     try:
@@ -90,7 +93,8 @@ def after_run(store, claimed, outcome, elapsed, handler=None, context=None):
     if task.given_up:
         log.error("task %d gave up after %d failed run(s): %s (%s: %s)", task.id,
                   task.runs_failed, task.handler, task.last_error_code,
-                  _short(task.last_error_message))
+                  _short(task.last_error_message),
+                  extra=run_fields(claimed, "given-up", error_code=task.last_error_code))
         if handler is not None:
             _call_hook(claimed, "on_give_up", handler.on_give_up, task)
 

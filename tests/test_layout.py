@@ -12,7 +12,7 @@ MAX_LINES = 500
 # the run lifecycle and adding tasks at the bottom, then what builds on them.
 LEVELS = {
     "errors": 1.0, "timespan": 1.0, "models": 1.0, "migrations": 1.0, "calendar": 1.0,
-    "config": 1.1, "handler": 1.1, "handlers": 1.2,
+    "config": 1.1, "handler": 1.1, "handlers": 1.2, "logs": 1.0,
     "db": 2.0, "wakeup": 2.0, "store": 2.1,
     "lifecycle": 3.0, "enqueue": 3.0,
     "liveness": 3.1, "rotation": 3.1, "reads": 3.1, "control": 3.1,

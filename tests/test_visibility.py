@@ -502,3 +502,24 @@ def test_rotate_json(sqlite_db):
     sqlite_db.queue().close()
     assert json.loads(ok(taskrunner("rotate", "--json", url=sqlite_db.url))) == {
         "success": 0, "failed": 0, "runners": 0}
+
+
+def test_json_log_format_one_object_per_line_with_the_run_fields(sqlite_db, tmp_path):
+    config = sqlite_db.write_config(tmp_path / "c.toml", '[log]\nformat = "json"\n')
+    queue = sqlite_db.queue()
+    good = queue.add_task("taskrunner.handlers.Echo", data={"x": 1})
+    bad = queue.add_task(H + "KeyFails", max_retries=1)
+    queue.close()
+    result = taskrunner("runner", "--burst", config=config)
+    assert result.returncode == 0, result.stderr
+    entries = [json.loads(line) for line in result.stderr.splitlines()]
+    assert all({"time", "level", "logger", "pid", "message"} <= set(e) for e in entries)
+    finished = {e["task_id"]: e for e in entries if "run_id" in e and e["status"] != "given-up"}
+    assert (finished[good]["status"], finished[good]["handler"], finished[good]["level"]) == (
+        "success", "taskrunner.handlers.Echo", "INFO")
+    assert finished[good]["duration"] >= 0 and finished[good]["time"].endswith("+00:00")
+    assert (finished[bad]["status"], finished[bad]["error_code"], finished[bad]["level"]) == (
+        "error", "KeyError", "WARNING")
+    assert 'return invoice["amount"]' in finished[bad]["message"]
+    [gave_up] = [e for e in entries if e.get("status") == "given-up"]
+    assert (gave_up["task_id"], gave_up["level"]) == (bad, "ERROR")
