@@ -448,6 +448,8 @@ class Worker:
             self._listener = wakeup.Listener(self.config.database.url)
             if self.store.backend == "postgresql":
                 self._pg_listener = wakeup.PostgresListener(self.store.db)
+        if row.slot is not None:        # a process of its own, not run_pending's caller
+            liveness.name_process("tr-runner-%d" % row.slot)
         log.info("runner %d started (pid %d, slot %s)", row.id, row.pid, row.slot)
         self._rss = ResidentSize()
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)

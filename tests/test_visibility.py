@@ -523,3 +523,14 @@ def test_json_log_format_one_object_per_line_with_the_run_fields(sqlite_db, tmp_
     assert 'return invoice["amount"]' in finished[bad]["message"]
     [gave_up] = [e for e in entries if e.get("status") == "given-up"]
     assert (gave_up["task_id"], gave_up["level"]) == (bad, "ERROR")
+
+
+def test_runner_process_is_named_apart_in_ps(sqlite_db, tmp_path, procs):
+    config = sqlite_db.write_config(tmp_path / "c.toml", "[runner]\npoll_interval = 0.1\n")
+    sqlite_db.queue().close()
+    runner = procs.spawn("runner", config=config, name="runner")
+
+    def comm():
+        with open("/proc/%d/comm" % runner.pid) as fh:
+            return fh.read().strip()
+    wait_for(lambda: comm() == "tr-runner-1", timeout=START_TIMEOUT, message="the name")
