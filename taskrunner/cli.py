@@ -13,6 +13,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 
 from . import cli_runs
+from .cli_runs import when
 from .config import Config
 from .errors import InputError
 from .handler import encode_data, load_handler
@@ -190,7 +191,7 @@ def cmd_status(args):
                  [[r["id"], r["kind"], r["host"], r["pid"], r["state"],
                    "%s (task %s)" % (r["run_id"], r["task_id"]) if r["run_id"] else "-",
                    "%d%%" % r["progress"] if r["progress"] is not None else "-", r["rss_mb"],
-                   r["runs_done"], r["started_on"], r["heartbeat_on"]] for r in rows])
+                   r["runs_done"], when(r["started_on"]), when(r["heartbeat_on"])] for r in rows])
 
 
 def cmd_tasks(args):
@@ -204,7 +205,8 @@ def cmd_tasks(args):
     _print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "SCHEDULED", "NEXT RUN",
                   "FINISHED", "RESULT / ERROR"],
                  [[t["id"], t["handler"], "given-up" if t["given_up"] else t["status"], t["runs"],
-                   t["runs_failed"], t["scheduled_on"], t["next_run_on"], t["finished_on"],
+                   t["runs_failed"], when(t["scheduled_on"]), when(t["next_run_on"]),
+                   when(t["finished_on"]),
                    cli_runs.outcome_column(t)] for t in tasks])
     from . import reads
     total = reads.count_tasks(queue.store, **filters)
@@ -228,7 +230,8 @@ def cmd_runs(args):
     _print_table(["RUN", "ATTEMPT", "STATUS", "RUNNER", "%", "STARTED", "DURATION", "RESULTS",
                   "ERROR"],
                  [[r["id"], r["attempt"], r["status"], r["runner_id"], r["percent_completed"],
-                   r["started_on"], "%.3fs" % r["duration"] if r["duration"] is not None else None,
+                   when(r["started_on"]),
+                   "%.3fs" % r["duration"] if r["duration"] is not None else None,
                    cli_runs.short(r["results"]),
                    "%s: %s" % (r["error_code"], r["error_message"]) if r["error_code"] else None]
                   for r in runs])
@@ -293,8 +296,9 @@ def cmd_periodic(args):
             return
         _print_table(["NAME", "ENABLED", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS",
                       "FAILURES", "HANDLER"] + cli_runs.STATS_HEADERS,
-                     [[r["name"], "yes" if r["enabled"] else "no", r["timer"], r["nextrun"],
-                       r["last_run"], r["last_status"], r["consecutive_failures"], r["handler"]]
+                     [[r["name"], "yes" if r["enabled"] else "no", r["timer"],
+                       when(r["nextrun"]), when(r["last_run"]), r["last_status"],
+                       r["consecutive_failures"], r["handler"]]
                       + cli_runs.stats_cells(r["stats"]) for r in rows])
     elif args.action in ("enable", "disable"):
         periodic.set_enabled(store, args.name, args.action == "enable", owner=args.owner)

@@ -1,5 +1,5 @@
-"""What the ``taskrunner`` command prints about tasks and runs: short results and errors
-for tables, tracebacks under them, and ``taskrunner wait``.
+"""What the ``taskrunner`` command prints about tasks and runs: compact local times, short
+results and errors for tables, tracebacks under them, and ``taskrunner wait``.
 
 ``wait`` exit codes: 0 the task succeeded; 1 it gave up or was cancelled; 3 it was not final
 within ``--timeout`` (2 stays the usage error of every command).
@@ -9,6 +9,18 @@ import sys
 
 EXIT_SUCCESS, EXIT_NOT_SUCCESS, EXIT_TIMEOUT = 0, 1, 3
 FAILED_STATUSES = ("error", "timeout", "given-up", "cancelled")
+
+
+def when(iso):
+    """A table's time: local, to the second ("2026-11-22 23:14:36"); ``--json`` keeps ISO
+    8601 UTC. Today's times drop the date."""
+    if iso is None:
+        return None
+    from datetime import datetime
+    local = datetime.fromisoformat(iso).astimezone()
+    if local.date() == datetime.now().astimezone().date():
+        return local.strftime("%H:%M:%S")
+    return local.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def short(value, width=40):
@@ -65,7 +77,7 @@ def stats_cells(stats):
 def stats_table(key_header, stats_by_key):
     """(headers, rows) of run statistics, one row per handler or periodic task."""
     return ([key_header] + STATS_HEADERS + ["LAST SUCCESS"],
-            [[key] + stats_cells(stats) + [stats["last_success"]]
+            [[key] + stats_cells(stats) + [when(stats["last_success"])]
              for key, stats in stats_by_key.items()])
 
 
