@@ -89,11 +89,12 @@ def register(store, kind=RUNNER, parent_id=None, now=None, take_slot=True):
 def heartbeat(store, runner_id, rss=None, runs_done=None, now=None, stopping=None):
     """Refresh the runner's heartbeat; False when the row is no longer ``running`` (someone
     declared this runner dead), in which case it must stop claiming. `stopping`: why the
-    runner is winding down its run (it then reads as ``stopping`` until it exits)."""
+    runner is winding down its run (it then reads as ``stopping``); "" when that run has
+    ended and the runner goes on."""
     Runner = store.Runner
     values = {Runner.heartbeat_on: now or utcnow()}
     if stopping is not None:
-        values[Runner.exit_reason] = "stopping: %s" % stopping
+        values[Runner.exit_reason] = "stopping: %s" % stopping if stopping else None
     if rss is not None:
         values[Runner.rss] = rss
     if runs_done is not None:

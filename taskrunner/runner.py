@@ -175,6 +175,8 @@ class Worker:
             # A run being stopped shows as such (`status`: stopping) until the runner exits.
             stopping = (self.abort_reason or self.cancel_reason or self.stop_reason) \
                 if self.current else None
+            if shown_stopping and stopping is None and self.stop_reason is None:
+                stopping = ""            # its stopped run has ended and the runner goes on
             if time.monotonic() >= beat_at or self.abort_deadline is not None \
                     or (stopping is not None and stopping != shown_stopping):
                 beat_at = time.monotonic() + interval
@@ -184,7 +186,7 @@ class Worker:
                                               runs_done=self.runs_done, stopping=stopping):
                         self.disowned = True
                         self.stop_reason = self.stop_reason or "runner row is no longer running"
-                    shown_stopping = stopping or shown_stopping
+                    shown_stopping = shown_stopping if stopping is None else stopping
                     self._watch_current_run()
                 except pw.DatabaseError as exc:
                     log.warning("heartbeat failed: %s", exc)

@@ -401,6 +401,11 @@ def test_cancel_of_a_running_task_stops_it_and_ends_it_cancelled(database_sp, tm
         assert "interrupted" in run.error_message
     assert queue.wait(after, timeout=30).results == {"next": 1}    # the runner goes on
     assert runner.poll() is None
+
+    def states():
+        return [r["state"] for r in json.loads(ok(taskrunner(
+            "status", "--json", url=database_sp.url)))["runners"]]
+    wait_for(lambda: states() == ["running"], timeout=10, message="running again")
     queue.close()
 
 
