@@ -243,20 +243,11 @@ def cmd_wait(args):
 
 
 def cmd_retry(args):
-    if cli_runs.bulk(_queue(args), "retry", args) is None and len(args.ids) == 1 \
-            and not cli_runs.task_filters(args):
-        print("task %d re-armed" % args.ids[0])
+    cli_runs.bulk(_queue(args), "retry", args)
 
 
 def cmd_cancel(args):
-    queue = _queue(args)
-    single = len(args.ids) == 1 and not cli_runs.task_filters(args)
-    running = cli_runs.bulk(queue, "cancel", args)
-    if single and running is None:
-        print("task %d cancelled" % args.ids[0])
-    elif single:
-        print("task %d: its run %d is asked to stop; the task ends cancelled when it does"
-              % (args.ids[0], running))
+    cli_runs.bulk(_queue(args), "cancel", args)
 
 
 def cmd_rotate(args):
@@ -389,6 +380,7 @@ def build_parser():
         p = command(name, func, text + ", by id and/or filter")
         p.add_argument("ids", type=_task_id, nargs="*", metavar="ID")
         cli_runs.add_task_filters(p, _at)
+        p.add_argument("--json", action="store_true")
     command("rotate", cmd_rotate, "delete old ended tasks and runner rows").add_argument(
         "--json", action="store_true")
     command("check", cmd_check, "check the config and the database")

@@ -141,8 +141,9 @@ def task_filters(args):
 
 def bulk(queue, verb, args):
     """``retry`` / ``cancel`` of the tasks named by id, matched by the filters, or both (the
-    named ones that match). One id and no filter: the single-task verb (its refusal is the command's error, exit 2). Else
-    each task in turn; prints how many were changed and why the others were not (exit 0)."""
+    named ones that match). One id and no filter: the single-task verb (its refusal is the
+    command's error, exit 2). Else each task in turn; prints how many were changed and why
+    the others were not (exit 0). ``--json``: what was done, as one object."""
     from . import control, reads
     from .errors import InputError, StateError
     filters = task_filters(args)
@@ -151,20 +152,32 @@ def bulk(queue, verb, args):
                          "--until, --periodic)" % verb)
     action = control.retry if verb == "retry" else control.cancel
     if len(args.ids) == 1 and not filters:
-        return action(queue.store, args.ids[0])
+        task_id = args.ids[0]
+        stopping = action(queue.store, task_id)
+        status = "re-armed" if verb == "retry" else "stopping" if stopping else "cancelled"
+        if args.json:
+            print(json.dumps({"task_id": task_id, "status": status, "run_id": stopping}))
+        elif stopping:
+            print("task %d: its run %d is asked to stop; the task ends cancelled when it does"
+                  % (task_id, stopping))
+        else:
+            print("task %d %s" % (task_id, status))
+        return
     ids = list(dict.fromkeys(args.ids))
     if filters:        # with ids too: those of them that match
-        matched = reads.task_ids(queue.store, **filters)
-        ids = [i for i in ids if i in set(matched)] if ids else matched
-    changed, refused = 0, []
+        matched = set(reads.task_ids(queue.store, **filters))
+        ids = [i for i in ids if i in matched] if ids else sorted(matched)
+    changed, refused = [], []
     for task_id in ids:
         try:
             action(queue.store, task_id)
-            changed += 1
+            changed.append(task_id)
         except (StateError, InputError) as exc:
             refused.append(str(exc))
+    if args.json:
+        print(json.dumps({"changed": changed, "refused": refused}, indent=2))
+        return
     done = "re-armed" if verb == "retry" else "cancelled (or asked to stop)"
-    print("%s %d of %d task(s)" % (done, changed, len(ids)))
+    print("%s %d of %d task(s)" % (done, len(changed), len(ids)))
     for reason in refused:
         print("  not %s: %s" % ("re-armed" if verb == "retry" else "cancelled", reason))
-    return None

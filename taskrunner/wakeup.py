@@ -12,6 +12,7 @@ its own (`ENDED`): a run's end on this host wakes it. Ends on other hosts reach 
 bounded poll.
 """
 import errno
+import functools
 import hashlib
 import itertools
 import os
@@ -24,6 +25,7 @@ CLAIMABLE, ENDED = "", "-ended"
 _SERIAL = itertools.count()
 
 
+@functools.lru_cache(maxsize=64)     # computed on every run's end (wake the waiters)
 def _directory(url, kind=CLAIMABLE):
     digest = hashlib.sha1(url.encode()).hexdigest()[:16]
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()

@@ -466,6 +466,14 @@ def test_retry_and_cancel_many_by_ids_and_by_filter(database):
     assert out.splitlines()[0] == "cancelled (or asked to stop) 3 of 3 task(s)"
     assert {queue.get_task(i).status for i in failed} == {"cancelled"}
     assert queue.get_task(ok_id).status == "success"
+    assert json.loads(ok(taskrunner("retry", str(ok_id), str(failed[0]), "--json", url=url))) == {
+        "changed": [], "refused": ["task %d is success; only a failed or given-up task can be "
+                                   "retried" % ok_id,
+                                   "task %d is cancelled; only a failed or given-up task can "
+                                   "be retried" % failed[0]]}
+    late = enqueue_at(queue, "taskrunner.handlers.Echo", t0 + timedelta(days=1))
+    assert json.loads(ok(taskrunner("cancel", str(late), "--json", url=url))) == {
+        "task_id": late, "status": "cancelled", "run_id": None}
     result = taskrunner("retry", url=url)
     assert result.returncode == 2 and "give task ids, or filters" in result.stderr
     result = taskrunner("cancel", "--periodic", "nope", url=url)
