@@ -197,8 +197,9 @@ def cmd_status(args):
 def cmd_tasks(args):
     queue = _queue(args)
     filters = cli_runs.task_filters(args)
-    tasks = [t.to_json() for t in queue.tasks(limit=None if args.all else args.limit,
-                                              offset=args.offset, **filters)]
+    from . import reads
+    tasks = [t.to_json() for t in reads.list_tasks(
+        queue.store, limit=None if args.all else args.limit, offset=args.offset, **filters)]
     if args.json:
         _print_json(tasks)
         return
@@ -208,7 +209,6 @@ def cmd_tasks(args):
                    t["runs_failed"], when(t["scheduled_on"]), when(t["next_run_on"]),
                    when(t["finished_on"]),
                    cli_runs.outcome_column(t)] for t in tasks])
-    from . import reads
     total = reads.count_tasks(queue.store, **filters)
     print("showing %d of %d tasks%s" % (len(tasks), total, " (--offset, --limit or --all "
                                          "for the others)" if len(tasks) < total else ""))

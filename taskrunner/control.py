@@ -1,5 +1,6 @@
 """The operator's verbs on tasks: retry a failed or given-up task, cancel one that has not
-ended (a running one cooperatively). Each is one write transaction of the store that says which race it closes.
+ended (a running one cooperatively). Each is one write transaction of the store that says
+which race it closes.
 """
 import peewee as pw
 

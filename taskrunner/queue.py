@@ -100,13 +100,14 @@ class TaskQueue:
 
     def tasks(self, status: Optional[str] = None, limit: Optional[int] = 100, offset: int = 0,
               handler: Optional[str] = None, since: Optional[datetime] = None,
-              until: Optional[datetime] = None, periodic: Optional[str] = None
+              until: Optional[datetime] = None, periodic_task: Optional[str] = None
               ) -> List[TaskInfo]:
         """Tasks, most recent first, `offset` skipped, at most `limit` (None: all). Filters:
         `status` a run status or ``given-up``, `handler`, `since` / `until` (aware) around
-        queued_on, `periodic` the name of the periodic task that submitted them."""
+        queued_on, `periodic_task` the name of the periodic task that submitted them."""
         return reads.list_tasks(self.store, status=status, limit=limit, offset=offset,
-                                handler=handler, since=since, until=until, periodic=periodic)
+                                handler=handler, since=since, until=until,
+                                periodic=periodic_task)
 
     # -- the operator's verbs -----------------------------------------------------------------
 

@@ -391,9 +391,9 @@ def run_stats(store: Any, by: str = "handler",
 
     def count(condition: Any) -> Any:
         return pw.fn.SUM(pw.Case(None, [(condition, 1)], 0))
-    totals = (Run.select(key.alias("key"), pw.fn.COUNT(Run.started_on), count(Run.status == SUCCESS),
-                         count(failed), count(crashed), pw.fn.MAX(Run.started_on),
-                         pw.fn.MAX(Run.finished_on),
+    totals = (Run.select(key.alias("key"), pw.fn.COUNT(Run.started_on),
+                         count(Run.status == SUCCESS), count(failed), count(crashed),
+                         pw.fn.MAX(Run.started_on), pw.fn.MAX(Run.finished_on),
                          pw.fn.MAX(pw.Case(None, [(Run.status == SUCCESS, Run.finished_on)])))
               .join(Task, on=(Run.task_id == Task.id)).where(key.is_null(False))
               .group_by(key).tuples())
