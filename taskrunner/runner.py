@@ -57,7 +57,6 @@ class Worker:
     ABORT_SIGNAL = "SIGUSR2"
     REPEAT_WINDOW = 1.0
     EXIT_HARD = 4             # the handler did not return after its run was taken away
-
     RESULTS_INTERVAL = 0.5    # how often the heartbeat thread stores changed run.results
 
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
