@@ -15,7 +15,7 @@ from datetime import timedelta
 
 import peewee as pw
 
-from .models import (CANCELLED, CRASHED, REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
+from .models import (CANCELLED, CRASHED, FAILED, REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
                      TRACEBACK_LIMIT, run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.lifecycle")
@@ -371,6 +371,11 @@ def end_in_transaction(store, run_id, task_id, status, runner_id, results, error
         condition &= Run.runner_id == runner_id
     if not Run.update(values).where(condition).execute():
         return False
+    if status in (REQUEUED,) + FAILED and Run.select(Run.id).where(
+            (Run.id == run_id) & Run.cancel_requested_on.is_null(False)).exists():
+        # An operator cancelled it while it ran, and its runner died, timed out or handed it
+        # back before honouring that: the task ends cancelled all the same, not run again.
+        status = CANCELLED
     if status == REQUEUED:
         _requeue(store, task_id, now, retry_at)
     else:

@@ -549,3 +549,17 @@ def test_runner_process_is_named_apart_in_ps(sqlite_db, tmp_path, procs):
         with open("/proc/%d/comm" % runner.pid) as fh:
             return fh.read().strip()
     wait_for(lambda: comm() == "tr-runner-1", timeout=START_TIMEOUT, message="the name")
+
+
+def test_a_cancelled_run_whose_runner_dies_ends_its_task_cancelled_not_retried(queue):
+    from taskrunner import lifecycle
+    task_id = queue.add_task("taskrunner.handlers.Echo", max_retries=5)
+    runner = liveness.register(queue.store, take_slot=False)
+    claimed = lifecycle.claim(queue.store, runner.id)
+    assert queue.cancel(task_id) == claimed.run_id
+    assert liveness.mark_runner_dead(queue.store, runner.id, "killed before it noticed")
+    task = queue.get_task(task_id)
+    assert (task.status, task.next_run_on, task.finished_on is not None) == (
+        "cancelled", None, True)
+    assert final_run(queue, task_id).error_code == "RunnerDied"
+    assert queue.wait(task_id, timeout=5).status == "cancelled"
