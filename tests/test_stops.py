@@ -215,7 +215,11 @@ def test_a_hung_runner_is_noticed_by_its_heartbeat_and_killed_with_its_subproces
              message="the hung runner to be killed")
     assert time.monotonic() - stopped <= 2 + 2 * 0.5 + MACHINE_SLACK
     wait_for(lambda: is_gone(child_pid), timeout=5, message="its handler's subprocess to go too")
-    row = Runner.get(Runner.pid == runner_pid)
+    # The overseer kills first, then marks the row (no second execution may overlap): the
+    # mark commits a moment after the process is gone.
+    row = wait_for(lambda: Runner.get_or_none((Runner.pid == runner_pid)
+                                              & (Runner.status == TIMEOUT)),
+                   timeout=5, message="the hung runner's row to be marked")
     assert row.status == TIMEOUT and "hung" in row.exit_reason
     run = runs_of(task_id)[0]
     assert (run.status, run.error_code) == (TIMEOUT, "RunnerDied")
