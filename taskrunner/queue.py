@@ -141,7 +141,10 @@ class TaskQueue:
         seen within WAIT_POLL seconds (the waiter reads the task again at least that often).
         """
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        listener = wakeup.Listener(self.store.url, wakeup.ENDED)
+        try:
+            listener: Optional[wakeup.Listener] = wakeup.Listener(self.store.url, wakeup.ENDED)
+        except OSError:     # no writable runtime directory: the poll alone
+            listener = None
         try:
             while True:
                 # Listening before reading: an end committed after the read still wakes us.
@@ -151,10 +154,13 @@ class TaskQueue:
                 left = WAIT_POLL if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     raise WaitTimeout("task %d did not end within %gs" % (task_id, timeout or 0))
-                if select.select([listener], [], [], min(left, WAIT_POLL))[0]:
+                if listener is None:
+                    time.sleep(min(left, WAIT_POLL))
+                elif select.select([listener], [], [], min(left, WAIT_POLL))[0]:
                     listener.drain()
         finally:
-            listener.close()
+            if listener is not None:
+                listener.close()
 
     def run_pending(self, max_runs: Optional[int] = None, now: Optional[datetime] = None) -> int:
         """Run due work in this process until none is left (or `max_runs`); returns how
