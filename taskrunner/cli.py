@@ -229,7 +229,9 @@ def cmd_runs(args):
         return
     _print_table(["RUN", "ATTEMPT", "STATUS", "RUNNER", "%", "STARTED", "DURATION", "RESULTS",
                   "ERROR"],
-                 [[r["id"], r["attempt"], r["status"], r["runner_id"], r["percent_completed"],
+                 [[r["id"], r["attempt"], "stopping" if r["status"] == "running"
+                   and r["cancel_requested_on"] else r["status"], r["runner_id"],
+                   r["percent_completed"],
                    when(r["started_on"]),
                    "%.3fs" % r["duration"] if r["duration"] is not None else None,
                    cli_runs.short(r["results"]),

@@ -108,6 +108,7 @@ class RunInfo(_Record):
     error_code: Optional[str]
     error_message: Optional[str]
     traceback: Optional[str]
+    cancel_requested_on: Optional[datetime] = None    # cancelled while running: stopping
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,8 @@ def run_info(row: Any) -> RunInfo:
         created_on=aware(row.created_on), started_on=aware(row.started_on),
         updated_on=aware(row.updated_on), finished_on=aware(row.finished_on),
         duration=duration, results=_decoded(row.results), error_code=row.error_code,
-        error_message=row.error_message, traceback=row.traceback)
+        error_message=row.error_message, traceback=row.traceback,
+        cancel_requested_on=aware(row.cancel_requested_on))
 
 
 def periodic_info(row: Any, stats: Optional[RunStats] = None) -> PeriodicTaskInfo:

@@ -246,6 +246,10 @@ def test_cancel_of_a_running_task_asks_its_run_to_stop(database):
     assert out == "task %d: its run %d is asked to stop; the task ends cancelled when it " \
         "does\n" % (task_id, claimed.run_id)
     assert snapshot(database)[0][0][2] == RUNNING    # until its runner has stopped it
+    runs = ok(taskrunner("runs", str(task_id), url=database.url)).splitlines()
+    assert runs[1].split()[:3] == [str(claimed.run_id), "1", "stopping"]
+    [run] = json.loads(ok(taskrunner("runs", str(task_id), "--json", url=database.url)))
+    assert run["status"] == RUNNING and run["cancel_requested_on"].endswith("+00:00")
 
 
 def test_retry_of_a_successful_task_is_refused(database):

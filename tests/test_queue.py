@@ -321,6 +321,7 @@ def test_cancel_of_a_running_task_asks_its_run_to_stop(queue, runner_id):
     run = Run.get_by_id(claimed.run_id)
     assert run.status == RUNNING and run.cancel_requested_on is not None
     assert lifecycle.runs_under(queue.store, claimed.run_id, runner_id) == (True, True)
+    assert queue.runs_of(task_id)[0].cancel_requested_on is not None
 
 
 def test_unique_key_returns_the_live_task(queue, runner_id):
