@@ -563,3 +563,14 @@ def test_a_cancelled_run_whose_runner_dies_ends_its_task_cancelled_not_retried(q
         "cancelled", None, True)
     assert final_run(queue, task_id).error_code == "RunnerDied"
     assert queue.wait(task_id, timeout=5).status == "cancelled"
+
+
+def test_overseer_process_is_named_apart_in_ps(sqlite_db, tmp_path, procs):
+    config = sqlite_db.write_config(tmp_path / "c.toml", "[runner]\nlimit = 1\n")
+    sqlite_db.queue().close()
+    overseer = procs.spawn("overseer", config=config, name="overseer")
+
+    def comm():
+        with open("/proc/%d/comm" % overseer.pid) as fh:
+            return fh.read().strip()
+    wait_for(lambda: comm() == "tr-overseer", timeout=START_TIMEOUT, message="the name")
