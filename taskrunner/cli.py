@@ -108,6 +108,9 @@ def _print_json(value):
 
 def cmd_init_db(args):
     queue = _queue(args)
+    if args.json:
+        _print_json({"database": _masked_url(queue), "schema": "up to date"})
+        return
     print("schema of %s is up to date" % _masked_url(queue))
 
 
@@ -280,6 +283,9 @@ def cmd_periodic(args):
                    "enabled": not args.disabled}
         row = reads.periodic_info(periodic.add_periodic(
             store, args.name, args.handler, args.timer, data=args.data, **options))
+        if args.json:
+            _print_json(row.to_json())
+            return
         print("periodic task %r added; next run %s"
               % (row.name, row.nextrun.isoformat() if row.nextrun else "never"))
     elif args.action == "list":
@@ -293,12 +299,16 @@ def cmd_periodic(args):
                        when(r["nextrun"]), when(r["last_run"]), r["last_status"],
                        r["consecutive_failures"], r["handler"]]
                       + cli_runs.stats_cells(r["stats"]) for r in rows])
-    elif args.action in ("enable", "disable"):
-        periodic.set_enabled(store, args.name, args.action == "enable", owner=args.owner)
-        print("periodic task %r %sd" % (args.name, args.action))
     else:
-        periodic.remove_periodic(store, args.name, owner=args.owner)
-        print("periodic task %r removed" % args.name)
+        if args.action == "remove":
+            periodic.remove_periodic(store, args.name, owner=args.owner)
+        else:
+            periodic.set_enabled(store, args.name, args.action == "enable", owner=args.owner)
+        done = args.action.rstrip("e") + "ed"
+        if args.json:
+            _print_json({"name": args.name, "done": done})
+            return
+        print("periodic task %r %s" % (args.name, done))
 
 
 def cmd_calendar(args):
@@ -335,7 +345,8 @@ def build_parser():
         p.set_defaults(func=func)
         return p
 
-    command("init-db", cmd_init_db, "create or upgrade the schema")
+    command("init-db", cmd_init_db, "create or upgrade the schema").add_argument(
+        "--json", action="store_true")
     p = command("add", cmd_add, "queue a task; prints its id")
     p.add_argument("handler", help="dotted path of a TaskHandler subclass")
     p.add_argument("--data", type=_json, default=None, help="task data as JSON")
@@ -403,6 +414,7 @@ def build_parser():
     a.add_argument("--max-retries", type=int)
     a.add_argument("--owner")
     a.add_argument("--disabled", action="store_true")
+    a.add_argument("--json", action="store_true")
     a = actions.add_parser("list", help="list periodic tasks")
     a.add_argument("--owner")
     a.add_argument("--json", action="store_true")
@@ -410,6 +422,7 @@ def build_parser():
         a = actions.add_parser(action, help="%s a periodic task" % action)
         a.add_argument("name")
         a.add_argument("--owner", help="refuse unless the task has this owner")
+        a.add_argument("--json", action="store_true")
 
     p = command("calendar", cmd_calendar, "next elapses of a calendar event, like "
                                           "systemd-analyze calendar")

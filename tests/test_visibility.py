@@ -574,3 +574,20 @@ def test_overseer_process_is_named_apart_in_ps(sqlite_db, tmp_path, procs):
         with open("/proc/%d/comm" % overseer.pid) as fh:
             return fh.read().strip()
     wait_for(lambda: comm() == "tr-overseer", timeout=START_TIMEOUT, message="the name")
+
+
+def test_json_of_init_db_and_the_periodic_verbs(sqlite_db):
+    url = sqlite_db.url
+    assert json.loads(ok(taskrunner("init-db", "--json", url=url))) == {
+        "database": url, "schema": "up to date"}
+    added = json.loads(ok(taskrunner("periodic", "add", "job", "taskrunner.handlers.Echo",
+                                     "every 1h", "--json", url=url)))
+    assert (added["name"], added["timer"], added["enabled"]) == ("job", "every 1h", True)
+    assert added["nextrun"].endswith("+00:00")
+    for verb, done in (("disable", "disabled"), ("enable", "enabled"), ("remove", "removed")):
+        assert json.loads(ok(taskrunner("periodic", verb, "job", "--json", url=url))) == {
+            "name": "job", "done": done}
+    assert ok(taskrunner("periodic", "add", "job", "taskrunner.handlers.Echo", "every 1h",
+                         url=url)).startswith("periodic task 'job' added")
+    assert ok(taskrunner("periodic", "disable", "job", url=url)) == \
+        "periodic task 'job' disabled\n"
