@@ -7,23 +7,24 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .errors import (ConfigError, DatabaseUnavailable, HandlerError, InputError, Retry,
-                     SchemaBehind, StateError, TaskError, TaskNotFound, TaskRunnerError)
+                     SchemaBehind, StateError, TaskError, TaskNotFound, TaskRunnerError,
+                     WaitTimeout)
 from .handler import RunContext, TaskHandler
 
 if TYPE_CHECKING:
     from .config import Config
     from .queue import TaskQueue
-    from .reads import PeriodicTaskInfo, RunInfo, RunnerInfo, TaskInfo
+    from .reads import PeriodicTaskInfo, RunInfo, RunnerInfo, TaskInfo, TaskOutcome
 
 __version__ = "0.1.0"
 
 _LAZY = {"TaskQueue": "queue", "Config": "config", "TaskInfo": "reads", "RunInfo": "reads",
-         "RunnerInfo": "reads", "PeriodicTaskInfo": "reads"}
+         "RunnerInfo": "reads", "PeriodicTaskInfo": "reads", "TaskOutcome": "reads"}
 
 __all__ = ["TaskQueue", "TaskHandler", "RunContext", "TaskError", "Retry", "Config", "TaskInfo",
            "RunInfo", "RunnerInfo", "PeriodicTaskInfo", "TaskRunnerError", "InputError",
            "ConfigError", "DatabaseUnavailable", "HandlerError", "StateError", "TaskNotFound",
-           "SchemaBehind"]
+           "SchemaBehind", "TaskOutcome", "WaitTimeout"]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,12 +8,16 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 from datetime import datetime, timedelta, timezone
 
+from . import cli_runs
+from .cli_runs import when
 from .config import Config
 from .errors import InputError
 from .handler import encode_data, load_handler
+from .logs import setup_logging
 
 log = logging.getLogger("taskrunner.cli")
 
@@ -104,6 +108,9 @@ def _print_json(value):
 
 def cmd_init_db(args):
     queue = _queue(args)
+    if args.json:
+        _print_json({"database": _masked_url(queue), "schema": "up to date"})
+        return
     print("schema of %s is up to date" % _masked_url(queue))
 
 
@@ -163,11 +170,22 @@ def cmd_status(args):
     queue = _queue(args)
     rows = [r.to_json() for r in reads.running_runners(queue.store)]
     counts = reads.task_counts(queue.store)
+    figures = reads.health(queue.store)
+    handlers = {name: stats.to_json() for name, stats in
+                sorted(reads.run_stats(queue.store, by="handler").items())}
     if args.json:
-        _print_json({"database": _masked_url(queue), "runners": rows, "tasks": counts})
+        _print_json({"database": _masked_url(queue), "runners": rows, "tasks": counts,
+                     "retrying": figures["tasks_retrying"], "given_up": figures["tasks_given_up"],
+                     "handlers": handlers})
         return
     print("database: %s" % _masked_url(queue))
     print("tasks: " + (", ".join("%s %d" % kv for kv in sorted(counts.items())) or "none"))
+    print("failed tasks: %d retrying, %d given up" % (figures["tasks_retrying"],
+                                                     figures["tasks_given_up"]))
+    if handlers:
+        print()
+        _print_table(*cli_runs.stats_table("HANDLER", handlers))
+        print()
     if not rows:
         print("no runners running")
         return
@@ -176,19 +194,27 @@ def cmd_status(args):
                  [[r["id"], r["kind"], r["host"], r["pid"], r["state"],
                    "%s (task %s)" % (r["run_id"], r["task_id"]) if r["run_id"] else "-",
                    "%d%%" % r["progress"] if r["progress"] is not None else "-", r["rss_mb"],
-                   r["runs_done"], r["started_on"], r["heartbeat_on"]] for r in rows])
+                   r["runs_done"], when(r["started_on"]), when(r["heartbeat_on"])] for r in rows])
 
 
 def cmd_tasks(args):
     queue = _queue(args)
-    tasks = [t.to_json() for t in queue.tasks(status=args.status, limit=args.limit)]
+    filters = cli_runs.task_filters(args)
+    from . import reads
+    tasks = [t.to_json() for t in reads.list_tasks(
+        queue.store, limit=None if args.all else args.limit, offset=args.offset, **filters)]
     if args.json:
         _print_json(tasks)
         return
-    _print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "SCHEDULED", "FINISHED", "ERROR"],
+    _print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "SCHEDULED", "NEXT RUN",
+                  "FINISHED", "RESULT / ERROR"],
                  [[t["id"], t["handler"], "given-up" if t["given_up"] else t["status"], t["runs"],
-                   t["runs_failed"], t["scheduled_on"], t["finished_on"], t["last_error_code"]]
-                  for t in tasks])
+                   t["runs_failed"], when(t["scheduled_on"]), when(t["next_run_on"]),
+                   when(t["finished_on"]),
+                   cli_runs.outcome_column(t)] for t in tasks])
+    total = reads.count_tasks(queue.store, **filters)
+    print("showing %d of %d tasks%s" % (len(tasks), total, " (--offset, --limit or --all "
+                                         "for the others)" if len(tasks) < total else ""))
 
 
 def cmd_show(args):
@@ -196,8 +222,7 @@ def cmd_show(args):
     if args.json:
         _print_json(task)
         return
-    for key, value in task.items():
-        print("%-18s %s" % (key + ":", json.dumps(value) if key == "data" else value))
+    cli_runs.print_task(task)
 
 
 def cmd_runs(args):
@@ -205,25 +230,36 @@ def cmd_runs(args):
     if args.json:
         _print_json(runs)
         return
-    _print_table(["RUN", "ATTEMPT", "STATUS", "RUNNER", "%", "STARTED", "DURATION", "ERROR"],
-                 [[r["id"], r["attempt"], r["status"], r["runner_id"], r["percent_completed"],
-                   r["started_on"], "%.3fs" % r["duration"] if r["duration"] is not None else None,
+    _print_table(["RUN", "ATTEMPT", "STATUS", "RUNNER", "%", "STARTED", "DURATION", "RESULTS",
+                  "ERROR"],
+                 [[r["id"], r["attempt"], "stopping" if r["status"] == "running"
+                   and r["cancel_requested_on"] else r["status"], r["runner_id"],
+                   r["percent_completed"],
+                   when(r["started_on"]),
+                   "%.3fs" % r["duration"] if r["duration"] is not None else None,
+                   cli_runs.short(r["results"]),
                    "%s: %s" % (r["error_code"], r["error_message"]) if r["error_code"] else None]
                   for r in runs])
+    cli_runs.print_tracebacks(runs)
+
+
+def cmd_wait(args):
+    return cli_runs.wait(_queue(args), args.id, args.timeout, args.json)
 
 
 def cmd_retry(args):
-    _queue(args).retry(args.id)
-    print("task %d re-armed" % args.id)
+    cli_runs.bulk(_queue(args), "retry", args)
 
 
 def cmd_cancel(args):
-    _queue(args).cancel(args.id)
-    print("task %d cancelled" % args.id)
+    cli_runs.bulk(_queue(args), "cancel", args)
 
 
 def cmd_rotate(args):
     result = _queue(args).rotate()
+    if args.json:
+        _print_json(result)
+        return
     print("deleted %(success)d successful tasks, %(failed)d failed tasks, %(runners)d runner rows"
           % result)
 
@@ -254,6 +290,9 @@ def cmd_periodic(args):
                    "timebox": args.timebox, "tolerance": args.tolerance}
         row = reads.periodic_info(periodic.add_periodic(
             store, args.name, args.handler, args.timer, data=args.data, **options))
+        if args.json:
+            _print_json(row.to_json())
+            return
         print("periodic task %r added; next run %s"
               % (row.name, row.nextrun.isoformat() if row.nextrun else "never"))
     elif args.action == "list":
@@ -262,22 +301,30 @@ def cmd_periodic(args):
             _print_json(rows)
             return
         _print_table(["NAME", "ENABLED", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS",
-                      "FAILURES", "DROPPED", "GROUP", "SUBJECT", "HANDLER"],
+                      "FAILURES", "DROPPED", "GROUP", "SUBJECT", "HANDLER"] + cli_runs.STATS_HEADERS,
                      [[r["name"], "yes" if r["enabled"] else "no",
-                       " ".join(filter(None, (r["timer"], r["timezone"]))), r["nextrun"],
-                       r["last_run"], r["last_status"], r["consecutive_failures"], r["dropped"],
-                       r["group"], r["subject"], r["handler"]] for r in rows])
+                       " ".join(filter(None, (r["timer"], r["timezone"]))), when(r["nextrun"]),
+                       when(r["last_run"]), r["last_status"], r["consecutive_failures"],
+                       r["dropped"], r["group"], r["subject"], r["handler"]]
+                      + cli_runs.stats_cells(r["stats"]) for r in rows])
     elif args.all:
         count = periodic.remove_owned(store, args.owner) if args.action == "remove" else \
             periodic.set_enabled_owned(store, args.owner, args.action == "enable")
+        if args.json:
+            _print_json({"owner": args.owner, "count": count, "done": _past[args.action]})
+            return
         print("%d periodic task%s of owner %r %s" % (count, "" if count == 1 else "s",
                                                      args.owner, _past[args.action]))
-    elif args.action in ("enable", "disable"):
-        periodic.set_enabled(store, args.name, args.action == "enable", owner=args.owner)
-        print("periodic task %r %sd" % (args.name, args.action))
     else:
-        periodic.remove_periodic(store, args.name, owner=args.owner)
-        print("periodic task %r removed" % args.name)
+        if args.action == "remove":
+            periodic.remove_periodic(store, args.name, owner=args.owner)
+        else:
+            periodic.set_enabled(store, args.name, args.action == "enable", owner=args.owner)
+        done = args.action.rstrip("e") + "ed"
+        if args.json:
+            _print_json({"name": args.name, "done": done})
+            return
+        print("periodic task %r %s" % (args.name, done))
 
 
 def cmd_dashboard(args):
@@ -328,6 +375,8 @@ def build_parser():
     parser.add_argument("--database", metavar="URL",
                         help="database URL (default: $TASKRUNNER_DATABASE_URL, [database] url, "
                              "sqlite:///taskrunner.db)")
+    from taskrunner import __version__   # the package itself (layer 5, like cli)
+    parser.add_argument("--version", action="version", version="taskrunner " + __version__)
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                         help="log level on stderr (default: [log] level)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -338,7 +387,8 @@ def build_parser():
         p.set_defaults(func=func)
         return p
 
-    command("init-db", cmd_init_db, "create or upgrade the schema")
+    command("init-db", cmd_init_db, "create or upgrade the schema").add_argument(
+        "--json", action="store_true")
     p = command("add", cmd_add, "queue a task; prints its id")
     p.add_argument("handler", help="dotted path of a TaskHandler subclass")
     p.add_argument("--data", type=_json, default=None, help="task data as JSON")
@@ -364,18 +414,30 @@ def build_parser():
     p = command("status", cmd_status, "runners and task counts")
     p.add_argument("--json", action="store_true")
     p = command("tasks", cmd_tasks, "list tasks, most recent first")
-    p.add_argument("--status", choices=("scheduled", "running", "success", "error", "timeout",
-                                        "cancelled", "given-up"))
+    cli_runs.add_task_filters(p, _at)
     p.add_argument("--limit", type=_positive_int, default=100)
+    p.add_argument("--offset", type=cli_runs.non_negative_int, default=0,
+                   help="skip this many of the most recent")
+    p.add_argument("--all", action="store_true", help="every matching task (no --limit)")
     p.add_argument("--json", action="store_true")
     for name, func, text in (("show", cmd_show, "one task"), ("runs", cmd_runs, "a task's runs")):
         p = command(name, func, text)
         p.add_argument("id", type=_task_id)
         p.add_argument("--json", action="store_true")
-    for name, func, text in (("retry", cmd_retry, "re-arm a failed or given-up task"),
-                             ("cancel", cmd_cancel, "cancel a task that is not running")):
-        command(name, func, text).add_argument("id", type=_task_id)
-    command("rotate", cmd_rotate, "delete old ended tasks and runner rows")
+    p = command("wait", cmd_wait, "wait until a task is final and print its outcome; exit 0 "
+                                  "success, 1 given up or cancelled, 3 timeout")
+    p.add_argument("id", type=_task_id)
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="give up after this long")
+    p.add_argument("--json", action="store_true")
+    for name, func, text in (("retry", cmd_retry, "re-arm failed or given-up tasks"),
+                             ("cancel", cmd_cancel, "cancel tasks (a running one stops "
+                                                    "cooperatively)")):
+        p = command(name, func, text + ", by id and/or filter")
+        p.add_argument("ids", type=_task_id, nargs="*", metavar="ID")
+        cli_runs.add_task_filters(p, _at)
+        p.add_argument("--json", action="store_true")
+    command("rotate", cmd_rotate, "delete old ended tasks and runner rows").add_argument(
+        "--json", action="store_true")
     command("check", cmd_check, "check the config and the database")
 
     p = command("periodic", cmd_periodic, "manage periodic tasks")
@@ -401,6 +463,7 @@ def build_parser():
                    help="max_runtime of each task = interval / 2 (interval timers)")
     a.add_argument("--tolerance", metavar="SPAN", help="drop a task at start if the previous "
                    "one started less than interval - SPAN ago ('every' timers)")
+    a.add_argument("--json", action="store_true")
     a = actions.add_parser("list", help="list periodic tasks")
     a.add_argument("--owner")
     a.add_argument("--group")
@@ -412,6 +475,7 @@ def build_parser():
                                        "with --all: whose periodic tasks")
         a.add_argument("--all", action="store_true",
                        help="every periodic task of --owner, in one transaction")
+        a.add_argument("--json", action="store_true")
 
     p = command("dashboard", cmd_dashboard, "serve the web dashboard and /metrics "
                                             "(pip install 'taskrunner[web]')")
@@ -432,21 +496,23 @@ def build_parser():
     return parser
 
 
-def setup_logging(level):
-    # The format names no source file, function or thread: skip collecting them (the
-    # logging HOWTO's "Optimization"), which a runner would otherwise do for every run.
-    logging._srcfile = None
-    logging.logThreads = logging.logMultiprocessing = False
-    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
-
-
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         args.loaded_config = Config.load(args.config, args.database)
-        setup_logging(args.log_level or args.loaded_config.log.level)
-        return args.func(args) or EXIT_OK
+        setup_logging(args.log_level or args.loaded_config.log.level,
+                      args.loaded_config.log.format)
+        code = args.func(args) or EXIT_OK
+        sys.stdout.flush()          # here, so that a closed pipe is handled below
+        return code
+    except BrokenPipeError:
+        # `taskrunner tasks | head`: the reader left. Nothing more to say, and nothing may be
+        # flushed at exit to the closed pipe (a traceback otherwise).
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):  # stdout is not a file (in-process)
+            pass
+        return EXIT_FAILURE
     except InputError as exc:
         print("taskrunner: error: %s" % exc, file=sys.stderr)
         return EXIT_USAGE

@@ -110,6 +110,7 @@ SCHEMA = {
     },
     "log": {
         "level": ("info", _choice("debug", "info", "warning", "error")),
+        "format": ("text", _choice("text", "json")),
     },
     "dashboard": {
         "bind": ("127.0.0.1:8411", _string),

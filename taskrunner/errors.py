@@ -30,6 +30,10 @@ class StateError(InputError):
     """The operation does not fit the task's state (cancel a running task, retry a success)."""
 
 
+class WaitTimeout(TaskRunnerError, TimeoutError):
+    """`TaskQueue.wait` gave up: the task was not final within its timeout."""
+
+
 class RunnerLimitReached(TaskRunnerError):
     """This host already has `[runner] limit` runners running."""
 

@@ -11,12 +11,14 @@ import logging
 import os
 import re
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Optional
+import traceback
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
 from .errors import HandlerError
 
 if TYPE_CHECKING:
     from .queue import TaskQueue
+    from .reads import TaskInfo
 
 # Progress is part of the runner's conversation with the database: its warnings go there.
 log = logging.getLogger("taskrunner.runner")
@@ -32,10 +34,26 @@ class TaskHandler:
     ``run.progress(percent)`` now and then — it also proves the run is alive, since a run
     with no update for ``run_timeout`` seconds is marked ``timeout`` — and return early
     when ``run.should_stop()`` is true.
+
+    ``async def handle(self, run)`` works too: the runner runs the coroutine to completion
+    in an event loop of its own (``asyncio.run``); ``should_stop()``, ``max_runtime`` and
+    the runner's signals behave as for a plain handler (an interrupt cancels the coroutine).
+
+    Hooks, for error trackers and pagers: ``on_failure(run, exc)`` is called after a run of
+    this handler ended ``error`` (it raised `exc`) or was interrupted as timed out;
+    ``on_give_up(task)`` after such a failure made the task give up (a `TaskInfo`). They run
+    in the runner, after the outcome is stored: an exception in a hook is logged and changes
+    nothing. A run whose runner process died calls no hook (no process of its is left).
     """
 
-    def handle(self, run: "RunContext") -> None:
+    def handle(self, run: "RunContext") -> Optional[Awaitable[None]]:
         raise NotImplementedError("%s.handle(run) is not implemented" % type(self).__name__)
+
+    def on_failure(self, run: "RunContext", exc: BaseException) -> None:
+        """Called after a run of this handler failed; does nothing unless overridden."""
+
+    def on_give_up(self, task: "TaskInfo") -> None:
+        """Called after a failure made the task give up; does nothing unless overridden."""
 
 
 def is_allowed(path, allow):
@@ -60,8 +78,11 @@ def load_handler(path, allow=()):
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # an import can fail in any way; the message is what matters
-        raise HandlerError("handler %r cannot be imported: %s: %s"
-                           % (path, type(exc).__name__, exc)) from None
+        error = HandlerError("handler %r cannot be imported: %s: %s"
+                             % (path, type(exc).__name__, exc))
+        # Where the import failed, for the run that needed it (the CLI prints one line).
+        error.import_traceback = traceback.format_exc()
+        raise error from None
     cls = getattr(module, class_name, None)
     if cls is None:
         raise HandlerError("handler %r not found: module %r has no %r" % (path, module_name, class_name))
@@ -114,7 +135,8 @@ def encode_data(data, max_size):
 class RunContext:
     """What a handler receives as `run`.
 
-    ``data`` (decoded JSON), ``results`` (set it to anything JSON-serialisable; stored when the
+    ``data`` (decoded JSON), ``results`` (set it to anything JSON-serialisable; while the
+    run goes on the runner stores it within a second of each change, and finally when the
     run ends), ``progress(percent)``, ``deadline`` (aware UTC datetime or None) and
     ``should_stop()``. ``id``, ``task_id`` and ``attempt`` identify the run; ``queue`` is the
     TaskQueue executing it (to queue follow-up tasks).
@@ -122,7 +144,7 @@ class RunContext:
 
     def __init__(self, run_id: int, task_id: int, attempt: int, data: Any, *,
                  queue: "TaskQueue", deadline: Optional[datetime] = None,
-                 report: Optional[Callable[[int], bool]] = None,
+                 report: Optional[Callable[[Optional[int], Optional[str]], bool]] = None,
                  stopping: Optional[Callable[[], bool]] = None) -> None:
         self.id = run_id
         self.queue = queue
@@ -136,6 +158,7 @@ class RunContext:
         self._stopping = stopping
         self._pending_progress: Optional[int] = None   # a percent not stored yet
         self._progress_warned = False
+        self._stored_results: Optional[str] = None     # results as last stored, JSON
 
     def progress(self, percent: float) -> None:
         """Store percent_completed (0..100) and mark the run as alive.
@@ -163,7 +186,7 @@ class RunContext:
         if report is None or percent is None:
             return True
         try:
-            mine = report(percent)
+            mine = report(percent, None)
         except (peewee.DatabaseError, peewee.InterfaceError) as exc:
             # InterfaceError is not a DatabaseError in peewee; PyMySQL raises it on a
             # connection it has closed.
@@ -180,6 +203,30 @@ class RunContext:
             # The run is no longer ours (it was marked timeout): the handler should stop.
             self.lost = True
         return True
+
+    def flush_results(self) -> None:
+        """Store ``results`` if it changed since it was last stored (the runner's heartbeat
+        thread calls this twice a second during the run, so an assignment or a change in
+        place is seen by others within a second). Results that are not JSON (yet), or are
+        being changed as they are read, wait for the next call; a database error too: the
+        outcome stores the final results anyway."""
+        import peewee
+        if self._report is None or self.results is None:
+            return
+        try:
+            text = json.dumps(self.results, allow_nan=False)
+        except (TypeError, ValueError, RuntimeError):
+            return
+        if text == self._stored_results:
+            return
+        try:
+            mine = self._report(None, text)
+        except (peewee.DatabaseError, peewee.InterfaceError) as exc:
+            log.debug("run %d: results not stored yet: %s", self.id, exc)
+            return
+        self._stored_results = text
+        if not mine:
+            self.lost = True
 
     def _drop_dead_connection(self) -> None:
         """After a failed update, close this thread's connection if the server dropped it,

@@ -15,9 +15,8 @@ from datetime import timedelta
 
 import peewee as pw
 
-from .errors import StateError, TaskNotFound
 from .models import (CANCELLED, CRASHED, FAILED, REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
-                     run_status_is, utcnow)
+                     TRACEBACK_LIMIT, run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.lifecycle")
 
@@ -107,6 +106,18 @@ def retry_delay(runs_failed, base, cap, rand=random.random):
     # The exponent is capped: 2 ** 1025 no longer fits a float, and max_retries may be huge.
     delay = min(cap, base * 2 ** min(max(0, runs_failed - 1), 64))
     return delay / 2 + rand() * delay / 2
+
+
+def bounded_traceback(text):
+    """The last TRACEBACK_LIMIT bytes of a traceback (its end says where it failed), cut at a
+    line start and marked as cut."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= TRACEBACK_LIMIT:
+        return text
+    tail = data[-(TRACEBACK_LIMIT - 64):].decode("utf-8", "ignore")
+    line_start = tail.find("\n", 0, 1024)
+    tail = tail[line_start + 1:]
+    return "[... %d bytes cut ...]\n%s" % (len(data) - len(tail.encode("utf-8")), tail)
 
 
 # -- creating runs (rule 3) -------------------------------------------------------------------
@@ -251,19 +262,28 @@ def was_ended_by(store, run_id, runner_id, status):
 
 
 def taken_away_on(store, run_id, runner_id):
-    """None while the run is still ``running`` under this runner; otherwise when it ended
-    (timed out by someone: its finished_on, or now when it has none)."""
+    """(ended_on, cancel_requested) of a run this runner executes: `ended_on` is None while
+    the run is still ``running`` under this runner, else when it ended (timed out by someone:
+    its finished_on, or now when it has none); `cancel_requested`: an operator asked the
+    running run to stop."""
     Run = store.Run
-    row = Run.select(Run.status, Run.runner_id, Run.finished_on).where(Run.id == run_id).first()
+    row = Run.select(Run.status, Run.runner_id, Run.finished_on, Run.cancel_requested_on
+                     ).where(Run.id == run_id).first()
     if row is not None and row.status == RUNNING and row.runner_id == runner_id:
-        return None
-    return (row.finished_on if row is not None else None) or utcnow()
+        return None, row.cancel_requested_on is not None
+    return (row.finished_on if row is not None else None) or utcnow(), False
 
 
-def report_progress(store, run_id, runner_id, percent, now=None):
-    """Store progress; False when the run is no longer this runner's (it was timed out)."""
+def report_progress(store, run_id, runner_id, percent=None, results=None, now=None):
+    """Store progress and/or the results so far (JSON text) of a running run; False when the
+    run is no longer this runner's (it was timed out)."""
     Run = store.Run
-    return Run.update(percent_completed=percent, updated_on=now or utcnow()).where(
+    values = {Run.updated_on: now or utcnow()}
+    if percent is not None:
+        values[Run.percent_completed] = percent
+    if results is not None:
+        values[Run.results] = results
+    return Run.update(values).where(
         (Run.id == run_id) & (Run.status == RUNNING) & (Run.runner_id == runner_id)
     ).execute() > 0
 
@@ -271,24 +291,31 @@ def report_progress(store, run_id, runner_id, percent, now=None):
 # -- ending -------------------------------------------------------------------------------------
 
 def end_run(store, run_id, task_id, status, runner_id=None, results=None, error_code=None,
-            error_message=None, now=None, periodic_task_id=None, retry_at=None):
+            error_message=None, now=None, periodic_task_id=None, retry_at=None, traceback=None):
     """End a running run with `status` and aggregate its task.
 
     Rule 4: the update is conditional on the run still being ``running`` (and, for a runner
     finishing its own run, on its runner_id), so a runner that comes back late cannot
     overwrite a ``timeout`` set meanwhile. Returns False when it lost that race.
     ``requeued``: the task runs again at `retry_at` (None: at once), not counted as failed.
+    Whoever waits for a task on this host (`TaskQueue.wait`) is woken after the commit.
     """
     now = now or utcnow()
     args = (run_id, task_id, status, runner_id, results, error_code, error_message, now,
             periodic_task_id)
     if _single_statement_end(store, status, runner_id, periodic_task_id):
-        return end_in_transaction(store, *args)
-    return store.write(lambda: end_in_transaction(store, *args, retry_at=retry_at))
+        ended = end_in_transaction(store, *args)
+    else:
+        ended = store.write(lambda: end_in_transaction(store, *args, retry_at=retry_at,
+                                                       traceback=traceback))
+    if ended:
+        store.wake_waiters()
+    return ended
 
 
 def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, error_code=None,
-                      error_message=None, now=None, periodic_task_id=None, retry_at=None):
+                      error_message=None, now=None, periodic_task_id=None, retry_at=None,
+                      traceback=None):
     """end_run() of a runner's own run and claim() of its next in one transaction, so a busy
     runner pays one commit per job (one statement on PostgreSQL for a success). Same rules as
     the two calls; the claim happens even when the end lost its race.
@@ -299,11 +326,15 @@ def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, e
             now, now, results, run_id, runner_id, now, now,
             runner_id, now, now, now)).fetchone()
         claimed = None if row[1] is None else ClaimedRun(*row[1:], now)
-        return row[0] > 0, claimed
-    return store.write(lambda: (
-        end_in_transaction(store, run_id, task_id, status, runner_id, results, error_code,
-                           error_message, now, periodic_task_id, retry_at),
-        _claim_step(store, runner_id, now)))
+        ended = row[0] > 0
+    else:
+        ended, claimed = store.write(lambda: (
+            end_in_transaction(store, run_id, task_id, status, runner_id, results, error_code,
+                               error_message, now, periodic_task_id, retry_at, traceback),
+            _claim_step(store, runner_id, now)))
+    if ended:
+        store.wake_waiters()
+    return ended, claimed
 
 
 def _single_statement_end(store, status, runner_id, periodic_task_id):
@@ -313,7 +344,7 @@ def _single_statement_end(store, status, runner_id, periodic_task_id):
 
 
 def end_in_transaction(store, run_id, task_id, status, runner_id, results, error_code,
-                       error_message, now, periodic_task_id=None, retry_at=None):
+                       error_message, now, periodic_task_id=None, retry_at=None, traceback=None):
     """end_run() inside the caller's write transaction. `retry_at`: when a requeued task
     runs again, or for a failure the earliest time of its retry (crash_grace)."""
     Run = store.Run
@@ -337,11 +368,18 @@ def end_in_transaction(store, run_id, task_id, status, runner_id, results, error
         values[Run.percent_completed] = 100
     if results is not None:
         values[Run.results] = results
+    if traceback is not None:
+        values[Run.traceback] = bounded_traceback(traceback)
     condition = (Run.id == run_id) & (Run.status == RUNNING)
     if runner_id is not None:
         condition &= Run.runner_id == runner_id
     if not Run.update(values).where(condition).execute():
         return False
+    if status in (REQUEUED,) + FAILED and Run.select(Run.id).where(
+            (Run.id == run_id) & Run.cancel_requested_on.is_null(False)).exists():
+        # An operator cancelled it while it ran, and its runner died, timed out or handed it
+        # back before honouring that: the task ends cancelled all the same, not run again.
+        status = CANCELLED
     if status == REQUEUED:
         _requeue(store, task_id, now, retry_at)
     else:
@@ -426,63 +464,3 @@ def timeout_overdue_runs(store, now=None, reachable_since=None):
             log.warning("run %d of task %d timed out: %s", run.id, run.task_id, message)
             ended.append((run.id, run.runner_id))
     return ended
-
-
-# -- the operator's verbs -----------------------------------------------------------------------
-
-def _locked_task(store, task_id):
-    Task = store.Task
-    task = store.locked(Task.select().where(Task.id == task_id)).first()
-    if task is None:
-        raise TaskNotFound("no task with id %s" % task_id)
-    return task
-
-
-def retry(store, task_id, now=None):
-    """Re-arm a failed or given-up task: runs_failed back to 0 and a run now.
-    Race closed: retry against a runner finishing the task's run — the live-run unique index
-    and the conditional state check inside one transaction."""
-    Task, Run = store.Task, store.Run
-    now = now or utcnow()
-
-    def step():
-        task = _locked_task(store, task_id)
-        if task.last_status not in FAILED:
-            raise StateError("task %d is %s; only a failed or given-up task can be retried"
-                             % (task.id, task.last_status))
-        if Run.select().where(Run.active_task_id == task.id).exists():
-            raise StateError("task %d already has a run scheduled or running" % task.id)
-        try:
-            with store.db.atomic():
-                Task.update(runs_failed=0, next_run_on=now, finished_on=None,
-                            active_key=task.unique_key, updated_on=now
-                            ).where(Task.id == task.id).execute()
-        except pw.IntegrityError:
-            raise StateError("task %d cannot be retried: another live task holds its "
-                             "unique_key %r" % (task.id, task.unique_key)) from None
-    store.write(step)
-    create_missing_runs(store, now)
-
-
-def cancel(store, task_id, now=None):
-    """Cancel a task that has no running run; its scheduled run becomes ``cancelled``.
-    Race closed: cancel against a runner claiming the run — the run is cancelled only
-    WHERE status='scheduled', in the same transaction as the task update."""
-    Task, Run = store.Task, store.Run
-    now = now or utcnow()
-
-    def step():
-        task = _locked_task(store, task_id)
-        if task.last_status == CANCELLED or task.finished_on is not None:
-            raise StateError("task %d has already ended (%s)" % (task.id, task.last_status))
-        live = Run.select(Run.id, Run.status).where(Run.active_task_id == task.id).first()
-        if live is not None:
-            cancelled = Run.update(status=CANCELLED, finished_on=now, updated_on=now,
-                                   active_task_id=None).where(
-                (Run.id == live.id) & (Run.status == SCHEDULED)).execute()
-            if not cancelled:
-                raise StateError("task %d is running (run %d); it cannot be cancelled"
-                                 % (task.id, live.id))
-        Task.update(last_status=CANCELLED, next_run_on=None, finished_on=now,
-                    active_key=None, updated_on=now).where(Task.id == task.id).execute()
-    store.write(step)

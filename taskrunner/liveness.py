@@ -110,13 +110,14 @@ def process_alive(pid, recorded_create_time):
         return True  # it exists; another user's process cannot be ours, but do not guess dead
 
 
-def register(store, kind=RUNNER, parent_id=None, now=None):
+def register(store, kind=RUNNER, parent_id=None, now=None, take_slot=True):
     """Insert this process's runner row and return it, or raise RunnerLimitReached.
 
     Rule 5 is a database rule: a runner takes a slot 1..limit, and (host, slot) is unique,
     so concurrent registrations cannot exceed the limit — a slot taken by a racing process
     makes the insert fail and this one tries the next free slot. Dead runners of this host
-    are swept first so they do not hold slots. An overseer takes no slot.
+    are swept first so they do not hold slots. An overseer takes no slot, nor does work run
+    inside an application's process (`take_slot` false: ``TaskQueue.run_pending``).
     """
     Runner = store.Runner
     now = now or utcnow()
@@ -126,7 +127,7 @@ def register(store, kind=RUNNER, parent_id=None, now=None):
                   kind=kind, parent_id=parent_id, started_on=now,
                   heartbeat_on=store.server_time(), status=RUNNING,
                   rss=process.memory_info().rss)
-    if kind == OVERSEER:
+    if kind == OVERSEER or not take_slot:
         return _created(Runner, fields)
     refresh_runners(store, now=now, other_hosts=False)
     limit = store.config.runner.limit
@@ -152,11 +153,15 @@ def _created(Runner, fields):
     return row
 
 
-def heartbeat(store, runner_id, rss=None, runs_done=None):
+def heartbeat(store, runner_id, rss=None, runs_done=None, stopping=None):
     """Refresh the runner's heartbeat (the database server's time); False when the row is no
-    longer ``running`` (someone declared this runner dead), so it must stop claiming."""
+    longer ``running`` (someone declared this runner dead), so it must stop claiming.
+    `stopping`: why the runner is winding down its run (it then reads as ``stopping``); ""
+    when that run has ended and the runner goes on."""
     Runner = store.Runner
     values = {Runner.heartbeat_on: store.server_time()}
+    if stopping is not None:
+        values[Runner.exit_reason] = "stopping: %s" % stopping if stopping else None
     if rss is not None:
         values[Runner.rss] = rss
     if runs_done is not None:
@@ -321,3 +326,14 @@ def others_running(store, parent_id):
     return Runner.select().where(
         (Runner.host == host_id(store)) & (Runner.status == RUNNING) & Runner.slot.is_null(False)
         & ((Runner.parent_id != parent_id) | Runner.parent_id.is_null())).count()
+
+
+def name_process(name):
+    """Show `name` (its first 15 bytes) as this process's name in ``ps -o comm``, ``top``
+    and ``pgrep``, so the overseer and each runner are told apart. Linux's /proc/self/comm;
+    elsewhere, or if it cannot be written, nothing changes."""
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(name[:15])
+    except OSError:
+        pass

@@ -27,6 +27,8 @@ RUN_FINAL = (SUCCESS, ERROR, TIMEOUT, CANCELLED, REQUEUED)
 # error_code of a run whose runner process died under it: a crash, counted apart.
 CRASHED = "RunnerDied"
 FAILED = (ERROR, TIMEOUT)
+# How much of a failed run's traceback is kept: its end, where the error is.
+TRACEBACK_LIMIT = 65536
 
 # Runner kinds.
 OVERSEER = "overseer"
@@ -99,6 +101,10 @@ class Run(BaseModel):
     status = pw.CharField(max_length=16, default=SCHEDULED)
     error_code = pw.CharField(null=True)
     error_message = pw.TextField(null=True)
+    # The traceback of a failed run (its last TRACEBACK_LIMIT bytes).
+    traceback = pw.TextField(null=True)
+    # Set by an operator's cancel of the running run: its runner stops it cooperatively.
+    cancel_requested_on = pw.DateTimeField(null=True)
     runner_id = pw.IntegerField(null=True)
     attempt = pw.IntegerField(default=1)
     active_task_id = pw.IntegerField(null=True, unique=True)

@@ -366,6 +366,7 @@ class Overseer:
         self.scheduler = periodic.PeriodicScheduler(self.store)
         self.scheduler.clear_stale_marks()
         self.row_id = liveness.register(self.store, kind=OVERSEER).id
+        liveness.name_process("tr-overseer")
         log.info("overseer %d started (pid %d): %d runners, check every %gs", self.row_id,
                  self.pid, self.num_runners, self.config.overseer.check_interval)
 

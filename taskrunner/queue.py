@@ -2,15 +2,22 @@
 be done in-process in tests. Everything else (runners, the overseer, the CLI) works on the
 `Store` and the rule modules below this facade.
 """
+import select
+import time
 from datetime import datetime
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
-from . import enqueue, lifecycle, maintenance, reads, rotation
+from . import control, enqueue, lifecycle, maintenance, reads, rotation, wakeup
 from . import periodic  # noqa: F401 - registers the periodic tasks' outcome hook
 from .config import Config
-from .models import utcnow
-from .reads import RunInfo, TaskInfo
+from .errors import InputError, WaitTimeout
+from .models import as_utc, utcnow
+from .reads import RunInfo, TaskInfo, TaskOutcome
 from .store import Store
+
+# TaskQueue.wait reads the task at least this often (seconds): the bound on seeing an end
+# that no wake-up reported (another host, a runner that died).
+WAIT_POLL = 1.0
 
 
 class TaskQueue:
@@ -91,19 +98,30 @@ class TaskQueue:
         """Every run of the task, oldest first."""
         return reads.runs_of(self.store, task_id)
 
-    def tasks(self, status: Optional[str] = None, limit: int = 100) -> List[TaskInfo]:
-        """Tasks, most recent first; `status` a run status or ``given-up``."""
-        return reads.list_tasks(self.store, status=status, limit=limit)
+    def tasks(self, status: Optional[str] = None, limit: Optional[int] = 100, offset: int = 0,
+              handler: Optional[str] = None, since: Optional[datetime] = None,
+              until: Optional[datetime] = None, periodic_task: Optional[str] = None
+              ) -> List[TaskInfo]:
+        """Tasks, most recent first, `offset` skipped, at most `limit` (None: all). Filters:
+        `status` a run status or ``given-up``, `handler`, `since` / `until` (aware) around
+        queued_on, `periodic_task` the name of the periodic task that submitted them."""
+        return reads.list_tasks(self.store, status=status, limit=limit, offset=offset,
+                                handler=handler, since=since, until=until,
+                                periodic=periodic_task)
 
     # -- the operator's verbs -----------------------------------------------------------------
 
     def retry(self, task_id: int) -> None:
         """Re-arm a failed or given-up task: its failures count from zero, a run now."""
-        lifecycle.retry(self.store, task_id)
+        control.retry(self.store, task_id)
 
-    def cancel(self, task_id: int) -> None:
-        """Cancel a task that is not running."""
-        lifecycle.cancel(self.store, task_id)
+    def cancel(self, task_id: int) -> Optional[int]:
+        """Cancel a task that has not ended. A running task is stopped cooperatively: its
+        runner notices within ``[runner] heartbeat_interval``, ``should_stop()`` turns true,
+        the handler is interrupted if it still runs after ``[overseer] kill_grace``, and the
+        run and the task end ``cancelled``. Returns the id of that running run (the task is
+        not cancelled yet: `wait` for it), or None when the task is cancelled now."""
+        return control.cancel(self.store, task_id)
 
     def process_queue(self) -> Dict[str, Any]:
         """Mark dead runners, time out overdue runs, create due runs (what the overseer does
@@ -114,12 +132,55 @@ class TaskQueue:
         """Delete old ended tasks and runner rows ([rotation] settings)."""
         return dict(rotation.rotate(self.store, utcnow()))
 
-    def run_pending(self, max_runs: Optional[int] = None) -> int:
+    def wait(self, task_id: int, timeout: Optional[float] = None) -> TaskOutcome:
+        """Block until the task is final — ``success``, ``given-up`` or ``cancelled`` — and
+        return its outcome (results, or the last error and traceback); `WaitTimeout` after
+        `timeout` seconds (None: no limit), TaskNotFound for an unknown id.
+
+        A run that ends on this host wakes the waiter at once; one that ends elsewhere is
+        seen within WAIT_POLL seconds (the waiter reads the task again at least that often).
+        """
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        try:
+            listener: Optional[wakeup.Listener] = wakeup.Listener(self.store.waiters_directory)
+        except OSError:     # no writable runtime directory: the poll alone
+            listener = None
+        try:
+            while True:
+                # Listening before reading: an end committed after the read still wakes us.
+                outcome = reads.task_outcome(self.store, task_id)
+                if outcome is not None:
+                    return outcome
+                left = WAIT_POLL if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeout("task %d did not end within %gs" % (task_id, timeout or 0))
+                if listener is None:
+                    time.sleep(min(left, WAIT_POLL))
+                elif select.select([listener], [], [], min(left, WAIT_POLL))[0]:
+                    listener.drain()
+        finally:
+            if listener is not None:
+                listener.close()
+
+    def run_pending(self, max_runs: Optional[int] = None, now: Optional[datetime] = None) -> int:
         """Run due work in this process until none is left (or `max_runs`); returns how
-        many runs were executed. For tests of handlers: no processes, no signals."""
+        many runs were executed. For tests of handlers: no processes, no signals, and no
+        runner slot of this host taken.
+
+        `now` (aware): run what is due at that time, and compute retries' backoff from it,
+        so a test takes a task through its retries without sleeping:
+        ``run_pending(now=t0)``, then ``run_pending(now=t0 + timedelta(hours=1))``. With
+        `now`, dead runners and overdue runs are left alone (their clocks are real)."""
         from .runner import Worker
-        maintenance.process_queue(self.store)
-        worker = Worker(self.store, install_signals=False, memory_limit=False)
+        clock = None
+        if now is None:
+            maintenance.process_queue(self.store)
+        else:
+            if now.tzinfo is None:
+                raise InputError("run_pending(now=...) takes an aware datetime")
+            clock = as_utc(now)
+            lifecycle.create_missing_runs(self.store, clock)
+        worker = Worker(self.store, install_signals=False, memory_limit=False, clock=clock)
         return int(worker.work(burst=True, max_runs=max_runs))
 
 

@@ -14,9 +14,10 @@ from typing import Any, Dict, List, Optional
 import peewee as pw
 
 from .errors import InputError, TaskNotFound
-from .models import FAILED, RUN_STATUSES, RUNNING, SCHEDULED, run_status_is
+from .models import CRASHED, FAILED, RUN_STATUSES, RUNNING, SCHEDULED, SUCCESS, run_status_is
 
 TASK_FILTERS = RUN_STATUSES + ("given-up",)
+STOPPING = "stopping"       # the state of a running runner that is winding down its run
 
 
 def aware(value: Optional[datetime]) -> Optional[datetime]:
@@ -28,11 +29,19 @@ def _decoded(text: Optional[str]) -> Any:
     return json.loads(text) if text else None
 
 
+def _json_ready(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {key: _json_ready(item) for key, item in value.items()}
+    return value
+
+
 class _Record:
     """What every record can do: turn into JSON-ready data (ISO 8601 datetimes)."""
 
     def to_json(self) -> Dict[str, Any]:
-        return {key: value.isoformat() if isinstance(value, datetime) else value
+        return {key: _json_ready(value)
                 for key, value in dataclasses.asdict(self).items()}  # type: ignore[call-overload]
 
 
@@ -61,6 +70,26 @@ class TaskInfo(_Record):
     last_error_message: Optional[str]
     subject: Optional[str]      # carried from its periodic task
     group: Optional[str]
+    results: Any = None                # of its latest run that has results (live or final)
+    last_traceback: Optional[str] = None   # of its latest run that failed with one
+
+
+@dataclass(frozen=True)
+class TaskOutcome(_Record):
+    """A task that reached a final state (`TaskQueue.wait`): ``success``, ``given-up``
+    (failed max_retries times in a row) or ``cancelled``, with its results, or its last
+    error and traceback."""
+    task_id: int
+    status: str
+    results: Any
+    error_code: Optional[str]
+    error_message: Optional[str]
+    traceback: Optional[str]
+    finished_on: datetime
+
+    @property
+    def ok(self) -> bool:
+        return self.status == SUCCESS
 
 
 @dataclass(frozen=True)
@@ -80,6 +109,8 @@ class RunInfo(_Record):
     results: Any
     error_code: Optional[str]
     error_message: Optional[str]
+    traceback: Optional[str]
+    cancel_requested_on: Optional[datetime] = None    # cancelled while running: stopping
 
 
 @dataclass(frozen=True)
@@ -99,6 +130,22 @@ class RunnerInfo(_Record):
     runs_done: int
     started_on: datetime
     heartbeat_on: datetime
+
+
+@dataclass(frozen=True)
+class RunStats(_Record):
+    """The runs of one handler or of one periodic task's tasks: how many ended how, when,
+    and how long the last STATS_WINDOW of them took. Crashes (the runner process died) are
+    counted apart from errors and timeouts."""
+    runs: int                          # started runs, whatever became of them
+    successes: int
+    errors: int                        # error or timeout, crashes not included
+    crashes: int
+    last_start: Optional[datetime]
+    last_finish: Optional[datetime]
+    last_success: Optional[datetime]
+    avg_duration: Optional[float]      # seconds, of the last STATS_WINDOW finished runs
+    p95_duration: Optional[float]
 
 
 @dataclass(frozen=True)
@@ -132,9 +179,10 @@ class PeriodicTaskInfo(_Record):
     timebox: Optional[str]
     tolerance: Optional[float]
     dropped: int
+    stats: Optional[RunStats] = None
 
 
-def task_info(row: Any) -> TaskInfo:
+def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = None) -> TaskInfo:
     return TaskInfo(
         id=row.id, handler=row.handler, data=_decoded(row.data), status=row.last_status,
         given_up=row.given_up, priority=row.priority, queued_on=aware(row.queued_on),
@@ -143,7 +191,8 @@ def task_info(row: Any) -> TaskInfo:
         runs=row.run_count, runs_failed=row.runs_failed, max_retries=row.max_retries,
         run_timeout=row.run_timeout, max_runtime=row.max_runtime, unique_key=row.unique_key,
         periodic_task_id=row.periodic_task_id, last_error_code=row.last_error_code,
-        last_error_message=row.last_error_message, subject=row.subject, group=row.group_name)
+        last_error_message=row.last_error_message, subject=row.subject, group=row.group_name,
+        results=results, last_traceback=last_traceback)
 
 
 def run_info(row: Any) -> RunInfo:
@@ -155,10 +204,11 @@ def run_info(row: Any) -> RunInfo:
         created_on=aware(row.created_on), started_on=aware(row.started_on),
         updated_on=aware(row.updated_on), finished_on=aware(row.finished_on),
         duration=duration, results=_decoded(row.results), error_code=row.error_code,
-        error_message=row.error_message)
+        error_message=row.error_message, traceback=row.traceback,
+        cancel_requested_on=aware(row.cancel_requested_on))
 
 
-def periodic_info(row: Any) -> PeriodicTaskInfo:
+def periodic_info(row: Any, stats: Optional[RunStats] = None) -> PeriodicTaskInfo:
     return PeriodicTaskInfo(
         name=row.name, enabled=row.enabled, handler=row.handler, data=_decoded(row.data),
         timer=row.timer, timezone=row.timezone, nextrun=aware(row.nextrun), last_due=aware(row.last_due),
@@ -168,17 +218,51 @@ def periodic_info(row: Any) -> PeriodicTaskInfo:
         catch_up=row.catch_up, max_runtime=row.max_runtime, min_spacing=row.min_spacing,
         owner=row.owner, source=row.source, worker=row.worker, marked=aware(row.marked),
         subject=row.subject, group=row.group_name, timebox=row.timebox, tolerance=row.tolerance,
-        dropped=row.dropped_count)
+        dropped=row.dropped_count, stats=stats)
 
 
 # -- queries ------------------------------------------------------------------------------------
+
+def _latest(store: Any, ids: List[int], column: Any) -> Dict[int, Any]:
+    """task id -> `column` of its latest run where that column is set."""
+    Run = store.Run
+    if not ids:
+        return {}
+    latest = (Run.select(pw.fn.MAX(Run.id)).where(Run.task_id.in_(ids) & column.is_null(False))
+              .group_by(Run.task_id))
+    return dict(Run.select(Run.task_id, column).where(Run.id.in_(latest)).tuples())
+
+
+def _task_infos(store: Any, rows: List[Any]) -> List[TaskInfo]:
+    """Tasks with their latest results and traceback (two queries for any number)."""
+    ids = [row.id for row in rows]
+    results = _latest(store, ids, store.Run.results)
+    tracebacks = _latest(store, ids, store.Run.traceback)
+    return [task_info(row, _decoded(results.get(row.id)), tracebacks.get(row.id))
+            for row in rows]
+
 
 def get_task(store: Any, task_id: int) -> TaskInfo:
     Task = store.Task
     row = Task.get_or_none(Task.id == task_id)
     if row is None:
         raise TaskNotFound("no task with id %s" % task_id)
-    return task_info(row)
+    return _task_infos(store, [row])[0]
+
+
+def task_outcome(store: Any, task_id: int) -> Optional[TaskOutcome]:
+    """The task's outcome once it is final (success, given up, cancelled), else None;
+    TaskNotFound for an unknown id."""
+    task = get_task(store, task_id)
+    if task.finished_on is None:
+        return None
+    status = "given-up" if task.given_up else task.status
+    failed = status != SUCCESS
+    return TaskOutcome(
+        task_id=task.id, status=status, results=task.results,
+        error_code=task.last_error_code if failed else None,
+        error_message=task.last_error_message if failed else None,
+        traceback=task.last_traceback if failed else None, finished_on=task.finished_on)
 
 
 def runs_of(store: Any, task_id: int) -> List[RunInfo]:
@@ -188,19 +272,57 @@ def runs_of(store: Any, task_id: int) -> List[RunInfo]:
     return [run_info(r) for r in Run.select().where(Run.task_id == task_id).order_by(Run.id)]
 
 
-def list_tasks(store: Any, status: Optional[str] = None, limit: int = 100) -> List[TaskInfo]:
-    """Most recent first. `status`: a run status, or ``given-up``."""
-    Task = store.Task
+def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str] = None,
+                since: Optional[datetime] = None, until: Optional[datetime] = None,
+                periodic: Optional[str] = None) -> Any:
+    """Tasks matching every filter given: `status` a run status or ``given-up``, `handler`
+    its dotted path, `since` / `until` (aware) bounds of its queued_on, `periodic` the name
+    of the periodic task that submitted it. InputError for an unknown status or name."""
+    Task, PeriodicTask = store.Task, store.PeriodicTask
     if status is not None and status not in TASK_FILTERS:
         raise InputError("unknown task status %r: expected one of %s"
                          % (status, ", ".join(TASK_FILTERS)))
-    query = Task.select().order_by(Task.id.desc()).limit(limit)
+    query = Task.select()
     if status == "given-up":
         query = query.where(Task.last_status.in_(FAILED) & Task.next_run_on.is_null()
                             & (Task.runs_failed >= Task.max_retries))
     elif status is not None:
         query = query.where(Task.last_status == status)
-    return [task_info(row) for row in query]
+    if handler is not None:
+        query = query.where(Task.handler == handler)
+    for bound, compare in ((since, Task.queued_on.__ge__), (until, Task.queued_on.__lt__)):
+        if bound is not None:
+            if bound.tzinfo is None:
+                raise InputError("task filters take aware datetimes")
+            query = query.where(compare(bound.astimezone(timezone.utc).replace(tzinfo=None)))
+    if periodic is not None:
+        row = PeriodicTask.get_or_none(PeriodicTask.name == periodic)
+        if row is None:
+            raise InputError("no periodic task named %r" % periodic)
+        query = query.where(Task.periodic_task_id == row.id)
+    return query
+
+
+def list_tasks(store: Any, status: Optional[str] = None, limit: Optional[int] = 100,
+               offset: int = 0, **filters: Any) -> List[TaskInfo]:
+    """Most recent first, `offset` skipped, at most `limit` (None: all); the filters are
+    those of `tasks_query`."""
+    query = tasks_query(store, status=status, **filters).order_by(store.Task.id.desc())
+    if limit is not None or offset:
+        query = query.limit(limit).offset(offset)
+    return _task_infos(store, list(query))
+
+
+def count_tasks(store: Any, status: Optional[str] = None, **filters: Any) -> int:
+    """How many tasks match the filters of `tasks_query`."""
+    return int(tasks_query(store, status=status, **filters).count())
+
+
+def task_ids(store: Any, status: Optional[str] = None, **filters: Any) -> List[int]:
+    """The ids of the tasks matching the filters, oldest first (for the bulk verbs)."""
+    Task = store.Task
+    query = tasks_query(store, status=status, **filters).select(Task.id).order_by(Task.id)
+    return [row.id for row in query]
 
 
 def task_counts(store: Any) -> Dict[str, int]:
@@ -218,8 +340,10 @@ def running_runners(store: Any) -> List[RunnerInfo]:
     result = []
     for r in rows:
         run = current.get(r.id)
+        # A runner winding down its run (told to stop, or its run taken away) said so.
+        state = STOPPING if r.exit_reason and r.exit_reason.startswith("stopping") else r.status
         result.append(RunnerInfo(
-            id=r.id, kind=r.kind, host=r.host, pid=r.pid, state=r.status, slot=r.slot,
+            id=r.id, kind=r.kind, host=r.host, pid=r.pid, state=state, slot=r.slot,
             parent_id=r.parent_id, run_id=run.id if run else None,
             task_id=run.task_id if run else None,
             progress=run.percent_completed if run else None,
@@ -229,22 +353,85 @@ def running_runners(store: Any) -> List[RunnerInfo]:
 
 
 def health(store: Any) -> Dict[str, int]:
-    """The figures of ``taskrunner check``: runners running, runs waiting, tasks retrying."""
+    """The figures of ``taskrunner check`` and ``status``: runners running, runs waiting,
+    failed tasks waiting to retry and failed tasks given up."""
     Runner, Run, Task = store.Runner, store.Run, store.Task
     return {
         "runners_running": Runner.select().where(Runner.status == RUNNING).count(),
         "runs_waiting": Run.select().where(run_status_is(Run, SCHEDULED)).count(),
         "tasks_retrying": Task.select().where(
             Task.last_status.in_(FAILED) & Task.finished_on.is_null()).count(),
+        "tasks_given_up": Task.select().where(
+            Task.last_status.in_(FAILED) & Task.finished_on.is_null(False)).count(),
     }
 
 
 def list_periodic(store: Any, owner: Optional[str] = None,
                   group: Optional[str] = None) -> List[PeriodicTaskInfo]:
+    """Periodic tasks by name, each with the statistics of its tasks' runs."""
     PeriodicTask = store.PeriodicTask
     query = PeriodicTask.select().order_by(PeriodicTask.name)
     if owner is not None:
         query = query.where(PeriodicTask.owner == owner)
     if group is not None:
         query = query.where(PeriodicTask.group_name == group)
-    return [periodic_info(row) for row in query]
+    rows = list(query)
+    stats = run_stats(store, by="periodic") if rows else {}
+    return [periodic_info(row, stats.get(row.id, EMPTY_STATS)) for row in rows]
+
+
+# -- statistics ---------------------------------------------------------------------------------
+
+STATS_WINDOW = 100      # runs per handler / periodic task that the durations are taken from
+EMPTY_STATS = RunStats(0, 0, 0, 0, None, None, None, None, None)
+
+
+def _when(value: Any) -> Optional[datetime]:
+    """A datetime read back from an aggregate or a subquery: SQLite returns its text."""
+    if value is None or isinstance(value, datetime):
+        return aware(value)
+    return aware(datetime.fromisoformat(str(value)))
+
+
+def run_stats(store: Any, by: str = "handler",
+              window: int = STATS_WINDOW) -> Dict[Any, RunStats]:
+    """Statistics of the runs in task_runs (rotation deletes old ones), keyed by handler
+    path (`by` = "handler") or by periodic task id ("periodic"). Two queries: the counts
+    and last times as one aggregate, the durations of the last `window` finished runs of
+    each key through a window function (SQLite 3.25+, PostgreSQL, MariaDB 10.2+)."""
+    Task, Run = store.Task, store.Run
+    key = Task.handler if by == "handler" else Task.periodic_task_id
+    crashed = Run.error_code == CRASHED
+    failed = Run.status.in_(FAILED) & (Run.error_code.is_null() | (Run.error_code != CRASHED))
+
+    def count(condition: Any) -> Any:
+        return pw.fn.SUM(pw.Case(None, [(condition, 1)], 0))
+    totals = (Run.select(key.alias("key"), pw.fn.COUNT(Run.started_on),
+                         count(Run.status == SUCCESS), count(failed), count(crashed),
+                         pw.fn.MAX(Run.started_on), pw.fn.MAX(Run.finished_on),
+                         pw.fn.MAX(pw.Case(None, [(Run.status == SUCCESS, Run.finished_on)])))
+              .join(Task, on=(Run.task_id == Task.id)).where(key.is_null(False))
+              .group_by(key).tuples())
+    rank = pw.fn.ROW_NUMBER().over(partition_by=[key], order_by=[Run.id.desc()])
+    recent = (Run.select(key.alias("key"), Run.started_on.alias("started"),
+                         Run.finished_on.alias("finished"), rank.alias("rank"))
+              .join(Task, on=(Run.task_id == Task.id))
+              .where(key.is_null(False) & Run.status.in_((SUCCESS,) + FAILED)
+                     & Run.started_on.is_null(False) & Run.finished_on.is_null(False)
+                     & (Run.error_code.is_null() | (Run.error_code != CRASHED))))
+    durations: Dict[Any, List[float]] = {}
+    for k, started, finished in (Run.select(recent.c.key, recent.c.started, recent.c.finished)
+                                 .from_(recent).where(recent.c.rank <= window).tuples()):
+        begin, end = _when(started), _when(finished)
+        durations.setdefault(k, []).append((end - begin).total_seconds())  # type: ignore
+    result = {}
+    for k, runs, successes, errors, crashes, start, finish, success in totals:
+        taken = sorted(durations.get(k, []))
+        result[k] = RunStats(
+            runs=int(runs or 0), successes=int(successes or 0), errors=int(errors or 0),
+            crashes=int(crashes or 0), last_start=_when(start), last_finish=_when(finish),
+            last_success=_when(success),
+            avg_duration=round(sum(taken) / len(taken), 6) if taken else None,
+            p95_duration=round(taken[max(0, -(-95 * len(taken) // 100) - 1)], 6)
+            if taken else None)
+    return result

@@ -12,6 +12,8 @@ Contract kept for the overseer: a heartbeat thread refreshes the runner row ever
 timed out (rule 8). A database outage, however long, ends neither: both wait it out
 (outage.py), and a run in flight keeps its outcome until the database is back.
 """
+import asyncio
+import inspect
 import json
 import logging
 import os
@@ -21,21 +23,17 @@ import threading
 import time
 from datetime import timedelta, timezone
 
-import peewee as pw
 
-from . import lifecycle, liveness, maintenance, outage, periodic, wakeup
-from .errors import HandlerError, Retry, RunnerLimitReached, TaskError
+from . import lifecycle, liveness, maintenance, outage, outcomes, periodic, wakeup
+from .errors import HandlerError, RunnerLimitReached
 from .handler import RunContext, load_handler
-from .models import CANCELLED, ERROR, REQUEUED, RUNNER, SUCCESS, TIMEOUT, utcnow
+from .heartbeat import Heartbeat
+from .models import CANCELLED, RUNNER, SUCCESS, utcnow
+from .outcomes import Interrupted
 
 log = logging.getLogger("taskrunner.runner")
 
 MB = 1024 * 1024
-
-
-class Interrupted(BaseException):
-    """Raised inside a handler to interrupt it. BaseException so that a handler's
-    ``except Exception`` does not swallow it."""
 
 
 class Worker:
@@ -60,11 +58,14 @@ class Worker:
     EXIT_HARD = 4             # the handler did not return after its run was taken away
 
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
-                 memory_limit=True):
+                 memory_limit=True, clock=None):
         self.store = store
         # Off for work run inside someone else's process (run_pending): its RSS is the
-        # application's, not a runner's that may be replaced.
+        # application's, not a runner's that may be replaced, and it takes no runner slot.
         self.memory_limit = memory_limit
+        # run_pending(now=...): the time claims, ends and backoffs are computed at.
+        self.clock = clock
+        self.context = None           # the RunContext of the handler running now
         self.config = store.config
         self._facade = None
         self.install_signals = install_signals
@@ -76,19 +77,20 @@ class Worker:
         self.current = None           # (ClaimedRun, hard deadline as naive UTC or None)
         # Held while the main thread switches runs, and while the heartbeat thread decides
         # to abort one: it must never abort the next run for the previous one.
-        self._switch = threading.Lock()
+        self.switch = threading.Lock()
         self.abort_reason = None
         self.abort_deadline = None
+        self.cancel_reason = None     # an operator cancelled the running run
         self.in_handler = False
         self.runs_done = 0
         self.max_runs = None
         self.disowned = False
         self.db_back_at = None        # when the database answered again after an outage
         self._handlers = {}
-        self._rss = None
+        self.rss = None
         self._wake_r = self._wake_w = None
         self._listener = self._pg_listener = None
-        self._heartbeat_stop = threading.Event()
+        self.heartbeat = Heartbeat(self)
 
     # -- signals ------------------------------------------------------------------------
 
@@ -157,77 +159,9 @@ class Worker:
             self._facade = TaskQueue(self.store)
         return self._facade
 
-    def _heartbeat_loop(self):
-        """Every heartbeat_interval, whatever the handler does and whatever the database
-        does: an outage is logged once, and the thread carries on until the runner exits."""
-        interval = wait = self.config.runner.heartbeat_interval
-        failing = None
-        while not self._heartbeat_stop.wait(wait):
-            try:
-                rss = self._rss()
-                if not liveness.heartbeat(self.store, self.runner_id, rss=rss,
-                                          runs_done=self.runs_done):
-                    self.disowned = True
-                    self.stop_reason = self.stop_reason or "runner row is no longer running"
-                if failing is not None:
-                    log.info("heartbeat written again after %.1fs", time.monotonic() - failing)
-                    failing = None
-                self._watch_current_run()
-            except (pw.DatabaseError, pw.InterfaceError) as exc:
-                if failing is None:
-                    failing = time.monotonic()
-                    log.warning("heartbeat failed: %s", outage.first_line(exc))
-                outage.close_quietly(self.store.db)
-            except Exception:      # never let the heartbeat stop: the runner would be "hung"
-                log.exception("heartbeat failed")
-                outage.close_quietly(self.store.db)
-            deadline = self.abort_deadline
-            wait = interval if deadline is None else \
-                max(0.05, min(interval, deadline - time.monotonic()))
-        outage.close_quietly(self.store.db)
-
-    def _watch_current_run(self):
-        """Rule 8, enforced by the process that executes the run: when the run is no longer
-        ``running`` under this runner (timed out by anyone, on any host) or has passed its
-        max_runtime, interrupt the handler; if it has not returned after kill_grace, exit
-        hard — two executions of one task never overlap for longer than that."""
-        current = self.current
-        if current is None or not self.install_signals:
-            return
-        claimed, hard_deadline = current
-        if self.abort_reason is not None:
-            if self.current is current and time.monotonic() >= self.abort_deadline:
-                log.error("run %d of task %d: the handler did not return within kill_grace "
-                          "(%gs) after %s; exiting", claimed.run_id, claimed.task_id,
-                          self.config.overseer.kill_grace, self.abort_reason)
-                logging.shutdown()
-                os._exit(self.EXIT_HARD)
-            return
-        now = utcnow()
-        if hard_deadline is not None and now >= hard_deadline:
-            lifecycle.end_run(self.store, claimed.run_id, claimed.task_id, TIMEOUT,
-                              runner_id=self.runner_id, error_code="MaxRuntime",
-                              error_message="running longer than %gs (max_runtime)"
-                              % claimed.max_runtime, now=now)
-            reason, ended_on = "its max_runtime (%gs) passed" % claimed.max_runtime, now
-        else:
-            ended_on = lifecycle.taken_away_on(self.store, claimed.run_id, self.runner_id)
-            if ended_on is None:
-                return
-            reason = "it was ended by someone else (timed out)"
-        # kill_grace counts from the end of the run, not from noticing it a heartbeat later:
-        # its retry may start at once, and two executions of one task must not overlap for
-        # longer than kill_grace.
-        grace = self.config.overseer.kill_grace
-        late = min(grace, max(0.0, (utcnow() - ended_on).total_seconds()))
-        with self._switch:
-            if self.current is not current:
-                return          # it ended here meanwhile (its own outcome, not a timeout)
-            log.warning("run %d of task %d: interrupting the handler: %s", claimed.run_id,
-                        claimed.task_id, reason)
-            self.abort_deadline = time.monotonic() + grace - late
-            self.abort_reason = "run %d interrupted: %s" % (claimed.run_id, reason)
-            os.kill(os.getpid(), getattr(signal, self.ABORT_SIGNAL))
+    def now(self):
+        """Naive UTC now, or the time run_pending(now=...) was given."""
+        return self.clock if self.clock is not None else utcnow()
 
     # -- executing one run --------------------------------------------------------------
 
@@ -239,25 +173,29 @@ class Worker:
 
     def execute(self, claimed, claim_next=False):
         """Run one claimed run's handler and record its outcome. With `claim_next`, unless
-        the runner is now due to exit, the outcome and the claim of its next run are one
-        transaction (one commit per job); returns that run, or None."""
+        the runner is now due to exit or the run failed (its hooks run first), the outcome
+        and the claim of its next run are one transaction (one commit per job); returns that
+        run, or None."""
         started = time.monotonic()
         log.debug("run %d of task %d started: %s (attempt %d)", claimed.run_id, claimed.task_id,
                   claimed.handler, claimed.attempt)
         hard_deadline = claimed.started_on + timedelta(seconds=claimed.max_runtime) \
             if claimed.max_runtime else None
-        with self._switch:
-            self.abort_reason = self.abort_deadline = None
+        with self.switch:
+            self.abort_reason = self.abort_deadline = self.cancel_reason = None
             self.current = (claimed, hard_deadline)
         try:
-            status, code, message, results, retry_at = self._run_handler(claimed)
+            outcome, handler, context = self._run_handler(claimed)
         finally:
-            with self._switch:
-                self.current = None
+            with self.switch:
+                self.current = self.context = None
         self.runs_done += 1
-        args = (claimed.run_id, claimed.task_id, status, self.runner_id, results, code, message)
-        options = dict(periodic_task_id=claimed.periodic_task_id, retry_at=retry_at)
-        if claim_next and not self._should_exit():
+        status, now = outcome.status, self.now()
+        args = (claimed.run_id, claimed.task_id, status, self.runner_id, outcome.results,
+                outcome.code, outcome.message)
+        options = dict(periodic_task_id=claimed.periodic_task_id, retry_at=outcome.retry_at,
+                       traceback=outcome.traceback, now=now)
+        if claim_next and outcome.exc is None and not self._should_exit():
             ended, following = self._with_database(lambda: lifecycle.end_run_and_claim(
                 self.store, *args, **options),
                 reconnected=lambda: self._give_back_lost_claims(keep=claimed.run_id))
@@ -270,9 +208,7 @@ class Worker:
                 self.store, claimed.run_id, self.runner_id, status))
         elapsed = time.monotonic() - started
         if ended:
-            log.info("run %d of task %d finished: %s %s in %.3fs%s", claimed.run_id,
-                     claimed.task_id, claimed.handler, status, elapsed,
-                     " (%s: %s)" % (code, message) if code else "")
+            outcomes.after_run(self.store, claimed, outcome, elapsed, handler, context)
         else:
             log.warning("run %d of task %d finished %s in %.3fs, but it had been ended meanwhile "
                         "(timeout); its outcome is discarded", claimed.run_id, claimed.task_id,
@@ -280,24 +216,24 @@ class Worker:
         return following
 
     def _run_handler(self, claimed):
-        """Decode the data, load the handler and run it; returns (status, error_code,
-        error_message, results as JSON text, retry_at of a requeued run)."""
-        status, code, message, results, retry_at = SUCCESS, None, None, None, None
+        """Decode the data, load the handler and run it; returns (Outcome, the handler
+        instance or None, the RunContext or None)."""
         try:
             data = json.loads(claimed.data)
         except ValueError as exc:
-            return ERROR, "DataDecodeError", "task data is not JSON: %s" % exc, None, None
+            return outcomes.failed("DataDecodeError", "task data is not JSON: %s" % exc), None, None
         try:
             cls = self._handler_class(claimed.handler)
         except HandlerError as exc:
-            return ERROR, "HandlerError", str(exc), None, None
+            return outcomes.failed("HandlerError", str(exc), getattr(exc, "import_traceback", None)
+                                ), None, None
         if claimed.periodic_task_id is not None and claimed.attempt == 1 \
                 and not self._with_database(lambda: periodic.allow_start(
                     self.store, claimed.periodic_task_id)):
             # Nuntium's tolerance: the previous task of this periodic task started too recently
             # (a retry of the same task is not a new occurrence).
-            return CANCELLED, "MinSpacing", "dropped: the previous task of this periodic task " \
-                "started less than min_spacing ago", None, None
+            return outcomes.Outcome(CANCELLED, "MinSpacing", "dropped: the previous task of this "
+                                 "periodic task started less than min_spacing ago"), None, None
         deadline = None
         if claimed.max_runtime:
             # The handler's deadline comes a grace before the hard limit, so a handler that
@@ -307,47 +243,45 @@ class Worker:
                         ).replace(tzinfo=timezone.utc)
         context = RunContext(
             claimed.run_id, claimed.task_id, claimed.attempt, data, deadline=deadline,
-            report=lambda pct: lifecycle.report_progress(self.store, claimed.run_id,
-                                                         self.runner_id, pct),
-            stopping=lambda: self.told_to_stop is not None or self.abort_reason is not None,
+            report=lambda pct, results: lifecycle.report_progress(
+                self.store, claimed.run_id, self.runner_id, pct, results),
+            stopping=lambda: self.told_to_stop is not None or self.abort_reason is not None
+            or self.cancel_reason is not None,
             queue=self._queue_facade())
+        handler = cls()
+        outcome = outcomes.Outcome(SUCCESS)
         try:
             self.in_handler = True
+            self.context = context
             try:
-                cls().handle(context)
+                coroutine = handler.handle(context)
+                if inspect.iscoroutine(coroutine):
+                    # async def handle: run to completion here; an Interrupted raised by a
+                    # signal leaves asyncio.run, which cancels the coroutine on its way out.
+                    asyncio.run(coroutine)
             finally:
                 self.in_handler = False
-        except Interrupted as exc:
-            if self.abort_reason is not None:     # its run was taken away: rule 8
-                status, code, message = TIMEOUT, "Interrupted", str(exc)
-            else:
-                status, code, message = REQUEUED, "Stopped", "handed back: %s" % exc
-        except Retry as exc:
-            status, code = REQUEUED, "Snoozed" if exc.in_seconds else "Retry"
-            message = exc.reason or ("run again in %gs" % exc.in_seconds if exc.in_seconds
-                                     else "run again")
-            if exc.in_seconds:
-                retry_at = utcnow() + timedelta(seconds=exc.in_seconds)
-        except (Exception, SystemExit) as exc:
-            code = exc.code if isinstance(exc, TaskError) and exc.code else type(exc).__name__
-            text = str(exc) or repr(exc)
-            if self.told_to_stop is not None:
-                # It ended early because its runner was told to stop: handed back.
-                status, code = REQUEUED, "Stopped"
-                message = "handed back: %s; the handler ended with %s: %s" % (
-                    self.stop_reason, code, text)
-            else:
-                status, code, message = ERROR, code, text
+        except (Interrupted, Exception, SystemExit) as exc:
+            # Interrupted: its run was taken away (rule 8) when an abort reason is set, else
+            # a stop; any failure of a runner told to stop hands the run back.
+            outcome = outcomes.of_exception(
+                exc, self.now(), aborted=self.abort_reason is not None,
+                stopping=self.stop_reason if self.told_to_stop is not None else None)
+        if self.cancel_reason is not None:
+            # However the handler ended, the operator's cancel is the outcome.
+            outcome = outcomes.Outcome(CANCELLED, "Cancelled", "%s; the handler ended: %s" % (
+                self.cancel_reason, outcome.message or outcome.status),
+                traceback=outcome.traceback)
         # Progress the database could not take during the run (a restart) is written now,
         # before the outcome; it never reached the handler as an error.
         context.flush_progress()
         if context.results is not None:
             try:
-                results = json.dumps(context.results, allow_nan=False)
+                outcome = outcome._replace(results=json.dumps(context.results, allow_nan=False))
             except (TypeError, ValueError) as exc:
-                status, code = ERROR, "ResultsNotJSON"
-                message = "run.results is not JSON-serialisable: %s" % exc
-        return status, code, message, results, retry_at
+                outcome = outcomes.failed("ResultsNotJSON", "run.results is not JSON-serialisable: "
+                                       "%s" % exc, outcomes.format_traceback(exc), exc)
+        return outcome, handler, context
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -369,7 +303,7 @@ class Worker:
         if max_runs and self.runs_done >= max_runs:
             self.stop_reason = "max_runs (%d) reached" % max_runs
         elif self.memory_limit and self.runs_done \
-                and self._rss() > self.config.runner.memory_limit * MB:
+                and self.rss() > self.config.runner.memory_limit * MB:
             # Checked after a run, never before the first: a runner must always do some work.
             self.stop_reason = "memory_limit (%d MB) exceeded" % self.config.runner.memory_limit
         elif self.parent_pid is not None and os.getppid() != self.parent_pid:
@@ -412,22 +346,24 @@ class Worker:
         max_runs = self.max_runs = max_runs if max_runs is not None else self.config.runner.max_runs
         if self.install_signals:
             self._setup_signals()
-        row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id)
+        row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id,
+                                take_slot=self.memory_limit)
         self.runner_id = row.id
         if not burst:
             self._listener = wakeup.open_listener(self.store.wakeup_directory)
             if self.store.backend == "postgresql":
                 self._pg_listener = wakeup.PostgresListener(self.store.db)
-        log.info("runner %d started (pid %d, slot %d)", row.id, row.pid, row.slot)
-        self._rss = liveness.ResidentSize()
-        beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
-        beat.start()
+        if row.slot is not None:        # a process of its own, not run_pending's caller
+            liveness.name_process("tr-runner-%d" % row.slot)
+        log.info("runner %d started (pid %d, slot %s)", row.id, row.pid, row.slot)
+        self.rss = liveness.ResidentSize()
+        self.heartbeat.start()
         claimed = None
         try:
             while claimed is not None or not self._should_exit():
                 if claimed is None:
-                    claimed = self._with_database(lambda: lifecycle.claim(self.store,
-                                                                          self.runner_id),
+                    claimed = self._with_database(lambda: lifecycle.claim(
+                        self.store, self.runner_id, self.now()),
                                                   reconnected=self._give_back_lost_claims,
                                                   while_stopping=False)
                     if claimed is None:
@@ -443,9 +379,8 @@ class Worker:
         finally:
             if self._listener is not None:
                 self._listener.close()
-            self._heartbeat_stop.set()
-            beat.join(timeout=5)
-            self._rss.close()
+            self.heartbeat.stop()
+            self.rss.close()
             self.stop_reason = self.stop_reason or "an error"
             if not self.disowned:
                 self._retire()

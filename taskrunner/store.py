@@ -43,6 +43,7 @@ class Store:
         if self.is_sqlite:
             _create_private(self.db.database)
         self.wakeup_directory = wakeup.directory(self.url, config.runner.wakeup_dir)
+        self.waiters_directory = self.wakeup_directory + wakeup.ENDED
         models = bind_models(self.db)
         self.models = models
         self.Task, self.Run, self.Runner, self.PeriodicTask = models
@@ -157,6 +158,10 @@ class Store:
             return pw.SQL("(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)",
                           [int(round(offset * 1e6))])
         return pw.SQL("strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", ["%+.6f seconds" % offset])
+
+    def wake_waiters(self):
+        """After a commit that ended a run or a task: wake this host's `TaskQueue.wait`."""
+        wakeup.notify_local(self.waiters_directory)
 
     def insert_returning(self):
         """Whether INSERT ... RETURNING works here: PostgreSQL, SQLite 3.35+, MariaDB 10.5+."""

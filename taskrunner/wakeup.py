@@ -16,6 +16,10 @@ named after the database's canonical key (`channel_key`: one database spelled tw
 one channel). Subdirectory and sockets are the owner's alone, unless the directory is a
 setgid group directory: then its group shares them. Sockets of dead processes are removed
 by whoever finds them, and the subdirectory by whoever leaves it empty.
+
+Whoever waits for a task to end (`TaskQueue.wait`) listens the same way in a directory of
+its own (the database's directory + `ENDED`): a run's end on this host wakes it. Ends on
+other hosts reach it by its bounded poll.
 """
 import errno
 import hashlib
@@ -30,6 +34,8 @@ from urllib.parse import unquote, urlsplit
 CHANNEL = "taskrunner_runs"
 DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
 LOOPBACK = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
+# The directory of waiters for runs that ended, beside the one of idle runners.
+ENDED = "-ended"
 
 log = logging.getLogger("taskrunner.wakeup")
 _reported = set()

@@ -17,7 +17,7 @@ from taskrunner.reads import PeriodicTaskInfo, RunnerInfo
 from conftest import REPO_DIR, TESTS_DIR, Database, ok, process_env, taskrunner
 
 ECHO = "taskrunner.handlers.Echo"
-PUBLIC_METHODS = {"add_task", "add_tasks", "get_task", "runs_of", "tasks", "retry", "cancel",
+PUBLIC_METHODS = {"add_task", "add_tasks", "get_task", "runs_of", "tasks", "retry", "cancel", "wait",
                   "process_queue", "rotate", "run_pending", "migrate", "close"}
 
 

@@ -313,12 +313,16 @@ def test_cancel_delayed_task_stops_it_for_good(queue):
     assert runs_of(task_id) == []
 
 
-def test_cancel_refuses_a_running_task(queue, runner_id):
+def test_cancel_of_a_running_task_asks_its_run_to_stop(queue, runner_id):
     task_id = queue.add_task(ECHO)
-    lifecycle.claim(queue.store, runner_id)
-    with pytest.raises(StateError, match="running"):
-        queue.cancel(task_id)
+    claimed = lifecycle.claim(queue.store, runner_id)
+    assert queue.cancel(task_id) == claimed.run_id
+    # Not final yet: the runner stops the run and ends it cancelled (test_visibility).
     assert Task.get_by_id(task_id).last_status == RUNNING
+    run = Run.get_by_id(claimed.run_id)
+    assert run.status == RUNNING and run.cancel_requested_on is not None
+    assert lifecycle.taken_away_on(queue.store, claimed.run_id, runner_id) == (None, True)
+    assert queue.runs_of(task_id)[0].cancel_requested_on is not None
 
 
 def test_unique_key_returns_the_live_task(queue, runner_id):

@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 from conftest import Database, wait_for
 
-from taskrunner import TaskQueue, lifecycle, liveness, rotation
+from taskrunner import TaskQueue, control, lifecycle, liveness, rotation
 from taskrunner.models import ERROR, SCHEDULED, utcnow
 
 ECHO = "taskrunner.handlers.Echo"
@@ -70,7 +70,7 @@ def test_a_retry_committed_between_rotation_select_and_delete_survives(database)
         with store.db.atomic():
             # The retry, on its own connection, committed only once rotation's DELETE runs:
             # rotation's SELECT still sees the task ended and old.
-            lifecycle.retry(store, task_id)
+            control.retry(store, task_id)
             thread = threading.Thread(target=rotate, daemon=True)
             thread.start()
             session = sessions.get(timeout=30)

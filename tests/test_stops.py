@@ -175,7 +175,7 @@ def test_a_run_ending_as_the_heartbeat_checks_it_does_not_get_the_next_run_inter
     signals = []
     previous = signal.signal(signal.SIGUSR2, lambda signum, frame: signals.append(signum))
     try:
-        worker._watch_current_run()
+        worker.heartbeat.watch_current_run()
     finally:
         signal.signal(signal.SIGUSR2, previous)
     assert (worker.abort_reason, signals) == (None, [])

@@ -3,7 +3,8 @@ test_api.py: it must pass without a cast or an ignore."""
 from datetime import datetime, timedelta, timezone
 from typing import List, Optional
 
-from taskrunner import RunContext, RunInfo, TaskError, TaskHandler, TaskInfo, TaskQueue
+from taskrunner import (RunContext, RunInfo, TaskError, TaskHandler, TaskInfo, TaskOutcome,
+                        TaskQueue, WaitTimeout)
 
 
 class SendDigest(TaskHandler):
@@ -18,6 +19,25 @@ class SendDigest(TaskHandler):
         deadline: Optional[datetime] = run.deadline
         if deadline is not None and deadline < datetime.now(timezone.utc):
             raise TaskError("too late")
+
+
+class Notify(TaskHandler):
+    async def handle(self, run: RunContext) -> None:
+        run.results = {"notified": run.data["who"]}
+
+    def on_failure(self, run: RunContext, exc: BaseException) -> None:
+        print("run %d failed: %r" % (run.id, exc))
+
+    def on_give_up(self, task: TaskInfo) -> None:
+        print("task %d gave up: %s" % (task.id, task.last_traceback))
+
+
+def outcome_of(queue: TaskQueue, task_id: int) -> str:
+    try:
+        outcome: TaskOutcome = queue.wait(task_id, timeout=1.5)
+    except WaitTimeout:
+        return "still going"
+    return "%s %r %s" % (outcome.status, outcome.results, outcome.ok)
 
 
 def queue_digest(queue: TaskQueue, users: List[int]) -> int:
@@ -39,6 +59,11 @@ def main() -> None:
         task_id = queue_digest(queue, [1, 2, 3])
         ids: List[int] = queue.add_tasks([{"handler": "typed_app.SendDigest",
                                            "data": {"users": [n]}} for n in range(3)])
-        done: int = queue.run_pending(max_runs=10)
+        done: int = queue.run_pending(max_runs=10, now=datetime.now(timezone.utc))
+        print(outcome_of(queue, task_id))
         print(report(queue, task_id), ids, done, queue.tasks(status="given-up", limit=5))
-        queue.retry(task_id) if queue.get_task(task_id).given_up else queue.cancel(task_id)
+        if queue.get_task(task_id).given_up:
+            queue.retry(task_id)
+        else:
+            stopping: Optional[int] = queue.cancel(task_id)
+            print(stopping)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from .. import lifecycle, periodic, summaries
+from .. import control, periodic, summaries
 from ..errors import InputError, StateError, TaskNotFound
 from . import pages
 from .assets import CSS, JS
@@ -146,7 +146,7 @@ class Dashboard:
         if match:
             task_id, verb = int(match.group(1)), match.group(2)
             try:
-                (lifecycle.retry if verb == "retry" else lifecycle.cancel)(self.store, task_id)
+                (control.retry if verb == "retry" else control.cancel)(self.store, task_id)
                 notice = "task %d %s" % (task_id, "re-armed" if verb == "retry" else "cancelled")
             except (StateError, TaskNotFound) as exc:
                 notice = str(exc)
@@ -170,7 +170,7 @@ class Dashboard:
             return _html(page("Confirm: %s tasks" % action, path,
                               pages.confirm_bulk(self.view, form, len(ids), BULK_LIMIT),
                               read_only=self.read_only))
-        verb = lifecycle.retry if action == "retry" else lifecycle.cancel
+        verb = control.retry if action == "retry" else control.cancel
         done = refused = 0
         for task_id in ids:
             try:

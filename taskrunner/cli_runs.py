@@ -1,0 +1,183 @@
+"""What the ``taskrunner`` command prints about tasks and runs: compact local times, short
+results and errors for tables, tracebacks under them, and ``taskrunner wait``.
+
+``wait`` exit codes: 0 the task succeeded; 1 it gave up or was cancelled; 3 it was not final
+within ``--timeout`` (2 stays the usage error of every command).
+"""
+import json
+import sys
+
+EXIT_SUCCESS, EXIT_NOT_SUCCESS, EXIT_TIMEOUT = 0, 1, 3
+FAILED_STATUSES = ("error", "timeout", "given-up", "cancelled")
+
+
+def when(iso):
+    """A table's time: local, to the second ("2026-11-22 23:14:36"); ``--json`` keeps ISO
+    8601 UTC. Today's times drop the date."""
+    if iso is None:
+        return None
+    from datetime import datetime
+    local = datetime.fromisoformat(iso).astimezone()
+    if local.date() == datetime.now().astimezone().date():
+        return local.strftime("%H:%M:%S")
+    return local.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def short(value, width=40):
+    """One line of at most `width` characters: text as is, anything else as JSON."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def outcome_column(task):
+    """A task table's RESULT / ERROR cell: its last error while it is failing or gave up,
+    else its latest results."""
+    if task["status"] in FAILED_STATUSES and task["last_error_code"]:
+        return short("%s: %s" % (task["last_error_code"], task["last_error_message"]))
+    return short(task["results"])
+
+
+def print_task(task):
+    """`show ID` as text: one field a line, data and results as JSON, the last traceback
+    under them."""
+    for key, value in task.items():
+        if key == "last_traceback":
+            continue
+        if key in ("data", "results"):
+            value = json.dumps(value)
+        print("%-18s %s" % (key + ":", value))
+    if task["last_traceback"]:
+        print("last traceback:")
+        print(task["last_traceback"].rstrip())
+
+
+def print_tracebacks(runs):
+    """Under a `runs ID` table: the traceback of each run that has one."""
+    for run in runs:
+        if run["traceback"]:
+            print("\nrun %d (attempt %d) traceback:" % (run["id"], run["attempt"]))
+            print(run["traceback"].rstrip())
+
+
+STATS_HEADERS = ["RUNS", "OK", "ERRORS", "CRASHES", "AVG", "P95"]
+
+
+def _duration(seconds):
+    return None if seconds is None else "%.3fs" % seconds
+
+
+def stats_cells(stats):
+    return [stats["runs"], stats["successes"], stats["errors"], stats["crashes"],
+            _duration(stats["avg_duration"]), _duration(stats["p95_duration"])]
+
+
+def stats_table(key_header, stats_by_key):
+    """(headers, rows) of run statistics, one row per handler or periodic task."""
+    return ([key_header] + STATS_HEADERS + ["LAST SUCCESS"],
+            [[key] + stats_cells(stats) + [when(stats["last_success"])]
+             for key, stats in stats_by_key.items()])
+
+
+def wait(queue, task_id, timeout, as_json):
+    """``taskrunner wait``: block until the task is final; print its outcome; exit code."""
+    from .errors import WaitTimeout
+    try:
+        outcome = queue.wait(task_id, timeout=timeout)
+    except WaitTimeout as exc:
+        if as_json:
+            print(json.dumps({"task_id": task_id, "status": "timeout"}))
+        print("taskrunner: %s" % exc, file=sys.stderr)
+        return EXIT_TIMEOUT
+    result = outcome.to_json()
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        print("task %d %s" % (task_id, outcome.status))
+        if outcome.results is not None:
+            print("results: %s" % json.dumps(outcome.results))
+        if outcome.error_code:
+            print("error: %s: %s" % (outcome.error_code, outcome.error_message))
+        if outcome.traceback:
+            print(outcome.traceback.rstrip())
+    return EXIT_SUCCESS if outcome.ok else EXIT_NOT_SUCCESS
+
+
+# -- task filters and the bulk verbs -----------------------------------------------------
+
+STATUS_CHOICES = ("scheduled", "running", "success", "error", "timeout", "cancelled",
+                  "requeued", "given-up")
+
+
+def non_negative_int(text):
+    import argparse
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError("expected a whole number >= 0, got %r" % text)
+    return value
+
+
+def add_task_filters(parser, time_type):
+    """The filters shared by ``tasks``, ``retry`` and ``cancel``."""
+    parser.add_argument("--status", choices=STATUS_CHOICES)
+    parser.add_argument("--handler", metavar="PATH", help="tasks of this handler")
+    parser.add_argument("--since", type=time_type, metavar="TIME",
+                        help="queued at or after this ISO 8601 time")
+    parser.add_argument("--until", type=time_type, metavar="TIME",
+                        help="queued before this ISO 8601 time")
+    parser.add_argument("--periodic", metavar="NAME", help="tasks of this periodic task")
+
+
+def task_filters(args):
+    return {name: getattr(args, name) for name in ("status", "handler", "since", "until",
+                                                   "periodic")
+            if getattr(args, name) is not None}
+
+
+def bulk(queue, verb, args):
+    """``retry`` / ``cancel`` of the tasks named by id, matched by the filters, or both (the
+    named ones that match). One id and no filter: the single-task verb (its refusal is the
+    command's error, exit 2). Else each task in turn; prints how many were changed and why
+    the others were not (exit 0). ``--json``: what was done, as one object."""
+    from . import control, reads
+    from .errors import InputError, StateError
+    filters = task_filters(args)
+    if not args.ids and not filters:
+        raise InputError("%s: give task ids, or filters (--status, --handler, --since, "
+                         "--until, --periodic)" % verb)
+    action = control.retry if verb == "retry" else control.cancel
+    if len(args.ids) == 1 and not filters:
+        task_id = args.ids[0]
+        stopping = action(queue.store, task_id)
+        status = "re-armed" if verb == "retry" else "stopping" if stopping else "cancelled"
+        if args.json:
+            print(json.dumps({"task_id": task_id, "status": status, "run_id": stopping}))
+        elif stopping:
+            print("task %d: its run %d is asked to stop; the task ends cancelled when it does"
+                  % (task_id, stopping))
+        else:
+            print("task %d %s" % (task_id, status))
+        return
+    ids = list(dict.fromkeys(args.ids))
+    if filters:        # with ids too: those of them that match
+        matched = set(reads.task_ids(queue.store, **filters))
+        ids = [i for i in ids if i in matched] if ids else sorted(matched)
+    changed, refused = [], []
+    for task_id in ids:
+        try:
+            action(queue.store, task_id)
+            changed.append(task_id)
+        except (StateError, InputError) as exc:
+            refused.append(str(exc))
+    if args.json:
+        print(json.dumps({"changed": changed, "refused": refused}, indent=2))
+        return
+    done = "re-armed" if verb == "retry" else "cancelled (or asked to stop)"
+    print("%s %d of %d task(s)" % (done, len(changed), len(ids)))
+    for reason in refused:
+        print("  not %s: %s" % ("re-armed" if verb == "retry" else "cancelled", reason))
