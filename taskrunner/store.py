@@ -17,14 +17,15 @@ from .models import bind_models
 
 
 class Store:
-    """One database named by ``config.database.url``."""
+    """One database named by ``config.database.url``; `ephemeral` allows an in-memory
+    SQLite database (which every other caller must refuse: its tasks die with the process)."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, ephemeral: bool = False):
         self.config = config
         self.url = config.database.url
         self.backend = backend_of(self.url)
         self.is_sqlite = self.backend == "sqlite"
-        self.db = open_database(config.database)
+        self.db = open_database(config.database, ephemeral)
         models = bind_models(self.db)
         self.models = models
         self.Task, self.Run, self.Runner, self.PeriodicTask = models
