@@ -47,6 +47,8 @@ def _json(text):
         return json.loads(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError("invalid JSON: %s" % exc) from None
+    except RecursionError:
+        raise argparse.ArgumentTypeError("invalid JSON: nested too deeply") from None
 
 
 def _seconds(text):
@@ -229,7 +231,9 @@ def cmd_rotate(args):
 
 
 def cmd_check(args):
-    from . import reads
+    from . import periodic, reads
+    # Everything the overseer would refuse, before the database is even opened.
+    periodic.validate_definitions(args.loaded_config)
     queue = _queue(args)
     figures = reads.health(queue.store)
     print("ok: %s (%s), config %s; %d runners running, %d runs waiting, %d tasks retrying"
@@ -381,7 +385,23 @@ def setup_logging(level):
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
 
 
+def _not_utf8(argv):
+    """The position of the first argument that is not UTF-8 text (Python decodes invalid
+    bytes to lone surrogates), or None. Its text is not shown: it may be a password."""
+    for position, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            return position
+    return None
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    position = _not_utf8(argv)
+    if position is not None:
+        print("taskrunner: error: argument %d is not valid UTF-8 text" % position, file=sys.stderr)
+        return EXIT_USAGE
     args = build_parser().parse_args(argv)
     try:
         args.loaded_config = Config.load(args.config, args.database)

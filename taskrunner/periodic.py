@@ -23,7 +23,7 @@ import peewee as pw
 from . import lifecycle, liveness
 from .calendar import CalendarError, parse_calendar
 from .enqueue import add_task
-from .errors import InputError, StateError
+from .errors import InputError, StateError, check_text
 from .handler import check_handler_path, encode_data, load_handler
 from .models import CANCELLED, CRASHED, SUCCESS, utcnow
 from .timespan import parse_timespan
@@ -31,7 +31,8 @@ from .timespan import parse_timespan
 log = logging.getLogger("taskrunner.periodic")
 
 CATCH_UP = ("once", "skip")
-BUILTIN_ROTATION = "taskrunner.rotate"
+RESERVED_PREFIX = "taskrunner."
+BUILTIN_ROTATION = RESERVED_PREFIX + "rotate"
 
 
 class IntervalTimer:
@@ -84,9 +85,10 @@ def parse_timer(text):
 MAX_NAME = 255 - len("periodic:")
 
 
-def _definition(config, spec, where, import_handler=True):
+def _definition(config, spec, where, import_handler=True, builtin=False):
     """Validate one definition (API, CLI or config) into row values; InputError on bad
-    input. Without `import_handler` the handler path is checked but not imported."""
+    input. Without `import_handler` the handler path is checked but not imported. Names
+    starting "taskrunner." are taskrunner's own (`builtin`)."""
     known = {"name", "handler", "timer", "data", "priority", "enabled", "catch_up",
              "max_runtime", "min_spacing", "max_retries", "owner", "submitter"}
     unknown = set(spec) - known
@@ -95,22 +97,29 @@ def _definition(config, spec, where, import_handler=True):
     for key in ("name", "handler", "timer"):
         if not isinstance(spec.get(key), str) or not spec[key].strip():
             raise InputError("%s: %s is required (a string)" % (where, key))
+        check_text("%s: %s" % (where, key), spec[key], max_length=None)
     name = spec["name"].strip()
     if len(name) > MAX_NAME:
         raise InputError("%s: name is longer than %d characters" % (where, MAX_NAME))
+    if name.startswith(RESERVED_PREFIX) and not builtin:
+        raise InputError("%s: names starting %r are reserved for taskrunner's own periodic "
+                         "tasks" % (where, RESERVED_PREFIX))
     for key in ("owner", "submitter"):
-        if spec.get(key) is not None and (not isinstance(spec[key], str) or len(spec[key]) > 255):
-            raise InputError("%s: %s must be a string of at most 255 characters" % (where, key))
-    if import_handler:
-        load_handler(spec["handler"], config.handlers.allow)
-    else:
-        check_handler_path(spec["handler"], config.handlers.allow)
-    timer = parse_timer(spec["timer"])
+        check_text("%s: %s" % (where, key), spec.get(key))
+    try:
+        if import_handler:
+            load_handler(spec["handler"], config.handlers.allow)
+        else:
+            check_handler_path(spec["handler"], config.handlers.allow)
+        timer = parse_timer(spec["timer"])
+        data = encode_data(spec.get("data"), config.task.max_data_size)
+    except InputError as exc:
+        raise type(exc)("%s: %s" % (where, exc)) from None
     catch_up = spec.get("catch_up", "once")
     if catch_up not in CATCH_UP:
         raise InputError("%s: catch_up must be 'once' or 'skip'" % where)
     values = {"name": name, "handler": spec["handler"], "timer": spec["timer"].strip(),
-              "data": encode_data(spec.get("data"), config.task.max_data_size),
+              "data": data,
               "priority": spec.get("priority", 0), "enabled": spec.get("enabled", True),
               "catch_up": catch_up, "owner": spec.get("owner"), "submitter": spec.get("submitter"),
               "max_retries": spec.get("max_retries")}
@@ -153,6 +162,8 @@ def add_periodic(store, name, handler, timer, data=None, source="api", now=None,
 
 
 def _get(store, name, owner=None):
+    check_text("name", name, max_length=None)
+    check_text("owner", owner, max_length=None)
     PeriodicTask = store.PeriodicTask
     row = PeriodicTask.get_or_none(PeriodicTask.name == name)
     if row is None or (owner is not None and row.owner != owner):
@@ -176,6 +187,29 @@ def remove_periodic(store, name, owner=None):
     PeriodicTask.delete().where(PeriodicTask.id == _get(store, name, owner).id).execute()
 
 
+def validate_definitions(config, import_handlers=True):
+    """The config's ``[[periodic]]`` entries and the built-in rotation task, validated:
+    {name: (row values, timer)}; InputError naming the file and the entry (or the key) for
+    the first bad one. `taskrunner check` and the overseer's sync both go through here."""
+    validated = {}
+    entries = [dict(d) for d in config.periodic]
+    entries.append({"name": BUILTIN_ROTATION, "handler": "taskrunner.handlers.Rotate",
+                    "timer": config.rotation.timer, "submitter": "taskrunner"})
+    for index, spec in enumerate(entries):
+        name = spec.get("name")
+        if index == len(entries) - 1:
+            where = "%s: [rotation] timer" % config.source
+        else:
+            where = "%s: [[periodic]] #%d%s" % (config.source, index + 1,
+                                                 ' "%s"' % name if isinstance(name, str) else "")
+        values, timer = _definition(config, spec, where, import_handlers,
+                                    builtin=index == len(entries) - 1)
+        if values["name"] in validated:
+            raise InputError("%s: duplicate name %r" % (where, values["name"]))
+        validated[values["name"]] = (values, timer)
+    return validated
+
+
 def sync_definitions(store, config=None, now=None, import_handlers=True):
     """Bring the rows that came from the config (its ``[[periodic]]`` tables and the built-in
     rotation task) in line with it: add new ones, update changed ones, disable those no
@@ -184,16 +218,7 @@ def sync_definitions(store, config=None, now=None, import_handlers=True):
     PeriodicTask = store.PeriodicTask
     config = config or store.config
     now = now or utcnow()
-    entries = [dict(d) for d in config.periodic]
-    entries.append({"name": BUILTIN_ROTATION, "handler": "taskrunner.handlers.Rotate",
-                    "timer": config.rotation.timer, "submitter": "taskrunner"})
-    validated = {}
-    for index, spec in enumerate(entries):
-        where = "[[periodic]] #%d (%s)" % (index + 1, spec.get("name", "no name"))
-        values, timer = _definition(config, spec, where, import_handlers)
-        if values["name"] in validated:
-            raise InputError("%s: duplicate name %r" % (where, values["name"]))
-        validated[values["name"]] = (values, timer)
+    validated = validate_definitions(config, import_handlers)
 
     def step():
         existing = {r.name: r for r in PeriodicTask.select()}

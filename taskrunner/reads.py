@@ -13,10 +13,11 @@ from typing import Any, Dict, List, Optional
 
 import peewee as pw
 
-from .errors import InputError, TaskNotFound
+from .errors import InputError, TaskNotFound, check_text
 from .models import FAILED, RUN_STATUSES, RUNNING, SCHEDULED, run_status_is
 
 TASK_FILTERS = RUN_STATUSES + ("given-up",)
+MAX_LIMIT = 10000   # tasks in one listing
 
 
 def aware(value: Optional[datetime]) -> Optional[datetime]:
@@ -180,6 +181,8 @@ def runs_of(store: Any, task_id: int) -> List[RunInfo]:
 def list_tasks(store: Any, status: Optional[str] = None, limit: int = 100) -> List[TaskInfo]:
     """Most recent first. `status`: a run status, or ``given-up``."""
     Task = store.Task
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InputError("limit must be a whole number from 1 to %d, not %r" % (MAX_LIMIT, limit))
     if status is not None and status not in TASK_FILTERS:
         raise InputError("unknown task status %r: expected one of %s"
                          % (status, ", ".join(TASK_FILTERS)))
@@ -231,6 +234,6 @@ def health(store: Any) -> Dict[str, int]:
 def list_periodic(store: Any, owner: Optional[str] = None) -> List[PeriodicTaskInfo]:
     PeriodicTask = store.PeriodicTask
     query = PeriodicTask.select().order_by(PeriodicTask.name)
-    if owner is not None:
+    if check_text("owner", owner) is not None:
         query = query.where(PeriodicTask.owner == owner)
     return [periodic_info(row) for row in query]

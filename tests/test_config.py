@@ -223,3 +223,22 @@ def test_config_example_toml_parses_and_documents_every_key():
     differ = [(s, k) for s, k in ALL_KEYS
               if getattr(getattr(config, s), k) != getattr(getattr(defaults, s), k)]
     assert not differ, "config.example.toml differs from the defaults in: %s" % differ
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("[runner]\nheartbeat_interval = 120\n[overseer]\nheartbeat_timeout = 60\n",
+     "[runner] heartbeat_interval (120s) must be shorter than [overseer] heartbeat_timeout (60s)"),
+    ("[runner]\nheartbeat_interval = 60\n",
+     "[runner] heartbeat_interval (60s) must be shorter than [overseer] heartbeat_timeout (60s)"),
+    ("[task]\nretry_backoff = '2h'\nretry_backoff_max = '1h'\n",
+     "[task] retry_backoff (7200s) must be at most [task] retry_backoff_max (3600s)"),
+])
+def test_keys_that_contradict_each_other_are_refused(tmp_path, text, fragment):
+    path = write(tmp_path, text)
+    message = refused(path)
+    assert message.startswith(path + ": ") and fragment in message
+
+
+def test_a_database_url_from_the_environment_that_is_not_utf8_is_refused():
+    with pytest.raises(ConfigError, match="TASKRUNNER_DATABASE_URL is not valid UTF-8"):
+        Config.load(environ={"TASKRUNNER_DATABASE_URL": "sqlite:///\udcff.db"})
