@@ -1,5 +1,5 @@
 """The ``taskrunner`` command. Exit codes: 0 ok, 1 runtime failure, 2 usage, config or input
-error (one line on stderr, no traceback, nothing changed).
+error (one line on stderr, no traceback, nothing changed), 141 the reader of stdout went away.
 
 Commands that need no database (``--help``, ``calendar``) import no database code: peewee
 loads every driver it finds, which costs more than the rest of the CLI. Commands that do
@@ -8,9 +8,11 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 from datetime import datetime, timedelta, timezone
 
+from .cli_calendar import MAX_ITERATIONS, cmd_calendar, iterations
 from .config import Config
 from .errors import InputError
 from .handler import encode_data, load_handler
@@ -18,6 +20,7 @@ from .handler import encode_data, load_handler
 log = logging.getLogger("taskrunner.cli")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE, what a shell reports for a process SIGPIPE killed
 EVENTS = ("task-queue:OnProcess", "task-runner:OnProcess", "task-queue:OnRotate",
           "periodic-task:OnProcess")
 
@@ -271,19 +274,6 @@ def cmd_periodic(args):
         print("periodic task %r removed" % args.name)
 
 
-def cmd_calendar(args):
-    from .calendar import CalendarError, parse_calendar, render_analyze, render_json
-    try:
-        event = parse_calendar(args.expression)
-    except CalendarError as exc:
-        raise InputError(str(exc)) from None
-    base = args.base or datetime.now(timezone.utc)
-    if args.json:
-        print(json.dumps(render_json(event, base, args.iterations)))
-    else:
-        print(render_analyze(event, base, args.iterations))
-
-
 # -- parser -----------------------------------------------------------------------------
 
 def build_parser():
@@ -367,11 +357,12 @@ def build_parser():
         a.add_argument("name")
         a.add_argument("--owner", help="refuse unless the task has this owner")
 
-    p = command("calendar", cmd_calendar, "next elapses of a calendar event, like "
-                                          "systemd-analyze calendar")
+    p = command("calendar", cmd_calendar, "next elapses of a timer: a calendar event, like "
+                                          "systemd-analyze calendar, or 'every SPAN'")
     p.add_argument("expression")
     p.add_argument("--base", type=_at, help="ISO 8601 base time (default: now)")
-    p.add_argument("-n", "--iterations", type=int, default=1)
+    p.add_argument("-n", "--iterations", type=iterations, default=1,
+                   help="how many elapses, 0 to %d (default 1)" % MAX_ITERATIONS)
     p.add_argument("--json", action="store_true")
     return parser
 
@@ -412,6 +403,11 @@ def main(argv=None):
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`taskrunner calendar daily -n 1000000 | head`): stop quietly,
+        # as a process killed by SIGPIPE would, without a second error at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception as exc:
         peewee = sys.modules.get("peewee")   # loaded only by commands that use a database
         if peewee is None or not isinstance(exc, peewee.DatabaseError):

@@ -26,7 +26,7 @@ from .enqueue import add_task
 from .errors import InputError, StateError, check_text
 from .handler import check_handler_path, encode_data, load_handler
 from .models import CANCELLED, CRASHED, SUCCESS, utcnow
-from .timespan import parse_timespan
+from .timespan import parse_every, parse_timespan
 
 log = logging.getLogger("taskrunner.periodic")
 
@@ -64,15 +64,12 @@ def parse_timer(text):
     if not isinstance(text, str) or not text.strip():
         raise InputError("invalid timer %r: expected a calendar event or 'every SPAN'" % (text,))
     stripped = text.strip()
-    if stripped.lower().startswith("every "):
-        span = stripped[6:].strip()
-        try:
-            seconds = parse_timespan(span)
-        except ValueError as exc:
-            raise InputError("invalid timer %r: %s" % (text, exc)) from None
-        if seconds < 1:
-            raise InputError("invalid timer %r: the interval must be at least 1s" % text)
-        return IntervalTimer(seconds, span)
+    try:
+        seconds = parse_every(stripped)
+    except ValueError as exc:
+        raise InputError("invalid timer %r: %s" % (text, exc)) from None
+    if seconds is not None:
+        return IntervalTimer(seconds, stripped[6:].strip())
     try:
         return CalendarTimer(parse_calendar(stripped))
     except CalendarError as exc:
