@@ -412,8 +412,9 @@ def main(argv=None):
         peewee = sys.modules.get("peewee")   # loaded only by commands that use a database
         if peewee is None or not isinstance(exc, peewee.DatabaseError):
             raise
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print("taskrunner: database error: %s" % first, file=sys.stderr)
+        from .db import describe_error
+        print("taskrunner: database error: %s"
+              % describe_error(exc, args.loaded_config.database.url), file=sys.stderr)
         return EXIT_FAILURE
 
 

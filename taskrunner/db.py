@@ -4,6 +4,7 @@ SQLite is the embedded default: WAL, a busy timeout, and every transaction taken
 write transaction up front (BEGIN IMMEDIATE), which is how SQLite serialises claims.
 PostgreSQL (psycopg 3) and MySQL/MariaDB (PyMySQL) are for many hosts sharing one database.
 """
+import os
 import re
 import sqlite3
 import sys
@@ -199,9 +200,8 @@ def check_connection(db, url):
         db.connect(reuse_if_open=True)
         check_version(*server_version(db))
     except peewee.DatabaseError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DatabaseUnavailable("cannot connect to database %s: %s"
-                                  % (redact(url), redact(first_line, url))) from None
+                                  % (redact(url), describe_error(exc, url))) from None
     except (TypeError, ValueError) as exc:
         # A query-string parameter the driver does not take, or one of the wrong type.
         raise ConfigError("invalid database URL %s: %s" % (_shown(url), redact(str(exc), url))) \
@@ -378,6 +378,77 @@ def retry_transaction(db, fn, attempts=8):
         except peewee.DatabaseError as exc:
             # DatabaseError, not only OperationalError: what is transient is decided by the
             # code (is_transient), whatever class a driver gives it.
-            if attempt == attempts - 1 or not is_transient(exc):
-                raise
+            cause = first_error(exc)
+            if attempt == attempts - 1 or not is_transient(cause):
+                if cause is exc:
+                    raise
+                raise cause from None
             time.sleep(min(0.5, 0.005 * 2 ** attempt))
+
+
+def first_error(exc):
+    """The database error that started `exc`. When a statement or the commit fails and the
+    rollback that follows fails too, peewee raises the rollback's error: SQLite ends the
+    transaction itself on a full disk, and "cannot rollback - no transaction is active"
+    would hide "database or disk is full". The error being handled then is the cause."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        contexts = (getattr(driver_error(exc), "__context__", None),
+                    None if exc.__suppress_context__ else exc.__context__)
+        earlier = [c for c in contexts if isinstance(c, peewee.DatabaseError) and c is not exc]
+        if not earlier:
+            break
+        exc = earlier[0]
+    return exc
+
+
+# -- what is wrong with a SQLite file --------------------------------------------------------
+
+SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN = 8, 10, 13, 14
+_FREE_ENOUGH = 64 * 1024     # less than this free: a write of a few pages fails
+
+
+def sqlite_file_problem(path):
+    """What keeps SQLite from writing the database `path` (and its -wal and -shm files beside
+    it), in words, or None: a missing directory, a directory, a read-only file or file
+    system, a full disk."""
+    if path == ":memory:":
+        return None
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return "the directory %s does not exist" % directory
+    if os.path.isdir(path):
+        return "%s is a directory" % path
+    try:
+        stat = os.statvfs(directory)
+        if stat.f_bavail * stat.f_frsize < _FREE_ENOUGH:
+            return "no space left on the file system of %s" % directory
+    except OSError:
+        pass
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "%s is read-only" % path
+    if not os.access(directory, os.W_OK):
+        return "the directory %s is read-only (SQLite writes its -wal and -shm files there)" \
+            % directory
+    return None
+
+
+def describe_error(exc, url):
+    """One line for a database error, secrets masked; for SQLite, what is wrong with the
+    file when that explains it (a full disk, a read-only file, a missing directory)."""
+    exc = first_error(exc)
+    text = str(exc).strip()
+    line = redact(text.splitlines()[0] if text else type(exc).__name__, url)
+    err = driver_error(exc)
+    if isinstance(err, sqlite3.Error) and isinstance(url, str) and url.lower().startswith("sqlite"):
+        code = getattr(err, "sqlite_errorcode", None)
+        if code is None or code & 0xFF in (SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL,
+                                           SQLITE_CANTOPEN):
+            try:
+                problem = sqlite_file_problem(sqlite_path(url, ephemeral=True))
+            except ConfigError:
+                problem = None
+            if problem:
+                return "%s (%s)" % (problem, line)
+    return line
