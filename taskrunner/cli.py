@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from datetime import datetime, timedelta, timezone
 
@@ -31,7 +32,18 @@ class _Parser(argparse.ArgumentParser):
         # is for --help. A subcommand's parser names the command: "taskrunner: error: add: ...".
         command = self.prog.partition(" ")[2]
         self.exit(EXIT_USAGE, "taskrunner: error: %s%s\n"
-                  % (command + ": " if command else "", message))
+                  % (command + ": " if command else "", one_line(message)))
+
+
+# Characters that end a line for a terminal or for str.splitlines().
+_LINE_BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text):
+    """`text` with control characters escaped: an error quotes what the user typed, and a
+    newline in it must not make a second line (or move the cursor)."""
+    return _LINE_BREAKING.sub(lambda m: "\\x%02x" % ord(m.group()) if ord(m.group()) < 256
+                              else "\\u%04x" % ord(m.group()), str(text))
 
 
 def _at(text):
@@ -399,7 +411,7 @@ def main(argv=None):
         setup_logging(args.log_level or args.loaded_config.log.level)
         return args.func(args) or EXIT_OK
     except InputError as exc:
-        print("taskrunner: error: %s" % exc, file=sys.stderr)
+        print("taskrunner: error: %s" % one_line(exc), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
@@ -414,7 +426,7 @@ def main(argv=None):
             raise
         from .db import describe_error
         print("taskrunner: database error: %s"
-              % describe_error(exc, args.loaded_config.database.url), file=sys.stderr)
+              % one_line(describe_error(exc, args.loaded_config.database.url)), file=sys.stderr)
         return EXIT_FAILURE
 
 

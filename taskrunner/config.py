@@ -178,6 +178,8 @@ class Config(SimpleNamespace):
             except UnicodeDecodeError:
                 raise ConfigError("%s: invalid TOML: not UTF-8 text" % path) from None
         config = cls.from_dict(data, source=path or "<defaults>")
+        if database_url is not None and not database_url.strip():
+            raise ConfigError("the database URL given is empty")
         url = database_url or environ.get("TASKRUNNER_DATABASE_URL")
         if url and not database_url:
             try:
