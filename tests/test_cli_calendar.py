@@ -12,7 +12,7 @@ import pytest
 from taskrunner.calendar import parse_calendar, render_analyze
 from taskrunner.periodic import parse_timer
 
-from conftest import ok, process_env, taskrunner, usage_error
+from conftest import databases_required, ok, process_env, taskrunner, usage_error
 
 BASE = "2024-01-01T00:00:00Z"
 
@@ -95,8 +95,23 @@ def test_zones_are_found_on_zoneinfos_search_path(tmp_path):
 
 
 def test_zones_come_from_the_tzdata_package_without_system_zoneinfo():
+    """As in a slim container: an empty tmpfs over the system's zoneinfo, in a mount
+    namespace of the command's own (needs root; skipped elsewhere outside CI)."""
     pytest.importorskip("tzdata")
-    result = _calendar_in({"PYTHONTZPATH": ""}, "*-*-* 07:30 Europe/Berlin", "--base", BASE,
-                          "--json")
+    script = ("for d in /usr/share/zoneinfo /usr/lib/zoneinfo /usr/share/lib/zoneinfo "
+              "/etc/zoneinfo; do [ -d $d ] && mount -t tmpfs tmpfs $d; done; "
+              "[ ! -e /usr/share/zoneinfo/Europe/Berlin ] || exit 99; exec \"$@\"")
+    command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+               sys.executable, "-m", "taskrunner", "calendar", "*-*-* 07:30 Europe/Berlin",
+               "--base", BASE, "--json"]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, env=process_env(),
+                                timeout=60)
+    except OSError as exc:
+        result = subprocess.CompletedProcess(command, 98, "", str(exc))
+    if result.returncode in (1, 98, 99) and "Traceback" not in result.stderr:
+        if databases_required():
+            pytest.fail("cannot hide the system zoneinfo: %s (required in CI)" % result.stderr)
+        pytest.skip("cannot hide the system zoneinfo: %s" % result.stderr.strip())
     assert result.returncode == 0, result.stderr
     assert "2024-01-01T07:30:00+01:00" in result.stdout

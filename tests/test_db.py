@@ -3,6 +3,7 @@ malformed URLs and servers too old refused in one line."""
 import logging
 import re
 import sqlite3
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -12,7 +13,7 @@ from taskrunner.db import MINIMUM_VERSIONS, check_version, mask_url, parse_mysql
     redact, server_version
 from taskrunner.errors import ConfigError
 
-from conftest import taskrunner
+from conftest import Database, taskrunner
 
 
 @pytest.mark.parametrize("url,masked", [
@@ -149,3 +150,30 @@ def test_the_servers_in_use_pass_the_version_check(database):
         check_version(product, version)
         if database.backend == "sqlite":
             assert version == sqlite3.sqlite_version_info
+
+
+@pytest.fixture
+def pg(tmp_path):
+    db = Database("postgresql", tmp_path)
+    yield db
+    db.drop()
+
+
+@pytest.mark.parametrize("shape", ["userinfo", "query"])
+def test_reports_on_a_reachable_database_do_not_show_its_password(pg, shape, caplog):
+    """The test server trusts local connections, so a password is accepted and ignored."""
+    parts = urlsplit(pg.url)
+    if shape == "userinfo":
+        url = urlunsplit(parts._replace(netloc="postgres:%s@%s" % (SECRET, parts.hostname)))
+    else:
+        url = pg.url + "?password=" + SECRET
+    seen = []
+    with caplog.at_level(logging.DEBUG):
+        for command in (["init-db"], ["check"], ["status"], ["status", "--json"],
+                        ["add", "taskrunner.handlers.Echo"], ["tasks", "--json"]):
+            result = taskrunner(*command, url=url)
+            assert result.returncode == 0, result
+            seen.append(result.stdout + result.stderr)
+    seen.extend(record.getMessage() for record in caplog.records)
+    assert not [text for text in seen if SECRET in text]
+    assert "***" in seen[1]
