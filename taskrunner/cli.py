@@ -379,13 +379,28 @@ def build_parser():
     return parser
 
 
-def setup_logging(level):
+class _RedactingFormatter(logging.Formatter):
+    """Log lines (tracebacks included) with the database URL's secrets masked, whatever
+    quoted them: a driver's message, a handler's exception."""
+
+    def __init__(self, fmt, url):
+        super().__init__(fmt)
+        self.url = url
+
+    def format(self, record):
+        from .db import redact     # only once a line is logged: `calendar` loads no peewee
+        return redact(super().format(record), self.url)
+
+
+def setup_logging(level, url=None):
     # The format names no source file, function or thread: skip collecting them (the
     # logging HOWTO's "Optimization"), which a runner would otherwise do for every run.
     logging._srcfile = None
     logging.logThreads = logging.logMultiprocessing = False
-    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_RedactingFormatter(
+        "%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s", url))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
 
 
 def _not_utf8(argv):
@@ -408,7 +423,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         args.loaded_config = Config.load(args.config, args.database)
-        setup_logging(args.log_level or args.loaded_config.log.level)
+        setup_logging(args.log_level or args.loaded_config.log.level,
+                      args.loaded_config.database.url)
         return args.func(args) or EXIT_OK
     except InputError as exc:
         print("taskrunner: error: %s" % one_line(exc), file=sys.stderr)
