@@ -258,12 +258,16 @@ def cmd_check(args):
 
 def cmd_periodic(args):
     from . import periodic, reads
-    store = _queue(args).store
     if args.action == "add":
         options = {"priority": args.priority, "catch_up": args.catch_up,
                    "max_runtime": args.max_runtime, "min_spacing": args.min_spacing,
                    "max_retries": args.max_retries, "owner": args.owner,
                    "enabled": not args.disabled}
+        # As `add`: a refused definition opens no database (not even to create the schema).
+        periodic.check_periodic(args.loaded_config, args.name, args.handler, args.timer,
+                                data=args.data, **options)
+    store = _queue(args).store
+    if args.action == "add":
         row = reads.periodic_info(periodic.add_periodic(
             store, args.name, args.handler, args.timer, data=args.data, **options))
         print("periodic task %r added; next run %s"

@@ -145,11 +145,17 @@ def _first_due(timer, now):
     return timer.next_after(now, anchor=now if isinstance(timer, IntervalTimer) else None)
 
 
+def check_periodic(config, name, handler, timer, data=None, **options):
+    """What add_periodic() checks before it stores anything: InputError for a bad name,
+    handler, timer or option. Returns the row values and the parsed timer."""
+    return _definition(config, dict(name=name, handler=handler, timer=timer, data=data,
+                                    **options), "periodic task %r" % (name,))
+
+
 def add_periodic(store, name, handler, timer, data=None, source="api", now=None, **options):
     """Create a periodic task; InputError for a bad timer, handler or a duplicate name."""
     now = now or utcnow()
-    values, parsed = _definition(store.config, dict(name=name, handler=handler, timer=timer,
-                                                    data=data, **options), "periodic task %r" % name)
+    values, parsed = check_periodic(store.config, name, handler, timer, data, **options)
     try:
         with store.db.atomic():
             return store.PeriodicTask.create(nextrun=_first_due(parsed, now), created=now,

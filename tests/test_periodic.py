@@ -994,3 +994,12 @@ def test_reserved_names_are_refused_from_the_api_and_the_cli(sqlite_db, name):
     result = taskrunner("periodic", "add", name, ECHO, "every 1min", url=sqlite_db.url)
     usage_error(result, "reserved")
     assert snapshot() == before
+
+
+def test_a_refused_periodic_add_creates_no_database(tmp_path):
+    path = tmp_path / "never.db"
+    usage_error(taskrunner("periodic", "add", "taskrunner.x", ECHO, "daily",
+                           url="sqlite:///%s" % path), "reserved")
+    usage_error(taskrunner("periodic", "add", "n", ECHO, "every 5 fortnights",
+                           url="sqlite:///%s" % path), "invalid timer")
+    assert not path.exists()
