@@ -1,18 +1,20 @@
 """The ``taskrunner`` command. Exit codes: 0 ok, 1 runtime failure, 2 usage, config or input
-error (one line on stderr, no traceback, nothing changed).
+error (one line on stderr, no traceback, nothing changed), 141 the reader of stdout went away.
 
 Commands that need no database (``--help``, ``calendar``) import no database code: peewee
 loads every driver it finds, which costs more than the rest of the CLI. Commands that do
 open the database bring its schema up to date first, under the migration lock."""
 import argparse
-import json
 import logging
-import math
 import os
 import sys
 from datetime import datetime, timedelta, timezone
 
 from . import cli_runs
+from .cli_args import (iso_time, json_arg, masked_url, one_line, open_queue, positive_int,
+                       print_json, print_table, seconds_arg, task_id_arg)
+from .cli_calendar import MAX_ITERATIONS, cmd_calendar, iterations
+from .cli_periodic import add_periodic_parser
 from .cli_runs import when
 from .config import Config
 from .errors import InputError
@@ -22,6 +24,7 @@ from .logs import setup_logging
 log = logging.getLogger("taskrunner.cli")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE, what a shell reports for a process SIGPIPE killed
 EVENTS = ("task-queue:OnProcess", "task-runner:OnProcess", "task-queue:OnRotate",
           "periodic-task:OnProcess")
 
@@ -32,86 +35,17 @@ class _Parser(argparse.ArgumentParser):
         # is for --help. A subcommand's parser names the command: "taskrunner: error: add: ...".
         command = self.prog.partition(" ")[2]
         self.exit(EXIT_USAGE, "taskrunner: error: %s%s\n"
-                  % (command + ": " if command else "", message))
-
-
-def _at(text):
-    try:
-        # "Z" is not understood by fromisoformat before Python 3.11.
-        when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
-        if when.tzinfo is None:
-            when = when.astimezone()  # naive means local time
-        return when.astimezone(timezone.utc)
-    except (ValueError, OverflowError):
-        raise argparse.ArgumentTypeError("invalid ISO 8601 time %r" % text) from None
-
-
-def _json(text):
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError("invalid JSON: %s" % exc) from None
-
-
-def _seconds(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1
-    if not (0 < value < math.inf):  # also refuses nan
-        raise argparse.ArgumentTypeError("expected a positive number of seconds, got %r" % text)
-    return value
-
-
-def _task_id(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("invalid int value: %r" % text) from None
-    if not 0 < value < 2 ** 63:  # what an id column holds on every database
-        raise argparse.ArgumentTypeError("no task can have id %r" % text)
-    return value
-
-
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % text)
-    return value
-
-
-def _print_table(headers, rows):
-    rows = [["" if v is None else str(v) for v in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    for row in [headers] + rows:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
-
-
-def _queue(args):
-    from .queue import TaskQueue
-    return TaskQueue(args.loaded_config, migrate=True)
-
-
-def _masked_url(queue):
-    from .db import mask_url
-    return mask_url(queue.config.database.url)
-
-
-def _print_json(value):
-    print(json.dumps(value, indent=2))
+                  % (command + ": " if command else "", one_line(message)))
 
 
 # -- commands ---------------------------------------------------------------------------
 
 def cmd_init_db(args):
-    queue = _queue(args)
+    queue = open_queue(args)
     if args.json:
-        _print_json({"database": _masked_url(queue), "schema": "up to date"})
+        print_json({"database": masked_url(queue), "schema": "up to date"})
         return
-    print("schema of %s is up to date" % _masked_url(queue))
+    print("schema of %s is up to date" % masked_url(queue))
 
 
 def cmd_add(args):
@@ -126,7 +60,7 @@ def cmd_add(args):
             scheduled_on = datetime.now(timezone.utc) + timedelta(seconds=args.delay)
         except OverflowError:
             raise InputError("--in %g seconds is too far in the future" % args.delay) from None
-    queue = _queue(args)
+    queue = open_queue(args)
     print(queue.add_task(args.handler, data=args.data, scheduled_on=scheduled_on,
                          max_retries=args.max_retries, priority=args.priority,
                          run_timeout=args.timeout, unique_key=args.unique_key,
@@ -135,7 +69,7 @@ def cmd_add(args):
 
 def cmd_runner(args):
     from .runner import run_runner
-    return run_runner(_queue(args).store, burst=args.burst, max_runs=args.max_runs)
+    return run_runner(open_queue(args).store, burst=args.burst, max_runs=args.max_runs)
 
 
 def cmd_overseer(args):
@@ -144,7 +78,7 @@ def cmd_overseer(args):
 
 
 def cmd_run_event(args):
-    queue = _queue(args)
+    queue = open_queue(args)
     if args.event == "task-queue:OnProcess":
         result = queue.process_queue()
         log.info("queue processed: %d dead runners, %d runs timed out, %d runs created",
@@ -167,29 +101,29 @@ def cmd_run_event(args):
 
 def cmd_status(args):
     from . import reads
-    queue = _queue(args)
+    queue = open_queue(args)
     rows = [r.to_json() for r in reads.running_runners(queue.store)]
     counts = reads.task_counts(queue.store)
     figures = reads.health(queue.store)
     handlers = {name: stats.to_json() for name, stats in
                 sorted(reads.run_stats(queue.store, by="handler").items())}
     if args.json:
-        _print_json({"database": _masked_url(queue), "runners": rows, "tasks": counts,
+        print_json({"database": masked_url(queue), "runners": rows, "tasks": counts,
                      "retrying": figures["tasks_retrying"], "given_up": figures["tasks_given_up"],
                      "handlers": handlers})
         return
-    print("database: %s" % _masked_url(queue))
+    print("database: %s" % masked_url(queue))
     print("tasks: " + (", ".join("%s %d" % kv for kv in sorted(counts.items())) or "none"))
     print("failed tasks: %d retrying, %d given up" % (figures["tasks_retrying"],
                                                      figures["tasks_given_up"]))
     if handlers:
         print()
-        _print_table(*cli_runs.stats_table("HANDLER", handlers))
+        print_table(*cli_runs.stats_table("HANDLER", handlers))
         print()
     if not rows:
         print("no runners running")
         return
-    _print_table(["ID", "KIND", "HOST", "PID", "STATE", "RUN", "PROGRESS", "RSS MB", "RUNS",
+    print_table(["ID", "KIND", "HOST", "PID", "STATE", "RUN", "PROGRESS", "RSS MB", "RUNS",
                   "STARTED", "HEARTBEAT"],
                  [[r["id"], r["kind"], r["host"], r["pid"], r["state"],
                    "%s (task %s)" % (r["run_id"], r["task_id"]) if r["run_id"] else "-",
@@ -198,15 +132,15 @@ def cmd_status(args):
 
 
 def cmd_tasks(args):
-    queue = _queue(args)
+    queue = open_queue(args)
     filters = cli_runs.task_filters(args)
     from . import reads
     tasks = [t.to_json() for t in reads.list_tasks(
         queue.store, limit=None if args.all else args.limit, offset=args.offset, **filters)]
     if args.json:
-        _print_json(tasks)
+        print_json(tasks)
         return
-    _print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "SCHEDULED", "NEXT RUN",
+    print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "SCHEDULED", "NEXT RUN",
                   "FINISHED", "RESULT / ERROR"],
                  [[t["id"], t["handler"], "given-up" if t["given_up"] else t["status"], t["runs"],
                    t["runs_failed"], when(t["scheduled_on"]), when(t["next_run_on"]),
@@ -218,19 +152,19 @@ def cmd_tasks(args):
 
 
 def cmd_show(args):
-    task = _queue(args).get_task(args.id).to_json()
+    task = open_queue(args).get_task(args.id).to_json()
     if args.json:
-        _print_json(task)
+        print_json(task)
         return
     cli_runs.print_task(task)
 
 
 def cmd_runs(args):
-    runs = [r.to_json() for r in _queue(args).runs_of(args.id)]
+    runs = [r.to_json() for r in open_queue(args).runs_of(args.id)]
     if args.json:
-        _print_json(runs)
+        print_json(runs)
         return
-    _print_table(["RUN", "ATTEMPT", "STATUS", "RUNNER", "%", "STARTED", "DURATION", "RESULTS",
+    print_table(["RUN", "ATTEMPT", "STATUS", "RUNNER", "%", "STARTED", "DURATION", "RESULTS",
                   "ERROR"],
                  [[r["id"], r["attempt"], "stopping" if r["status"] == "running"
                    and r["cancel_requested_on"] else r["status"], r["runner_id"],
@@ -244,87 +178,35 @@ def cmd_runs(args):
 
 
 def cmd_wait(args):
-    return cli_runs.wait(_queue(args), args.id, args.timeout, args.json)
+    return cli_runs.wait(open_queue(args), args.id, args.timeout, args.json)
 
 
 def cmd_retry(args):
-    cli_runs.bulk(_queue(args), "retry", args)
+    cli_runs.bulk(open_queue(args), "retry", args)
 
 
 def cmd_cancel(args):
-    cli_runs.bulk(_queue(args), "cancel", args)
+    cli_runs.bulk(open_queue(args), "cancel", args)
 
 
 def cmd_rotate(args):
-    result = _queue(args).rotate()
+    result = open_queue(args).rotate()
     if args.json:
-        _print_json(result)
+        print_json(result)
         return
     print("deleted %(success)d successful tasks, %(failed)d failed tasks, %(runners)d runner rows"
           % result)
 
 
 def cmd_check(args):
-    from . import reads
-    queue = _queue(args)
+    from . import periodic, reads
+    # Everything the overseer would refuse, before the database is even opened.
+    periodic.validate_definitions(args.loaded_config)
+    queue = open_queue(args)
     figures = reads.health(queue.store)
     print("ok: %s (%s), config %s; %d runners running, %d runs waiting, %d tasks retrying"
-          % (_masked_url(queue), queue.store.backend, queue.config.source,
+          % (masked_url(queue), queue.store.backend, queue.config.source,
              figures["runners_running"], figures["runs_waiting"], figures["tasks_retrying"]))
-
-
-_past = {"enable": "enabled", "disable": "disabled", "remove": "removed"}
-
-
-def cmd_periodic(args):
-    from . import periodic, reads
-    if args.action in _past and (args.all == (args.name is not None) or
-                                 (args.all and not args.owner)):
-        raise InputError("periodic %s: give a NAME, or --owner WHO --all" % args.action)
-    store = _queue(args).store
-    if args.action == "add":
-        options = {"priority": args.priority, "catch_up": args.catch_up,
-                   "max_runtime": args.max_runtime, "min_spacing": args.min_spacing,
-                   "max_retries": args.max_retries, "owner": args.owner,
-                   "enabled": not args.disabled, "subject": args.subject, "group": args.group,
-                   "timebox": args.timebox, "tolerance": args.tolerance}
-        row = reads.periodic_info(periodic.add_periodic(
-            store, args.name, args.handler, args.timer, data=args.data, **options))
-        if args.json:
-            _print_json(row.to_json())
-            return
-        print("periodic task %r added; next run %s"
-              % (row.name, row.nextrun.isoformat() if row.nextrun else "never"))
-    elif args.action == "list":
-        rows = [r.to_json() for r in reads.list_periodic(store, args.owner, args.group)]
-        if args.json:
-            _print_json(rows)
-            return
-        _print_table(["NAME", "ENABLED", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS",
-                      "FAILURES", "DROPPED", "GROUP", "SUBJECT", "HANDLER"] + cli_runs.STATS_HEADERS,
-                     [[r["name"], "yes" if r["enabled"] else "no",
-                       " ".join(filter(None, (r["timer"], r["timezone"]))), when(r["nextrun"]),
-                       when(r["last_run"]), r["last_status"], r["consecutive_failures"],
-                       r["dropped"], r["group"], r["subject"], r["handler"]]
-                      + cli_runs.stats_cells(r["stats"]) for r in rows])
-    elif args.all:
-        count = periodic.remove_owned(store, args.owner) if args.action == "remove" else \
-            periodic.set_enabled_owned(store, args.owner, args.action == "enable")
-        if args.json:
-            _print_json({"owner": args.owner, "count": count, "done": _past[args.action]})
-            return
-        print("%d periodic task%s of owner %r %s" % (count, "" if count == 1 else "s",
-                                                     args.owner, _past[args.action]))
-    else:
-        if args.action == "remove":
-            periodic.remove_periodic(store, args.name, owner=args.owner)
-        else:
-            periodic.set_enabled(store, args.name, args.action == "enable", owner=args.owner)
-        done = args.action.rstrip("e") + "ed"
-        if args.json:
-            _print_json({"name": args.name, "done": done})
-            return
-        print("periodic task %r %s" % (args.name, done))
 
 
 def cmd_dashboard(args):
@@ -342,7 +224,7 @@ def cmd_dashboard(args):
     config = args.loaded_config.dashboard
     # Refuse a bad or unauthenticated bind before touching the database.
     Guard(config).check_bind(parse_bind(args.bind or config.bind)[0])
-    return serve(_queue(args).store, config, bind=args.bind,
+    return serve(open_queue(args).store, config, bind=args.bind,
                  read_only=True if args.read_only else None)
 
 
@@ -350,20 +232,7 @@ def cmd_metrics(args):
     from .web import require_prometheus_client
     require_prometheus_client()
     from .web.metrics import exposition
-    sys.stdout.write(exposition(_queue(args).store).decode())
-
-
-def cmd_calendar(args):
-    from .calendar import CalendarError, parse_calendar, render_analyze, render_json
-    try:
-        event = parse_calendar(args.expression)
-    except CalendarError as exc:
-        raise InputError(str(exc)) from None
-    base = args.base or datetime.now(timezone.utc)
-    if args.json:
-        print(json.dumps(render_json(event, base, args.iterations)))
-    else:
-        print(render_analyze(event, base, args.iterations))
+    sys.stdout.write(exposition(open_queue(args).store).decode())
 
 
 # -- parser -----------------------------------------------------------------------------
@@ -391,16 +260,16 @@ def build_parser():
         "--json", action="store_true")
     p = command("add", cmd_add, "queue a task; prints its id")
     p.add_argument("handler", help="dotted path of a TaskHandler subclass")
-    p.add_argument("--data", type=_json, default=None, help="task data as JSON")
+    p.add_argument("--data", type=json_arg, default=None, help="task data as JSON")
     when = p.add_mutually_exclusive_group()
-    when.add_argument("--at", type=_at, help="run at this ISO 8601 time (naive = local time)")
-    when.add_argument("--in", dest="delay", type=_seconds, metavar="SECONDS",
+    when.add_argument("--at", type=iso_time, help="run at this ISO 8601 time (naive = local time)")
+    when.add_argument("--in", dest="delay", type=seconds_arg, metavar="SECONDS",
                       help="run in this many seconds")
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     p.add_argument("--max-retries", type=int, help="failed runs before giving up")
-    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+    p.add_argument("--timeout", type=seconds_arg, metavar="SECONDS",
                    help="run_timeout: a run with no update for this long is timed out")
-    p.add_argument("--max-runtime", type=_seconds, metavar="SECONDS",
+    p.add_argument("--max-runtime", type=seconds_arg, metavar="SECONDS",
                    help="hard limit on one run's duration")
     p.add_argument("--unique-key", metavar="KEY",
                    help="if a live task holds KEY, add nothing and print its id")
@@ -414,68 +283,33 @@ def build_parser():
     p = command("status", cmd_status, "runners and task counts")
     p.add_argument("--json", action="store_true")
     p = command("tasks", cmd_tasks, "list tasks, most recent first")
-    cli_runs.add_task_filters(p, _at)
-    p.add_argument("--limit", type=_positive_int, default=100)
+    cli_runs.add_task_filters(p, iso_time)
+    p.add_argument("--limit", type=positive_int, default=100)
     p.add_argument("--offset", type=cli_runs.non_negative_int, default=0,
                    help="skip this many of the most recent")
     p.add_argument("--all", action="store_true", help="every matching task (no --limit)")
     p.add_argument("--json", action="store_true")
     for name, func, text in (("show", cmd_show, "one task"), ("runs", cmd_runs, "a task's runs")):
         p = command(name, func, text)
-        p.add_argument("id", type=_task_id)
+        p.add_argument("id", type=task_id_arg)
         p.add_argument("--json", action="store_true")
     p = command("wait", cmd_wait, "wait until a task is final and print its outcome; exit 0 "
                                   "success, 1 given up or cancelled, 3 timeout")
-    p.add_argument("id", type=_task_id)
-    p.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="give up after this long")
+    p.add_argument("id", type=task_id_arg)
+    p.add_argument("--timeout", type=seconds_arg, metavar="SECONDS", help="give up after this long")
     p.add_argument("--json", action="store_true")
     for name, func, text in (("retry", cmd_retry, "re-arm failed or given-up tasks"),
                              ("cancel", cmd_cancel, "cancel tasks (a running one stops "
                                                     "cooperatively)")):
         p = command(name, func, text + ", by id and/or filter")
-        p.add_argument("ids", type=_task_id, nargs="*", metavar="ID")
-        cli_runs.add_task_filters(p, _at)
+        p.add_argument("ids", type=task_id_arg, nargs="*", metavar="ID")
+        cli_runs.add_task_filters(p, iso_time)
         p.add_argument("--json", action="store_true")
     command("rotate", cmd_rotate, "delete old ended tasks and runner rows").add_argument(
         "--json", action="store_true")
     command("check", cmd_check, "check the config and the database")
 
-    p = command("periodic", cmd_periodic, "manage periodic tasks")
-    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    actions.required = True
-    a = actions.add_parser("add", help="add a periodic task")
-    a.add_argument("name")
-    a.add_argument("handler")
-    a.add_argument("timer", help="calendar event (e.g. 'Mon..Fri 07:30'), 'every SPAN' (a "
-                                 "fixed grid) or 'after SPAN' (SPAN after the last task ended)")
-    a.add_argument("--data", type=_json, default=None)
-    a.add_argument("--priority", type=int, default=0)
-    a.add_argument("--catch-up", choices=("once", "skip"), default="once")
-    a.add_argument("--max-runtime", metavar="SPAN", help="timebox of each submitted task")
-    a.add_argument("--min-spacing", metavar="SPAN",
-                   help="drop a task at start if the previous one started less than this ago")
-    a.add_argument("--max-retries", type=int)
-    a.add_argument("--owner")
-    a.add_argument("--disabled", action="store_true")
-    a.add_argument("--subject", help="what it is for, in words")
-    a.add_argument("--group", help="the group (tenant) it belongs to")
-    a.add_argument("--timebox", choices=("half",),
-                   help="max_runtime of each task = interval / 2 (interval timers)")
-    a.add_argument("--tolerance", metavar="SPAN", help="drop a task at start if the previous "
-                   "one started less than interval - SPAN ago ('every' timers)")
-    a.add_argument("--json", action="store_true")
-    a = actions.add_parser("list", help="list periodic tasks")
-    a.add_argument("--owner")
-    a.add_argument("--group")
-    a.add_argument("--json", action="store_true")
-    for action in ("enable", "disable", "remove"):
-        a = actions.add_parser(action, help="%s a periodic task, or all of an owner's" % action)
-        a.add_argument("name", nargs="?")
-        a.add_argument("--owner", help="with NAME: refuse unless the task has this owner; "
-                                       "with --all: whose periodic tasks")
-        a.add_argument("--all", action="store_true",
-                       help="every periodic task of --owner, in one transaction")
-        a.add_argument("--json", action="store_true")
+    add_periodic_parser(command, _Parser)
 
     p = command("dashboard", cmd_dashboard, "serve the web dashboard and /metrics "
                                             "(pip install 'taskrunner[web]')")
@@ -487,43 +321,70 @@ def build_parser():
                         "password_hash, and exit")
     command("metrics", cmd_metrics, "print the Prometheus metrics (for a textfile collector)")
 
-    p = command("calendar", cmd_calendar, "next elapses of a calendar event, like "
-                                          "systemd-analyze calendar")
+    p = command("calendar", cmd_calendar, "next elapses of a timer: a calendar event, like "
+                                          "systemd-analyze calendar, or 'every SPAN'")
     p.add_argument("expression")
-    p.add_argument("--base", type=_at, help="ISO 8601 base time (default: now)")
-    p.add_argument("-n", "--iterations", type=int, default=1)
+    p.add_argument("--base", type=iso_time, help="ISO 8601 base time (default: now)")
+    p.add_argument("-n", "--iterations", type=iterations, default=1,
+                   help="how many elapses, 0 to %d (default 1)" % MAX_ITERATIONS)
     p.add_argument("--json", action="store_true")
     return parser
 
 
+def _redactor(url):
+    """Masks the database URL's secrets in log lines (tracebacks included), whatever quoted
+    them: a driver's message, a handler's exception."""
+    def redact(text):
+        from .db import redact as redact_url  # only once a line is logged: no peewee before
+        return redact_url(text, url)
+    return redact
+
+
+def _not_utf8(argv):
+    """The position of the first argument that is not UTF-8 text (Python decodes invalid
+    bytes to lone surrogates), or None. Its text is not shown: it may be a password."""
+    for position, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            return position
+    return None
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    position = _not_utf8(argv)
+    if position is not None:
+        print("taskrunner: error: argument %d is not valid UTF-8 text" % position, file=sys.stderr)
+        return EXIT_USAGE
     args = build_parser().parse_args(argv)
     try:
         args.loaded_config = Config.load(args.config, args.database)
         setup_logging(args.log_level or args.loaded_config.log.level,
-                      args.loaded_config.log.format)
+                      args.loaded_config.log.format, _redactor(args.loaded_config.database.url))
         code = args.func(args) or EXIT_OK
         sys.stdout.flush()          # here, so that a closed pipe is handled below
         return code
+    except InputError as exc:
+        print("taskrunner: error: %s" % one_line(exc), file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
     except BrokenPipeError:
-        # `taskrunner tasks | head`: the reader left. Nothing more to say, and nothing may be
-        # flushed at exit to the closed pipe (a traceback otherwise).
+        # The reader went away (`taskrunner tasks | head`): stop quietly, as a process killed
+        # by SIGPIPE would, and flush nothing more to the closed pipe at exit.
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         except (OSError, ValueError, AttributeError):  # stdout is not a file (in-process)
             pass
-        return EXIT_FAILURE
-    except InputError as exc:
-        print("taskrunner: error: %s" % exc, file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
+        return EXIT_BROKEN_PIPE
     except Exception as exc:
         peewee = sys.modules.get("peewee")   # loaded only by commands that use a database
         if peewee is None or not isinstance(exc, peewee.DatabaseError):
             raise
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print("taskrunner: database error: %s" % first, file=sys.stderr)
+        from .db import describe_error
+        print("taskrunner: database error: %s"
+              % one_line(describe_error(exc, args.loaded_config.database.url)), file=sys.stderr)
         return EXIT_FAILURE
 
 

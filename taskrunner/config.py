@@ -50,6 +50,10 @@ def _choice(*choices):
 def _string(value):
     if not isinstance(value, str):
         raise ValueError("expected a string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("not valid UTF-8 text") from None
     return value
 
 
@@ -123,6 +127,14 @@ SCHEMA = {
 }
 
 
+# Keys checked against each other: (section, key) must be `relation` (section, key).
+CONSTRAINTS = (
+    # A runner must beat more than once per timeout, or a healthy one is declared hung.
+    (("runner", "heartbeat_interval"), ("overseer", "heartbeat_timeout"), "<"),
+    (("task", "retry_backoff"), ("task", "retry_backoff_max"), "<="),
+)
+
+
 class Config(SimpleNamespace):
     """Sections as attributes: ``config.runner.limit``; ``config.periodic`` is the list of
     ``[[periodic]]`` tables; ``config.source`` is the file or ``<defaults>``."""
@@ -155,7 +167,14 @@ class Config(SimpleNamespace):
                 else:
                     values[key] = list(default) if isinstance(default, list) else default
             sections[section] = SimpleNamespace(**values)
-        # [[periodic]] entries are checked when they are synced (that needs the handlers).
+        for (first, bigger), (second, smaller), relation in CONSTRAINTS:
+            value, limit = getattr(sections[first], bigger), getattr(sections[second], smaller)
+            if not value < limit if relation == "<" else not value <= limit:
+                raise ConfigError("%s: [%s] %s (%gs) must be %s [%s] %s (%gs)" % (
+                    source, first, bigger, value,
+                    "shorter than" if relation == "<" else "at most", second, smaller, limit))
+        # [[periodic]] entries are checked when they are synced or by `taskrunner check`
+        # (periodic.validate_definitions: that needs the timers and the handlers).
         return cls(source=source, periodic=[dict(p) for p in periodic], **sections)
 
     @classmethod
@@ -178,7 +197,14 @@ class Config(SimpleNamespace):
             except UnicodeDecodeError:
                 raise ConfigError("%s: invalid TOML: not UTF-8 text" % path) from None
         config = cls.from_dict(data, source=path or "<defaults>")
+        if database_url is not None and not database_url.strip():
+            raise ConfigError("the database URL given is empty")
         url = database_url or environ.get("TASKRUNNER_DATABASE_URL")
+        if url and not database_url:
+            try:
+                url.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConfigError("$TASKRUNNER_DATABASE_URL is not valid UTF-8 text") from None
         if url:
             config.database.url = url
         return config

@@ -4,11 +4,12 @@ SQLite is the embedded default: WAL, a busy timeout, and every transaction taken
 write transaction up front (BEGIN IMMEDIATE), which is how SQLite serialises claims.
 PostgreSQL (psycopg 3) and MySQL/MariaDB (PyMySQL) are for many hosts sharing one database.
 """
+import os
 import re
 import sqlite3
 import sys
 import time
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import peewee
 from playhouse import db_url
@@ -23,34 +24,140 @@ SCHEMES = {
 }
 
 
+# Keywords whose value is a secret, in a query string (?password=...) or a libpq DSN
+# (host=... password=...). Keys are compared unquoted and case-insensitively.
+SECRET_KEYS = frozenset(("password", "passwd", "pwd", "pass", "sslpassword", "sslkey_password"))
+_KEY = re.compile(r"([^\s&;?=/'\"]+)(\s*=\s*)")
+_QUOTED = re.compile(r"'(?:\\.|[^'\\])*'?|\"(?:\\.|[^\"\\])*\"?")
+# A secret's unquoted value runs to the next "&key=" or the end: it may hold ' ', ';' or '&'
+# (masking a DSN's later words too is better than showing a part of a password).
+_NEXT_PARAMETER = re.compile(r"&[^\s&=/'\"]+\s*=")
+_USERINFO = re.compile(r"^\s*([^:/?#@\s]*:)?//")
+
+
+def _secret_values(url):
+    """Every secret `url` carries, as written and decoded: a driver's message may quote
+    either form."""
+    found = set()
+    masked = _mask_keywords(url)
+    start, at = masked.find("//"), masked.rfind("@")
+    if 0 <= start < at and ":" in masked[start + 2:at]:
+        found.add(masked[start + 2:at].partition(":")[2])
+    for key in _KEY.finditer(url):
+        if unquote(key.group(1)).strip().lower() in SECRET_KEYS:
+            quoted = _QUOTED.match(url, key.end())
+            following = _NEXT_PARAMETER.search(url, key.end())
+            end = quoted.end() if quoted else following.start() if following else len(url)
+            found.add(url[key.end():end].strip("'\""))
+    found |= {unquote(value) for value in found}
+    return {value for value in found if value}
+
+
+def redact(text, url=None):
+    """`text` with every password replaced by ***: a URL's userinfo password (from the first
+    ':' after '//' to the last '@', so an unencoded '@' or '/' in it does not leak a part),
+    ``password=`` in a query string and in a DSN of ``key=value`` words, whatever the scheme;
+    with `url`, also each secret of `url` wherever `text` quotes it (a driver's message).
+    The one function every error, log line and report goes through."""
+    if not isinstance(text, str):
+        text = str(text)
+    secrets = _secret_values(url) if isinstance(url, str) else set()
+    # Keywords first: a password in the query may hold an '@' that is not the userinfo's.
+    result = _mask_keywords(text)
+    if _USERINFO.match(result):
+        start, at = result.find("//"), result.rfind("@")
+        colon = result.find(":", start + 2)
+        if 0 <= colon < at:
+            result = result[:colon + 1] + "***" + result[at:]
+    # One or two characters are no secret, and masking them everywhere garbles the message.
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) > 2:
+            result = result.replace(secret, "***")
+    return result
+
+
+def _mask_keywords(text):
+    out, pos = [], 0
+    while True:
+        key = _KEY.search(text, pos)
+        if key is None:
+            out.append(text[pos:])
+            return "".join(out)
+        out.append(text[pos:key.end()])
+        pos = key.end()
+        if unquote(key.group(1)).strip().lower() not in SECRET_KEYS:
+            continue   # scan on inside the value: "host= password=x" gives host "password=x"
+        quoted = _QUOTED.match(text, pos)
+        following = _NEXT_PARAMETER.search(text, pos)
+        pos = quoted.end() if quoted else following.start() if following else len(text)
+        out.append("***")
+
+
 def mask_url(url):
-    """The URL with its password replaced by ***, safe for logs, errors and status output.
-    The password runs from the first ':' after '//' to the last '@' (an unencoded '@' or '/'
-    in a password must not leak part of it)."""
-    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@]*:)(.*)@([^@]*)$", url)
-    if not match:
-        return url
-    return "%s***@%s" % (match.group(1), match.group(3))
+    """The URL as it may be shown: `redact(url)`."""
+    return redact(url)
+
+
+def split_url(url):
+    """urlsplit(url) with its port read, ConfigError (password masked) for a malformed URL."""
+    if not isinstance(url, str):
+        raise ConfigError("the database URL must be a string, not %s" % type(url).__name__)
+    try:
+        url.encode("utf-8")
+        parts = urlsplit(url)
+        if parts.scheme.lower() != "sqlite":   # sqlite://:memory: has no port
+            parts.port
+    except UnicodeEncodeError:
+        raise ConfigError("invalid database URL %s: not UTF-8 text" % _shown(url)) from None
+    except ValueError as exc:
+        # urllib's message quotes the port as it read it, which may be part of a password.
+        reason = "the port is not a number from 0 to 65535" if "port" in str(exc).lower() \
+            else "unbalanced [ ] around the host"
+        raise ConfigError("invalid database URL %s: %s" % (_shown(url), reason)) from None
+    return parts
+
+
+def _shown(url):
+    return repr(redact(url.encode("utf-8", "backslashreplace").decode("utf-8")))
 
 
 def backend_of(url):
-    scheme = urlsplit(url).scheme.lower()
+    scheme = split_url(url).scheme.lower()
     if scheme not in SCHEMES:
-        raise ConfigError("unsupported database URL %r: use sqlite:///PATH, postgresql://... or mysql://..."
-                          % mask_url(url))
+        raise ConfigError("unsupported database URL %s: use sqlite:///PATH, postgresql://... or "
+                          "mysql://..." % _shown(url))
     return SCHEMES[scheme]
 
 
-def open_database(database_config):
-    """A peewee Database for ``[database]``; connects lazily (nothing crosses a fork)."""
+def sqlite_path(url, ephemeral=False):
+    """The file of a sqlite:// URL. A database that would not outlive the process (an empty
+    path, ``:memory:``, a temporary database) is refused unless `ephemeral`: a task added to
+    it is acknowledged and then lost. With `ephemeral`, such a URL is ``:memory:``."""
+    parts = split_url(url)
+    if parts.query or parts.fragment:
+        raise ConfigError("invalid SQLite URL %s: it takes no parameters (set [database] keys "
+                          "instead)" % _shown(url))
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    memory = (parts.netloc == ":memory:" and not path) or path in ("", ":memory:") \
+        or path.startswith("file::memory:")
+    if parts.netloc and not memory:
+        raise ConfigError("invalid SQLite URL %s: use sqlite:///relative/path or "
+                          "sqlite:////absolute/path" % _shown(url))
+    if memory and not ephemeral:
+        raise ConfigError("database URL %s names no file: its tasks would be lost with the "
+                          "process; use sqlite:///PATH (an in-memory database only with "
+                          "TaskQueue(..., ephemeral=True))" % _shown(url))
+    return ":memory:" if memory else path
+
+
+def open_database(database_config, ephemeral=False):
+    """A peewee Database for ``[database]``; connects lazily (nothing crosses a fork).
+    `ephemeral` allows an in-memory SQLite database (tests)."""
     url = database_config.url
     backend = backend_of(url)
     if backend == "sqlite":
-        if urlsplit(url).netloc:
-            raise ConfigError("invalid SQLite URL %r: use sqlite:///relative/path or sqlite:////absolute/path"
-                              % url)
-        return db_url.connect(
-            url,
+        return peewee.SqliteDatabase(
+            sqlite_path(url, ephemeral),
             timeout=database_config.busy_timeout,
             lock_type="IMMEDIATE",
             pragmas={
@@ -59,15 +166,23 @@ def open_database(database_config):
                 "busy_timeout": int(database_config.busy_timeout * 1000),
             },
         )
-    if backend == "postgresql":
-        _require("psycopg", "postgres")
-        return db_url.connect(url.replace("postgres://", "postgresql://", 1),
-                              unquote_password=True, unquote_user=True,
-                              connect_timeout=10, prefer_psycopg3=True)
-    _require("pymysql", "mysql")
-    # DATETIME(6): microseconds matter for FIFO order and timing.
-    return db_url.connect(url, unquote_password=True, unquote_user=True, charset="utf8mb4",
-                          connect_timeout=10, field_types={"DATETIME": "DATETIME(6)"})
+    parts = split_url(url)
+    if not parts.path.strip("/"):
+        raise ConfigError("database URL %s names no database: use %s://[USER@]HOST[:PORT]/NAME"
+                          % (_shown(url), parts.scheme))
+    try:
+        if backend == "postgresql":
+            _require("psycopg", "postgres")
+            return db_url.connect(url.replace("postgres://", "postgresql://", 1),
+                                  unquote_password=True, unquote_user=True,
+                                  connect_timeout=10, prefer_psycopg3=True)
+        _require("pymysql", "mysql")
+        # DATETIME(6): microseconds matter for FIFO order and timing.
+        return db_url.connect(url, unquote_password=True, unquote_user=True, charset="utf8mb4",
+                              connect_timeout=10, field_types={"DATETIME": "DATETIME(6)"})
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise ConfigError("invalid database URL %s: %s" % (_shown(url), redact(str(exc), url))) \
+            from None
 
 
 def _require(module, extra):
@@ -79,18 +194,55 @@ def _require(module, extra):
 
 
 def check_connection(db, url):
-    """Connect now, turning a driver error into a one-line message with the password masked."""
+    """Connect now and check the server's version, turning a driver error into a one-line
+    message with the password masked."""
     try:
         db.connect(reuse_if_open=True)
+        check_version(*server_version(db))
     except peewee.DatabaseError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DatabaseUnavailable("cannot connect to database %s: %s"
-                                  % (mask_url(url), _scrub(first_line, url))) from None
+                                  % (redact(url), describe_error(exc, url))) from None
+    except (TypeError, ValueError) as exc:
+        # A query-string parameter the driver does not take, or one of the wrong type.
+        raise ConfigError("invalid database URL %s: %s" % (_shown(url), redact(str(exc), url))) \
+            from None
 
 
-def _scrub(message, url):
-    password = urlsplit(url).password
-    return message.replace(password, "***") if password else message
+# -- versions ----------------------------------------------------------------------------------
+
+# What the SQL needs: SQLite's claim is UPDATE ... RETURNING (3.35); MySQL and MariaDB claim
+# with FOR UPDATE SKIP LOCKED (MySQL 8.0.1, MariaDB 10.6); PostgreSQL's needs 9.5 (SKIP LOCKED)
+# but psycopg 3 speaks to servers from 10 on.
+MINIMUM_VERSIONS = {"SQLite": (3, 35, 0), "PostgreSQL": (10, 0), "MySQL": (8, 0, 1),
+                    "MariaDB": (10, 6, 0)}
+
+
+def check_version(product, version):
+    """ConfigError in one line when `version` (a tuple of ints) of `product` (a key of
+    MINIMUM_VERSIONS) is older than taskrunner's SQL needs."""
+    minimum = MINIMUM_VERSIONS[product]
+    if tuple(version) < minimum:
+        raise ConfigError("%s %s is too old: taskrunner needs %s %s or later"
+                          % (product, ".".join(map(str, version)), product,
+                             ".".join(map(str, minimum))))
+
+
+def parse_mysql_version(text):
+    """("MariaDB" or "MySQL", version tuple) from SELECT VERSION()'s text."""
+    numbers = re.match(r"\s*(\d+)\.(\d+)\.(\d+)", text)
+    version = tuple(int(n) for n in numbers.groups()) if numbers else (0, 0, 0)
+    return ("MariaDB" if "mariadb" in text.lower() else "MySQL"), version
+
+
+def server_version(db):
+    """(product, version tuple) of the database behind a connected peewee Database."""
+    if isinstance(db, peewee.SqliteDatabase):
+        return "SQLite", sqlite3.sqlite_version_info
+    if isinstance(db, peewee.PostgresqlDatabase):
+        number = int(db.execute_sql("SHOW server_version_num").fetchone()[0])
+        return "PostgreSQL", (number // 10000, number % 10000) if number >= 100000 \
+            else (number // 10000, number // 100 % 100, number % 100)
+    return parse_mysql_version(db.execute_sql("SELECT VERSION()").fetchone()[0])
 
 
 # -- classifying database errors -------------------------------------------------------------
@@ -230,6 +382,77 @@ def retry_transaction(db, fn, attempts=8):
         except peewee.DatabaseError as exc:
             # DatabaseError, not only OperationalError: what is transient is decided by the
             # code (is_transient), whatever class a driver gives it.
-            if attempt == attempts - 1 or not is_transient(exc):
-                raise
+            cause = first_error(exc)
+            if attempt == attempts - 1 or not is_transient(cause):
+                if cause is exc:
+                    raise
+                raise cause from None
             time.sleep(min(0.5, 0.005 * 2 ** attempt))
+
+
+def first_error(exc):
+    """The database error that started `exc`. When a statement or the commit fails and the
+    rollback that follows fails too, peewee raises the rollback's error: SQLite ends the
+    transaction itself on a full disk, and "cannot rollback - no transaction is active"
+    would hide "database or disk is full". The error being handled then is the cause."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        contexts = (getattr(driver_error(exc), "__context__", None),
+                    None if exc.__suppress_context__ else exc.__context__)
+        earlier = [c for c in contexts if isinstance(c, peewee.DatabaseError) and c is not exc]
+        if not earlier:
+            break
+        exc = earlier[0]
+    return exc
+
+
+# -- what is wrong with a SQLite file --------------------------------------------------------
+
+SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN = 8, 10, 13, 14
+_FREE_ENOUGH = 64 * 1024     # less than this free: a write of a few pages fails
+
+
+def sqlite_file_problem(path):
+    """What keeps SQLite from writing the database `path` (and its -wal and -shm files beside
+    it), in words, or None: a missing directory, a directory, a read-only file or file
+    system, a full disk."""
+    if path == ":memory:":
+        return None
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return "the directory %s does not exist" % directory
+    if os.path.isdir(path):
+        return "%s is a directory" % path
+    try:
+        stat = os.statvfs(directory)
+        if stat.f_bavail * stat.f_frsize < _FREE_ENOUGH:
+            return "no space left on the file system of %s" % directory
+    except OSError:
+        pass
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "%s is read-only" % path
+    if not os.access(directory, os.W_OK):
+        return "the directory %s is read-only (SQLite writes its -wal and -shm files there)" \
+            % directory
+    return None
+
+
+def describe_error(exc, url):
+    """One line for a database error, secrets masked; for SQLite, what is wrong with the
+    file when that explains it (a full disk, a read-only file, a missing directory)."""
+    exc = first_error(exc)
+    text = str(exc).strip()
+    line = redact(text.splitlines()[0] if text else type(exc).__name__, url)
+    err = driver_error(exc)
+    if isinstance(err, sqlite3.Error) and isinstance(url, str) and url.lower().startswith("sqlite"):
+        code = getattr(err, "sqlite_errorcode", None)
+        if code is None or code & 0xFF in (SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL,
+                                           SQLITE_CANTOPEN):
+            try:
+                problem = sqlite_file_problem(sqlite_path(url, ephemeral=True))
+            except ConfigError:
+                problem = None
+            if problem:
+                return "%s (%s)" % (problem, line)
+    return line

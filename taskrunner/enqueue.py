@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 import peewee as pw
 
-from .errors import InputError, StateError
+from .errors import InputError, StateError, check_text
 from .handler import check_handler_path, encode_data, load_handler
 from .models import SCHEDULED, utcnow
 from .timespan import MAX_SPAN
@@ -70,11 +70,8 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
     for name, value in (("run_timeout", run_timeout), ("max_runtime", max_runtime),
                         ("retry_backoff", retry_backoff)):
         _check_seconds(name, value)
-    if unique_key is not None and (not isinstance(unique_key, str) or not unique_key
-                                   or len(unique_key) > 255):
-        raise InputError("unique_key must be a non-empty string of at most 255 characters")
-    if queued_by is not None and (not isinstance(queued_by, str) or len(queued_by) > 255):
-        raise InputError("queued_by must be a string of at most 255 characters")
+    check_text("unique_key", unique_key, empty=False)
+    check_text("queued_by", queued_by)
     due = scheduled_on <= now
     return {
         "queued_on": now, "queued_by": queued_by, "scheduled_on": scheduled_on,

@@ -10,6 +10,27 @@ class InputError(TaskRunnerError):
     """Bad input from the user: a handler, JSON data, an id, an argument."""
 
 
+def check_text(what, value, max_length=255, empty=True):
+    """InputError unless `value` is a str a database can store: UTF-8 text (no lone
+    surrogate, which is how Python decodes invalid UTF-8 in arguments and the environment),
+    at most `max_length` characters, not empty unless `empty`. None passes."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InputError("%s must be a string, not %s" % (what, type(value).__name__))
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError("%s is not valid UTF-8 text" % what) from None
+    if "\x00" in value:
+        raise InputError("%s contains a NUL character" % what)
+    if not empty and not value:
+        raise InputError("%s must not be empty" % what)
+    if max_length is not None and len(value) > max_length:
+        raise InputError("%s is longer than %d characters" % (what, max_length))
+    return value
+
+
 class ConfigError(InputError):
     """A missing, unreadable or invalid configuration file or key."""
 

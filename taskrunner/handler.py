@@ -124,9 +124,13 @@ def encode_data(data, max_size):
     """Task data as JSON text; refuse what is not JSON-serialisable or too large."""
     try:
         text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        size = len(text.encode("utf-8"))
+    except RecursionError:
+        raise HandlerError("task data is nested too deeply") from None
+    except UnicodeEncodeError:
+        raise HandlerError("task data is not valid UTF-8 text (a lone surrogate)") from None
     except (TypeError, ValueError) as exc:
         raise HandlerError("task data is not JSON-serialisable: %s" % exc) from None
-    size = len(text.encode("utf-8"))
     if size > max_size:
         raise HandlerError("task data is %d bytes, over [task] max_data_size (%d)" % (size, max_size))
     return text

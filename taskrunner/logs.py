@@ -35,13 +35,26 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
-def setup_logging(level, fmt="text"):
+class Redacting(logging.Formatter):
+    """Another formatter's lines passed through `redact` (the CLI masks the database URL's
+    secrets with it, in every line, tracebacks included)."""
+
+    def __init__(self, inner, redact):
+        super().__init__()
+        self.inner, self.redact = inner, redact
+
+    def format(self, record):
+        return self.redact(self.inner.format(record))
+
+
+def setup_logging(level, fmt="text", redact=None):
     # The formats name no source file, function or thread: skip collecting them (the
     # logging HOWTO's "Optimization"), which a runner would otherwise do for every run.
     logging._srcfile = None
     logging.logThreads = logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    formatter = JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
+    handler.setFormatter(Redacting(formatter, redact) if redact else formatter)
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
     # Creating the schema on first use is routine: peewee's line per migration only at debug.
     logging.getLogger("peewee.migrations").setLevel(

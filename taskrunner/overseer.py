@@ -470,7 +470,7 @@ def _check_periodic_handlers(config):
     message = check_handlers_in_child(sorted(p for p in paths if isinstance(p, str)),
                                       config.handlers.allow)
     if message:
-        raise InputError("[[periodic]]: %s" % message)
+        raise InputError("%s: [[periodic]]: %s" % (config.source, message))
 
 
 def _describe_exit(code):

@@ -24,129 +24,30 @@ import peewee as pw
 
 from . import lifecycle, liveness
 from .enqueue import add_task
-from .errors import InputError, StateError
-from .handler import check_handler_path, encode_data, load_handler
+from .errors import InputError, StateError, check_text
 from .models import CANCELLED, CRASHED, SUCCESS, utcnow
-from .timers import IntervalTimer, parse_timer, timer_zone
-from .timespan import parse_timespan
+from .periodic_definitions import (  # noqa: F401 (part of periodic's API)
+    BUILTIN_ROTATION, CATCH_UP, MAX_NAME, RESERVED_PREFIX, check_periodic, definition, first_due,
+    validate_definitions)
+from .timers import parse_timer
 
 log = logging.getLogger("taskrunner.periodic")
-
-CATCH_UP = ("once", "skip")
-BUILTIN_ROTATION = "taskrunner.rotate"
-
-
-# -- definitions --------------------------------------------------------------------------
-
-# The derived queued_by "periodic:NAME" must fit its 255-character column.
-MAX_NAME = 255 - len("periodic:")
-
-
-def _definition(config, spec, where, import_handler=True):
-    """Validate one definition (API, CLI or config) into row values; InputError on bad
-    input. Without `import_handler` the handler path is checked but not imported."""
-    known = {"name", "handler", "timer", "data", "priority", "enabled", "catch_up",
-             "max_runtime", "min_spacing", "max_retries", "owner", "submitter", "subject",
-             "group", "timebox", "tolerance"}
-    unknown = set(spec) - known
-    if unknown:
-        raise InputError("%s: unknown key %s" % (where, ", ".join(sorted(unknown))))
-    for key in ("name", "handler", "timer"):
-        if not isinstance(spec.get(key), str) or not spec[key].strip():
-            raise InputError("%s: %s is required (a string)" % (where, key))
-    name = spec["name"].strip()
-    if len(name) > MAX_NAME:
-        raise InputError("%s: name is longer than %d characters" % (where, MAX_NAME))
-    for key in ("owner", "submitter", "subject", "group"):
-        if spec.get(key) is not None and (not isinstance(spec[key], str) or len(spec[key]) > 255):
-            raise InputError("%s: %s must be a string of at most 255 characters" % (where, key))
-    if import_handler:
-        load_handler(spec["handler"], config.handlers.allow)
-    else:
-        check_handler_path(spec["handler"], config.handlers.allow)
-    zone = timer_zone(spec["timer"])
-    timer = parse_timer(spec["timer"], zone)
-    catch_up = spec.get("catch_up", "once")
-    if catch_up not in CATCH_UP:
-        raise InputError("%s: catch_up must be 'once' or 'skip'" % where)
-    values = {"name": name, "handler": spec["handler"], "timer": spec["timer"].strip(),
-              "data": encode_data(spec.get("data"), config.task.max_data_size),
-              "priority": spec.get("priority", 0), "enabled": spec.get("enabled", True),
-              "catch_up": catch_up, "owner": spec.get("owner"), "submitter": spec.get("submitter"),
-              "max_retries": spec.get("max_retries"), "subject": spec.get("subject"),
-              "group_name": spec.get("group"), "timezone": zone}
-    if isinstance(values["priority"], bool) or not isinstance(values["priority"], int):
-        raise InputError("%s: priority must be an integer" % where)
-    if not isinstance(values["enabled"], bool):
-        raise InputError("%s: enabled must be true or false" % where)
-    retries = values["max_retries"]
-    if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int)
-                                or retries < 1):
-        raise InputError("%s: max_retries must be an integer of at least 1" % where)
-    for key in ("max_runtime", "min_spacing"):
-        value = spec.get(key)
-        if value is not None:
-            try:
-                value = parse_timespan(value)
-            except ValueError as exc:
-                raise InputError("%s: %s: %s" % (where, key, exc)) from None
-            if key == "max_runtime" and value <= 0:
-                raise InputError("%s: max_runtime must be greater than zero" % where)
-        values[key] = value
-    values.update(_nuntium(spec, timer, values, where))
-    return values, timer
-
-
-def _nuntium(spec, timer, values, where):
-    """Nuntium's timebox and tolerance, tied to an interval timer's span: ``timebox =
-    "half"`` is max_runtime = interval / 2, ``tolerance = SPAN`` is min_spacing = interval -
-    tolerance (and a due time is submitted even while the previous task is unfinished: the
-    check at start decides, as in Nuntium)."""
-    timebox, tolerance = spec.get("timebox"), spec.get("tolerance")
-    derived = {"timebox": timebox, "tolerance": None}
-    interval = getattr(timer, "seconds", None)
-    if timebox is not None:
-        if timebox != "half":
-            raise InputError("%s: timebox must be \"half\" (interval / 2); an absolute limit "
-                             "is max_runtime" % where)
-        if interval is None:
-            raise InputError("%s: timebox needs an 'every SPAN' or 'after SPAN' timer" % where)
-        if values["max_runtime"] is not None:
-            raise InputError("%s: give timebox or max_runtime, not both" % where)
-        derived["max_runtime"] = interval / 2
-    if tolerance is not None:
-        try:
-            tolerance = parse_timespan(tolerance)
-        except ValueError as exc:
-            raise InputError("%s: tolerance: %s" % (where, exc)) from None
-        if interval is None or timer.after_finish:
-            raise InputError("%s: tolerance needs an 'every SPAN' timer" % where)
-        if values["min_spacing"] is not None:
-            raise InputError("%s: give tolerance or min_spacing, not both" % where)
-        if tolerance >= interval:
-            raise InputError("%s: tolerance must be shorter than the interval" % where)
-        derived.update(tolerance=tolerance, min_spacing=interval - tolerance)
-    return derived
-
-
-def _first_due(timer, now):
-    return timer.next_after(now, anchor=now if isinstance(timer, IntervalTimer) else None)
-
 
 def add_periodic(store, name, handler, timer, data=None, source="api", now=None, **options):
     """Create a periodic task; InputError for a bad timer, handler or a duplicate name."""
     now = now or utcnow()
-    values, parsed = _definition(store.config, dict(name=name, handler=handler, timer=timer,
-                                                    data=data, **options), "periodic task %r" % name)
+    values, parsed = check_periodic(store.config, name, handler, timer, data, **options)
     try:
         with store.db.atomic():
-            return store.PeriodicTask.create(nextrun=_first_due(parsed, now), created=now,
+            return store.PeriodicTask.create(nextrun=first_due(parsed, now), created=now,
                                        updated_on=now, source=source, **values)
     except pw.IntegrityError:
         raise InputError("a periodic task named %r already exists" % values["name"]) from None
 
 
 def _get(store, name, owner=None):
+    check_text("name", name, max_length=None)
+    check_text("owner", owner, max_length=None)
     PeriodicTask = store.PeriodicTask
     row = PeriodicTask.get_or_none(PeriodicTask.name == name)
     if row is None or (owner is not None and row.owner != owner):
@@ -160,7 +61,7 @@ def set_enabled(store, name, enabled, owner=None, now=None):
     now = now or utcnow()
     values = {PeriodicTask.enabled: enabled, PeriodicTask.updated_on: now}
     if enabled and not row.enabled:
-        values[PeriodicTask.nextrun] = _first_due(parse_timer(row.timer, row.timezone), now)
+        values[PeriodicTask.nextrun] = first_due(parse_timer(row.timer, row.timezone), now)
     PeriodicTask.update(values).where(PeriodicTask.id == row.id).execute()
 
 
@@ -196,7 +97,7 @@ def set_enabled_owned(store, owner, enabled, now=None):
         for row in rows:
             values = {PeriodicTask.enabled: enabled, PeriodicTask.updated_on: now}
             if enabled:
-                values[PeriodicTask.nextrun] = _first_due(parse_timer(row.timer, row.timezone), now)
+                values[PeriodicTask.nextrun] = first_due(parse_timer(row.timer, row.timezone), now)
             PeriodicTask.update(values).where(PeriodicTask.id == row.id).execute()
         return len(rows)
     return store.write(step)
@@ -210,23 +111,14 @@ def sync_definitions(store, config=None, now=None, import_handlers=True):
     PeriodicTask = store.PeriodicTask
     config = config or store.config
     now = now or utcnow()
-    entries = [dict(d) for d in config.periodic]
-    entries.append({"name": BUILTIN_ROTATION, "handler": "taskrunner.handlers.Rotate",
-                    "timer": config.rotation.timer, "submitter": "taskrunner"})
-    validated = {}
-    for index, spec in enumerate(entries):
-        where = "[[periodic]] #%d (%s)" % (index + 1, spec.get("name", "no name"))
-        values, timer = _definition(config, spec, where, import_handlers)
-        if values["name"] in validated:
-            raise InputError("%s: duplicate name %r" % (where, values["name"]))
-        validated[values["name"]] = (values, timer)
+    validated = validate_definitions(config, import_handlers)
 
     def step():
         existing = {r.name: r for r in PeriodicTask.select()}
         for name, (values, timer) in validated.items():
             row = existing.get(name)
             if row is None:
-                PeriodicTask.create(nextrun=_first_due(timer, now), created=now, updated_on=now,
+                PeriodicTask.create(nextrun=first_due(timer, now), created=now, updated_on=now,
                                     source="config", **values)
             elif row.source != "config":
                 log.warning("periodic task %r exists and was not created from the config; "
@@ -240,9 +132,9 @@ def sync_definitions(store, config=None, now=None, import_handlers=True):
                     changed.pop("enabled", None)  # an operator's enable/disable stands
                 if changed.get("timer"):
                     changed["timezone"] = zone
-                    changed["nextrun"] = _first_due(timer, now)
+                    changed["nextrun"] = first_due(timer, now)
                 elif "enabled" in changed and values["enabled"]:
-                    changed["nextrun"] = _first_due(parse_timer(row.timer, row.timezone), now)
+                    changed["nextrun"] = first_due(parse_timer(row.timer, row.timezone), now)
                 if changed:
                     changed["updated_on"] = now
                     PeriodicTask.update(**changed).where(PeriodicTask.id == row.id).execute()

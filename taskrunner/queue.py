@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 from . import control, enqueue, lifecycle, maintenance, reads, rotation, wakeup
 from . import periodic  # noqa: F401 - registers the periodic tasks' outcome hook
 from .config import Config
+from .db import SCHEMES
 from .errors import InputError, WaitTimeout
 from .models import as_utc, utcnow
 from .reads import RunInfo, TaskInfo, TaskOutcome
@@ -30,10 +31,15 @@ class TaskQueue:
     Opening a queue changes no schema: a database whose schema is behind this version
     raises `SchemaBehind`, unless ``migrate=True`` (or ``taskrunner init-db`` ran). Each
     queue works on its own database, whatever other queues the process has open.
+
+    A SQLite URL that names no file (``sqlite://``, ``sqlite:///:memory:``) is refused with
+    `ConfigError`: the tasks would vanish with the process. ``ephemeral=True`` allows it, for
+    tests that run their tasks in-process (`run_pending`); the database lives in this
+    thread's connection only.
     """
 
     def __init__(self, url_or_config: Union[str, Config, Store, None] = None, *,
-                 migrate: bool = False) -> None:
+                 migrate: bool = False, ephemeral: bool = False) -> None:
         if isinstance(url_or_config, Store):
             # A runner's own store: what `run.queue` is inside a handler.
             self.config, self.store = url_or_config.config, url_or_config
@@ -42,12 +48,12 @@ class TaskQueue:
             config = url_or_config
         elif url_or_config is None:
             config = Config.load()
-        elif "://" in str(url_or_config):
+        elif "://" in str(url_or_config) or str(url_or_config).partition(":")[0] in SCHEMES:
             config = Config.from_dict({"database": {"url": str(url_or_config)}}, source="<url>")
         else:
             config = Config.load(path=str(url_or_config))
         self.config = config
-        self.store = Store(config)
+        self.store = Store(config, ephemeral=ephemeral)
         if migrate:
             self.store.migrate()
         else:

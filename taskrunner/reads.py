@@ -13,11 +13,12 @@ from typing import Any, Dict, List, Optional
 
 import peewee as pw
 
-from .errors import InputError, TaskNotFound
+from .errors import InputError, TaskNotFound, check_text
 from .models import CRASHED, FAILED, RUN_STATUSES, RUNNING, SCHEDULED, SUCCESS, run_status_is
 
 TASK_FILTERS = RUN_STATUSES + ("given-up",)
 STOPPING = "stopping"       # the state of a running runner that is winding down its run
+MAX_LIMIT = 10000   # tasks in one listing
 
 
 def aware(value: Optional[datetime]) -> Optional[datetime]:
@@ -288,14 +289,14 @@ def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str]
                             & (Task.runs_failed >= Task.max_retries))
     elif status is not None:
         query = query.where(Task.last_status == status)
-    if handler is not None:
+    if check_text("handler", handler) is not None:
         query = query.where(Task.handler == handler)
     for bound, compare in ((since, Task.queued_on.__ge__), (until, Task.queued_on.__lt__)):
         if bound is not None:
             if bound.tzinfo is None:
                 raise InputError("task filters take aware datetimes")
             query = query.where(compare(bound.astimezone(timezone.utc).replace(tzinfo=None)))
-    if periodic is not None:
+    if check_text("periodic", periodic) is not None:
         row = PeriodicTask.get_or_none(PeriodicTask.name == periodic)
         if row is None:
             raise InputError("no periodic task named %r" % periodic)
@@ -307,6 +308,11 @@ def list_tasks(store: Any, status: Optional[str] = None, limit: Optional[int] = 
                offset: int = 0, **filters: Any) -> List[TaskInfo]:
     """Most recent first, `offset` skipped, at most `limit` (None: all); the filters are
     those of `tasks_query`."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or not 1 <= limit <= MAX_LIMIT):
+        raise InputError("limit must be a whole number from 1 to %d, not %r" % (MAX_LIMIT, limit))
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InputError("offset must be a whole number of at least 0, not %r" % (offset,))
     query = tasks_query(store, status=status, **filters).order_by(store.Task.id.desc())
     if limit is not None or offset:
         query = query.limit(limit).offset(offset)
@@ -371,7 +377,7 @@ def list_periodic(store: Any, owner: Optional[str] = None,
     """Periodic tasks by name, each with the statistics of its tasks' runs."""
     PeriodicTask = store.PeriodicTask
     query = PeriodicTask.select().order_by(PeriodicTask.name)
-    if owner is not None:
+    if check_text("owner", owner) is not None:
         query = query.where(PeriodicTask.owner == owner)
     if group is not None:
         query = query.where(PeriodicTask.group_name == group)

@@ -32,14 +32,15 @@ def _create_private(path):
 
 
 class Store:
-    """One database named by ``config.database.url``."""
+    """One database named by ``config.database.url``; `ephemeral` allows an in-memory
+    SQLite database (which every other caller must refuse: its tasks die with the process)."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, ephemeral: bool = False):
         self.config = config
         self.url = config.database.url
         self.backend = backend_of(self.url)
         self.is_sqlite = self.backend == "sqlite"
-        self.db = open_database(config.database)
+        self.db = open_database(config.database, ephemeral)
         if self.is_sqlite:
             _create_private(self.db.database)
         self.wakeup_directory = wakeup.directory(self.url, config.runner.wakeup_dir)

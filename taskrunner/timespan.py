@@ -53,3 +53,16 @@ def _bounded(seconds, text):
     if seconds > MAX_SPAN:
         raise ValueError("time span %r is longer than 100 years" % (text,))
     return seconds
+
+
+def parse_every(text):
+    """The interval in seconds of a timer written ``every SPAN`` or ``after SPAN``, or None
+    when `text` is neither; ValueError naming what is wrong with the span (an interval is at
+    least 1s)."""
+    stripped = text.strip() if isinstance(text, str) else ""
+    if not stripped.lower().startswith(("every ", "after ")):
+        return None
+    seconds = parse_timespan(stripped[6:].strip())
+    if seconds < 1:
+        raise ValueError("the interval must be at least 1s")
+    return seconds

@@ -505,3 +505,21 @@ def test_database_failure_during_a_command_exits_1_with_one_line(sqlite_db):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("taskrunner: "), result.stderr
     assert "task_queue" in lines[0] and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("entries,fragment", [
+    ('[[periodic]]\nname = "ok"\nhandler = "%s"\ntimer = "daily"\n'
+     '[[periodic]]\nname = "nightly"\nhandler = "%s"\ntimer = "every 5 fortnights"\n' % (ECHO, ECHO),
+     '[[periodic]] #2 "nightly": invalid timer \'every 5 fortnights\''),
+    ('[[periodic]]\nname = "x"\nhandler = "taskrunner.handlers.Nope"\ntimer = "daily"\n',
+     '[[periodic]] #1 "x": handler \'taskrunner.handlers.Nope\' not found'),
+    ('[[periodic]]\nname = "taskrunner.rotate"\nhandler = "%s"\ntimer = "daily"\n' % ECHO,
+     '[[periodic]] #1 "taskrunner.rotate": names starting \'taskrunner.\' are reserved'),
+    ('[[periodic]]\nname = "x"\nhandler = "%s"\ntimer = "daily"\ncatch_up = "never"\n' % ECHO,
+     '[[periodic]] #1 "x": catch_up must be'),
+    ('[rotation]\ntimer = "Mon..Fry"\n', "[rotation] timer: invalid timer 'Mon..Fry'"),
+], ids=["timer", "handler", "reserved", "catch_up", "rotation-timer"])
+def test_check_refuses_what_the_overseer_would_refuse_naming_file_and_entry(
+        sqlite_db, tmp_path, entries, fragment):
+    config = sqlite_db.write_config(tmp_path / "config.toml", entries)
+    usage_error(taskrunner("check", config=config), config + ": " + fragment)

@@ -32,6 +32,21 @@ def load(path):
     return Config.load(path, environ={})
 
 
+# Values for the keys CONSTRAINTS compares that leave any value of the other key valid.
+ROOMY = {("runner", "heartbeat_interval"): "0.001", ("overseer", "heartbeat_timeout"): '"99y"',
+         ("task", "retry_backoff"): "0", ("task", "retry_backoff_max"): '"99y"'}
+
+
+def with_roomy_partners(section, key, value):
+    """TOML setting `key`, and the keys it is compared with to values that let it pass."""
+    tables = {}
+    for (other_section, other_key), roomy in ROOMY.items():
+        tables.setdefault(other_section, {})[other_key] = roomy
+    tables.setdefault(section, {})[key] = value
+    return "".join("[%s]\n%s" % (name, "".join("%s = %s\n" % item for item in keys.items()))
+                   for name, keys in tables.items())
+
+
 def refused(path):
     """The one-line ConfigError that loading `path` raises."""
     with pytest.raises(ConfigError) as err:
@@ -100,7 +115,7 @@ def test_given_values_replace_the_defaults(tmp_path):
 ])
 @pytest.mark.parametrize("section,key", DURATION_KEYS, ids=["%s.%s" % sk for sk in DURATION_KEYS])
 def test_durations_accept_numbers_and_time_spans(tmp_path, section, key, value, seconds):
-    config = load(write(tmp_path, "[%s]\n%s = %s\n" % (section, key, value)))
+    config = load(write(tmp_path, with_roomy_partners(section, key, value)))
     assert getattr(getattr(config, section), key) == pytest.approx(seconds)
     assert isinstance(getattr(getattr(config, section), key), float)
 
@@ -225,3 +240,22 @@ def test_config_example_toml_parses_and_documents_every_key():
     differ = [(s, k) for s, k in ALL_KEYS
               if getattr(getattr(config, s), k) != getattr(getattr(defaults, s), k)]
     assert not differ, "config.example.toml differs from the defaults in: %s" % differ
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("[runner]\nheartbeat_interval = 120\n[overseer]\nheartbeat_timeout = 60\n",
+     "[runner] heartbeat_interval (120s) must be shorter than [overseer] heartbeat_timeout (60s)"),
+    ("[runner]\nheartbeat_interval = 60\n",
+     "[runner] heartbeat_interval (60s) must be shorter than [overseer] heartbeat_timeout (60s)"),
+    ("[task]\nretry_backoff = '2h'\nretry_backoff_max = '1h'\n",
+     "[task] retry_backoff (7200s) must be at most [task] retry_backoff_max (3600s)"),
+])
+def test_keys_that_contradict_each_other_are_refused(tmp_path, text, fragment):
+    path = write(tmp_path, text)
+    message = refused(path)
+    assert message.startswith(path + ": ") and fragment in message
+
+
+def test_a_database_url_from_the_environment_that_is_not_utf8_is_refused():
+    with pytest.raises(ConfigError, match="TASKRUNNER_DATABASE_URL is not valid UTF-8"):
+        Config.load(environ={"TASKRUNNER_DATABASE_URL": "sqlite:///\udcff.db"})

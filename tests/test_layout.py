@@ -13,12 +13,14 @@ MAX_LINES = 500
 LEVELS = {
     "errors": 1.0, "timespan": 1.0, "models": 1.0, "migrations": 1.0, "calendar": 1.0,
     "config": 1.1, "handler": 1.1, "handlers": 1.2, "timers": 1.1, "logs": 1.0,
+    "periodic_definitions": 1.2,
     "db": 2.0, "wakeup": 2.0, "store": 2.1, "outage": 2.1,
     "lifecycle": 3.0, "enqueue": 3.0,
     "liveness": 3.1, "rotation": 3.1, "reads": 3.1, "control": 3.1, "summaries": 3.2,
     "periodic": 3.2, "maintenance": 3.2, "outcomes": 3.3, "heartbeat": 3.4,
     "queue": 4, "runner": 4, "overseer": 4,
-    "cli": 5, "cli_runs": 5, "__main__": 5, "__init__": 5, "web": 5,
+    "cli": 5, "cli_args": 5, "cli_runs": 5, "cli_calendar": 5, "cli_periodic": 5, "__main__": 5,
+    "__init__": 5, "web": 5,
 }
 
 

@@ -476,7 +476,7 @@ def test_duplicate_names_raise_input_error_and_store_nothing(queue, database):
     with pytest.raises(InputError, match="duplicate name"):
         sync_definitions(queue.store, config_with(database, entries), now=T0)
     entries = [{"name": BUILTIN_ROTATION, "handler": ECHO, "timer": "every 1min"}]
-    with pytest.raises(InputError, match="duplicate name"):
+    with pytest.raises(InputError, match="reserved"):
         sync_definitions(queue.store, config_with(database, entries), now=T0)
     assert snapshot() == before
     # The queue is still usable after the refused insert (no aborted transaction left).
@@ -989,3 +989,24 @@ def test_a_running_overseer_clears_a_stale_mark_without_spinning(sqlite_db, proc
     assert (stuck.submitted_count, stuck.marked, cpu < 1.0) == (1, None, True), (
         "submitted %d, mark %s, the overseer used %.2fs of CPU in 3s"
         % (stuck.submitted_count, stuck.marked, cpu))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["taskrunner.rotate", "taskrunner.mine"])
+def test_reserved_names_are_refused_from_the_api_and_the_cli(sqlite_db, name):
+    queue = sqlite_db.queue()
+    before = snapshot()
+    with pytest.raises(InputError, match="reserved"):
+        add_periodic(queue.store, name, ECHO, "every 1min", now=T0)
+    result = taskrunner("periodic", "add", name, ECHO, "every 1min", url=sqlite_db.url)
+    usage_error(result, "reserved")
+    assert snapshot() == before
+
+
+def test_a_refused_periodic_add_creates_no_database(tmp_path):
+    path = tmp_path / "never.db"
+    usage_error(taskrunner("periodic", "add", "taskrunner.x", ECHO, "daily",
+                           url="sqlite:///%s" % path), "reserved")
+    usage_error(taskrunner("periodic", "add", "n", ECHO, "every 5 fortnights",
+                           url="sqlite:///%s" % path), "invalid timer")
+    assert not path.exists()

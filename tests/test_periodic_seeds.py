@@ -226,7 +226,8 @@ BAD_NUNTIUM = [
     ("tolerance-and-min-spacing", dict(timer="every 1min", tolerance="5s", min_spacing="5s"),
      "not both"),
     ("subject-not-text", dict(timer="every 1min", subject=5), "subject must be a string"),
-    ("group-too-long", dict(timer="every 1min", group="g" * 256), "group must be a string"),
+    ("group-too-long", dict(timer="every 1min", group="g" * 256),
+     "group is longer than 255 characters"),
 ]
 
 

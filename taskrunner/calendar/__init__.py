@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from .fields import CalendarError
 from .parse import parse_calendar
-from .render import render_analyze, render_json
+from .render import iter_analyze, iter_json, render_analyze, render_json
 from .search import CalendarEvent
 
-__all__ = ["CalendarError", "CalendarEvent", "parse_calendar", "render_analyze", "render_json"]
+__all__ = ["CalendarError", "CalendarEvent", "iter_analyze", "iter_json", "parse_calendar",
+           "render_analyze", "render_json"]

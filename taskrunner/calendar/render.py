@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 from datetime import datetime, timezone, tzinfo
+from typing import Iterator
 
 from .fields import DAY_NAMES, USEC, Chain, Spec
 from .search import CalendarEvent, to_usec
@@ -70,17 +73,21 @@ def _format_timestamp(usec: int, tz: tzinfo) -> str:
     return f"{DAY_NAMES[d.weekday()]} {d:%Y-%m-%d %H:%M:%S} {d.tzname()}"
 
 
+def _count(number: int, unit: str) -> str:
+    return f"{number} {unit}" if number == 1 else f"{number} {unit}s"
+
+
 def _format_relative(usec: int, now_usec: int) -> str:
     """Roughly systemd's format_timestamp_relative()."""
     delta, suffix = (usec - now_usec, "left") if usec > now_usec else (now_usec - usec, "ago")
     s = delta // USEC
     year, month, day, hour, minute = 31557600, 2629800, 86400, 3600, 60
     if s >= year:
-        text = f"{s // year} years {s % year // month} months"
+        text = f"{_count(s // year, 'year')} {_count(s % year // month, 'month')}"
     elif s >= month:
-        text = f"{s // month} months {s % month // day} days"
+        text = f"{_count(s // month, 'month')} {_count(s % month // day, 'day')}"
     elif s >= 7 * day:
-        text = f"{s // (7 * day)} weeks {s % (7 * day) // day} days"
+        text = f"{_count(s // (7 * day), 'week')} {_count(s % (7 * day) // day, 'day')}"
     elif s >= 2 * day:
         text = f"{s // day} days"
     elif s >= 25 * hour:
@@ -104,31 +111,60 @@ def _format_relative(usec: int, now_usec: int) -> str:
     return f"{text} {suffix}"
 
 
-def render_analyze(event: CalendarEvent, base: datetime, n: int, now: datetime | None = None) -> str:
-    """The report of `systemd-analyze calendar --iterations=n` (without trailing newline).
+# Rows whose widths set the columns before the first line is printed; later rows stream.
+_MEASURED = 1000
 
-    Times are shown in the local zone, as systemd-analyze does, whatever the event's zone."""
+
+def iter_analyze(event: CalendarEvent, base: datetime, n: int,
+                 now: datetime | None = None) -> Iterator[str]:
+    """The lines of `systemd-analyze calendar --iterations=n`, each as soon as it is computed.
+
+    Times are shown in the local zone, as systemd-analyze does, whatever the event's zone.
+    The columns are as wide as systemd makes them for the first _MEASURED elapses; beyond
+    those, the label column is made wide enough for "Iter. #n"."""
     local = local_zone()
     now_usec = to_usec(now or datetime.now(timezone.utc))
     rows = [] if event.normalized == event.original else [("Original form", event.original)]
     rows.append(("Normalized form", event.normalized))
-    elapses = event.iter_usec(base, n)
-    if n > 0 and not elapses:
-        rows.append(("Next elapse", "never"))
-    for number, usec in enumerate(elapses, 1):
+
+    def elapse_rows(number: int, usec: int) -> list[tuple[str, str]]:
         label = "Next elapse" if number == 1 else f"Iter. #{number}"
-        rows.append((label, _format_timestamp(usec, local.tz)))
+        result = [(label, _format_timestamp(usec, local.tz))]
         if not local.utc_like:
-            rows.append(("(in UTC)", _format_timestamp(usec, timezone.utc)))
-        rows.append(("From now", _format_relative(usec, now_usec)))
+            result.append(("(in UTC)", _format_timestamp(usec, timezone.utc)))
+        result.append(("From now", _format_relative(usec, now_usec)))
+        return result
+
+    elapses = enumerate(event.elapses_usec(base), 1) if n > 0 else iter(())
+    measured = list(itertools.islice(elapses, min(n, _MEASURED)))
+    if n > 0 and not measured:
+        rows.append(("Next elapse", "never"))
+    for number, usec in measured:
+        rows.extend(elapse_rows(number, usec))
     names = max(len(field) for field, _ in rows) + 1
+    if n > len(measured) == _MEASURED:
+        names = max(names, len(f"Iter. #{n}:"))
     values = max(len(value) for _, value in rows)
     # systemd's table pads narrower cells and then trims trailing white space (an original form
     # "Mon " loses its space), but prints the widest cell of the column as it is.
-    return "\n".join(
-        f"{field + ':':>{names}} {value if len(value) == values else value.rstrip()}"
-        for field, value in rows
-    )
+    streamed = (row for number, usec in itertools.islice(elapses, n - len(measured))
+                for row in elapse_rows(number, usec))
+    for field, value in itertools.chain(rows, streamed):
+        yield f"{field + ':':>{names}} {value if len(value) == values else value.rstrip()}"
+
+
+def render_analyze(event: CalendarEvent, base: datetime, n: int, now: datetime | None = None) -> str:
+    """The report of `systemd-analyze calendar --iterations=n` (without trailing newline)."""
+    return "\n".join(iter_analyze(event, base, n, now))
+
+
+def iter_json(event: CalendarEvent, base: datetime, n: int) -> Iterator[str]:
+    """render_json()'s text, json.dumps() style, in pieces as the elapses are computed."""
+    head = json.dumps({"normalized": event.normalized, "next": []})
+    yield head[:-2]
+    for number, usec in enumerate(itertools.islice(event.elapses_usec(base), max(n, 0))):
+        yield (", " if number else "") + json.dumps(event.as_datetime(usec).isoformat())
+    yield "]}"
 
 
 def render_json(event: CalendarEvent, base: datetime, n: int) -> dict:

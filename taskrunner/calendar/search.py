@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta, timezone, tzinfo
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 from .fields import EPOCH, MAX_YEAR, USEC, Chain, Spec
 from .zones import Zone
@@ -255,18 +256,23 @@ class CalendarEvent:
         clock = _Clock(self._zone.tz, self._spec.utc)
         return _Search(self._spec, clock).next_usec(max(usec, -1))
 
+    def elapses_usec(self, base: datetime) -> Iterator[int]:
+        """The elapses strictly after base, in microseconds since the epoch, one at a time
+        as they are computed (until there is none)."""
+        usec = to_usec(base)
+        while True:
+            following = self._next_usec(usec)
+            if following is None:
+                return
+            usec = following
+            yield usec
+
     def iter_usec(self, base: datetime, n: int) -> list[int]:
         """Up to n elapses strictly after base, in microseconds since the epoch."""
-        elapses: list[int] = []
-        usec = to_usec(base)
-        while len(elapses) < n:
-            usec = self._next_usec(usec)
-            if usec is None:
-                break
-            elapses.append(usec)
-        return elapses
+        return list(itertools.islice(self.elapses_usec(base), max(n, 0)))
 
-    def _as_datetime(self, usec: int) -> datetime:
+    def as_datetime(self, usec: int) -> datetime:
+        """An elapse in microseconds as a datetime in the event's zone."""
         return (EPOCH + timedelta(microseconds=usec)).astimezone(self.tz)
 
     def next_after(self, base: datetime) -> datetime | None:
@@ -276,4 +282,4 @@ class CalendarEvent:
 
     def iter_after(self, base: datetime, n: int) -> list[datetime]:
         """Up to n consecutive elapses strictly after base."""
-        return [self._as_datetime(usec) for usec in self.iter_usec(base, n)]
+        return [self.as_datetime(usec) for usec in self.iter_usec(base, n)]

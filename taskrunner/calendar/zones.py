@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import io
 import os
 import re
 import struct
+import zoneinfo
 from dataclasses import dataclass
 from datetime import timezone, tzinfo
 from zoneinfo import ZoneInfo
 
-_ZONEINFO_DIR = "/usr/share/zoneinfo"
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+-]+(?:/[A-Za-z0-9_+-]+)*\Z")
 
 
@@ -64,18 +65,52 @@ def _tzif_rules(data: bytes) -> tuple[tuple[str, str], bool]:
     return (standard, daylight), std_offset == 0 and dst_offset == 0
 
 
-@functools.lru_cache(maxsize=64)
-def _load_zone(path: str, key: str | None) -> Zone | None:
+def _read(path: str) -> bytes | None:
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
+    except OSError:
+        return None
+
+
+def _zone_data(name: str) -> bytes | None:
+    """The TZif file of an IANA name where zoneinfo looks for it: each directory of its
+    search path (zoneinfo.TZPATH: $PYTHONTZPATH or the system's), then the tzdata package."""
+    for directory in zoneinfo.TZPATH:
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            return _read(path)
+    try:
+        resource = importlib.resources.files("tzdata.zoneinfo")
+        for part in name.split("/"):
+            resource = resource.joinpath(part)
+        return resource.read_bytes() if resource.is_file() else None
+    except (ImportError, OSError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def _load_zone(path: str | None, key: str | None) -> Zone | None:
+    """The zone in the file `path`, or, without a path, the zone named `key`."""
+    data = _read(path) if path is not None else _zone_data(key) if key else None
+    if data is None:
+        return None
+    try:
         if not data.startswith(b"TZif"):
             return None
         tz = ZoneInfo.from_file(io.BytesIO(data), key=key)
         names, utc_like = _tzif_rules(data)
-    except (OSError, ValueError, struct.error, IndexError):
+    except (ValueError, struct.error, IndexError):
         return None
     return Zone(tz, names, utc_like)
+
+
+def _key_of(path: str) -> str | None:
+    """The IANA name of a zone file inside one of zoneinfo's directories."""
+    for directory in zoneinfo.TZPATH:
+        if path.startswith(directory.rstrip("/") + "/"):
+            return os.path.relpath(path, directory)
+    return None
 
 
 def local_zone() -> Zone:
@@ -88,16 +123,14 @@ def local_zone() -> Zone:
         return UTC
     name = (value or "")[1:] if (value or "").startswith(":") else value
     if not name:
-        real = os.path.realpath("/etc/localtime")
-        key = os.path.relpath(real, _ZONEINFO_DIR) if real.startswith(_ZONEINFO_DIR + "/") else None
-        return _load_zone("/etc/localtime", key) or UTC
-    path = name if name.startswith("/") else os.path.join(_ZONEINFO_DIR, name)
-    return _load_zone(path, name) or UTC
+        return _load_zone("/etc/localtime", _key_of(os.path.realpath("/etc/localtime"))) or UTC
+    if name.startswith("/"):
+        return _load_zone(name, _key_of(name)) or UTC
+    return (_load_zone(None, name) if _ZONE_NAME.match(name) else None) or UTC
 
 
 def named_zone(name: str) -> Zone | None:
     """An IANA zone suffix, accepted under the same rules as systemd's verify_timezone()."""
     if not _ZONE_NAME.match(name):
         return None
-    path = os.path.join(_ZONEINFO_DIR, name)
-    return _load_zone(path, name) if os.path.isfile(path) else None
+    return _load_zone(None, name)

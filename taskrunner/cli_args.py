@@ -1,0 +1,90 @@
+"""What the ``taskrunner`` commands share: the types of their arguments (ISO times, JSON,
+seconds, task ids), one-line errors, tables and JSON on stdout, and the queue a command
+opens (its schema brought up to date first)."""
+import argparse
+import json
+import math
+import re
+from datetime import datetime, timezone
+
+
+# Characters that end a line for a terminal or for str.splitlines().
+LINE_BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text):
+    """`text` with control characters escaped: an error quotes what the user typed, and a
+    newline in it must not make a second line (or move the cursor)."""
+    return LINE_BREAKING.sub(lambda m: "\\x%02x" % ord(m.group()) if ord(m.group()) < 256
+                              else "\\u%04x" % ord(m.group()), str(text))
+
+
+def iso_time(text):
+    try:
+        # "Z" is not understood by fromisoformat before Python 3.11.
+        when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+        if when.tzinfo is None:
+            when = when.astimezone()  # naive means local time
+        return when.astimezone(timezone.utc)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError("invalid ISO 8601 time %r" % text) from None
+
+
+def json_arg(text):
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError("invalid JSON: %s" % exc) from None
+    except RecursionError:
+        raise argparse.ArgumentTypeError("invalid JSON: nested too deeply") from None
+
+
+def seconds_arg(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1
+    if not (0 < value < math.inf):  # also refuses nan
+        raise argparse.ArgumentTypeError("expected a positive number of seconds, got %r" % text)
+    return value
+
+
+def task_id_arg(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("invalid int value: %r" % text) from None
+    if not 0 < value < 2 ** 63:  # what an id column holds on every database
+        raise argparse.ArgumentTypeError("no task can have id %r" % text)
+    return value
+
+
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % text)
+    return value
+
+
+def print_table(headers, rows):
+    rows = [["" if v is None else str(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    for row in [headers] + rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def open_queue(args):
+    from .queue import TaskQueue
+    return TaskQueue(args.loaded_config, migrate=True)
+
+
+def masked_url(queue):
+    from .db import mask_url
+    return mask_url(queue.config.database.url)
+
+
+def print_json(value):
+    print(json.dumps(value, indent=2))

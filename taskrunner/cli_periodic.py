@@ -1,0 +1,102 @@
+"""``taskrunner periodic``: add, list, enable, disable and remove periodic tasks — one by
+name, or every one of an owner at once."""
+from .cli_args import json_arg, open_queue, print_json, print_table
+from .cli_runs import STATS_HEADERS, stats_cells, when
+from .errors import InputError
+
+_past = {"enable": "enabled", "disable": "disabled", "remove": "removed"}
+
+
+def cmd_periodic(args):
+    from . import periodic, reads
+    if args.action in _past and (args.all == (args.name is not None) or
+                                 (args.all and not args.owner)):
+        raise InputError("periodic %s: give a NAME, or --owner WHO --all" % args.action)
+    if args.action == "add":
+        options = {"priority": args.priority, "catch_up": args.catch_up,
+                   "max_runtime": args.max_runtime, "min_spacing": args.min_spacing,
+                   "max_retries": args.max_retries, "owner": args.owner,
+                   "enabled": not args.disabled, "subject": args.subject, "group": args.group,
+                   "timebox": args.timebox, "tolerance": args.tolerance}
+        # As `add`: a refused definition opens no database (not even to create the schema).
+        periodic.check_periodic(args.loaded_config, args.name, args.handler, args.timer,
+                                data=args.data, **options)
+    store = open_queue(args).store
+    if args.action == "add":
+        row = reads.periodic_info(periodic.add_periodic(
+            store, args.name, args.handler, args.timer, data=args.data, **options))
+        if args.json:
+            print_json(row.to_json())
+            return
+        print("periodic task %r added; next run %s"
+              % (row.name, row.nextrun.isoformat() if row.nextrun else "never"))
+    elif args.action == "list":
+        rows = [r.to_json() for r in reads.list_periodic(store, args.owner, args.group)]
+        if args.json:
+            print_json(rows)
+            return
+        print_table(["NAME", "ENABLED", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS",
+                      "FAILURES", "DROPPED", "GROUP", "SUBJECT", "HANDLER"] + STATS_HEADERS,
+                     [[r["name"], "yes" if r["enabled"] else "no",
+                       " ".join(filter(None, (r["timer"], r["timezone"]))), when(r["nextrun"]),
+                       when(r["last_run"]), r["last_status"], r["consecutive_failures"],
+                       r["dropped"], r["group"], r["subject"], r["handler"]]
+                      + stats_cells(r["stats"]) for r in rows])
+    elif args.all:
+        count = periodic.remove_owned(store, args.owner) if args.action == "remove" else \
+            periodic.set_enabled_owned(store, args.owner, args.action == "enable")
+        if args.json:
+            print_json({"owner": args.owner, "count": count, "done": _past[args.action]})
+            return
+        print("%d periodic task%s of owner %r %s" % (count, "" if count == 1 else "s",
+                                                     args.owner, _past[args.action]))
+    else:
+        if args.action == "remove":
+            periodic.remove_periodic(store, args.name, owner=args.owner)
+        else:
+            periodic.set_enabled(store, args.name, args.action == "enable", owner=args.owner)
+        done = args.action.rstrip("e") + "ed"
+        if args.json:
+            print_json({"name": args.name, "done": done})
+            return
+        print("periodic task %r %s" % (args.name, done))
+
+
+def add_periodic_parser(command, parser_class):
+    """The ``periodic`` command and its actions, through the main parser's `command`."""
+    p = command("periodic", cmd_periodic, "manage periodic tasks")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=parser_class)
+    actions.required = True
+    a = actions.add_parser("add", help="add a periodic task")
+    a.add_argument("name")
+    a.add_argument("handler")
+    a.add_argument("timer", help="calendar event (e.g. 'Mon..Fri 07:30'), 'every SPAN' (a "
+                                 "fixed grid) or 'after SPAN' (SPAN after the last task ended)")
+    a.add_argument("--data", type=json_arg, default=None)
+    a.add_argument("--priority", type=int, default=0)
+    a.add_argument("--catch-up", choices=("once", "skip"), default="once")
+    a.add_argument("--max-runtime", metavar="SPAN", help="timebox of each submitted task")
+    a.add_argument("--min-spacing", metavar="SPAN",
+                   help="drop a task at start if the previous one started less than this ago")
+    a.add_argument("--max-retries", type=int)
+    a.add_argument("--owner")
+    a.add_argument("--disabled", action="store_true")
+    a.add_argument("--subject", help="what it is for, in words")
+    a.add_argument("--group", help="the group (tenant) it belongs to")
+    a.add_argument("--timebox", choices=("half",),
+                   help="max_runtime of each task = interval / 2 (interval timers)")
+    a.add_argument("--tolerance", metavar="SPAN", help="drop a task at start if the previous "
+                   "one started less than interval - SPAN ago ('every' timers)")
+    a.add_argument("--json", action="store_true")
+    a = actions.add_parser("list", help="list periodic tasks")
+    a.add_argument("--owner")
+    a.add_argument("--group")
+    a.add_argument("--json", action="store_true")
+    for action in ("enable", "disable", "remove"):
+        a = actions.add_parser(action, help="%s a periodic task, or all of an owner's" % action)
+        a.add_argument("name", nargs="?")
+        a.add_argument("--owner", help="with NAME: refuse unless the task has this owner; "
+                                       "with --all: whose periodic tasks")
+        a.add_argument("--all", action="store_true",
+                       help="every periodic task of --owner, in one transaction")
+        a.add_argument("--json", action="store_true")

@@ -1,0 +1,148 @@
+"""Periodic task definitions — from the API, the CLI or the config's ``[[periodic]]``
+tables — validated into row values before anything is stored: name, handler, timer (with the
+zone it was defined in), data, catch-up, the Nuntium options (timebox, tolerance) and
+Docspell's subject and group. `taskrunner check` and the overseer's sync validate the config
+the same way."""
+from .errors import InputError, check_text
+from .handler import check_handler_path, encode_data, load_handler
+from .timers import IntervalTimer, parse_timer, timer_zone
+from .timespan import parse_timespan
+
+CATCH_UP = ("once", "skip")
+RESERVED_PREFIX = "taskrunner."
+BUILTIN_ROTATION = RESERVED_PREFIX + "rotate"
+
+
+# -- definitions --------------------------------------------------------------------------
+
+# The derived queued_by "periodic:NAME" must fit its 255-character column.
+MAX_NAME = 255 - len("periodic:")
+
+
+def definition(config, spec, where, import_handler=True, builtin=False):
+    """Validate one definition (API, CLI or config) into row values; InputError on bad
+    input. Without `import_handler` the handler path is checked but not imported. Names
+    starting "taskrunner." are taskrunner's own (`builtin`)."""
+    known = {"name", "handler", "timer", "data", "priority", "enabled", "catch_up",
+             "max_runtime", "min_spacing", "max_retries", "owner", "submitter", "subject",
+             "group", "timebox", "tolerance"}
+    unknown = set(spec) - known
+    if unknown:
+        raise InputError("%s: unknown key %s" % (where, ", ".join(sorted(unknown))))
+    for key in ("name", "handler", "timer"):
+        if not isinstance(spec.get(key), str) or not spec[key].strip():
+            raise InputError("%s: %s is required (a string)" % (where, key))
+        check_text("%s: %s" % (where, key), spec[key], max_length=None)
+    name = spec["name"].strip()
+    if len(name) > MAX_NAME:
+        raise InputError("%s: name is longer than %d characters" % (where, MAX_NAME))
+    if name.startswith(RESERVED_PREFIX) and not builtin:
+        raise InputError("%s: names starting %r are reserved for taskrunner's own periodic "
+                         "tasks" % (where, RESERVED_PREFIX))
+    for key in ("owner", "submitter", "subject", "group"):
+        check_text("%s: %s" % (where, key), spec.get(key))
+    try:
+        if import_handler:
+            load_handler(spec["handler"], config.handlers.allow)
+        else:
+            check_handler_path(spec["handler"], config.handlers.allow)
+        zone = timer_zone(spec["timer"])
+        timer = parse_timer(spec["timer"], zone)
+        data = encode_data(spec.get("data"), config.task.max_data_size)
+    except InputError as exc:
+        raise type(exc)("%s: %s" % (where, exc)) from None
+    catch_up = spec.get("catch_up", "once")
+    if catch_up not in CATCH_UP:
+        raise InputError("%s: catch_up must be 'once' or 'skip'" % where)
+    values = {"name": name, "handler": spec["handler"], "timer": spec["timer"].strip(),
+              "data": data,
+              "priority": spec.get("priority", 0), "enabled": spec.get("enabled", True),
+              "catch_up": catch_up, "owner": spec.get("owner"), "submitter": spec.get("submitter"),
+              "max_retries": spec.get("max_retries"), "subject": spec.get("subject"),
+              "group_name": spec.get("group"), "timezone": zone}
+    if isinstance(values["priority"], bool) or not isinstance(values["priority"], int):
+        raise InputError("%s: priority must be an integer" % where)
+    if not isinstance(values["enabled"], bool):
+        raise InputError("%s: enabled must be true or false" % where)
+    retries = values["max_retries"]
+    if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int)
+                                or retries < 1):
+        raise InputError("%s: max_retries must be an integer of at least 1" % where)
+    for key in ("max_runtime", "min_spacing"):
+        value = spec.get(key)
+        if value is not None:
+            try:
+                value = parse_timespan(value)
+            except ValueError as exc:
+                raise InputError("%s: %s: %s" % (where, key, exc)) from None
+            if key == "max_runtime" and value <= 0:
+                raise InputError("%s: max_runtime must be greater than zero" % where)
+        values[key] = value
+    values.update(_nuntium(spec, timer, values, where))
+    return values, timer
+
+
+def _nuntium(spec, timer, values, where):
+    """Nuntium's timebox and tolerance, tied to an interval timer's span: ``timebox =
+    "half"`` is max_runtime = interval / 2, ``tolerance = SPAN`` is min_spacing = interval -
+    tolerance (and a due time is submitted even while the previous task is unfinished: the
+    check at start decides, as in Nuntium)."""
+    timebox, tolerance = spec.get("timebox"), spec.get("tolerance")
+    derived = {"timebox": timebox, "tolerance": None}
+    interval = getattr(timer, "seconds", None)
+    if timebox is not None:
+        if timebox != "half":
+            raise InputError("%s: timebox must be \"half\" (interval / 2); an absolute limit "
+                             "is max_runtime" % where)
+        if interval is None:
+            raise InputError("%s: timebox needs an 'every SPAN' or 'after SPAN' timer" % where)
+        if values["max_runtime"] is not None:
+            raise InputError("%s: give timebox or max_runtime, not both" % where)
+        derived["max_runtime"] = interval / 2
+    if tolerance is not None:
+        try:
+            tolerance = parse_timespan(tolerance)
+        except ValueError as exc:
+            raise InputError("%s: tolerance: %s" % (where, exc)) from None
+        if interval is None or timer.after_finish:
+            raise InputError("%s: tolerance needs an 'every SPAN' timer" % where)
+        if values["min_spacing"] is not None:
+            raise InputError("%s: give tolerance or min_spacing, not both" % where)
+        if tolerance >= interval:
+            raise InputError("%s: tolerance must be shorter than the interval" % where)
+        derived.update(tolerance=tolerance, min_spacing=interval - tolerance)
+    return derived
+
+
+def first_due(timer, now):
+    return timer.next_after(now, anchor=now if isinstance(timer, IntervalTimer) else None)
+
+
+def check_periodic(config, name, handler, timer, data=None, **options):
+    """What add_periodic() checks before it stores anything: InputError for a bad name,
+    handler, timer or option. Returns the row values and the parsed timer."""
+    return definition(config, dict(name=name, handler=handler, timer=timer, data=data,
+                                    **options), "periodic task %r" % (name,))
+
+
+def validate_definitions(config, import_handlers=True):
+    """The config's ``[[periodic]]`` entries and the built-in rotation task, validated:
+    {name: (row values, timer)}; InputError naming the file and the entry (or the key) for
+    the first bad one. `taskrunner check` and the overseer's sync both go through here."""
+    validated = {}
+    entries = [dict(d) for d in config.periodic]
+    entries.append({"name": BUILTIN_ROTATION, "handler": "taskrunner.handlers.Rotate",
+                    "timer": config.rotation.timer, "submitter": "taskrunner"})
+    for index, spec in enumerate(entries):
+        name = spec.get("name")
+        if index == len(entries) - 1:
+            where = "%s: [rotation] timer" % config.source
+        else:
+            where = "%s: [[periodic]] #%d%s" % (config.source, index + 1,
+                                                 ' "%s"' % name if isinstance(name, str) else "")
+        values, timer = definition(config, spec, where, import_handlers,
+                                    builtin=index == len(entries) - 1)
+        if values["name"] in validated:
+            raise InputError("%s: duplicate name %r" % (where, values["name"]))
+        validated[values["name"]] = (values, timer)
+    return validated
