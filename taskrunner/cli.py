@@ -18,6 +18,8 @@ from .handler import encode_data, load_handler
 log = logging.getLogger("taskrunner.cli")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+QUEUE_HELP = ("the queues this runner serves, comma-separated (default: 'default', which "
+              "also serves every queue without a [queues.NAME] table)")
 EVENTS = ("task-queue:OnProcess", "task-runner:OnProcess", "task-queue:OnRotate",
           "periodic-task:OnProcess")
 
@@ -79,6 +81,22 @@ def _positive_int(text):
     return value
 
 
+def _queue_name(text):
+    from .config import check_queue_name
+    try:
+        return check_queue_name(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _queue_list(text):
+    from .config import parse_queue_list
+    try:
+        return parse_queue_list(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _print_table(headers, rows):
     rows = [["" if v is None else str(v) for v in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
@@ -123,12 +141,14 @@ def cmd_add(args):
     print(queue.add_task(args.handler, data=args.data, scheduled_on=scheduled_on,
                          max_retries=args.max_retries, priority=args.priority,
                          run_timeout=args.timeout, unique_key=args.unique_key,
-                         queued_by=args.queued_by, max_runtime=args.max_runtime))
+                         queued_by=args.queued_by, max_runtime=args.max_runtime,
+                         queue=args.queue))
 
 
 def cmd_runner(args):
     from .runner import run_runner
-    return run_runner(_queue(args).store, burst=args.burst, max_runs=args.max_runs)
+    return run_runner(_queue(args).store, burst=args.burst, max_runs=args.max_runs,
+                      serving=args.queue)
 
 
 def cmd_overseer(args):
@@ -154,7 +174,7 @@ def cmd_run_event(args):
                  len(result["skipped"]))
     else:
         from .runner import run_runner
-        return run_runner(queue.store, refuse_quietly=True)
+        return run_runner(queue.store, refuse_quietly=True, serving=args.queue)
     return EXIT_OK
 
 
@@ -244,7 +264,7 @@ def cmd_periodic(args):
         options = {"priority": args.priority, "catch_up": args.catch_up,
                    "max_runtime": args.max_runtime, "min_spacing": args.min_spacing,
                    "max_retries": args.max_retries, "owner": args.owner,
-                   "enabled": not args.disabled}
+                   "enabled": not args.disabled, "queue": args.queue}
         row = reads.periodic_info(periodic.add_periodic(
             store, args.name, args.handler, args.timer, data=args.data, **options))
         print("periodic task %r added; next run %s"
@@ -316,12 +336,18 @@ def build_parser():
     p.add_argument("--unique-key", metavar="KEY",
                    help="if a live task holds KEY, add nothing and print its id")
     p.add_argument("--queued-by", metavar="WHO", help="who queued the task")
+    p.add_argument("--queue", type=_queue_name, metavar="NAME",
+                   help="the task's queue (default: the handler's, else 'default')")
     command("overseer", cmd_overseer, "the supervised parent of the runners, foreground")
     p = command("runner", cmd_runner, "one runner, foreground")
     p.add_argument("--burst", action="store_true", help="exit when no run is left")
     p.add_argument("--max-runs", type=int, help="exit after this many runs")
+    p.add_argument("--queue", type=_queue_list, default=("default",), metavar="A,B",
+                   help=QUEUE_HELP)
     p = command("run-event", cmd_run_event, "one event, for cron or supervisord")
     p.add_argument("event", choices=EVENTS, metavar="UNIT:EVENT", help=" | ".join(EVENTS))
+    p.add_argument("--queue", type=_queue_list, default=("default",), metavar="A,B",
+                   help="task-runner:OnProcess: " + QUEUE_HELP)
     p = command("status", cmd_status, "runners and task counts")
     p.add_argument("--json", action="store_true")
     p = command("tasks", cmd_tasks, "list tasks, most recent first")
@@ -355,6 +381,8 @@ def build_parser():
     a.add_argument("--max-retries", type=int)
     a.add_argument("--owner")
     a.add_argument("--disabled", action="store_true")
+    a.add_argument("--queue", type=_queue_name, metavar="NAME",
+                   help="the queue of its tasks (default: the handler's, else 'default')")
     a = actions.add_parser("list", help="list periodic tasks")
     a.add_argument("--owner")
     a.add_argument("--json", action="store_true")

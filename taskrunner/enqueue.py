@@ -10,15 +10,16 @@ from datetime import datetime, timezone
 
 import peewee as pw
 
+from .config import check_queue_name
 from .errors import InputError, StateError
 from .handler import check_handler_path, encode_data, load_handler
-from .models import SCHEDULED, utcnow
+from .models import DEFAULT_QUEUE, SCHEDULED, utcnow
 from .timespan import MAX_SPAN
 
 MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
 BULK_ROWS = 500         # rows per INSERT: within every database's limit on bound parameters
 TASK_OPTIONS = ("data", "scheduled_on", "max_retries", "priority", "run_timeout", "unique_key",
-                "queued_by", "max_runtime", "retry_backoff", "periodic_task_id")
+                "queued_by", "max_runtime", "retry_backoff", "periodic_task_id", "queue")
 
 
 def utc_instant(value, name="scheduled_on"):
@@ -50,17 +51,26 @@ def _check_seconds(name, value):
 def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, priority=0,
              run_timeout=None, unique_key=None, queued_by=None, max_runtime=None,
              retry_backoff=None, periodic_task_id=None, now=None, known_handlers=None,
-             import_handler=True):
+             import_handler=True, queue=None):
     """Validate one task and return the row to insert; InputError on bad input.
-    `known_handlers`, a set, skips loading a handler already checked in this batch; without
-    `import_handler` the path is checked but not imported (the overseer's scheduler)."""
+    `known_handlers`, a dict, skips loading a handler already loaded in this batch; without
+    `import_handler` the path is checked but not imported (the overseer's scheduler).
+    `queue`: None for the handler class's ``queue``, else ``default``."""
     defaults = config.task
+    cls = None
     if not import_handler:
         check_handler_path(handler, config.handlers.allow)
-    elif known_handlers is None or handler not in known_handlers:
-        load_handler(handler, config.handlers.allow)
+    elif known_handlers is not None and handler in known_handlers:
+        cls = known_handlers[handler]
+    else:
+        cls = load_handler(handler, config.handlers.allow)
         if known_handlers is not None:
-            known_handlers.add(handler)
+            known_handlers[handler] = cls
+    if queue is None:
+        queue = getattr(cls, "queue", None) or DEFAULT_QUEUE
+        check_queue_name(queue, "%s.queue" % handler)
+    else:
+        check_queue_name(queue)
     text = encode_data(data, defaults.max_data_size)
     now = now or utcnow()
     scheduled_on = now if scheduled_on is None else utc_instant(scheduled_on)
@@ -84,7 +94,7 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
         "run_timeout": float(run_timeout or defaults.run_timeout),
         "max_runtime": max_runtime, "retry_backoff": retry_backoff,
         "unique_key": unique_key, "active_key": unique_key,
-        "periodic_task_id": periodic_task_id,
+        "periodic_task_id": periodic_task_id, "queue": queue,
         "next_run_on": None if due else scheduled_on,
         "updated_on": now,
     }
@@ -97,12 +107,35 @@ def is_due(row):
 def first_run(task_id, row):
     return {"task_id": task_id, "created_on": row["queued_on"], "updated_on": row["queued_on"],
             "attempt": 1, "active_task_id": task_id, "priority": row["priority"],
-            "scheduled_on": row["scheduled_on"], "status": SCHEDULED, "percent_completed": 0}
+            "scheduled_on": row["scheduled_on"], "status": SCHEDULED, "percent_completed": 0,
+            "queue": row["queue"]}
+
+
+def record_queues(store, names):
+    """Inside the caller's transaction: a task_queues row for each queue name not seen
+    before (how runners serving ``default`` find the queues nobody configured, and where
+    pausing is stored). Names this store wrote already are skipped; the cache is filled
+    after the commit (`remember_queues`), since a rollback takes the row away again."""
+    Queue = store.Queue
+    new = sorted(set(names) - store.known_queues)
+    if new:
+        now = utcnow()
+        Queue.insert_many([{"name": name, "paused": False, "updated_on": now} for name in new]
+                          ).on_conflict_ignore().execute()
+    return new
+
+
+def remember_queues(store, names):
+    """After the commit of `record_queues`' transaction (not inside an outer one, which may
+    still roll back): these names need no insert again."""
+    if not store.db.in_transaction():
+        store.known_queues.update(names)
 
 
 def insert_task(store, row):
     """Store one validated row (and its first run when due), inside the caller's
     transaction; returns the task id."""
+    record_queues(store, [row["queue"]])
     task_id = store.Task.insert(**row).execute()
     if is_due(row):
         store.Run.insert(**first_run(task_id, row)).execute()
@@ -116,7 +149,9 @@ def _add_unique(store, row):
     Task = store.Task
     for _ in range(5):
         try:
-            return store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
+            task_id = store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
+            remember_queues(store, [row["queue"]])
+            return task_id
         except pw.IntegrityError:
             existing = Task.select(Task.id).where(Task.active_key == row["unique_key"]).first()
             if existing is not None:
@@ -130,7 +165,9 @@ def add_task(store, handler, now=None, **options):
     row = task_row(store.config, handler, now=now, **options)
     if row["unique_key"] is not None:
         return _add_unique(store, row)
-    return store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
+    task_id = store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
+    remember_queues(store, [row["queue"]])
+    return task_id
 
 
 def add_tasks(store, tasks, now=None):
@@ -138,7 +175,7 @@ def add_tasks(store, tasks, now=None):
     is stored; those without a unique_key are stored in one transaction, those with one each
     as add_task() stores them. Returns their ids in order."""
     now = now or utcnow()
-    seen = set()
+    seen = {}
     rows = []
     for spec in tasks:
         if not isinstance(spec, dict) or not isinstance(spec.get("handler"), str):
@@ -151,6 +188,7 @@ def add_tasks(store, tasks, now=None):
     due = any(is_due(row) for row in plain_rows)
     plain = store.write_and_wake(lambda: _insert_many(store, plain_rows),
                                  lambda _: due) if plain_rows else []
+    remember_queues(store, [row["queue"] for row in plain_rows])
     ids, plain_ids = [], iter(plain)
     for row in rows:
         ids.append(next(plain_ids) if row["unique_key"] is None else _add_unique(store, row))
@@ -163,6 +201,7 @@ def _insert_many(store, rows):
     row by row."""
     if not store.insert_returning():
         return [insert_task(store, row) for row in rows]
+    record_queues(store, [row["queue"] for row in rows])
     ids = []
     for start in range(0, len(rows), BULK_ROWS):
         chunk = rows[start:start + BULK_ROWS]

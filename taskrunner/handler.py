@@ -32,7 +32,11 @@ class TaskHandler:
     ``run.progress(percent)`` now and then — it also proves the run is alive, since a run
     with no update for ``run_timeout`` seconds is marked ``timeout`` — and return early
     when ``run.should_stop()`` is true.
+
+    ``queue``: the queue its tasks go to when ``add_task`` names none (else ``default``).
     """
+
+    queue: Optional[str] = None
 
     def handle(self, run: "RunContext") -> None:
         raise NotImplementedError("%s.handle(run) is not implemented" % type(self).__name__)

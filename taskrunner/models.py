@@ -28,6 +28,9 @@ RUN_FINAL = (SUCCESS, ERROR, TIMEOUT, CANCELLED, REQUEUED)
 CRASHED = "RunnerDied"
 FAILED = (ERROR, TIMEOUT)
 
+# The queue of a task that names none.
+DEFAULT_QUEUE = "default"
+
 # Runner kinds.
 OVERSEER = "overseer"
 RUNNER = "runner"
@@ -75,6 +78,7 @@ class Task(BaseModel):
     last_error_code = pw.CharField(null=True)
     last_error_message = pw.TextField(null=True)
     crash_count = pw.IntegerField(default=0)
+    queue = pw.CharField(max_length=64, default=DEFAULT_QUEUE)
 
     class Meta:
         table_name = "task_queue"
@@ -102,6 +106,7 @@ class Run(BaseModel):
     # Copied from the task so the claim is one index range scan on this table.
     priority = pw.IntegerField(default=0)
     scheduled_on = pw.DateTimeField()
+    queue = pw.CharField(max_length=64, default=DEFAULT_QUEUE)
 
     class Meta:
         table_name = "task_runs"
@@ -172,12 +177,36 @@ class PeriodicTask(BaseModel):
     skipped_count = pw.IntegerField(default=0)
     crash_count = pw.IntegerField(default=0)
     updated_on = pw.DateTimeField()
+    queue = pw.CharField(max_length=64, default=DEFAULT_QUEUE)
 
     class Meta:
         table_name = "periodic_tasks"
 
 
-MODELS = (Task, Run, Runner, PeriodicTask)
+class Queue(BaseModel):
+    """A queue name that has been used; ``paused`` queues are not claimed from, on any host."""
+    name = pw.CharField(max_length=64, primary_key=True)
+    paused = pw.BooleanField(default=False)
+    paused_on = pw.DateTimeField(null=True)
+    updated_on = pw.DateTimeField()
+
+    class Meta:
+        table_name = "task_queues"
+
+
+class RunnerQueue(BaseModel):
+    """A queue a running runner serves. ``slot`` is 1..limit for a queue with a limit and
+    unique per (host, queue): a queue's limit on a host is a database rule, like rule 5."""
+    runner_id = pw.IntegerField(index=True)
+    host = pw.CharField()
+    queue = pw.CharField(max_length=64)
+    slot = pw.IntegerField(null=True)
+
+    class Meta:
+        table_name = "task_runner_queues"
+
+
+MODELS = (Task, Run, Runner, PeriodicTask, Queue, RunnerQueue)
 
 
 class BoundModels(NamedTuple):
@@ -186,6 +215,8 @@ class BoundModels(NamedTuple):
     Run: Type[Run]
     Runner: Type[Runner]
     PeriodicTask: Type[PeriodicTask]
+    Queue: Type[Queue]
+    RunnerQueue: Type[RunnerQueue]
 
 
 def bind_models(database):

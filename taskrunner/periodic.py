@@ -22,10 +22,11 @@ import peewee as pw
 
 from . import lifecycle, liveness
 from .calendar import CalendarError, parse_calendar
+from .config import check_queue_name
 from .enqueue import add_task
 from .errors import InputError, StateError
 from .handler import check_handler_path, encode_data, load_handler
-from .models import CANCELLED, CRASHED, SUCCESS, utcnow
+from .models import CANCELLED, CRASHED, DEFAULT_QUEUE, SUCCESS, utcnow
 from .timespan import parse_timespan
 
 log = logging.getLogger("taskrunner.periodic")
@@ -88,7 +89,7 @@ def _definition(config, spec, where, import_handler=True):
     """Validate one definition (API, CLI or config) into row values; InputError on bad
     input. Without `import_handler` the handler path is checked but not imported."""
     known = {"name", "handler", "timer", "data", "priority", "enabled", "catch_up",
-             "max_runtime", "min_spacing", "max_retries", "owner", "submitter"}
+             "max_runtime", "min_spacing", "max_retries", "owner", "submitter", "queue"}
     unknown = set(spec) - known
     if unknown:
         raise InputError("%s: unknown key %s" % (where, ", ".join(sorted(unknown))))
@@ -113,7 +114,9 @@ def _definition(config, spec, where, import_handler=True):
               "data": encode_data(spec.get("data"), config.task.max_data_size),
               "priority": spec.get("priority", 0), "enabled": spec.get("enabled", True),
               "catch_up": catch_up, "owner": spec.get("owner"), "submitter": spec.get("submitter"),
-              "max_retries": spec.get("max_retries")}
+              "max_retries": spec.get("max_retries"),
+              "queue": check_queue_name(spec.get("queue", DEFAULT_QUEUE),
+                                        "%s: queue" % where)}
     if isinstance(values["priority"], bool) or not isinstance(values["priority"], int):
         raise InputError("%s: priority must be an integer" % where)
     if not isinstance(values["enabled"], bool):
@@ -142,6 +145,11 @@ def _first_due(timer, now):
 def add_periodic(store, name, handler, timer, data=None, source="api", now=None, **options):
     """Create a periodic task; InputError for a bad timer, handler or a duplicate name."""
     now = now or utcnow()
+    if options.get("queue") is None:
+        # Added here, the handler is imported: its class's queue applies (a [[periodic]]
+        # entry of the config names its queue, since the overseer imports no handler).
+        options["queue"] = load_handler(handler, store.config.handlers.allow).queue \
+            or DEFAULT_QUEUE
     values, parsed = _definition(store.config, dict(name=name, handler=handler, timer=timer,
                                                     data=data, **options), "periodic task %r" % name)
     try:
@@ -320,7 +328,7 @@ class PeriodicScheduler:
                 task_id = add_task(
                     self.store, row.handler, data=json.loads(row.data),
                     scheduled_on=due.replace(tzinfo=timezone.utc),
-                    priority=row.priority, max_runtime=row.max_runtime,
+                    priority=row.priority, max_runtime=row.max_runtime, queue=row.queue,
                     max_retries=row.max_retries, queued_by=row.submitter or "periodic:" + row.name,
                     periodic_task_id=row.id, now=now, import_handler=False)
                 values[PeriodicTask.submitted_count] = PeriodicTask.submitted_count + 1

@@ -5,7 +5,7 @@ be done in-process in tests. Everything else (runners, the overseer, the CLI) wo
 from datetime import datetime
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
-from . import enqueue, lifecycle, maintenance, reads, rotation
+from . import enqueue, lifecycle, maintenance, queues, reads, rotation
 from . import periodic  # noqa: F401 - registers the periodic tasks' outcome hook
 from .config import Config
 from .models import utcnow
@@ -66,14 +66,16 @@ class TaskQueue:
                  priority: int = 0, run_timeout: Optional[float] = None,
                  unique_key: Optional[str] = None, queued_by: Optional[str] = None,
                  max_runtime: Optional[float] = None,
-                 retry_backoff: Optional[float] = None) -> int:
+                 retry_backoff: Optional[float] = None, queue: Optional[str] = None) -> int:
         """Queue one task and return its id. `scheduled_on` is an aware datetime (a naive
         one is refused) or None for now. With `unique_key`, adding a key that a not-yet-final
-        task holds stores nothing and returns that task's id."""
+        task holds stores nothing and returns that task's id. `queue`: None for the
+        handler class's ``queue`` attribute, else ``default``."""
         return int(enqueue.add_task(
             self.store, handler, data=data, scheduled_on=scheduled_on, max_retries=max_retries,
             priority=priority, run_timeout=run_timeout, unique_key=unique_key,
-            queued_by=queued_by, max_runtime=max_runtime, retry_backoff=retry_backoff))
+            queued_by=queued_by, max_runtime=max_runtime, retry_backoff=retry_backoff,
+            queue=queue))
 
     def add_tasks(self, tasks: Iterable[Mapping[str, Any]]) -> List[int]:
         """Queue many tasks (dicts of add_task's arguments, with "handler"). All are
@@ -104,6 +106,15 @@ class TaskQueue:
     def cancel(self, task_id: int) -> None:
         """Cancel a task that is not running."""
         lifecycle.cancel(self.store, task_id)
+
+    def pause_queue(self, name: str) -> bool:
+        """Stop claiming from the queue `name` on every host (within one check_interval);
+        runs in flight finish. Returns False when it was paused already."""
+        return bool(queues.set_paused(self.store, name, True))
+
+    def resume_queue(self, name: str) -> bool:
+        """Claim from the queue `name` again. Returns False when it was not paused."""
+        return bool(queues.set_paused(self.store, name, False))
 
     def process_queue(self) -> Dict[str, Any]:
         """Mark dead runners, time out overdue runs, create due runs (what the overseer does

@@ -23,11 +23,11 @@ from datetime import timedelta, timezone
 import peewee as pw
 import psutil
 
-from . import lifecycle, liveness, maintenance, periodic, wakeup
+from . import lifecycle, liveness, maintenance, periodic, queues, wakeup
 from .db import is_disconnect, is_transient
 from .errors import HandlerError, Retry, RunnerLimitReached, TaskError
 from .handler import RunContext, load_handler
-from .models import CANCELLED, ERROR, REQUEUED, RUNNER, SUCCESS, TIMEOUT, utcnow
+from .models import CANCELLED, DEFAULT_QUEUE, ERROR, REQUEUED, RUNNER, SUCCESS, TIMEOUT, utcnow
 
 log = logging.getLogger("taskrunner.runner")
 
@@ -84,8 +84,13 @@ class Worker:
     EXIT_HARD = 4             # the handler did not return after its run was taken away
 
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
-                 memory_limit=True):
+                 memory_limit=True, serving=None):
         self.store = store
+        # The queues this runner serves (None: every queue); claimed from in `claim_order`,
+        # re-read every check_interval (pauses, new queues).
+        self.serving = tuple(serving) if serving is not None else None
+        self.claim_order = ()
+        self._order_read_at = None
         # Off for work run inside someone else's process (run_pending): its RSS is the
         # application's, not a runner's that may be replaced.
         self.memory_limit = memory_limit
@@ -256,8 +261,9 @@ class Worker:
         args = (claimed.run_id, claimed.task_id, status, self.runner_id, results, code, message)
         options = dict(periodic_task_id=claimed.periodic_task_id, retry_at=retry_at)
         if claim_next and not self._should_exit():
+            order = self._claim_order()
             ended, following = self._with_database(lambda: lifecycle.end_run_and_claim(
-                self.store, *args, **options),
+                self.store, *args, queues=order, **options),
                 reconnected=lambda: self._give_back_lost_claims(keep=claimed.run_id))
         else:
             ended, following = self._with_database(lambda: lifecycle.end_run(
@@ -409,6 +415,16 @@ class Worker:
                      claimed.task_id, self.stop_reason)
         return None
 
+    def _claim_order(self, fresh=False):
+        """The queues to claim from, read again when `fresh` or older than check_interval
+        (a pause reaches every runner within one check interval)."""
+        now = time.monotonic()
+        if fresh or self._order_read_at is None \
+                or now - self._order_read_at >= self.config.overseer.check_interval:
+            self.claim_order = tuple(queues.claim_order(self.store, self.serving))
+            self._order_read_at = now
+        return self.claim_order
+
     def _idle(self, standalone):
         """Wait for work: poll a cheap read every poll_interval (a signal wakes at once).
         A runner without an overseer also does the queue's regular work while idle."""
@@ -416,7 +432,8 @@ class Worker:
         while not self._should_exit():
             if standalone:
                 maintenance.process_queue(self.store)
-            if lifecycle.has_scheduled_runs(self.store):
+            order = self._claim_order(fresh=True)
+            if order and lifecycle.has_scheduled_runs(self.store, order):
                 return
             self._wait(interval)
 
@@ -440,8 +457,8 @@ class Worker:
         try:
             while claimed is not None or not self._should_exit():
                 if claimed is None:
-                    claimed = self._with_database(lambda: lifecycle.claim(self.store,
-                                                                          self.runner_id),
+                    claimed = self._with_database(lambda: lifecycle.claim(
+                        self.store, self.runner_id, self._claim_order()),
                                                   reconnected=self._give_back_lost_claims)
                     if claimed is None:
                         if burst:
@@ -464,10 +481,11 @@ class Worker:
         return self.runs_done
 
 
-def run_runner(store, refuse_quietly=False, burst=False, max_runs=None):
-    """Entry point of ``taskrunner runner`` and ``run-event task-runner:OnProcess``; returns
-    the exit code. At the host's limit: exit 1, or 0 with `refuse_quietly` (cron use)."""
-    worker = Worker(store)
+def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=(DEFAULT_QUEUE,)):
+    """Entry point of ``taskrunner runner`` and ``run-event task-runner:OnProcess``, serving
+    the queues `serving`; returns the exit code. At the host's limit (or a queue's): exit 1,
+    or 0 with `refuse_quietly` (cron use)."""
+    worker = Worker(store, serving=serving)
     try:
         if burst:
             maintenance.process_queue(store)

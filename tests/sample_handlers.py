@@ -160,3 +160,8 @@ class Subprocess(TaskHandler):
         record(run.data["log"] + ".started", "%d %d %d %d" % (run.task_id, run.id, os.getpid(),
                                                             child.pid))
         child.wait()
+
+
+class Report(Record):
+    """Record, in the queue ``reports`` unless add_task names another."""
+    queue = "reports"

@@ -15,7 +15,7 @@ LEVELS = {
     "config": 1.1, "handler": 1.1, "handlers": 1.2,
     "db": 2.0, "wakeup": 2.0, "store": 2.1,
     "lifecycle": 3.0, "enqueue": 3.0,
-    "liveness": 3.1, "rotation": 3.1, "reads": 3.1,
+    "liveness": 3.1, "rotation": 3.1, "reads": 3.1, "queues": 3.1,
     "periodic": 3.2, "maintenance": 3.2,
     "queue": 4, "runner": 4, "overseer": 4,
     "cli": 5, "__main__": 5, "__init__": 5,
