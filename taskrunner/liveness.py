@@ -53,13 +53,15 @@ def process_alive(pid, recorded_create_time):
         return True  # it exists; another user's process cannot be ours, but do not guess dead
 
 
-def register(store, kind=RUNNER, parent_id=None, now=None):
+def register(store, kind=RUNNER, parent_id=None, now=None, serving=None):
     """Insert this process's runner row and return it, or raise RunnerLimitReached.
 
     Rule 5 is a database rule: a runner takes a slot 1..limit, and (host, slot) is unique,
     so concurrent registrations cannot exceed the limit — a slot taken by a racing process
     makes the insert fail and this one tries the next free slot. Dead runners of this host
-    are swept first so they do not hold slots. An overseer takes no slot.
+    are swept first so they do not hold slots. An overseer takes no slot. A runner also
+    takes, in the same transaction, a slot of each queue it `serving` that has a
+    ``[queues.NAME] limit`` (task_runner_queues, unique per host and queue likewise).
     """
     Runner = store.Runner
     now = now or utcnow()
@@ -79,10 +81,38 @@ def register(store, kind=RUNNER, parent_id=None, now=None):
             continue
         try:
             with store.db.atomic():
-                return Runner.create(slot=slot, **fields)
+                row = Runner.create(slot=slot, **fields)
+                _take_queue_slots(store, row, serving or ())
+                return row
         except pw.IntegrityError:
             continue  # another process took this slot a moment ago
     raise RunnerLimitReached("this host already has %d running runners ([runner] limit)" % limit)
+
+
+def _take_queue_slots(store, row, serving):
+    """Inside register()'s transaction: a task_runner_queues row per queue served, with a
+    free slot under the queue's limit; RunnerLimitReached (rolling the runner back) when a
+    queue has none."""
+    RunnerQueue = store.RunnerQueue
+    for name in serving:
+        config = store.config.queues.get(name)
+        if config is None:
+            RunnerQueue.create(runner_id=row.id, host=row.host, queue=name, slot=None)
+            continue
+        taken = {r.slot for r in RunnerQueue.select(RunnerQueue.slot).where(
+            (RunnerQueue.host == row.host) & (RunnerQueue.queue == name))}
+        for slot in range(1, config.limit + 1):
+            if slot in taken:
+                continue
+            try:
+                with store.db.atomic():
+                    RunnerQueue.create(runner_id=row.id, host=row.host, queue=name, slot=slot)
+                break
+            except pw.IntegrityError:
+                continue  # taken by a racing process
+        else:
+            raise RunnerLimitReached("this host already has %d running runners serving queue "
+                                     "%r ([queues.%s] limit)" % (config.limit, name, name))
 
 
 def heartbeat(store, runner_id, rss=None, runs_done=None, now=None):
@@ -132,6 +162,7 @@ def _end_runner(store, runner_id, status, reason, run_status, error_code, error_
                               ).where((Runner.id == runner_id) & (Runner.status == RUNNING)).execute()
         if not ended:
             return False
+        store.RunnerQueue.delete().where(store.RunnerQueue.runner_id == runner_id).execute()
         for run in list(runs_of_runner_query(store, runner_id)):
             end_in_transaction(store, run.id, run.task_id, run_status, runner_id, None,
                                error_code, error_message, now, retry_at=retry_at)
@@ -220,3 +251,15 @@ def others_running(store, parent_id):
     return Runner.select().where(
         (Runner.host == hostname()) & (Runner.status == RUNNING) & Runner.slot.is_null(False)
         & ((Runner.parent_id != parent_id) | Runner.parent_id.is_null())).count()
+
+
+def others_serving(store, parent_id):
+    """{queue: how many} of others_running()'s runners hold a slot of each limited queue:
+    they share that queue's limit."""
+    Runner, RunnerQueue = store.Runner, store.RunnerQueue
+    rows = (RunnerQueue.select(RunnerQueue.queue, pw.fn.COUNT(RunnerQueue.id))
+            .join(Runner, on=(Runner.id == RunnerQueue.runner_id))
+            .where((RunnerQueue.host == hostname()) & RunnerQueue.slot.is_null(False)
+                   & ((Runner.parent_id != parent_id) | Runner.parent_id.is_null()))
+            .group_by(RunnerQueue.queue).tuples())
+    return dict(rows)

@@ -31,7 +31,7 @@ from . import liveness, maintenance, periodic
 from .config import Config
 from .errors import ConfigError, InputError, RunnerLimitReached
 from .handler import check_handlers_in_child
-from .models import OVERSEER, utcnow
+from .models import DEFAULT_QUEUE, OVERSEER, utcnow
 from .store import Store
 
 log = logging.getLogger("taskrunner.overseer")
@@ -44,9 +44,10 @@ CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, s
 class Child:
     """One forked runner, as the overseer sees it."""
 
-    def __init__(self, pid, started):
+    def __init__(self, pid, started, serving):
         self.pid = pid
         self.started = started
+        self.serving = serving     # the queues it serves (a key of Config.queue_groups())
         self.retiring = False      # told to stop (TERM sent); not counted as capacity
         self.interrupted = False   # USR1 sent: interrupt the handler
         self.killed_by_stop = None   # why this overseer's own stop KILLed it: its run is handed back
@@ -73,6 +74,8 @@ class Overseer:
         self.row_id = None
         self.children = {}
         self.num_runners = config.runner.limit
+        self.groups = config.queue_groups()
+        self.spawning = (DEFAULT_QUEUE,)
         self.signals = []
         self.stopping = None          # None, "graceful", "fast" or "immediate"
         self.stop_deadline = None
@@ -140,6 +143,7 @@ class Overseer:
         log.info("config reloaded from %s; replacing runners", config.source)
         self.config = self.store.config = config
         self.num_runners = config.runner.limit
+        self.groups = config.queue_groups()
         for child in self.children.values():
             self._retire(child)
 
@@ -197,15 +201,16 @@ class Overseer:
             child.interrupted = True
             self._signal(child.pid, signal.SIGUSR1)
 
-    def spawn_runner(self):
+    def spawn_runner(self, serving=(DEFAULT_QUEUE,)):
         # No connection may cross the fork: the child would share the socket.
         self.store.close()
         jitter = random.randint(0, max(1, self.config.runner.max_runs // 10)) \
             if self.config.runner.max_runs else 0
+        self.spawning = serving       # what the child serves
         pid = os.fork()
         if pid:
-            self.children[pid] = Child(pid, self.now)
-            log.debug("spawned runner pid %d", pid)
+            self.children[pid] = Child(pid, self.now, serving)
+            log.debug("spawned runner pid %d for queues %s", pid, ",".join(serving))
             return pid
         os._exit(self.run_child(jitter))
 
@@ -225,7 +230,8 @@ class Overseer:
             # through the overseer, once.
             os.setpgid(0, 0)
             from .runner import Worker
-            worker = Worker(Store(self.config), parent_pid=self.pid, parent_id=self.row_id)
+            worker = Worker(Store(self.config), parent_pid=self.pid, parent_id=self.row_id,
+                            serving=self.spawning)
             try:
                 worker.work(max_runs=(self.config.runner.max_runs + jitter) or None)
                 code = 0
@@ -300,19 +306,35 @@ class Overseer:
         liveness.mark_child_dead(self.store, self.row_id, pid, reason, stopped=stopped)
 
     def manage_runners(self):
-        """Keep the wanted number of runners, within the host's limit (rule 5)."""
-        active = [c for c in self.children.values() if not c.retiring]
-        surplus = len(active) - self.num_runners
-        for child in sorted(active, key=lambda c: c.started)[:max(0, surplus)]:
-            self._retire(child)
+        """Keep the wanted number of runners of each queue group, within each queue's limit
+        and the host's (rule 5): runners started by others (supervisord, cron) count."""
+        wanted = self._wanted()
+        for group in set(wanted) | {c.serving for c in self.children.values()}:
+            active = [c for c in self.children.values()
+                      if not c.retiring and c.serving == group]
+            surplus = len(active) - wanted.get(group, 0)
+            for child in sorted(active, key=lambda c: c.started)[:max(0, surplus)]:
+                self._retire(child)
         if self.stopping or self.now < self.next_spawn_at:
             return
-        wanted = min(self.num_runners, self.config.runner.limit
-                     - liveness.others_running(self.store, self.row_id))
         # Retiring children still hold their slots: count them until they are gone.
-        missing = wanted - len(self.children)
-        for _ in range(max(0, missing)):
-            self.spawn_runner()
+        room = min(self.num_runners, self.config.runner.limit
+                   - liveness.others_running(self.store, self.row_id)) - len(self.children)
+        for group, count in wanted.items():
+            have = sum(1 for c in self.children.values() if c.serving == group)
+            for _ in range(max(0, min(count - have, room))):
+                self.spawn_runner(group)
+                room -= 1
+
+    def _wanted(self):
+        """{queues: runners wanted}: each configured queue's limit less the runners of this
+        host that others started for it; then ``default`` — all within num_runners."""
+        others = liveness.others_serving(self.store, self.row_id)
+        budget, wanted = self.num_runners, {}
+        for group, count in self.groups.items():
+            wanted[group] = max(0, min(count - others.get(group[0], 0), budget))
+            budget -= wanted[group]
+        return wanted
 
     # -- regular work -------------------------------------------------------------------
 

@@ -86,11 +86,9 @@ class Worker:
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
                  memory_limit=True, serving=None):
         self.store = store
-        # The queues this runner serves (None: every queue); claimed from in `claim_order`,
-        # re-read every check_interval (pauses, new queues).
+        # The queues it serves (None: all); `claim_order` is re-read every check_interval.
         self.serving = tuple(serving) if serving is not None else None
-        self.claim_order = ()
-        self._order_read_at = None
+        self.claim_order, self._order_read_at = (), None
         # Off for work run inside someone else's process (run_pending): its RSS is the
         # application's, not a runner's that may be replaced.
         self.memory_limit = memory_limit
@@ -443,13 +441,15 @@ class Worker:
         max_runs = self.max_runs = max_runs if max_runs is not None else self.config.runner.max_runs
         if self.install_signals:
             self._setup_signals()
-        row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id)
+        row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id,
+                                serving=self.serving)
         self.runner_id = row.id
         if not burst:
             self._listener = wakeup.Listener(self.config.database.url)
             if self.store.backend == "postgresql":
                 self._pg_listener = wakeup.PostgresListener(self.store.db)
-        log.info("runner %d started (pid %d, slot %d)", row.id, row.pid, row.slot)
+        log.info("runner %d started (pid %d, slot %d, queues %s)", row.id, row.pid, row.slot,
+                 ",".join(self.serving or ("all",)))
         self._rss = ResidentSize()
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()

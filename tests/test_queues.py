@@ -114,3 +114,38 @@ def test_migration_puts_existing_tasks_in_the_default_queue(backend, tmp_path):
         store.close()
     finally:
         db.drop()
+
+
+@pytest.mark.parametrize("queues,message", [
+    ({"reports": {"limit": 0}}, "[queues.reports] limit: must be at least 1"),
+    ({"reports": {"limt": 1}}, "unknown key 'limt' in [queues.reports]"),
+    ({"a b": {"limit": 1}}, "[queues.a b]"),
+    ({"reports": {"limit": 3}, "etl": {"limit": 1}}, "add up to 4, over [runner] limit (4)"),
+    ({"reports": 3}, "[queues.NAME] tables"),
+])
+def test_queue_tables_are_checked(queues, message):
+    from taskrunner.errors import ConfigError
+    with pytest.raises(ConfigError) as info:
+        Config.from_dict({"runner": {"limit": 4}, "queues": queues})
+    assert message in str(info.value)
+
+
+def test_the_overseer_keeps_each_queue_limit_and_default_gets_the_rest():
+    config = Config.from_dict({"runner": {"limit": 8}, "queues": {
+        "reports": {"limit": 1}, "etl": {"limit": 2, "priority": 5}}})
+    assert config.queue_groups() == {("reports",): 1, ("etl",): 2, ("default",): 5}
+    with_default = Config.from_dict({"runner": {"limit": 8}, "queues": {
+        "default": {"limit": 3}, "etl": {"limit": 5}}})
+    assert with_default.queue_groups() == {("default",): 3, ("etl",): 5}
+
+
+def test_runners_of_default_serve_every_queue_not_configured(sqlite_db):
+    from taskrunner import queues
+    queue = sqlite_db.queue(queues={"reports": {"limit": 1}, "etl": {"limit": 1, "priority": 9}})
+    for name in ("reports", "etl", "misc", "zz"):
+        queue.add_task(ECHO, queue=name)
+    store = queue.store
+    assert queues.claim_order(store, ("default",)) == ["default", "misc", "zz"]
+    assert queues.claim_order(store, ("reports", "etl")) == ["etl", "reports"]
+    assert queues.claim_order(store, None) == ["etl", "default", "misc", "reports", "zz"]
+    queue.close()
