@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 from .config import Config
 from .errors import InputError
+from .cli_queues import add_queue_command, print_queues
 from .handler import encode_data, load_handler
 
 log = logging.getLogger("taskrunner.cli")
@@ -183,11 +184,14 @@ def cmd_status(args):
     queue = _queue(args)
     rows = [r.to_json() for r in reads.running_runners(queue.store)]
     counts = reads.task_counts(queue.store)
+    queues = [q.to_json() for q in reads.queue_stats(queue.store)]
     if args.json:
-        _print_json({"database": _masked_url(queue), "runners": rows, "tasks": counts})
+        _print_json({"database": _masked_url(queue), "runners": rows, "tasks": counts,
+                     "queues": queues})
         return
     print("database: %s" % _masked_url(queue))
     print("tasks: " + (", ".join("%s %d" % kv for kv in sorted(counts.items())) or "none"))
+    print_queues(queues)
     if not rows:
         print("no runners running")
         return
@@ -364,6 +368,7 @@ def build_parser():
         command(name, func, text).add_argument("id", type=_task_id)
     command("rotate", cmd_rotate, "delete old ended tasks and runner rows")
     command("check", cmd_check, "check the config and the database")
+    add_queue_command(command)
 
     p = command("periodic", cmd_periodic, "manage periodic tasks")
     actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)

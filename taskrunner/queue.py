@@ -9,7 +9,7 @@ from . import enqueue, lifecycle, maintenance, queues, reads, rotation
 from . import periodic  # noqa: F401 - registers the periodic tasks' outcome hook
 from .config import Config
 from .models import utcnow
-from .reads import RunInfo, TaskInfo
+from .reads import QueueInfo, RunInfo, TaskInfo
 from .store import Store
 
 
@@ -115,6 +115,10 @@ class TaskQueue:
     def resume_queue(self, name: str) -> bool:
         """Claim from the queue `name` again. Returns False when it was not paused."""
         return bool(queues.set_paused(self.store, name, False))
+
+    def queues(self) -> List[QueueInfo]:
+        """Every queue: paused, limit, runs scheduled and running, runners, lag."""
+        return reads.queue_stats(self.store)
 
     def process_queue(self) -> Dict[str, Any]:
         """Mark dead runners, time out overdue runs, create due runs (what the overseer does

@@ -18,7 +18,7 @@ LEVELS = {
     "liveness": 3.1, "rotation": 3.1, "reads": 3.1, "queues": 3.1,
     "periodic": 3.2, "maintenance": 3.2,
     "queue": 4, "runner": 4, "overseer": 4,
-    "cli": 5, "__main__": 5, "__init__": 5,
+    "cli": 5, "cli_queues": 5, "__main__": 5, "__init__": 5,
 }
 
 

@@ -115,3 +115,40 @@ def test_a_queue_limit_holds_for_runners_started_by_anyone(database, tmp_path):
     assert RunnerQueue.select().count() == 0          # its queue slots are free again
     assert liveness.register(store, serving=("reports",)).slot == 1
     store.close()
+
+
+@pytest.mark.timeout(240)
+def test_pause_and_resume_reach_the_runners_of_two_overseers(database, overseers, tmp_path):
+    """Two overseers (2 runners each). A paused queue is claimed from by none of them while
+    other queues' work runs; its run in flight finishes; status shows it paused with its
+    backlog and lag; resumed, its tasks run."""
+    import json
+    queue = database.queue()
+    log = str(tmp_path / "runs.log")
+    first = overseers.start(overseers.config(limit=2))
+    second = overseers.start(database.write_config(tmp_path / "c2.toml", overseer_toml(limit=4)))
+    wait_for(lambda: Runner.select().where((Runner.kind == RUNNER)
+                                           & (Runner.status == RUNNING)).count() == 4,
+             timeout=START_TIMEOUT, message="4 runners of two overseers")
+    in_flight = queue.add_task("sample_handlers.Started", {"log": log, "sleep": 2}, queue="mail")
+    wait_for(lambda: os.path.exists(log + ".started"), timeout=START_TIMEOUT,
+             message="the mail task to start")
+    assert "paused" in taskrunner("queue", "pause", "mail", url=database.url, check=True).stdout
+    mail = queue.add_tasks([{"handler": "sample_handlers.Record", "data": {"log": log},
+                             "queue": "mail"} for _ in range(20)])
+    other = set(queue.add_tasks([{"handler": "sample_handlers.Record", "data": {"log": log}}
+                                 for _ in range(40)]))
+    done = lambda: {task for task, _, _ in read_records(log)}            # noqa: E731
+    wait_for(lambda: other | {in_flight} <= done(), timeout=60, message="the default tasks")
+    assert not set(mail) & done()
+    pids = {pid for task, _, pid in read_records(log) if task in other}
+    parents = {r.parent_id for r in Runner.select().where(Runner.pid.in_(list(pids)))}
+    assert len(parents) == 2, "both overseers' runners worked while mail was paused"
+    status = json.loads(taskrunner("status", "--json", url=database.url, check=True).stdout)
+    mail_info = [q for q in status["queues"] if q["name"] == "mail"][0]
+    assert mail_info["paused"] and mail_info["scheduled"] == 20 and mail_info["lag"] >= 0
+    assert "paused" in taskrunner("status", url=database.url, check=True).stdout
+    taskrunner("queue", "resume", "mail", url=database.url, check=True)
+    wait_for(lambda: set(mail) <= done(), timeout=60, message="the mail tasks after resume")
+    assert first.poll() is None and second.poll() is None
+    queue.close()

@@ -149,3 +149,33 @@ def test_runners_of_default_serve_every_queue_not_configured(sqlite_db):
     assert queues.claim_order(store, ("reports", "etl")) == ["etl", "reports"]
     assert queues.claim_order(store, None) == ["etl", "default", "misc", "reports", "zz"]
     queue.close()
+
+
+def test_a_paused_queue_is_not_claimed_from_until_resumed(database):
+    queue = database.queue()
+    mail = queue.add_task(ECHO, queue="mail")
+    plain = queue.add_task(ECHO)
+    assert queue.pause_queue("mail") is True and queue.pause_queue("mail") is False
+    assert queue.pause_queue("not-used-yet") is True      # may be paused before its first task
+    assert queue.run_pending() == 1
+    assert queue.get_task(plain).status == "success"
+    assert queue.get_task(mail).status == "scheduled"
+    info = {q.name: q for q in queue.queues()}
+    assert info["mail"].paused and info["mail"].scheduled == 1 and info["mail"].lag >= 0
+    assert not info["default"].paused and info["default"].lag is None
+    assert queue.resume_queue("mail") is True and queue.resume_queue("mail") is False
+    assert queue.run_pending() == 1
+    assert queue.get_task(mail).status == "success"
+    queue.close()
+
+
+def test_queue_commands(sqlite_db):
+    import json
+    url = sqlite_db.url
+    assert "paused" in taskrunner("queue", "pause", "mail", url=url, check=True).stdout
+    assert "already" in taskrunner("queue", "pause", "mail", url=url, check=True).stdout
+    listed = json.loads(taskrunner("queue", "list", "--json", url=url, check=True).stdout)
+    assert [(q["name"], q["paused"]) for q in listed] == [("default", False), ("mail", True)]
+    assert "resumed" in taskrunner("queue", "resume", "mail", url=url, check=True).stdout
+    usage_error(taskrunner("queue", "pause", "a,b", url=url), "queue")
+    usage_error(taskrunner("queue", "pause", url=url), "name")
