@@ -14,6 +14,7 @@ from .config import check_queue_name
 from .errors import InputError, StateError
 from .handler import check_handler_path, encode_data, load_handler
 from .models import DEFAULT_QUEUE, SCHEDULED, utcnow
+from .wakeup import CHANNEL
 from .timespan import MAX_SPAN
 
 MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
@@ -159,10 +160,13 @@ def _add_unique(store, row):
     raise StateError("unique_key %r is contended; try again" % row["unique_key"])
 
 
-def add_task(store, handler, now=None, **options):
+def add_task(store, handler, now=None, connection=None, **options):
     """Queue one task and return its id. With `unique_key`, adding a key that a not-yet-final
-    task holds stores nothing and returns that task's id."""
+    task holds stores nothing and returns that task's id. With `connection`, the caller's
+    open DB-API connection writes it inside the caller's transaction (`add_in_transaction`)."""
     row = task_row(store.config, handler, now=now, **options)
+    if connection is not None:
+        return add_in_transaction(store, connection, [row])[0]
     if row["unique_key"] is not None:
         return _add_unique(store, row)
     task_id = store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
@@ -170,10 +174,11 @@ def add_task(store, handler, now=None, **options):
     return task_id
 
 
-def add_tasks(store, tasks, now=None):
+def add_tasks(store, tasks, now=None, connection=None):
     """Queue many tasks (dicts of add_task's arguments). All are validated before anything
     is stored; those without a unique_key are stored in one transaction, those with one each
-    as add_task() stores them. Returns their ids in order."""
+    as add_task() stores them (with `connection`: all in the caller's transaction). Returns
+    their ids in order."""
     now = now or utcnow()
     seen = {}
     rows = []
@@ -184,6 +189,8 @@ def add_tasks(store, tasks, now=None):
         if unknown:
             raise InputError("invalid task: unknown key %s" % ", ".join(sorted(unknown)))
         rows.append(task_row(store.config, now=now, known_handlers=seen, **spec))
+    if connection is not None:
+        return add_in_transaction(store, connection, rows)
     plain_rows = [row for row in rows if row["unique_key"] is None]
     due = any(is_due(row) for row in plain_rows)
     plain = store.write_and_wake(lambda: _insert_many(store, plain_rows),
@@ -235,3 +242,88 @@ def _insert_values(store, model, rows, returning=False):
         store.db.execute_sql(sql, params)
         return None
     return sorted(row[0] for row in store.db.execute_sql(sql + " RETURNING id", params))
+
+
+# -- inside the application's transaction -----------------------------------------------------
+
+# The DB-API driver of a connection (by the module its class comes from) and its backend.
+DRIVERS = {"sqlite3": "sqlite", "psycopg": "postgresql", "pymysql": "mysql"}
+INSERT_QUEUE = {"sqlite": "INSERT OR IGNORE INTO task_queues (name, paused, updated_on) "
+                          "VALUES (?, ?, ?)",
+                "postgresql": "INSERT INTO task_queues (name, paused, updated_on) "
+                              "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                "mysql": "INSERT IGNORE INTO task_queues (name, paused, updated_on) "
+                         "VALUES (%s, %s, %s)"}
+
+
+def dbapi_connection(connection):
+    """The DB-API connection behind `connection`: itself, a SQLAlchemy ``Connection``'s, or
+    a Django ``connection``'s (connected first)."""
+    if hasattr(connection, "ensure_connection"):          # django.db.connection
+        connection.ensure_connection()
+        return connection.connection
+    proxied = getattr(connection, "connection", None)     # sqlalchemy Connection
+    driver = getattr(proxied, "driver_connection", None)
+    return driver if driver is not None else connection
+
+
+def add_in_transaction(store, connection, rows):
+    """Insert validated task rows (and the first run of each due one) with the caller's
+    connection, inside the transaction it has open: they commit or roll back with it. The
+    store's own connection is not used. PostgreSQL: a NOTIFY in the same transaction wakes
+    runners on every host when it commits; elsewhere the caller wakes this host's runners
+    after the commit (`TaskQueue.wake`), or they find the tasks within poll_interval.
+    A unique_key held by a live task returns that task's id; a unique_key added by another
+    transaction at the same moment raises the driver's IntegrityError (the caller's
+    transaction is then aborted, as after any constraint violation)."""
+    raw = dbapi_connection(connection)
+    backend = DRIVERS.get(type(raw).__module__.split(".")[0])
+    if backend != store.backend:
+        raise InputError("connection= must be a %s connection to the queue's database, not %s"
+                         % (store.backend, type(raw).__module__ + "." + type(raw).__name__))
+    param = "?" if backend == "sqlite" else "%s"
+    cursor = raw.cursor()
+    try:
+        now = utcnow()
+        for name in sorted({row["queue"] for row in rows} - store.known_queues):
+            cursor.execute(INSERT_QUEUE[backend], _values(backend, [name, False, now]))
+        ids = [_insert_row(store, cursor, backend, param, row) for row in rows]
+        if backend == "postgresql" and any(is_due(row) for row in rows):
+            cursor.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+    finally:
+        cursor.close()
+    return ids
+
+
+def _insert_row(store, cursor, backend, param, row):
+    if row["unique_key"] is not None:
+        cursor.execute("SELECT id FROM task_queue WHERE active_key = %s" % param,
+                       (row["unique_key"],))
+        existing = cursor.fetchone()
+        if existing is not None:
+            return existing[0]
+    task_id = _insert_one(store.Task, cursor, backend, param, row)
+    if is_due(row):
+        _insert_one(store.Run, cursor, backend, param, first_run(task_id, row))
+    return task_id
+
+
+def _insert_one(model, cursor, backend, param, row):
+    fields = [model._meta.fields[name] for name in row]
+    sql = "INSERT INTO %s (%s) VALUES (%s)" % (
+        model._meta.table_name, ", ".join(f.column_name for f in fields),
+        ", ".join([param] * len(fields)))
+    values = _values(backend, [f.db_value(row[f.name]) for f in fields])
+    if backend == "postgresql":
+        cursor.execute(sql + " RETURNING id", values)
+        return cursor.fetchone()[0]
+    cursor.execute(sql, values)
+    return cursor.lastrowid
+
+
+def _values(backend, values):
+    """SQLite: datetimes as the text peewee stores (Python 3.12 deprecates sqlite3's own
+    adapter)."""
+    if backend != "sqlite":
+        return values
+    return [v.isoformat(" ") if isinstance(v, datetime) else v for v in values]

@@ -66,22 +66,36 @@ class TaskQueue:
                  priority: int = 0, run_timeout: Optional[float] = None,
                  unique_key: Optional[str] = None, queued_by: Optional[str] = None,
                  max_runtime: Optional[float] = None,
-                 retry_backoff: Optional[float] = None, queue: Optional[str] = None) -> int:
+                 retry_backoff: Optional[float] = None, queue: Optional[str] = None,
+                 connection: Any = None) -> int:
         """Queue one task and return its id. `scheduled_on` is an aware datetime (a naive
         one is refused) or None for now. With `unique_key`, adding a key that a not-yet-final
         task holds stores nothing and returns that task's id. `queue`: None for the
-        handler class's ``queue`` attribute, else ``default``."""
+        handler class's ``queue`` attribute, else ``default``.
+
+        `connection`: the application's open DB-API connection (sqlite3, psycopg, PyMySQL;
+        or a SQLAlchemy ``Connection`` / Django ``connection``) to this queue's database:
+        the task is written inside its transaction and commits or rolls back with it. Call
+        `wake()` after the commit (PostgreSQL needs none: the server delivers a NOTIFY at
+        commit)."""
         return int(enqueue.add_task(
             self.store, handler, data=data, scheduled_on=scheduled_on, max_retries=max_retries,
             priority=priority, run_timeout=run_timeout, unique_key=unique_key,
             queued_by=queued_by, max_runtime=max_runtime, retry_backoff=retry_backoff,
-            queue=queue))
+            queue=queue, connection=connection))
 
-    def add_tasks(self, tasks: Iterable[Mapping[str, Any]]) -> List[int]:
+    def add_tasks(self, tasks: Iterable[Mapping[str, Any]], *,
+                  connection: Any = None) -> List[int]:
         """Queue many tasks (dicts of add_task's arguments, with "handler"). All are
-        validated first; those without a unique_key are stored in one transaction."""
+        validated first; those without a unique_key are stored in one transaction (with
+        `connection`, all in the caller's, as for add_task)."""
         return [int(task_id) for task_id in enqueue.add_tasks(self.store, [
-            dict(spec) for spec in tasks])]
+            dict(spec) for spec in tasks], connection=connection)]
+
+    def wake(self) -> None:
+        """Wake this host's idle runners now: after committing tasks added with
+        ``connection=`` (before the commit they would find nothing and sleep on)."""
+        self.store.wake_local()
 
     # -- reading ------------------------------------------------------------------------------
 
