@@ -152,3 +152,23 @@ def test_pause_and_resume_reach_the_runners_of_two_overseers(database, overseers
     wait_for(lambda: set(mail) <= done(), timeout=60, message="the mail tasks after resume")
     assert first.poll() is None and second.poll() is None
     queue.close()
+
+
+@pytest.mark.timeout(180)
+def test_eight_runners_started_at_once_for_a_queue_keep_its_limit(database, procs, tmp_path):
+    """8 cron-style runners of ``reports`` (limit 2) started together, as supervisord
+    numprocs would: 2 register, 6 refuse quietly; sampled throughout, never more than 2."""
+    database.queue().close()
+    config = database.write_config(tmp_path / "c.toml",
+                                   "[runner]\nlimit = 8\n" + REPORTS % 2)
+    crowd = [procs.spawn("run-event", "task-runner:OnProcess", "--queue", "reports",
+                         config=config, name="r%d" % i) for i in range(8)]
+    sampler = Sampler()
+
+    def settled():
+        sampler.sample()
+        return sum(p.poll() is not None for p in crowd) == 6 and \
+            RunnerQueue.select().where(RunnerQueue.queue == "reports").count() == 2
+    wait_for(settled, timeout=START_TIMEOUT * 3, interval=0.02, message="2 runners, 6 refused")
+    assert sampler.runners["reports"] == 2 and sampler.total == 2
+    assert all(p.returncode == 0 for p in crowd if p.poll() is not None), procs.logs()
