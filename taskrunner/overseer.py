@@ -329,7 +329,8 @@ class Overseer:
     def _wanted(self):
         """{queues: runners wanted}: each configured queue's limit less the runners of this
         host that others started for it; then ``default`` — all within num_runners."""
-        others = liveness.others_serving(self.store, self.row_id)
+        # While stopping nothing is spawned: no need to ask the database.
+        others = {} if self.stopping else liveness.others_serving(self.store, self.row_id)
         budget, wanted = self.num_runners, {}
         for group, count in self.groups.items():
             wanted[group] = max(0, min(count - others.get(group[0], 0), budget))

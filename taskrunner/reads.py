@@ -59,6 +59,7 @@ class TaskInfo(_Record):
     periodic_task_id: Optional[int]
     last_error_code: Optional[str]
     last_error_message: Optional[str]
+    queue: str
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def task_info(row: Any) -> TaskInfo:
         runs=row.run_count, runs_failed=row.runs_failed, max_retries=row.max_retries,
         run_timeout=row.run_timeout, max_runtime=row.max_runtime, unique_key=row.unique_key,
         periodic_task_id=row.periodic_task_id, last_error_code=row.last_error_code,
-        last_error_message=row.last_error_message)
+        last_error_message=row.last_error_message, queue=row.queue)
 
 
 def run_info(row: Any) -> RunInfo:

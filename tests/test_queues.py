@@ -29,6 +29,8 @@ def test_a_task_is_in_the_queue_it_was_added_to(database, tmp_path):
     assert [queues[i] for i in (plain, named, by_handler, overridden, *bulk, later, from_cli)] \
         == ["default", "reports", "reports", "urgent", "bulk", "default", "reports", "later",
             "cli"]
+    assert queue.get_task(named).queue == "reports"
+    assert '"queue": "cli"' in taskrunner("show", str(from_cli), "--json", url=database.url).stdout
     # The first run carries its task's queue (the claim reads task_runs alone).
     assert all(r.queue == queues[r.task_id] for r in Run.select())
     assert {q.name for q in queue.store.Queue.select()} >= {
