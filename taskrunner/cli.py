@@ -143,7 +143,8 @@ def cmd_add(args):
                          max_retries=args.max_retries, priority=args.priority,
                          run_timeout=args.timeout, unique_key=args.unique_key,
                          queued_by=args.queued_by, max_runtime=args.max_runtime,
-                         queue=args.queue))
+                         queue=args.queue, concurrency_key=args.concurrency_key,
+                         concurrency_limit=args.concurrency_limit))
 
 
 def cmd_runner(args):
@@ -342,6 +343,9 @@ def build_parser():
     p.add_argument("--queued-by", metavar="WHO", help="who queued the task")
     p.add_argument("--queue", type=_queue_name, metavar="NAME",
                    help="the task's queue (default: the handler's, else 'default')")
+    p.add_argument("--concurrency-key", metavar="KEY",
+                   help="at most --concurrency-limit runs of tasks with KEY at once, all hosts")
+    p.add_argument("--concurrency-limit", type=_positive_int, metavar="N", help="default 1")
     command("overseer", cmd_overseer, "the supervised parent of the runners, foreground")
     p = command("runner", cmd_runner, "one runner, foreground")
     p.add_argument("--burst", action="store_true", help="exit when no run is left")

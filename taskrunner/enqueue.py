@@ -20,7 +20,8 @@ from .timespan import MAX_SPAN
 MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
 BULK_ROWS = 500         # rows per INSERT: within every database's limit on bound parameters
 TASK_OPTIONS = ("data", "scheduled_on", "max_retries", "priority", "run_timeout", "unique_key",
-                "queued_by", "max_runtime", "retry_backoff", "periodic_task_id", "queue")
+                "queued_by", "max_runtime", "retry_backoff", "periodic_task_id", "queue",
+                "concurrency_key", "concurrency_limit")
 
 
 def utc_instant(value, name="scheduled_on"):
@@ -52,11 +53,13 @@ def _check_seconds(name, value):
 def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, priority=0,
              run_timeout=None, unique_key=None, queued_by=None, max_runtime=None,
              retry_backoff=None, periodic_task_id=None, now=None, known_handlers=None,
-             import_handler=True, queue=None):
+             import_handler=True, queue=None, concurrency_key=None, concurrency_limit=None):
     """Validate one task and return the row to insert; InputError on bad input.
     `known_handlers`, a dict, skips loading a handler already loaded in this batch; without
     `import_handler` the path is checked but not imported (the overseer's scheduler).
-    `queue`: None for the handler class's ``queue``, else ``default``."""
+    `queue`: None for the handler class's ``queue``, else ``default``. A task with a
+    `concurrency_key` gets its runs from `lifecycle.create_missing_runs` (which takes a
+    slot of the key), never at insert."""
     defaults = config.task
     cls = None
     if not import_handler:
@@ -85,7 +88,13 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
         raise InputError("unique_key must be a non-empty string of at most 255 characters")
     if queued_by is not None and (not isinstance(queued_by, str) or len(queued_by) > 255):
         raise InputError("queued_by must be a string of at most 255 characters")
-    due = scheduled_on <= now
+    if concurrency_key is not None and (not isinstance(concurrency_key, str)
+                                        or not concurrency_key or len(concurrency_key) > 255):
+        raise InputError("concurrency_key must be a non-empty string of at most 255 characters")
+    _check_int("concurrency_limit", concurrency_limit, 1, MAX_INT)
+    if concurrency_limit is not None and concurrency_key is None:
+        raise InputError("concurrency_limit needs a concurrency_key")
+    due = scheduled_on <= now and concurrency_key is None
     return {
         "queued_on": now, "queued_by": queued_by, "scheduled_on": scheduled_on,
         "handler": handler, "data": text, "priority": priority or 0,
@@ -96,6 +105,8 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
         "max_runtime": max_runtime, "retry_backoff": retry_backoff,
         "unique_key": unique_key, "active_key": unique_key,
         "periodic_task_id": periodic_task_id, "queue": queue,
+        "concurrency_key": concurrency_key,
+        "concurrency_limit": (concurrency_limit or 1) if concurrency_key is not None else None,
         "next_run_on": None if due else scheduled_on,
         "updated_on": now,
     }

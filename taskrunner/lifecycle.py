@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import peewee as pw
 
+from .concurrency import create_keyed_runs, release_waiting
 from .errors import StateError, TaskNotFound
 from .models import (CANCELLED, CRASHED, DEFAULT_QUEUE, FAILED, REQUEUED, RUNNING, SCHEDULED,
                      SUCCESS, TIMEOUT, run_status_is, utcnow)
@@ -47,7 +48,7 @@ PG_CLAIM_CTES = """
 PG_SUCCESS_CTES = """
     ended AS (
         UPDATE task_runs SET status = 'success', finished_on = %s, updated_on = %s,
-            active_task_id = NULL, error_code = NULL, error_message = NULL,
+            active_task_id = NULL, concurrency_slot = NULL, error_code = NULL, error_message = NULL,
             percent_completed = 100, results = %s
         WHERE id = %s AND status = 'running' AND runner_id = %s RETURNING task_id),
     ended_task AS (
@@ -69,7 +70,7 @@ SQLITE_CLAIM = ("""
     RETURNING handler, data, max_runtime, periodic_task_id""")
 SUCCESS_STATEMENTS = ("""
     UPDATE task_runs SET status = 'success', finished_on = ?, updated_on = ?,
-        active_task_id = NULL, error_code = NULL, error_message = NULL,
+        active_task_id = NULL, concurrency_slot = NULL, error_code = NULL, error_message = NULL,
         percent_completed = 100, results = ?
     WHERE id = ? AND status = 'running' AND runner_id = ?""", """
     UPDATE task_queue SET last_status = 'success', runs_failed = 0, next_run_on = NULL,
@@ -123,6 +124,7 @@ def create_missing_runs(store, now=None, batch=500):
     Task = store.Task
     now = now or utcnow()
     created = 0
+    release_waiting(store, now)
     # A cheap read first: most passes find nothing and need no write lock.
     if not Task.select(Task.id).where(Task.next_run_on <= now).exists():
         return 0
@@ -145,6 +147,9 @@ def create_missing_runs(store, now=None, batch=500):
 def _create_runs(store, ids, now):
     """The next run of each task in `ids` (locked by the caller), inside its transaction."""
     Task, Run = store.Task, store.Run
+    ids = create_keyed_runs(store, ids, now)      # leaves the tasks without a key
+    if not ids:
+        return
     live = Run.select(Run.id).where(Run.active_task_id == Task.id)
     source = (Task.select(Task.id, pw.Value(now), pw.Value(now), Task.run_count + 1,
                           Task.id, Task.priority, Task.scheduled_on,
@@ -204,12 +209,8 @@ def claim(store, runner_id, queues=(DEFAULT_QUEUE,), now=None):
 
 
 def _claim_step(store, runner_id, queues, now):
-    """claim() inside the caller's write transaction."""
-    for queue in queues:
-        claimed = _claim_from(store, runner_id, queue, now)
-        if claimed is not None:
-            return claimed
-    return None
+    """claim() inside the caller's write transaction: each queue in turn."""
+    return next(filter(None, (_claim_from(store, runner_id, q, now) for q in queues)), None)
 
 
 def _claim_from(store, runner_id, queue, now):
@@ -348,7 +349,7 @@ def end_in_transaction(store, run_id, task_id, status, runner_id, results, error
             _outcome(store, periodic_task_id, status, now)
         return ended
     values = {Run.status: status, Run.finished_on: now, Run.updated_on: now,
-              Run.active_task_id: None, Run.error_code: error_code,
+              Run.active_task_id: None, Run.concurrency_slot: None, Run.error_code: error_code,
               Run.error_message: error_message}
     if status == SUCCESS:
         values[Run.percent_completed] = 100
@@ -489,11 +490,11 @@ def cancel(store, task_id, now=None):
         live = Run.select(Run.id, Run.status).where(Run.active_task_id == task.id).first()
         if live is not None:
             cancelled = Run.update(status=CANCELLED, finished_on=now, updated_on=now,
-                                   active_task_id=None).where(
+                                   active_task_id=None, concurrency_slot=None).where(
                 (Run.id == live.id) & (Run.status == SCHEDULED)).execute()
             if not cancelled:
                 raise StateError("task %d is running (run %d); it cannot be cancelled"
                                  % (task.id, live.id))
-        Task.update(last_status=CANCELLED, next_run_on=None, finished_on=now,
-                    active_key=None, updated_on=now).where(Task.id == task.id).execute()
+        Task.update(last_status=CANCELLED, next_run_on=None, finished_on=now, active_key=None,
+                    waiting_key=None, updated_on=now).where(Task.id == task.id).execute()
     store.write(step)

@@ -79,6 +79,11 @@ class Task(BaseModel):
     last_error_message = pw.TextField(null=True)
     crash_count = pw.IntegerField(default=0)
     queue = pw.CharField(max_length=64, default=DEFAULT_QUEUE)
+    # At most concurrency_limit live runs of the tasks with this key (migration 0010);
+    # waiting_key is the key while the task waits for a free slot of it.
+    concurrency_key = pw.CharField(null=True)
+    concurrency_limit = pw.IntegerField(null=True)
+    waiting_key = pw.CharField(null=True)
 
     class Meta:
         table_name = "task_queue"
@@ -107,6 +112,9 @@ class Run(BaseModel):
     priority = pw.IntegerField(default=0)
     scheduled_on = pw.DateTimeField()
     queue = pw.CharField(max_length=64, default=DEFAULT_QUEUE)
+    # The task's concurrency key, and the slot of it this run holds while it is live.
+    concurrency_key = pw.CharField(null=True)
+    concurrency_slot = pw.IntegerField(null=True)
 
     class Meta:
         table_name = "task_runs"

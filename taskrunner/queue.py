@@ -67,11 +67,14 @@ class TaskQueue:
                  unique_key: Optional[str] = None, queued_by: Optional[str] = None,
                  max_runtime: Optional[float] = None,
                  retry_backoff: Optional[float] = None, queue: Optional[str] = None,
-                 connection: Any = None) -> int:
+                 concurrency_key: Optional[str] = None,
+                 concurrency_limit: Optional[int] = None, connection: Any = None) -> int:
         """Queue one task and return its id. `scheduled_on` is an aware datetime (a naive
         one is refused) or None for now. With `unique_key`, adding a key that a not-yet-final
         task holds stores nothing and returns that task's id. `queue`: None for the
-        handler class's ``queue`` attribute, else ``default``.
+        handler class's ``queue`` attribute, else ``default``. With `concurrency_key`, at
+        most `concurrency_limit` (default 1) runs of the tasks sharing the key are live at
+        once, on all hosts; such a task's run is created by the next pass of the queue.
 
         `connection`: the application's open DB-API connection (sqlite3, psycopg, PyMySQL;
         or a SQLAlchemy ``Connection`` / Django ``connection``) to this queue's database:
@@ -82,7 +85,8 @@ class TaskQueue:
             self.store, handler, data=data, scheduled_on=scheduled_on, max_retries=max_retries,
             priority=priority, run_timeout=run_timeout, unique_key=unique_key,
             queued_by=queued_by, max_runtime=max_runtime, retry_backoff=retry_backoff,
-            queue=queue, connection=connection))
+            queue=queue, concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+            connection=connection))
 
     def add_tasks(self, tasks: Iterable[Mapping[str, Any]], *,
                   connection: Any = None) -> List[int]:
@@ -147,9 +151,17 @@ class TaskQueue:
         """Run due work in this process until none is left (or `max_runs`); returns how
         many runs were executed. For tests of handlers: no processes, no signals."""
         from .runner import Worker
-        maintenance.process_queue(self.store)
-        worker = Worker(self.store, install_signals=False, memory_limit=False)
-        return int(worker.work(burst=True, max_runs=max_runs))
+        done = 0
+        while max_runs is None or done < max_runs:
+            # Again after each burst: it may have freed slots of concurrency keys.
+            maintenance.process_queue(self.store)
+            worker = Worker(self.store, install_signals=False, memory_limit=False)
+            ran = int(worker.work(burst=True, max_runs=None if max_runs is None
+                                  else max_runs - done))
+            done += ran
+            if not ran:
+                break
+        return done
 
 
 __all__ = ["TaskQueue"]
