@@ -13,11 +13,17 @@ import peewee as pw
 from .models import SCHEDULED
 
 
+def has_waiting(store):
+    """Whether any task waits for a slot of its concurrency key."""
+    Task = store.Task
+    return Task.select(Task.id).where(Task.waiting_key.is_null(False)).exists()
+
+
 def release_waiting(store, now):
     """Tasks waiting for a slot of their concurrency key become due again when their key
     has a free slot; creating their run takes the slot (or they wait again)."""
     Task, Run = store.Task, store.Run
-    if not Task.select(Task.id).where(Task.waiting_key.is_null(False)).exists():
+    if not has_waiting(store):
         return
     taken = (Run.select(pw.fn.COUNT(Run.id)).where(
         (Run.concurrency_key == Task.waiting_key) & Run.concurrency_slot.is_null(False)))

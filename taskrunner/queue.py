@@ -5,7 +5,7 @@ be done in-process in tests. Everything else (runners, the overseer, the CLI) wo
 from datetime import datetime
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
-from . import enqueue, lifecycle, maintenance, queues, reads, rotation
+from . import concurrency, enqueue, lifecycle, maintenance, queues, reads, rotation
 from . import periodic  # noqa: F401 - registers the periodic tasks' outcome hook
 from .config import Config
 from .models import utcnow
@@ -153,13 +153,13 @@ class TaskQueue:
         from .runner import Worker
         done = 0
         while max_runs is None or done < max_runs:
-            # Again after each burst: it may have freed slots of concurrency keys.
             maintenance.process_queue(self.store)
             worker = Worker(self.store, install_signals=False, memory_limit=False)
             ran = int(worker.work(burst=True, max_runs=None if max_runs is None
                                   else max_runs - done))
             done += ran
-            if not ran:
+            # Again only for tasks that waited for a slot of their concurrency key.
+            if not ran or not concurrency.has_waiting(self.store):
                 break
         return done
 
