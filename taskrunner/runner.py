@@ -259,9 +259,8 @@ class Worker:
         args = (claimed.run_id, claimed.task_id, status, self.runner_id, results, code, message)
         options = dict(periodic_task_id=claimed.periodic_task_id, retry_at=retry_at)
         if claim_next and not self._should_exit():
-            order = self._claim_order()
             ended, following = self._with_database(lambda: lifecycle.end_run_and_claim(
-                self.store, *args, queues=order, **options),
+                self.store, *args, queues=self._claim_order(), **options),
                 reconnected=lambda: self._give_back_lost_claims(keep=claimed.run_id))
         else:
             ended, following = self._with_database(lambda: lifecycle.end_run(
