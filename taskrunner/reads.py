@@ -136,6 +136,7 @@ class PeriodicTaskInfo(_Record):
     source: str
     worker: Optional[str]
     marked: Optional[datetime]
+    queue: str
 
 
 def task_info(row: Any) -> TaskInfo:
@@ -170,7 +171,8 @@ def periodic_info(row: Any) -> PeriodicTaskInfo:
         last_status=row.last_status, consecutive_failures=row.consecutive_failures,
         submitted=row.submitted_count, skipped=row.skipped_count, priority=row.priority,
         catch_up=row.catch_up, max_runtime=row.max_runtime, min_spacing=row.min_spacing,
-        owner=row.owner, source=row.source, worker=row.worker, marked=aware(row.marked))
+        owner=row.owner, source=row.source, worker=row.worker, marked=aware(row.marked),
+        queue=row.queue)
 
 
 # -- queries ------------------------------------------------------------------------------------

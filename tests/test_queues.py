@@ -86,6 +86,8 @@ def test_a_periodic_task_submits_into_its_queue(sqlite_db, tmp_path):
     from taskrunner.models import PeriodicTask
     rows = {p.name: p.queue for p in PeriodicTask.select()}
     assert (rows["nightly"], rows["by-handler"], rows["cfg"]) == ("reports", "reports", "etl")
+    listed = taskrunner("periodic", "list", "--json", url=sqlite_db.url, check=True).stdout
+    assert '"queue": "etl"' in listed
     from datetime import timedelta
     from taskrunner.models import utcnow
     scheduler = periodic.PeriodicScheduler(queue.store)
