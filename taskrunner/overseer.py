@@ -1,8 +1,9 @@
 """The overseer: the pre-fork parent that supervisord or systemd starts.
 
-It registers itself (kind ``overseer``), forks runners up to ``[runner] limit`` and keeps
-them alive, reaps and replaces the ones that exit (with a backoff when they fail before
-registering, and a non-zero exit if that goes on), checks every runner of this host every
+It registers itself (kind ``overseer``), forks runners up to ``[runner] limit`` (``limit``
+of them for each ``[queues.NAME]``, the rest serving ``default``) and keeps them alive,
+reaps and replaces the ones that exit (with a backoff when they fail before registering,
+and a non-zero exit if that goes on), checks every runner of this host every
 ``[overseer] check_interval`` (rule 7: PID, and heartbeat for hung runners), processes the
 queue and runs the periodic scheduler (rotation is one of its periodic tasks). Runs that
 time out are stopped by the runners executing them (rule 8, see runner.py).
