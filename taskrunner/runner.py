@@ -412,15 +412,18 @@ class Worker:
                      claimed.task_id, self.stop_reason)
         return None
 
-    def _claim_order(self, fresh=False):
-        """The queues to claim from, read again when `fresh` or older than check_interval
-        (a pause reaches every runner within one check interval)."""
-        now = time.monotonic()
-        if fresh or self._order_read_at is None \
-                or now - self._order_read_at >= self.config.overseer.check_interval:
-            self.claim_order = tuple(queues.claim_order(self.store, self.serving))
-            self._order_read_at = now
+    def _claim_order(self):
+        """The queues to claim from, re-read every check_interval (pauses, new queues)."""
+        if self._order_read_at is None or time.monotonic() - self._order_read_at \
+                >= self.config.overseer.check_interval:
+            self._look()
         return self.claim_order
+
+    def _look(self):
+        """Idle: re-read the claim order and whether a run waits in it, in one read."""
+        order, work = queues.claim_order(self.store, self.serving, with_work=True)
+        self.claim_order, self._order_read_at = tuple(order), time.monotonic()
+        return work
 
     def _idle(self, standalone):
         """Wait for work: poll a cheap read every poll_interval (a signal wakes at once).
@@ -429,8 +432,7 @@ class Worker:
         while not self._should_exit():
             if standalone:
                 maintenance.process_queue(self.store)
-            order = self._claim_order(fresh=True)
-            if order and lifecycle.has_scheduled_runs(self.store, order):
+            if self._look():
                 return
             self._wait(interval)
 

@@ -6,7 +6,7 @@ history does not slow them either. (The speed itself is measured by bench/, not 
 import pytest
 
 from taskrunner import lifecycle
-from taskrunner import liveness
+from taskrunner import liveness, queues
 from taskrunner.models import Run, utcnow
 from taskrunner.lifecycle import (MYSQL_CLAIM, PG_CLAIM, PG_SUCCESS_AND_CLAIM, SQLITE_CLAIM,
                                   SUCCESS_STATEMENTS)
@@ -76,7 +76,10 @@ def test_live_runs_are_read_from_partial_indexes_not_the_history(database_sp):
     finish = (PG_SUCCESS_AND_CLAIM, (now, now, None, claimed.run_id, runner_id, now, now,
                                       "default", runner_id, now, now, now)) if backend == "postgresql" \
         else (SUCCESS_STATEMENTS[0], (now, now, None, claimed.run_id, runner_id))
-    statements = [query.sql() for query in (lifecycle.scheduled_runs_query(queue.store, ["default", "reports"]),
+    look = queues.claim_order(queue.store, None, with_work=True)      # idle runners' poll
+    assert look == (["default"], True)
+    statements = [query.sql() for query in (queues.queue_rows_query(queue.store, True),
+                                            lifecycle.scheduled_runs_query(queue.store, ["default", "reports"]),
                                             lifecycle.running_runs_query(queue.store),
                                             lifecycle.runs_of_runner_query(queue.store, runner_id))]
     for sql, params in statements + [finish]:
