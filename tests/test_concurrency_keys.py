@@ -32,7 +32,7 @@ def test_a_key_has_at_most_its_limit_of_live_runs(database):
     claimed = [lifecycle.claim(queue.store, runner_id) for _ in range(4)]
     assert {c.task_id for c in claimed} == {busy[0], busy[1], other, plain}
     assert lifecycle.claim(queue.store, runner_id) is None
-    done = [c for c in claimed if c.task_id == busy[0]][0]
+    done = next(c for c in claimed if c.task_id == busy[0])
     assert lifecycle.end_run(queue.store, done.run_id, done.task_id, SUCCESS, runner_id=runner_id)
     assert live_by_key() == {"customer:42": 1, "customer:7": 1}      # its slot is free
     queue.cancel(busy[4])                                               # waiting: cancellable
@@ -76,7 +76,9 @@ def test_bad_concurrency_options_are_refused(sqlite_db):
 def overlaps(log):
     """The most handlers of the log running at once (its start/end lines are in order)."""
     most = current = 0
-    for line in open(log).read().split("\n"):
+    with open(log) as fh:
+        lines = fh.read().split("\n")
+    for line in lines:
         if line.startswith("start"):
             current += 1
         elif line.startswith("end"):
@@ -105,7 +107,7 @@ def test_eight_runners_never_run_more_than_the_limit_of_a_key(database, procs, t
         return Task.select().where(Task.id.in_(ids) & (Task.last_status == SUCCESS)).count() \
             == len(ids)
     wait_for(done, timeout=START_TIMEOUT * 6, interval=0.02, message="the 24 keyed tasks")
-    assert overlaps(log) == 2, open(log).read()
+    assert overlaps(log) == 2
     assert most["running"] <= 2 and most["live"] <= 2, most
     assert Run.select().where(Run.task_id.in_(ids)).count() == len(ids)
     queue.close()

@@ -139,14 +139,16 @@ def test_pause_and_resume_reach_the_runners_of_two_overseers(database, overseers
                              "queue": "mail"} for _ in range(20)])
     other = set(queue.add_tasks([{"handler": "sample_handlers.Record", "data": {"log": log}}
                                  for _ in range(40)]))
-    done = lambda: {task for task, _, _ in read_records(log)}            # noqa: E731
+
+    def done():
+        return {task for task, _, _ in read_records(log)}
     wait_for(lambda: other | {in_flight} <= done(), timeout=60, message="the default tasks")
     assert not set(mail) & done()
     pids = {pid for task, _, pid in read_records(log) if task in other}
     parents = {r.parent_id for r in Runner.select().where(Runner.pid.in_(list(pids)))}
     assert len(parents) == 2, "both overseers' runners work while mail is paused\n" + overseers.log()
     status = json.loads(taskrunner("status", "--json", url=database.url, check=True).stdout)
-    mail_info = [q for q in status["queues"] if q["name"] == "mail"][0]
+    mail_info = next(q for q in status["queues"] if q["name"] == "mail")
     assert mail_info["paused"] and mail_info["scheduled"] == 20 and mail_info["lag"] >= 0
     assert "paused" in taskrunner("status", url=database.url, check=True).stdout
     taskrunner("queue", "resume", "mail", url=database.url, check=True)

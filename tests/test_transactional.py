@@ -117,11 +117,10 @@ def test_the_sqlalchemy_recipe(database, app):
     queue = database.queue()
     engine = sqlalchemy.create_engine(sqlalchemy_url(database))
     insert = sqlalchemy.text("INSERT INTO orders (id, note) VALUES (:id, :note)")
-    with pytest.raises(RuntimeError):
-        with engine.begin() as conn:
-            conn.execute(insert, {"id": 1, "note": "lost"})
-            queue.add_task("taskrunner.handlers.Echo", connection=conn)
-            raise RuntimeError("the order failed")
+    with pytest.raises(RuntimeError), engine.begin() as conn:
+        conn.execute(insert, {"id": 1, "note": "lost"})
+        queue.add_task("taskrunner.handlers.Echo", connection=conn)
+        raise RuntimeError("the order failed")
     with engine.begin() as conn:
         conn.execute(insert, {"id": 2, "note": "kept"})
         task_id = queue.add_task("taskrunner.handlers.Echo", {"order": 2}, connection=conn)
@@ -148,13 +147,12 @@ def test_the_django_recipe(sqlite_db, tmp_path):
     with connection.cursor() as cursor:
         cursor.execute(ORDERS)
     woken = []
-    with pytest.raises(RuntimeError):
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("INSERT INTO orders (id, note) VALUES (1, 'lost')")
-            queue.add_task("taskrunner.handlers.Echo", connection=connection)
-            transaction.on_commit(lambda: woken.append(1))
-            raise RuntimeError("the order failed")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("INSERT INTO orders (id, note) VALUES (1, 'lost')")
+        queue.add_task("taskrunner.handlers.Echo", connection=connection)
+        transaction.on_commit(lambda: woken.append(1))
+        raise RuntimeError("the order failed")
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("INSERT INTO orders (id, note) VALUES (2, 'kept')")
