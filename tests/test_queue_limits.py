@@ -59,8 +59,9 @@ def test_slow_reports_with_limit_one_do_not_starve_quick_tasks(database, oversee
         return quick <= {task for task, _, _ in read_records(log)}
     wait_for(quick_done, timeout=120, interval=0.2, message="the 300 quick tasks")
     done = {task for task, _, _ in read_records(log)}
-    # Reports run one at a time (8 s each): the quick ones finished while they ran.
-    assert len(done & set(reports)) <= 1, overseers.log()
+    # Reports run one at a time (8 s each): the quick ones finished while they still ran (with
+    # all runners on the reports, the three would have ended before any quick task started).
+    assert len(done & set(reports)) < len(reports), overseers.log()
 
     def reports_done():
         sampler.sample()
