@@ -12,12 +12,14 @@ from datetime import datetime, timedelta, timezone
 
 from . import cli_runs
 from .cli_args import (iso_time, json_arg, masked_url, one_line, open_queue, positive_int,
-                       print_json, print_table, seconds_arg, task_id_arg)
+                       print_json, print_table, queue_list, queue_name, seconds_arg,
+                       task_id_arg)
 from .cli_calendar import MAX_ITERATIONS, cmd_calendar, iterations
 from .cli_periodic import add_periodic_parser
 from .cli_runs import when
 from .config import Config
 from .errors import InputError
+from .cli_queues import add_queue_command, print_queues
 from .handler import encode_data, load_handler
 from .logs import setup_logging
 
@@ -25,6 +27,8 @@ log = logging.getLogger("taskrunner.cli")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE, what a shell reports for a process SIGPIPE killed
+QUEUE_HELP = ("the queues this runner serves, comma-separated (default: 'default', which "
+              "also serves every queue without a [queues.NAME] table)")
 EVENTS = ("task-queue:OnProcess", "task-runner:OnProcess", "task-queue:OnRotate",
           "periodic-task:OnProcess")
 
@@ -64,12 +68,15 @@ def cmd_add(args):
     print(queue.add_task(args.handler, data=args.data, scheduled_on=scheduled_on,
                          max_retries=args.max_retries, priority=args.priority,
                          run_timeout=args.timeout, unique_key=args.unique_key,
-                         queued_by=args.queued_by, max_runtime=args.max_runtime))
+                         queued_by=args.queued_by, max_runtime=args.max_runtime,
+                         queue=args.queue, concurrency_key=args.concurrency_key,
+                         concurrency_limit=args.concurrency_limit))
 
 
 def cmd_runner(args):
     from .runner import run_runner
-    return run_runner(open_queue(args).store, burst=args.burst, max_runs=args.max_runs)
+    return run_runner(open_queue(args).store, burst=args.burst, max_runs=args.max_runs,
+                      serving=args.queue)
 
 
 def cmd_overseer(args):
@@ -95,7 +102,7 @@ def cmd_run_event(args):
                  len(result["skipped"]))
     else:
         from .runner import run_runner
-        return run_runner(queue.store, refuse_quietly=True)
+        return run_runner(queue.store, refuse_quietly=True, serving=args.queue)
     return EXIT_OK
 
 
@@ -107,10 +114,11 @@ def cmd_status(args):
     figures = reads.health(queue.store)
     handlers = {name: stats.to_json() for name, stats in
                 sorted(reads.run_stats(queue.store, by="handler").items())}
+    queues = [q.to_json() for q in reads.queue_stats(queue.store)]
     if args.json:
         print_json({"database": masked_url(queue), "runners": rows, "tasks": counts,
-                     "retrying": figures["tasks_retrying"], "given_up": figures["tasks_given_up"],
-                     "handlers": handlers})
+                    "retrying": figures["tasks_retrying"], "given_up": figures["tasks_given_up"],
+                    "handlers": handlers, "queues": queues})
         return
     print("database: %s" % masked_url(queue))
     print("tasks: " + (", ".join("%s %d" % kv for kv in sorted(counts.items())) or "none"))
@@ -120,6 +128,7 @@ def cmd_status(args):
         print()
         print_table(*cli_runs.stats_table("HANDLER", handlers))
         print()
+    print_queues(queues)
     if not rows:
         print("no runners running")
         return
@@ -274,12 +283,21 @@ def build_parser():
     p.add_argument("--unique-key", metavar="KEY",
                    help="if a live task holds KEY, add nothing and print its id")
     p.add_argument("--queued-by", metavar="WHO", help="who queued the task")
+    p.add_argument("--queue", type=queue_name, metavar="NAME",
+                   help="the task's queue (default: the handler's, else 'default')")
+    p.add_argument("--concurrency-key", metavar="KEY",
+                   help="at most --concurrency-limit runs of tasks with KEY at once, all hosts")
+    p.add_argument("--concurrency-limit", type=positive_int, metavar="N", help="default 1")
     command("overseer", cmd_overseer, "the supervised parent of the runners, foreground")
     p = command("runner", cmd_runner, "one runner, foreground")
     p.add_argument("--burst", action="store_true", help="exit when no run is left")
     p.add_argument("--max-runs", type=int, help="exit after this many runs")
+    p.add_argument("--queue", type=queue_list, default=("default",), metavar="A,B",
+                   help=QUEUE_HELP)
     p = command("run-event", cmd_run_event, "one event, for cron or supervisord")
     p.add_argument("event", choices=EVENTS, metavar="UNIT:EVENT", help=" | ".join(EVENTS))
+    p.add_argument("--queue", type=queue_list, default=("default",), metavar="A,B",
+                   help="task-runner:OnProcess: " + QUEUE_HELP)
     p = command("status", cmd_status, "runners and task counts")
     p.add_argument("--json", action="store_true")
     p = command("tasks", cmd_tasks, "list tasks, most recent first")
@@ -308,6 +326,7 @@ def build_parser():
     command("rotate", cmd_rotate, "delete old ended tasks and runner rows").add_argument(
         "--json", action="store_true")
     command("check", cmd_check, "check the config and the database")
+    add_queue_command(command)
 
     add_periodic_parser(command, _Parser)
 

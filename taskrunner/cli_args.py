@@ -7,6 +7,8 @@ import math
 import re
 from datetime import datetime, timezone
 
+from .errors import InputError
+
 
 # Characters that end a line for a terminal or for str.splitlines().
 LINE_BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -88,3 +90,19 @@ def masked_url(queue):
 
 def print_json(value):
     print(json.dumps(value, indent=2))
+
+
+def queue_name(text):
+    from .config import check_queue_name
+    try:
+        return check_queue_name(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def queue_list(text):
+    from .config import parse_queue_list
+    try:
+        return parse_queue_list(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

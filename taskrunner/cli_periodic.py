@@ -1,6 +1,6 @@
 """``taskrunner periodic``: add, list, enable, disable and remove periodic tasks — one by
 name, or every one of an owner at once."""
-from .cli_args import json_arg, open_queue, print_json, print_table
+from .cli_args import json_arg, open_queue, print_json, print_table, queue_name
 from .cli_runs import STATS_HEADERS, stats_cells, when
 from .errors import InputError
 
@@ -17,7 +17,7 @@ def cmd_periodic(args):
                    "max_runtime": args.max_runtime, "min_spacing": args.min_spacing,
                    "max_retries": args.max_retries, "owner": args.owner,
                    "enabled": not args.disabled, "subject": args.subject, "group": args.group,
-                   "timebox": args.timebox, "tolerance": args.tolerance}
+                   "timebox": args.timebox, "tolerance": args.tolerance, "queue": args.queue}
         # As `add`: a refused definition opens no database (not even to create the schema).
         periodic.check_periodic(args.loaded_config, args.name, args.handler, args.timer,
                                 data=args.data, **options)
@@ -87,6 +87,8 @@ def add_periodic_parser(command, parser_class):
                    help="max_runtime of each task = interval / 2 (interval timers)")
     a.add_argument("--tolerance", metavar="SPAN", help="drop a task at start if the previous "
                    "one started less than interval - SPAN ago ('every' timers)")
+    a.add_argument("--queue", type=queue_name, metavar="NAME",
+                   help="the queue of its tasks (default: the handler's, else 'default')")
     a.add_argument("--json", action="store_true")
     a = actions.add_parser("list", help="list periodic tasks")
     a.add_argument("--owner")

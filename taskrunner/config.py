@@ -4,10 +4,11 @@ A config file is TOML. Every key is optional; unknown sections and keys are erro
 must not silently fall back to a default). Errors name the file and the key.
 """
 import os
+import re
 import sys
 from types import SimpleNamespace
 
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 from .timespan import parse_timespan
 
 if sys.version_info >= (3, 11):
@@ -16,6 +17,27 @@ else:  # pragma: no cover - exercised on older Pythons only
     import tomli as tomllib
 
 DEFAULT_DATABASE_URL = "sqlite:///taskrunner.db"
+DEFAULT_QUEUE = "default"
+# A queue name: safe in a comma-separated --queue list, a log line and a metric label.
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def check_queue_name(value, what="queue"):
+    """`value` if it is a valid queue name, else InputError naming `what`."""
+    if not isinstance(value, str) or not QUEUE_NAME.match(value):
+        raise InputError("%s must be 1 to 64 letters, digits, '_', '.', ':' or '-', not %r"
+                         % (what, value))
+    return value
+
+
+def parse_queue_list(text):
+    """``"a,b"`` (the ``--queue`` option) as a tuple of names; InputError when invalid."""
+    names = tuple(name.strip() for name in text.split(","))
+    for name in names:
+        check_queue_name(name, "--queue")
+    if len(set(names)) != len(names):
+        raise InputError("--queue names a queue twice: %r" % text)
+    return names
 
 
 def _int(minimum=None):
@@ -68,6 +90,12 @@ def _string_list(value):
         raise ValueError("expected a list of strings")
     return list(value)
 
+
+# Each [queues.NAME] table: key -> (default, check).
+QUEUE_SCHEMA = {
+    "limit": (1, _int(1)),
+    "priority": (0, _int()),
+}
 
 # section -> key -> (default, check). config.example.toml documents each of these.
 SCHEMA = {
@@ -137,14 +165,15 @@ CONSTRAINTS = (
 
 class Config(SimpleNamespace):
     """Sections as attributes: ``config.runner.limit``; ``config.periodic`` is the list of
-    ``[[periodic]]`` tables; ``config.source`` is the file or ``<defaults>``."""
+    ``[[periodic]]`` tables; ``config.queues`` maps a queue name to its ``[queues.NAME]``
+    (``.limit``, ``.priority``); ``config.source`` is the file or ``<defaults>``."""
 
     @classmethod
     def from_dict(cls, data, source="<config>"):
         if not isinstance(data, dict):
             raise ConfigError("%s: expected a table of sections" % source)
         for section in data:
-            if section not in SCHEMA and section != "periodic":
+            if section not in SCHEMA and section not in ("periodic", "queues"):
                 raise ConfigError("%s: unknown section [%s]" % (source, section))
         periodic = data.get("periodic", [])
         if not isinstance(periodic, list) or not all(isinstance(p, dict) for p in periodic):
@@ -173,9 +202,20 @@ class Config(SimpleNamespace):
                 raise ConfigError("%s: [%s] %s (%gs) must be %s [%s] %s (%gs)" % (
                     source, first, bigger, value,
                     "shorter than" if relation == "<" else "at most", second, smaller, limit))
+        queues = _queues(data.get("queues", {}), source, sections["runner"].limit)
         # [[periodic]] entries are checked when they are synced or by `taskrunner check`
         # (periodic.validate_definitions: that needs the timers and the handlers).
-        return cls(source=source, periodic=[dict(p) for p in periodic], **sections)
+        return cls(source=source, periodic=[dict(p) for p in periodic], queues=queues,
+                   **sections)
+
+    def queue_groups(self):
+        """The runners an overseer keeps, as {queues served (a tuple): how many}: ``limit``
+        runners for each configured queue, the rest of ``[runner] limit`` for ``default``
+        (which also serves every queue not configured)."""
+        groups = {(name,): q.limit for name, q in self.queues.items()}
+        if DEFAULT_QUEUE not in self.queues:
+            groups[(DEFAULT_QUEUE,)] = self.runner.limit - sum(groups.values())
+        return groups
 
     @classmethod
     def load(cls, path=None, database_url=None, environ=None):
@@ -208,3 +248,32 @@ class Config(SimpleNamespace):
         if url:
             config.database.url = url
         return config
+
+
+def _queues(given, source, host_limit):
+    """The [queues.NAME] tables, checked: names, keys, and limits that fit the host's."""
+    if not isinstance(given, dict) or not all(isinstance(v, dict) for v in given.values()):
+        raise ConfigError("%s: queues are written as [queues.NAME] tables" % source)
+    queues = {}
+    for name, table in given.items():
+        try:
+            check_queue_name(name, "queue name")
+        except InputError as exc:
+            raise ConfigError("%s: [queues.%s]: %s" % (source, name, exc)) from None
+        values = {}
+        for key in table:
+            if key not in QUEUE_SCHEMA:
+                raise ConfigError("%s: unknown key %r in [queues.%s]" % (source, key, name))
+        for key, (default, check) in QUEUE_SCHEMA.items():
+            try:
+                values[key] = check(table[key]) if key in table else default
+            except ValueError as exc:
+                raise ConfigError("%s: [queues.%s] %s: %s" % (source, name, key, exc)) from None
+        queues[name] = SimpleNamespace(**values)
+    total = sum(q.limit for q in queues.values())
+    spare = 0 if DEFAULT_QUEUE in queues else 1
+    if total + spare > host_limit:
+        raise ConfigError("%s: [queues] limits add up to %d, over [runner] limit (%d)%s"
+                          % (source, total, host_limit,
+                             "" if not spare else " less one runner for the default queue"))
+    return queues

@@ -61,7 +61,7 @@ def cancel(store, task_id, now=None):
         live = Run.select(Run.id, Run.status).where(Run.active_task_id == task.id).first()
         if live is not None:
             cancelled = Run.update(status=CANCELLED, finished_on=now, updated_on=now,
-                                   active_task_id=None).where(
+                                   active_task_id=None, concurrency_slot=None).where(
                 (Run.id == live.id) & (Run.status == SCHEDULED)).execute()
             if not cancelled:
                 if not Run.update(cancel_requested_on=now).where(
@@ -69,8 +69,8 @@ def cancel(store, task_id, now=None):
                     raise StateError("task %d: its run %d changed state meanwhile; try again"
                                      % (task.id, live.id))
                 return live.id
-        Task.update(last_status=CANCELLED, next_run_on=None, finished_on=now,
-                    active_key=None, updated_on=now).where(Task.id == task.id).execute()
+        Task.update(last_status=CANCELLED, next_run_on=None, finished_on=now, active_key=None,
+                    waiting_key=None, updated_on=now).where(Task.id == task.id).execute()
         return None
     running = store.write(step)
     store.wake_waiters()

@@ -10,15 +10,18 @@ from datetime import datetime, timezone
 
 import peewee as pw
 
+from .config import check_queue_name
 from .errors import InputError, StateError, check_text
 from .handler import check_handler_path, encode_data, load_handler
-from .models import SCHEDULED, utcnow
+from .models import DEFAULT_QUEUE, SCHEDULED, utcnow
+from .wakeup import CHANNEL
 from .timespan import MAX_SPAN
 
 MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
 BULK_ROWS = 500         # rows per INSERT: within every database's limit on bound parameters
 TASK_OPTIONS = ("data", "scheduled_on", "max_retries", "priority", "run_timeout", "unique_key",
-                "queued_by", "max_runtime", "retry_backoff", "periodic_task_id")
+                "queued_by", "max_runtime", "retry_backoff", "periodic_task_id", "queue",
+                "concurrency_key", "concurrency_limit")
 
 
 def utc_instant(value, name="scheduled_on"):
@@ -50,18 +53,30 @@ def _check_seconds(name, value):
 def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, priority=0,
              run_timeout=None, unique_key=None, queued_by=None, max_runtime=None,
              retry_backoff=None, periodic_task_id=None, now=None, known_handlers=None,
-             import_handler=True, subject=None, group=None):
+             import_handler=True, subject=None, group=None, queue=None, concurrency_key=None,
+             concurrency_limit=None):
     """Validate one task and return the row to insert; InputError on bad input.
-    `known_handlers`, a set, skips loading a handler already checked in this batch; without
+    `known_handlers`, a dict, skips loading a handler already loaded in this batch; without
     `import_handler` the path is checked but not imported (the overseer's scheduler).
-    `subject` and `group` come from a periodic task's definition, checked there."""
+    `subject` and `group` come from a periodic task's definition, checked there. `queue`:
+    None for the handler class's ``queue``, else ``default``. A task with a
+    `concurrency_key` gets its runs from `lifecycle.create_missing_runs` (which takes a
+    slot of the key), never at insert."""
     defaults = config.task
+    cls = None
     if not import_handler:
         check_handler_path(handler, config.handlers.allow)
-    elif known_handlers is None or handler not in known_handlers:
-        load_handler(handler, config.handlers.allow)
+    elif known_handlers is not None and handler in known_handlers:
+        cls = known_handlers[handler]
+    else:
+        cls = load_handler(handler, config.handlers.allow)
         if known_handlers is not None:
-            known_handlers.add(handler)
+            known_handlers[handler] = cls
+    if queue is None:
+        queue = getattr(cls, "queue", None) or DEFAULT_QUEUE
+        check_queue_name(queue, "%s.queue" % handler)
+    else:
+        check_queue_name(queue)
     text = encode_data(data, defaults.max_data_size)
     now = now or utcnow()
     scheduled_on = now if scheduled_on is None else utc_instant(scheduled_on)
@@ -72,7 +87,11 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
         _check_seconds(name, value)
     check_text("unique_key", unique_key, empty=False)
     check_text("queued_by", queued_by)
-    due = scheduled_on <= now
+    check_text("concurrency_key", concurrency_key, empty=False)
+    _check_int("concurrency_limit", concurrency_limit, 1, MAX_INT)
+    if concurrency_limit is not None and concurrency_key is None:
+        raise InputError("concurrency_limit needs a concurrency_key")
+    due = scheduled_on <= now and concurrency_key is None
     return {
         "queued_on": now, "queued_by": queued_by, "scheduled_on": scheduled_on,
         "handler": handler, "data": text, "priority": priority or 0,
@@ -83,6 +102,8 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
         "max_runtime": max_runtime, "retry_backoff": retry_backoff,
         "unique_key": unique_key, "active_key": unique_key,
         "periodic_task_id": periodic_task_id, "subject": subject, "group_name": group,
+        "queue": queue, "concurrency_key": concurrency_key,
+        "concurrency_limit": (concurrency_limit or 1) if concurrency_key is not None else None,
         "next_run_on": None if due else scheduled_on,
         "updated_on": now,
     }
@@ -95,12 +116,35 @@ def is_due(row):
 def first_run(task_id, row):
     return {"task_id": task_id, "created_on": row["queued_on"], "updated_on": row["queued_on"],
             "attempt": 1, "active_task_id": task_id, "priority": row["priority"],
-            "scheduled_on": row["scheduled_on"], "status": SCHEDULED, "percent_completed": 0}
+            "scheduled_on": row["scheduled_on"], "status": SCHEDULED, "percent_completed": 0,
+            "queue": row["queue"]}
+
+
+def record_queues(store, names):
+    """Inside the caller's transaction: a task_queues row for each queue name not seen
+    before (how runners serving ``default`` find the queues nobody configured, and where
+    pausing is stored). Names this store wrote already are skipped; the cache is filled
+    after the commit (`remember_queues`), since a rollback takes the row away again."""
+    Queue = store.Queue
+    new = sorted(set(names) - store.known_queues)
+    if new:
+        now = utcnow()
+        Queue.insert_many([{"name": name, "paused": False, "updated_on": now} for name in new]
+                          ).on_conflict_ignore().execute()
+    return new
+
+
+def remember_queues(store, names):
+    """After the commit of `record_queues`' transaction (not inside an outer one, which may
+    still roll back): these names need no insert again."""
+    if not store.db.in_transaction():
+        store.known_queues.update(names)
 
 
 def insert_task(store, row):
     """Store one validated row (and its first run when due), inside the caller's
     transaction; returns the task id."""
+    record_queues(store, [row["queue"]])
     task_id = store.Task.insert(**row).execute()
     if is_due(row):
         store.Run.insert(**first_run(task_id, row)).execute()
@@ -114,7 +158,9 @@ def _add_unique(store, row):
     Task = store.Task
     for _ in range(5):
         try:
-            return store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
+            task_id = store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
+            remember_queues(store, [row["queue"]])
+            return task_id
         except pw.IntegrityError:
             existing = Task.select(Task.id).where(Task.active_key == row["unique_key"]).first()
             if existing is not None:
@@ -122,21 +168,27 @@ def _add_unique(store, row):
     raise StateError("unique_key %r is contended; try again" % row["unique_key"])
 
 
-def add_task(store, handler, now=None, **options):
+def add_task(store, handler, now=None, connection=None, **options):
     """Queue one task and return its id. With `unique_key`, adding a key that a not-yet-final
-    task holds stores nothing and returns that task's id."""
+    task holds stores nothing and returns that task's id. With `connection`, the caller's
+    open DB-API connection writes it inside the caller's transaction (`add_in_transaction`)."""
     row = task_row(store.config, handler, now=now, **options)
+    if connection is not None:
+        return add_in_transaction(store, connection, [row])[0]
     if row["unique_key"] is not None:
         return _add_unique(store, row)
-    return store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
+    task_id = store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
+    remember_queues(store, [row["queue"]])
+    return task_id
 
 
-def add_tasks(store, tasks, now=None):
+def add_tasks(store, tasks, now=None, connection=None):
     """Queue many tasks (dicts of add_task's arguments). All are validated before anything
     is stored; those without a unique_key are stored in one transaction, those with one each
-    as add_task() stores them. Returns their ids in order."""
+    as add_task() stores them (with `connection`: all in the caller's transaction). Returns
+    their ids in order."""
     now = now or utcnow()
-    seen = set()
+    seen = {}
     rows = []
     for spec in tasks:
         if not isinstance(spec, dict) or not isinstance(spec.get("handler"), str):
@@ -145,10 +197,13 @@ def add_tasks(store, tasks, now=None):
         if unknown:
             raise InputError("invalid task: unknown key %s" % ", ".join(sorted(unknown)))
         rows.append(task_row(store.config, now=now, known_handlers=seen, **spec))
+    if connection is not None:
+        return add_in_transaction(store, connection, rows)
     plain_rows = [row for row in rows if row["unique_key"] is None]
     due = any(is_due(row) for row in plain_rows)
     plain = store.write_and_wake(lambda: _insert_many(store, plain_rows),
                                  lambda _: due) if plain_rows else []
+    remember_queues(store, [row["queue"] for row in plain_rows])
     ids, plain_ids = [], iter(plain)
     for row in rows:
         ids.append(next(plain_ids) if row["unique_key"] is None else _add_unique(store, row))
@@ -161,6 +216,7 @@ def _insert_many(store, rows):
     row by row."""
     if not store.insert_returning():
         return [insert_task(store, row) for row in rows]
+    record_queues(store, [row["queue"] for row in rows])
     ids = []
     for start in range(0, len(rows), BULK_ROWS):
         chunk = rows[start:start + BULK_ROWS]
@@ -194,3 +250,88 @@ def _insert_values(store, model, rows, returning=False):
         store.db.execute_sql(sql, params)
         return None
     return sorted(row[0] for row in store.db.execute_sql(sql + " RETURNING id", params))
+
+
+# -- inside the application's transaction -----------------------------------------------------
+
+# The DB-API driver of a connection (by the module its class comes from) and its backend.
+DRIVERS = {"sqlite3": "sqlite", "psycopg": "postgresql", "pymysql": "mysql"}
+INSERT_QUEUE = {"sqlite": "INSERT OR IGNORE INTO task_queues (name, paused, updated_on) "
+                          "VALUES (?, ?, ?)",
+                "postgresql": "INSERT INTO task_queues (name, paused, updated_on) "
+                              "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                "mysql": "INSERT IGNORE INTO task_queues (name, paused, updated_on) "
+                         "VALUES (%s, %s, %s)"}
+
+
+def dbapi_connection(connection):
+    """The DB-API connection behind `connection`: itself, a SQLAlchemy ``Connection``'s, or
+    a Django ``connection``'s (connected first)."""
+    if hasattr(connection, "ensure_connection"):          # django.db.connection
+        connection.ensure_connection()
+        return connection.connection
+    proxied = getattr(connection, "connection", None)     # sqlalchemy Connection
+    driver = getattr(proxied, "driver_connection", None)
+    return driver if driver is not None else connection
+
+
+def add_in_transaction(store, connection, rows):
+    """Insert validated task rows (and the first run of each due one) with the caller's
+    connection, inside the transaction it has open: they commit or roll back with it. The
+    store's own connection is not used. PostgreSQL: a NOTIFY in the same transaction wakes
+    runners on every host when it commits; elsewhere the caller wakes this host's runners
+    after the commit (`TaskQueue.wake`), or they find the tasks within poll_interval.
+    A unique_key held by a live task returns that task's id; a unique_key added by another
+    transaction at the same moment raises the driver's IntegrityError (the caller's
+    transaction is then aborted, as after any constraint violation)."""
+    raw = dbapi_connection(connection)
+    backend = DRIVERS.get(type(raw).__module__.split(".")[0])
+    if backend != store.backend:
+        raise InputError("connection= must be a %s connection to the queue's database, not %s"
+                         % (store.backend, type(raw).__module__ + "." + type(raw).__name__))
+    param = "?" if backend == "sqlite" else "%s"
+    cursor = raw.cursor()
+    try:
+        now = utcnow()
+        for name in sorted({row["queue"] for row in rows} - store.known_queues):
+            cursor.execute(INSERT_QUEUE[backend], _values(backend, [name, False, now]))
+        ids = [_insert_row(store, cursor, backend, param, row) for row in rows]
+        if backend == "postgresql" and any(is_due(row) for row in rows):
+            cursor.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+    finally:
+        cursor.close()
+    return ids
+
+
+def _insert_row(store, cursor, backend, param, row):
+    if row["unique_key"] is not None:
+        cursor.execute("SELECT id FROM task_queue WHERE active_key = %s" % param,
+                       (row["unique_key"],))
+        existing = cursor.fetchone()
+        if existing is not None:
+            return existing[0]
+    task_id = _insert_one(store.Task, cursor, backend, param, row)
+    if is_due(row):
+        _insert_one(store.Run, cursor, backend, param, first_run(task_id, row))
+    return task_id
+
+
+def _insert_one(model, cursor, backend, param, row):
+    fields = [model._meta.fields[name] for name in row]
+    sql = "INSERT INTO %s (%s) VALUES (%s)" % (
+        model._meta.table_name, ", ".join(f.column_name for f in fields),
+        ", ".join([param] * len(fields)))
+    values = _values(backend, [f.db_value(row[f.name]) for f in fields])
+    if backend == "postgresql":
+        cursor.execute(sql + " RETURNING id", values)
+        return cursor.fetchone()[0]
+    cursor.execute(sql, values)
+    return cursor.lastrowid
+
+
+def _values(backend, values):
+    """SQLite: datetimes as the text peewee stores (Python 3.12 deprecates sqlite3's own
+    adapter)."""
+    if backend != "sqlite":
+        return values
+    return [v.isoformat(" ") if isinstance(v, datetime) else v for v in values]

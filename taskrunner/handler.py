@@ -44,7 +44,11 @@ class TaskHandler:
     ``on_give_up(task)`` after such a failure made the task give up (a `TaskInfo`). They run
     in the runner, after the outcome is stored: an exception in a hook is logged and changes
     nothing. A run whose runner process died calls no hook (no process of its is left).
+
+    ``queue``: the queue its tasks go to when ``add_task`` names none (else ``default``).
     """
+
+    queue: Optional[str] = None
 
     def handle(self, run: "RunContext") -> Optional[Awaitable[None]]:
         raise NotImplementedError("%s.handle(run) is not implemented" % type(self).__name__)

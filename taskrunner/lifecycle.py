@@ -15,8 +15,9 @@ from datetime import timedelta
 
 import peewee as pw
 
-from .models import (CANCELLED, CRASHED, FAILED, REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
-                     TRACEBACK_LIMIT, run_status_is, utcnow)
+from .concurrency import create_keyed_runs, release_waiting
+from .models import (CANCELLED, CRASHED, DEFAULT_QUEUE, FAILED, REQUEUED, RUNNING, SCHEDULED,
+                     SUCCESS, TIMEOUT, TRACEBACK_LIMIT, run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.lifecycle")
 
@@ -28,9 +29,11 @@ ClaimedRun = namedtuple("ClaimedRun", "run_id task_id attempt handler data max_r
 # data-modifying CTEs, and a runner that goes on working finishes its run and claims the
 # next in one statement too (one round trip, one commit per job). SQLite uses UPDATE ...
 # RETURNING; MySQL, which has none, a locking SELECT of the run joined to its task.
+# Each claims from one queue, reading the task_runs_claim index (queue, priority DESC,
+# scheduled_on, id) in order; a runner serving several queues tries them in turn.
 PG_CLAIM_CTES = """
     next AS (
-        SELECT id FROM task_runs WHERE status = 'scheduled'
+        SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = %s
         ORDER BY priority DESC, scheduled_on, id LIMIT 1 FOR UPDATE SKIP LOCKED),
     claimed AS (
         UPDATE task_runs AS r SET status = 'running', runner_id = %s, started_on = %s,
@@ -44,7 +47,7 @@ PG_CLAIM_CTES = """
 PG_SUCCESS_CTES = """
     ended AS (
         UPDATE task_runs SET status = 'success', finished_on = %s, updated_on = %s,
-            active_task_id = NULL, error_code = NULL, error_message = NULL,
+            active_task_id = NULL, concurrency_slot = NULL, error_code = NULL, error_message = NULL,
             percent_completed = 100, results = %s
         WHERE id = %s AND status = 'running' AND runner_id = %s RETURNING task_id),
     ended_task AS (
@@ -59,14 +62,14 @@ PG_SUCCESS_AND_CLAIM = ("WITH" + PG_SUCCESS_CTES + "," + PG_CLAIM_CTES + """
     LEFT JOIN claimed_task AS c ON true""")
 SQLITE_CLAIM = ("""
     UPDATE task_runs SET status = 'running', runner_id = ?, started_on = ?, updated_on = ?
-    WHERE id = (SELECT id FROM task_runs WHERE status = 'scheduled'
+    WHERE id = (SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = ?
                 ORDER BY priority DESC, scheduled_on, id LIMIT 1)
     RETURNING id, task_id, attempt""", """
     UPDATE task_queue SET last_status = 'running', updated_on = ? WHERE id = ?
     RETURNING handler, data, max_runtime, periodic_task_id""")
 SUCCESS_STATEMENTS = ("""
     UPDATE task_runs SET status = 'success', finished_on = ?, updated_on = ?,
-        active_task_id = NULL, error_code = NULL, error_message = NULL,
+        active_task_id = NULL, concurrency_slot = NULL, error_code = NULL, error_message = NULL,
         percent_completed = 100, results = ?
     WHERE id = ? AND status = 'running' AND runner_id = ?""", """
     UPDATE task_queue SET last_status = 'success', runs_failed = 0, next_run_on = NULL,
@@ -79,7 +82,8 @@ SUCCESS_BY_PARAM = {"?": SUCCESS_STATEMENTS,
 MYSQL_CLAIM = """
     SELECT r.id, r.task_id, r.attempt, t.handler, t.data, t.max_runtime, t.periodic_task_id
     FROM task_runs AS r JOIN task_queue AS t ON t.id = r.task_id
-    WHERE r.status = 'scheduled' ORDER BY r.priority DESC, r.scheduled_on, r.id LIMIT 1
+    WHERE r.status = 'scheduled' AND r.queue = %s
+    ORDER BY r.priority DESC, r.scheduled_on, r.id LIMIT 1
     FOR UPDATE SKIP LOCKED"""
 MYSQL_START = (
     "UPDATE task_runs SET status = 'running', runner_id = %s, started_on = %s, updated_on = %s "
@@ -131,6 +135,7 @@ def create_missing_runs(store, now=None, batch=500):
     Task = store.Task
     now = now or utcnow()
     created = 0
+    release_waiting(store, now)
     # A cheap read first: most passes find nothing and need no write lock.
     if not Task.select(Task.id).where(Task.next_run_on <= now).exists():
         return 0
@@ -153,29 +158,36 @@ def create_missing_runs(store, now=None, batch=500):
 def _create_runs(store, ids, now):
     """The next run of each task in `ids` (locked by the caller), inside its transaction."""
     Task, Run = store.Task, store.Run
+    ids = create_keyed_runs(store, ids, now)      # leaves the tasks without a key
+    if not ids:
+        return
     live = Run.select(Run.id).where(Run.active_task_id == Task.id)
     source = (Task.select(Task.id, pw.Value(now), pw.Value(now), Task.run_count + 1,
                           Task.id, Task.priority, Task.scheduled_on,
-                          pw.Value(SCHEDULED), pw.Value(0))
+                          pw.Value(SCHEDULED), pw.Value(0), Task.queue)
               .where(Task.id.in_(ids) & ~pw.fn.EXISTS(live)))
     Run.insert_from(source, [Run.task_id, Run.created_on, Run.updated_on, Run.attempt,
                              Run.active_task_id, Run.priority, Run.scheduled_on, Run.status,
-                             Run.percent_completed]).execute()
+                             Run.percent_completed, Run.queue]).execute()
     (Task.update(next_run_on=None, run_count=Task.run_count + 1, last_status=SCHEDULED,
                  updated_on=now).where(Task.id.in_(ids)).execute())
 
 
 # -- claiming -----------------------------------------------------------------------------------
 
-def scheduled_runs_query(store):
-    """Scheduled runs, read from the partial claim index (never the run history)."""
+def scheduled_runs_query(store, queues=None):
+    """Scheduled runs (of `queues`, when given), read from the partial claim index (never
+    the run history)."""
     Run = store.Run
-    return Run.select(Run.id).where(run_status_is(Run, SCHEDULED)).limit(1)
+    query = Run.select(Run.id).where(run_status_is(Run, SCHEDULED))
+    if queues is not None:
+        query = query.where(Run.queue.in_(list(queues)))
+    return query.limit(1)
 
 
-def has_scheduled_runs(store):
+def has_scheduled_runs(store, queues=None):
     """A cheap read (no write lock) that idle runners poll before trying to claim."""
-    return scheduled_runs_query(store).exists()
+    return scheduled_runs_query(store, queues).exists()
 
 
 def running_runs_query(store):
@@ -193,32 +205,38 @@ def runs_of_runner_query(store, runner_id):
                                                  & run_status_is(Run, RUNNING))
 
 
-def claim(store, runner_id, now=None):
-    """Start the next run for `runner_id`: highest priority first, FIFO within a priority
+def claim(store, runner_id, queues=(DEFAULT_QUEUE,), now=None):
+    """Start the next run for `runner_id` from the first of `queues` (names, in the order
+    to try) that has one: highest priority first, FIFO within a priority within a queue
     (rule 2). Race closed: two runners taking the same run — PostgreSQL and MySQL lock the
     candidate FOR UPDATE SKIP LOCKED, so a concurrent claimer passes over it instead of
     waiting; SQLite takes the write lock up front (BEGIN IMMEDIATE), so the select and the
     update are one step. Returns a ClaimedRun or None."""
     now = now or utcnow()
     if store.backend == "postgresql":
-        return _claim_step(store, runner_id, now)     # one statement: its own transaction
-    return store.write(lambda: _claim_step(store, runner_id, now))
+        # One statement per queue tried, each its own transaction.
+        return _claim_step(store, runner_id, queues, now)
+    return store.write(lambda: _claim_step(store, runner_id, queues, now))
 
 
-def _claim_step(store, runner_id, now):
-    """claim() inside the caller's write transaction."""
+def _claim_step(store, runner_id, queues, now):
+    """claim() inside the caller's write transaction: each queue in turn."""
+    return next(filter(None, (_claim_from(store, runner_id, q, now) for q in queues)), None)
+
+
+def _claim_from(store, runner_id, queue, now):
     sql = store.db.execute_sql
     if store.backend == "postgresql":
-        row = sql(PG_CLAIM, (runner_id, now, now, now)).fetchone()
+        row = sql(PG_CLAIM, (queue, runner_id, now, now, now)).fetchone()
         return None if row is None else ClaimedRun(*row, now)
     if store.is_sqlite:
         claim_run, claim_task = SQLITE_CLAIM
-        run = sql(claim_run, (runner_id, now, now)).fetchone()
+        run = sql(claim_run, (runner_id, now, now, queue)).fetchone()
         if run is None:
             return None
         task = sql(claim_task, (now, run[1])).fetchone()
         return ClaimedRun(*run, *task, now)
-    row = sql(MYSQL_CLAIM).fetchone()
+    row = sql(MYSQL_CLAIM, (queue,)).fetchone()
     if row is None:
         return None
     sql(MYSQL_START[0], (runner_id, now, now, row[0]))
@@ -315,23 +333,25 @@ def end_run(store, run_id, task_id, status, runner_id=None, results=None, error_
 
 def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, error_code=None,
                       error_message=None, now=None, periodic_task_id=None, retry_at=None,
-                      traceback=None):
-    """end_run() of a runner's own run and claim() of its next in one transaction, so a busy
-    runner pays one commit per job (one statement on PostgreSQL for a success). Same rules as
-    the two calls; the claim happens even when the end lost its race.
-    Returns (ended, ClaimedRun or None)."""
+                      traceback=None, queues=(DEFAULT_QUEUE,)):
+    """end_run() of a runner's own run and claim() of its next from `queues` in one
+    transaction, so a busy runner pays one commit per job (one statement on PostgreSQL for
+    a success and a run of the first queue). Same rules as the two calls; the claim happens
+    even when the end lost its race. Returns (ended, ClaimedRun or None)."""
     now = now or utcnow()
-    if _single_statement_end(store, status, runner_id, periodic_task_id):
+    if _single_statement_end(store, status, runner_id, periodic_task_id) and queues:
         row = store.db.execute_sql(PG_SUCCESS_AND_CLAIM, (
             now, now, results, run_id, runner_id, now, now,
-            runner_id, now, now, now)).fetchone()
+            queues[0], runner_id, now, now, now)).fetchone()
         claimed = None if row[1] is None else ClaimedRun(*row[1:], now)
         ended = row[0] > 0
+        if claimed is None and len(queues) > 1:
+            claimed = _claim_step(store, runner_id, queues[1:], now)
     else:
         ended, claimed = store.write(lambda: (
             end_in_transaction(store, run_id, task_id, status, runner_id, results, error_code,
                                error_message, now, periodic_task_id, retry_at, traceback),
-            _claim_step(store, runner_id, now)))
+            _claim_step(store, runner_id, queues, now)))
     if ended:
         store.wake_waiters()
     return ended, claimed
@@ -362,7 +382,7 @@ def end_in_transaction(store, run_id, task_id, status, runner_id, results, error
             _outcome(store, periodic_task_id, status, now)
         return ended
     values = {Run.status: status, Run.finished_on: now, Run.updated_on: now,
-              Run.active_task_id: None, Run.error_code: error_code,
+              Run.active_task_id: None, Run.concurrency_slot: None, Run.error_code: error_code,
               Run.error_message: error_message}
     if status == SUCCESS:
         values[Run.percent_completed] = 100

@@ -9,9 +9,12 @@ another host is alive while its heartbeat is younger than ``[overseer] heartbeat
 Heartbeats are written and aged with the database server's clock (`Store.server_time`), in
 the query that reads them, so hosts whose clocks disagree never judge each other by them.
 """
+import ctypes
+import ctypes.util
 import logging
 import os
 import socket
+import sys
 from datetime import timedelta
 
 import peewee as pw
@@ -27,6 +30,7 @@ log = logging.getLogger("taskrunner.liveness")
 # psutil's create_time is derived from clock ticks since boot: stable for one process,
 # so anything beyond float noise means another process holds the PID now.
 CREATE_TIME_TOLERANCE = 0.05
+PR_SET_PDEATHSIG = 1        # prctl(2)
 
 
 # The initial PID namespace has this fixed inode (PROC_PID_INIT_INO) on every Linux kernel.
@@ -110,14 +114,16 @@ def process_alive(pid, recorded_create_time):
         return True  # it exists; another user's process cannot be ours, but do not guess dead
 
 
-def register(store, kind=RUNNER, parent_id=None, now=None, take_slot=True):
+def register(store, kind=RUNNER, parent_id=None, now=None, take_slot=True, serving=None):
     """Insert this process's runner row and return it, or raise RunnerLimitReached.
 
     Rule 5 is a database rule: a runner takes a slot 1..limit, and (host, slot) is unique,
     so concurrent registrations cannot exceed the limit — a slot taken by a racing process
     makes the insert fail and this one tries the next free slot. Dead runners of this host
     are swept first so they do not hold slots. An overseer takes no slot, nor does work run
-    inside an application's process (`take_slot` false: ``TaskQueue.run_pending``).
+    inside an application's process (`take_slot` false: ``TaskQueue.run_pending``). A runner
+    also takes, in the same transaction, a slot of each queue it is `serving` that has a
+    ``[queues.NAME] limit`` (task_runner_queues, unique per host and queue likewise).
     """
     Runner = store.Runner
     now = now or utcnow()
@@ -138,7 +144,9 @@ def register(store, kind=RUNNER, parent_id=None, now=None, take_slot=True):
             continue
         try:
             with store.db.atomic():
-                return _created(Runner, dict(fields, slot=slot))
+                row = _created(Runner, dict(fields, slot=slot))
+                _take_queue_slots(store, row, serving or ())
+                return row
         except pw.IntegrityError:
             continue  # another process took this slot a moment ago
     raise RunnerLimitReached("this host already has %d running runners ([runner] limit)" % limit)
@@ -151,6 +159,32 @@ def _created(Runner, fields):
     row.heartbeat_on = Runner.select(Runner.heartbeat_on).where(Runner.id == row.id).get(
     ).heartbeat_on
     return row
+
+
+def _take_queue_slots(store, row, serving):
+    """Inside register()'s transaction: a task_runner_queues row per queue served, with a
+    free slot under the queue's limit; RunnerLimitReached (rolling the runner back) when a
+    queue has none."""
+    RunnerQueue = store.RunnerQueue
+    for name in serving:
+        config = store.config.queues.get(name)
+        if config is None:
+            RunnerQueue.create(runner_id=row.id, host=row.host, queue=name, slot=None)
+            continue
+        taken = {r.slot for r in RunnerQueue.select(RunnerQueue.slot).where(
+            (RunnerQueue.host == row.host) & (RunnerQueue.queue == name))}
+        for slot in range(1, config.limit + 1):
+            if slot in taken:
+                continue
+            try:
+                with store.db.atomic():
+                    RunnerQueue.create(runner_id=row.id, host=row.host, queue=name, slot=slot)
+                break
+            except pw.IntegrityError:
+                continue  # taken by a racing process
+        else:
+            raise RunnerLimitReached("this host already has %d running runners serving queue "
+                                     "%r ([queues.%s] limit)" % (config.limit, name, name))
 
 
 def heartbeat(store, runner_id, rss=None, runs_done=None, stopping=None):
@@ -204,6 +238,7 @@ def _end_runner(store, runner_id, status, reason, run_status, error_code, error_
                               ).where((Runner.id == runner_id) & (Runner.status == RUNNING)).execute()
         if not ended:
             return False
+        store.RunnerQueue.delete().where(store.RunnerQueue.runner_id == runner_id).execute()
         for run in list(runs_of_runner_query(store, runner_id)):
             end_in_transaction(store, run.id, run.task_id, run_status, runner_id, None,
                                error_code, error_message, now, retry_at=retry_at)
@@ -335,5 +370,29 @@ def name_process(name):
     try:
         with open("/proc/self/comm", "w") as comm:
             comm.write(name[:15])
+    except OSError:
+        pass
+
+
+def others_serving(store, parent_id):
+    """{queue: how many} of others_running()'s runners hold a slot of each limited queue:
+    they share that queue's limit."""
+    Runner, RunnerQueue = store.Runner, store.RunnerQueue
+    rows = (RunnerQueue.select(RunnerQueue.queue, pw.fn.COUNT(RunnerQueue.id))
+            .join(Runner, on=(Runner.id == RunnerQueue.runner_id))
+            .where((RunnerQueue.host == host_id(store)) & RunnerQueue.slot.is_null(False)
+                   & ((Runner.parent_id != parent_id) | Runner.parent_id.is_null()))
+            .group_by(RunnerQueue.queue).tuples())
+    return dict(rows)
+
+
+def die_with_parent(sig):
+    """Linux: the kernel sends `sig` to this process when its parent dies. Elsewhere the
+    runner's parent-pid check does the same, one poll later."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except OSError:
         pass

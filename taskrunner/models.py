@@ -30,6 +30,9 @@ FAILED = (ERROR, TIMEOUT)
 # How much of a failed run's traceback is kept: its end, where the error is.
 TRACEBACK_LIMIT = 65536
 
+# The queue of a task that names none.
+DEFAULT_QUEUE = "default"
+
 # Runner kinds.
 OVERSEER = "overseer"
 RUNNER = "runner"
@@ -80,6 +83,12 @@ class Task(BaseModel):
     # Carried from the periodic task that submitted it (Docspell's job subject and group_).
     subject = pw.CharField(null=True)
     group_name = pw.CharField(null=True)
+    queue = pw.CharField(max_length=64, default=DEFAULT_QUEUE)
+    # At most concurrency_limit live runs of the tasks with this key (migration 0010);
+    # waiting_key is the key while the task waits for a free slot of it.
+    concurrency_key = pw.CharField(null=True)
+    concurrency_limit = pw.IntegerField(null=True)
+    waiting_key = pw.CharField(null=True)
 
     class Meta:
         table_name = "task_queue"
@@ -111,6 +120,10 @@ class Run(BaseModel):
     # Copied from the task so the claim is one index range scan on this table.
     priority = pw.IntegerField(default=0)
     scheduled_on = pw.DateTimeField()
+    queue = pw.CharField(max_length=64, default=DEFAULT_QUEUE)
+    # The task's concurrency key, and the slot of it this run holds while it is live.
+    concurrency_key = pw.CharField(null=True)
+    concurrency_slot = pw.IntegerField(null=True)
 
     class Meta:
         table_name = "task_runs"
@@ -191,12 +204,36 @@ class PeriodicTask(BaseModel):
     timebox = pw.CharField(max_length=8, null=True)
     tolerance = pw.DoubleField(null=True)
     dropped_count = pw.IntegerField(default=0)
+    queue = pw.CharField(max_length=64, default=DEFAULT_QUEUE)
 
     class Meta:
         table_name = "periodic_tasks"
 
 
-MODELS = (Task, Run, Runner, PeriodicTask)
+class Queue(BaseModel):
+    """A queue name that has been used; ``paused`` queues are not claimed from, on any host."""
+    name = pw.CharField(max_length=64, primary_key=True)
+    paused = pw.BooleanField(default=False)
+    paused_on = pw.DateTimeField(null=True)
+    updated_on = pw.DateTimeField()
+
+    class Meta:
+        table_name = "task_queues"
+
+
+class RunnerQueue(BaseModel):
+    """A queue a running runner serves. ``slot`` is 1..limit for a queue with a limit and
+    unique per (host, queue): a queue's limit on a host is a database rule, like rule 5."""
+    runner_id = pw.IntegerField(index=True)
+    host = pw.CharField()
+    queue = pw.CharField(max_length=64)
+    slot = pw.IntegerField(null=True)
+
+    class Meta:
+        table_name = "task_runner_queues"
+
+
+MODELS = (Task, Run, Runner, PeriodicTask, Queue, RunnerQueue)
 
 
 class BoundModels(NamedTuple):
@@ -205,6 +242,8 @@ class BoundModels(NamedTuple):
     Run: Type[Run]
     Runner: Type[Runner]
     PeriodicTask: Type[PeriodicTask]
+    Queue: Type[Queue]
+    RunnerQueue: Type[RunnerQueue]
 
 
 def bind_models(database):

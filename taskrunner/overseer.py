@@ -1,8 +1,9 @@
 """The overseer: the pre-fork parent that supervisord or systemd starts.
 
-It registers itself (kind ``overseer``), forks runners up to ``[runner] limit`` and keeps
-them alive, reaps and replaces the ones that exit (with a backoff when they fail before
-registering, and a non-zero exit if that goes on), checks every runner of this host every
+It registers itself (kind ``overseer``), forks runners up to ``[runner] limit`` (``limit``
+of them for each ``[queues.NAME]``, the rest serving ``default``) and keeps them alive,
+reaps and replaces the ones that exit (with a backoff when they fail before registering,
+and a non-zero exit if that goes on), checks every runner of this host every
 ``[overseer] check_interval`` (rule 7: PID, and heartbeat for hung runners), processes the
 queue and runs the periodic scheduler (rotation is one of its periodic tasks). Runs that
 time out are stopped by the runners executing them (rule 8, see runner.py).
@@ -16,14 +17,11 @@ the overseer closes its connection before forking and each child opens its own. 
 outage is logged once and waited out; when the database is back, heartbeats are judged only
 after heartbeat_timeout more (`db_back_at`, Store.writable_since).
 """
-import ctypes
-import ctypes.util
 import logging
 import os
 import random
 import select
 import signal
-import sys
 import time
 
 import peewee as pw
@@ -33,13 +31,11 @@ from . import liveness, maintenance, periodic
 from .config import Config
 from .db import is_disconnect
 from .errors import ConfigError, InputError, RunnerLimitReached
-from .handler import check_handlers_in_child
-from .models import OVERSEER, utcnow
+from .models import DEFAULT_QUEUE, OVERSEER, utcnow
 from .store import Store
 
 log = logging.getLogger("taskrunner.overseer")
 
-PR_SET_PDEATHSIG = 1
 # A runner that dies of these (or exits non-zero) crashed by itself, not killed by someone.
 CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
 
@@ -47,9 +43,10 @@ CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, s
 class Child:
     """One forked runner, as the overseer sees it."""
 
-    def __init__(self, pid, started):
+    def __init__(self, pid, started, serving):
         self.pid = pid
         self.started = started
+        self.serving = serving     # the queues it serves (a key of Config.queue_groups())
         self.retiring = False      # told to stop (TERM sent); not counted as capacity
         self.interrupted = False   # USR1 sent: interrupt the handler
         self.killed_by_stop = None   # why this overseer's own stop KILLed it: its run is handed back
@@ -76,6 +73,8 @@ class Overseer:
         self.row_id = None
         self.children = {}
         self.num_runners = config.runner.limit
+        self.groups = config.queue_groups()
+        self.spawning = (DEFAULT_QUEUE,)
         self.signals = []
         self.stopping = None          # None, "graceful", "fast" or "immediate"
         self.stop_deadline = None
@@ -135,7 +134,7 @@ class Overseer:
                       "keeping the current config")
             return
         try:
-            _check_periodic_handlers(config)
+            periodic.check_periodic_handlers(config)
             periodic.sync_definitions(self.store, config, import_handlers=False)
         except (InputError, pw.DatabaseError) as exc:
             # A database hiccup during a reload must not stop the overseer either.
@@ -145,6 +144,7 @@ class Overseer:
         log.info("config reloaded from %s; replacing runners", config.source)
         self.config = self.store.config = config
         self.num_runners = config.runner.limit
+        self.groups = config.queue_groups()
         for child in self.children.values():
             self._retire(child)
 
@@ -202,15 +202,16 @@ class Overseer:
             child.interrupted = True
             self._signal(child.pid, signal.SIGUSR1)
 
-    def spawn_runner(self):
+    def spawn_runner(self, serving=(DEFAULT_QUEUE,)):
         # No connection may cross the fork: the child would share the socket.
         self.store.close()
         jitter = random.randint(0, max(1, self.config.runner.max_runs // 10)) \
             if self.config.runner.max_runs else 0
+        self.spawning = serving       # what the child serves
         pid = os.fork()
         if pid:
-            self.children[pid] = Child(pid, self.now)
-            log.debug("spawned runner pid %d", pid)
+            self.children[pid] = Child(pid, self.now, serving)
+            log.debug("spawned runner pid %d for queues %s", pid, ",".join(serving))
             return pid
         os._exit(self.run_child(jitter))
 
@@ -224,13 +225,14 @@ class Overseer:
             for fd in (self._wake_r, self._wake_w):
                 if fd is not None:
                     os.close(fd)
-            _set_parent_death_signal(signal.SIGTERM)
+            liveness.die_with_parent(signal.SIGTERM)
             # Its own process group: KILL takes the handler's subprocesses along, and a
             # signal to the overseer's group (supervisord, Ctrl-C) reaches runners only
             # through the overseer, once.
             os.setpgid(0, 0)
             from .runner import Worker
-            worker = Worker(Store(self.config), parent_pid=self.pid, parent_id=self.row_id)
+            worker = Worker(Store(self.config), parent_pid=self.pid, parent_id=self.row_id,
+                            serving=self.spawning)
             try:
                 worker.work(max_runs=(self.config.runner.max_runs + jitter) or None)
                 code = 0
@@ -305,19 +307,36 @@ class Overseer:
         liveness.mark_child_dead(self.store, self.row_id, pid, reason, stopped=stopped)
 
     def manage_runners(self):
-        """Keep the wanted number of runners, within the host's limit (rule 5)."""
-        active = [c for c in self.children.values() if not c.retiring]
-        surplus = len(active) - self.num_runners
-        for child in sorted(active, key=lambda c: c.started)[:max(0, surplus)]:
-            self._retire(child)
+        """Keep the wanted number of runners of each queue group, within each queue's limit
+        and the host's (rule 5): runners started by others (supervisord, cron) count."""
+        wanted = self._wanted()
+        for group in set(wanted) | {c.serving for c in self.children.values()}:
+            active = [c for c in self.children.values()
+                      if not c.retiring and c.serving == group]
+            surplus = len(active) - wanted.get(group, 0)
+            for child in sorted(active, key=lambda c: c.started)[:max(0, surplus)]:
+                self._retire(child)
         if self.stopping or self.now < self.next_spawn_at:
             return
-        wanted = min(self.num_runners, self.config.runner.limit
-                     - liveness.others_running(self.store, self.row_id))
         # Retiring children still hold their slots: count them until they are gone.
-        missing = wanted - len(self.children)
-        for _ in range(max(0, missing)):
-            self.spawn_runner()
+        room = min(self.num_runners, self.config.runner.limit
+                   - liveness.others_running(self.store, self.row_id)) - len(self.children)
+        for group, count in wanted.items():
+            have = sum(1 for c in self.children.values() if c.serving == group)
+            for _ in range(max(0, min(count - have, room))):
+                self.spawn_runner(group)
+                room -= 1
+
+    def _wanted(self):
+        """{queues: runners wanted}: each configured queue's limit less the runners of this
+        host that others started for it; then ``default`` — all within num_runners."""
+        # While stopping nothing is spawned: no need to ask the database.
+        others = {} if self.stopping else liveness.others_serving(self.store, self.row_id)
+        budget, wanted = self.num_runners, {}
+        for group, count in self.groups.items():
+            wanted[group] = max(0, min(count - others.get(group[0], 0), budget))
+            budget -= wanted[group]
+        return wanted
 
     # -- regular work -------------------------------------------------------------------
 
@@ -361,7 +380,7 @@ class Overseer:
                                          crash_grace=self.config.overseer.crash_grace)
         if swept:
             log.info("swept %d stale runner rows", len(swept))
-        _check_periodic_handlers(self.config)
+        periodic.check_periodic_handlers(self.config)
         periodic.sync_definitions(self.store, import_handlers=False)
         self.scheduler = periodic.PeriodicScheduler(self.store)
         self.scheduler.clear_stale_marks()
@@ -464,29 +483,8 @@ class Overseer:
             log.info("overseer stopped")
 
 
-def _check_periodic_handlers(config):
-    """The periodic tasks' handlers, imported in a forked child, never in the overseer."""
-    paths = {entry.get("handler") for entry in config.periodic}
-    message = check_handlers_in_child(sorted(p for p in paths if isinstance(p, str)),
-                                      config.handlers.allow)
-    if message:
-        raise InputError("%s: [[periodic]]: %s" % (config.source, message))
-
-
 def _describe_exit(code):
     return "signal %s" % signal.Signals(-code).name if code < 0 else "exit code %d" % code
-
-
-def _set_parent_death_signal(sig):
-    """Linux: the kernel sends `sig` to this process when its parent dies. Elsewhere the
-    runner's parent-pid check does the same, one poll later."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except OSError:
-        pass
 
 
 def run_overseer(config, config_path=None, database_url=None):

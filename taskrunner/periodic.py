@@ -25,10 +25,11 @@ import peewee as pw
 from . import lifecycle, liveness
 from .enqueue import add_task
 from .errors import InputError, StateError, check_text
-from .models import CANCELLED, CRASHED, SUCCESS, utcnow
+from .handler import load_handler
+from .models import CANCELLED, CRASHED, DEFAULT_QUEUE, SUCCESS, utcnow
 from .periodic_definitions import (  # noqa: F401 (part of periodic's API)
-    BUILTIN_ROTATION, CATCH_UP, MAX_NAME, RESERVED_PREFIX, check_periodic, definition, first_due,
-    validate_definitions)
+    BUILTIN_ROTATION, CATCH_UP, MAX_NAME, RESERVED_PREFIX, check_periodic,
+    check_periodic_handlers, definition, first_due, validate_definitions)
 from .timers import parse_timer
 
 log = logging.getLogger("taskrunner.periodic")
@@ -36,6 +37,11 @@ log = logging.getLogger("taskrunner.periodic")
 def add_periodic(store, name, handler, timer, data=None, source="api", now=None, **options):
     """Create a periodic task; InputError for a bad timer, handler or a duplicate name."""
     now = now or utcnow()
+    if options.get("queue") is None:
+        # Added here, the handler is imported: its class's queue applies (a [[periodic]]
+        # entry of the config names its queue, since the overseer imports no handler).
+        options["queue"] = load_handler(handler, store.config.handlers.allow).queue \
+            or DEFAULT_QUEUE
     values, parsed = check_periodic(store.config, name, handler, timer, data, **options)
     try:
         with store.db.atomic():
@@ -253,7 +259,7 @@ class PeriodicScheduler:
                 task_id = add_task(
                     self.store, row.handler, data=json.loads(row.data),
                     scheduled_on=due.replace(tzinfo=timezone.utc),
-                    priority=row.priority, max_runtime=row.max_runtime,
+                    priority=row.priority, max_runtime=row.max_runtime, queue=row.queue,
                     max_retries=row.max_retries, queued_by=row.submitter or "periodic:" + row.name,
                     periodic_task_id=row.id, now=now, import_handler=False,
                     subject=row.subject, group=row.group_name)

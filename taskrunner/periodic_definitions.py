@@ -3,8 +3,10 @@ tables — validated into row values before anything is stored: name, handler, t
 zone it was defined in), data, catch-up, the Nuntium options (timebox, tolerance) and
 Docspell's subject and group. `taskrunner check` and the overseer's sync validate the config
 the same way."""
+from .config import check_queue_name
 from .errors import InputError, check_text
-from .handler import check_handler_path, encode_data, load_handler
+from .handler import check_handler_path, check_handlers_in_child, encode_data, load_handler
+from .models import DEFAULT_QUEUE
 from .timers import IntervalTimer, parse_timer, timer_zone
 from .timespan import parse_timespan
 
@@ -25,7 +27,7 @@ def definition(config, spec, where, import_handler=True, builtin=False):
     starting "taskrunner." are taskrunner's own (`builtin`)."""
     known = {"name", "handler", "timer", "data", "priority", "enabled", "catch_up",
              "max_runtime", "min_spacing", "max_retries", "owner", "submitter", "subject",
-             "group", "timebox", "tolerance"}
+             "group", "timebox", "tolerance", "queue"}
     unknown = set(spec) - known
     if unknown:
         raise InputError("%s: unknown key %s" % (where, ", ".join(sorted(unknown))))
@@ -59,7 +61,8 @@ def definition(config, spec, where, import_handler=True, builtin=False):
               "priority": spec.get("priority", 0), "enabled": spec.get("enabled", True),
               "catch_up": catch_up, "owner": spec.get("owner"), "submitter": spec.get("submitter"),
               "max_retries": spec.get("max_retries"), "subject": spec.get("subject"),
-              "group_name": spec.get("group"), "timezone": zone}
+              "group_name": spec.get("group"), "timezone": zone,
+              "queue": check_queue_name(spec.get("queue") or DEFAULT_QUEUE, "%s: queue" % where)}
     if isinstance(values["priority"], bool) or not isinstance(values["priority"], int):
         raise InputError("%s: priority must be an integer" % where)
     if not isinstance(values["enabled"], bool):
@@ -146,3 +149,12 @@ def validate_definitions(config, import_handlers=True):
             raise InputError("%s: duplicate name %r" % (where, values["name"]))
         validated[values["name"]] = (values, timer)
     return validated
+
+
+def check_periodic_handlers(config):
+    """The periodic tasks' handlers, imported in a forked child, never in the overseer."""
+    paths = {entry.get("handler") for entry in config.periodic}
+    message = check_handlers_in_child(sorted(p for p in paths if isinstance(p, str)),
+                                      config.handlers.allow)
+    if message:
+        raise InputError("%s: [[periodic]]: %s" % (config.source, message))

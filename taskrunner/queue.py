@@ -7,13 +7,14 @@ import time
 from datetime import datetime
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
-from . import control, enqueue, lifecycle, maintenance, reads, rotation, wakeup
+from . import (concurrency, control, enqueue, lifecycle, maintenance, queues, reads, rotation,
+               wakeup)
 from . import periodic  # noqa: F401 - registers the periodic tasks' outcome hook
 from .config import Config
 from .db import SCHEMES
 from .errors import InputError, WaitTimeout
 from .models import as_utc, utcnow
-from .reads import RunInfo, TaskInfo, TaskOutcome
+from .reads import QueueInfo, RunInfo, TaskInfo, TaskOutcome
 from .store import Store
 
 # TaskQueue.wait reads the task at least this often (seconds): the bound on seeing an end
@@ -79,20 +80,40 @@ class TaskQueue:
                  priority: int = 0, run_timeout: Optional[float] = None,
                  unique_key: Optional[str] = None, queued_by: Optional[str] = None,
                  max_runtime: Optional[float] = None,
-                 retry_backoff: Optional[float] = None) -> int:
+                 retry_backoff: Optional[float] = None, queue: Optional[str] = None,
+                 concurrency_key: Optional[str] = None,
+                 concurrency_limit: Optional[int] = None, connection: Any = None) -> int:
         """Queue one task and return its id. `scheduled_on` is an aware datetime (a naive
         one is refused) or None for now. With `unique_key`, adding a key that a not-yet-final
-        task holds stores nothing and returns that task's id."""
+        task holds stores nothing and returns that task's id. `queue`: None for the
+        handler class's ``queue`` attribute, else ``default``. With `concurrency_key`, at
+        most `concurrency_limit` (default 1) runs of the tasks sharing the key are live at
+        once, on all hosts; such a task's run is created by the next pass of the queue.
+
+        `connection`: the application's open DB-API connection (sqlite3, psycopg, PyMySQL;
+        or a SQLAlchemy ``Connection`` / Django ``connection``) to this queue's database:
+        the task is written inside its transaction and commits or rolls back with it. Call
+        `wake()` after the commit (PostgreSQL needs none: the server delivers a NOTIFY at
+        commit)."""
         return int(enqueue.add_task(
             self.store, handler, data=data, scheduled_on=scheduled_on, max_retries=max_retries,
             priority=priority, run_timeout=run_timeout, unique_key=unique_key,
-            queued_by=queued_by, max_runtime=max_runtime, retry_backoff=retry_backoff))
+            queued_by=queued_by, max_runtime=max_runtime, retry_backoff=retry_backoff,
+            queue=queue, concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+            connection=connection))
 
-    def add_tasks(self, tasks: Iterable[Mapping[str, Any]]) -> List[int]:
+    def add_tasks(self, tasks: Iterable[Mapping[str, Any]], *,
+                  connection: Any = None) -> List[int]:
         """Queue many tasks (dicts of add_task's arguments, with "handler"). All are
-        validated first; those without a unique_key are stored in one transaction."""
+        validated first; those without a unique_key are stored in one transaction (with
+        `connection`, all in the caller's, as for add_task)."""
         return [int(task_id) for task_id in enqueue.add_tasks(self.store, [
-            dict(spec) for spec in tasks])]
+            dict(spec) for spec in tasks], connection=connection)]
+
+    def wake(self) -> None:
+        """Wake this host's idle runners now: after committing tasks added with
+        ``connection=`` (before the commit they would find nothing and sleep on)."""
+        self.store.wake_local()
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -128,6 +149,19 @@ class TaskQueue:
         run and the task end ``cancelled``. Returns the id of that running run (the task is
         not cancelled yet: `wait` for it), or None when the task is cancelled now."""
         return control.cancel(self.store, task_id)
+
+    def pause_queue(self, name: str) -> bool:
+        """Stop claiming from the queue `name` on every host (within one check_interval);
+        runs in flight finish. Returns False when it was paused already."""
+        return bool(queues.set_paused(self.store, name, True))
+
+    def resume_queue(self, name: str) -> bool:
+        """Claim from the queue `name` again. Returns False when it was not paused."""
+        return bool(queues.set_paused(self.store, name, False))
+
+    def queues(self) -> List[QueueInfo]:
+        """Every queue: paused, limit, runs scheduled and running, runners, lag."""
+        return reads.queue_stats(self.store)
 
     def process_queue(self) -> Dict[str, Any]:
         """Mark dead runners, time out overdue runs, create due runs (what the overseer does
@@ -179,15 +213,24 @@ class TaskQueue:
         `now`, dead runners and overdue runs are left alone (their clocks are real)."""
         from .runner import Worker
         clock = None
-        if now is None:
-            maintenance.process_queue(self.store)
-        else:
+        if now is not None:
             if now.tzinfo is None:
                 raise InputError("run_pending(now=...) takes an aware datetime")
             clock = as_utc(now)
-            lifecycle.create_missing_runs(self.store, clock)
-        worker = Worker(self.store, install_signals=False, memory_limit=False, clock=clock)
-        return int(worker.work(burst=True, max_runs=max_runs))
+        done = 0
+        while max_runs is None or done < max_runs:
+            if clock is None:
+                maintenance.process_queue(self.store)
+            else:
+                lifecycle.create_missing_runs(self.store, clock)
+            worker = Worker(self.store, install_signals=False, memory_limit=False, clock=clock)
+            ran = int(worker.work(burst=True, max_runs=None if max_runs is None
+                                  else max_runs - done))
+            done += ran
+            # Again only for tasks that waited for a slot of their concurrency key.
+            if not ran or not concurrency.has_waiting(self.store):
+                break
+        return done
 
 
 __all__ = ["TaskQueue"]

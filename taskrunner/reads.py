@@ -71,6 +71,7 @@ class TaskInfo(_Record):
     last_error_message: Optional[str]
     subject: Optional[str]      # carried from its periodic task
     group: Optional[str]
+    queue: str
     results: Any = None                # of its latest run that has results (live or final)
     last_traceback: Optional[str] = None   # of its latest run that failed with one
 
@@ -150,6 +151,18 @@ class RunStats(_Record):
 
 
 @dataclass(frozen=True)
+class QueueInfo(_Record):
+    """A queue: paused or not, its host limit, what waits in it and for how long."""
+    name: str
+    paused: bool
+    limit: Optional[int]        # [queues.NAME] limit; None: served by the default runners
+    scheduled: int              # runs waiting to be claimed
+    running: int
+    runners: int                # runners serving it now, on every host
+    lag: Optional[float]        # seconds the oldest waiting run has been due; None: none waits
+
+
+@dataclass(frozen=True)
 class PeriodicTaskInfo(_Record):
     """A timer that submits tasks, with its counters."""
     name: str
@@ -180,6 +193,7 @@ class PeriodicTaskInfo(_Record):
     timebox: Optional[str]
     tolerance: Optional[float]
     dropped: int
+    queue: str
     stats: Optional[RunStats] = None
 
 
@@ -193,7 +207,7 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         run_timeout=row.run_timeout, max_runtime=row.max_runtime, unique_key=row.unique_key,
         periodic_task_id=row.periodic_task_id, last_error_code=row.last_error_code,
         last_error_message=row.last_error_message, subject=row.subject, group=row.group_name,
-        results=results, last_traceback=last_traceback)
+        queue=row.queue, results=results, last_traceback=last_traceback)
 
 
 def run_info(row: Any) -> RunInfo:
@@ -219,7 +233,7 @@ def periodic_info(row: Any, stats: Optional[RunStats] = None) -> PeriodicTaskInf
         catch_up=row.catch_up, max_runtime=row.max_runtime, min_spacing=row.min_spacing,
         owner=row.owner, source=row.source, worker=row.worker, marked=aware(row.marked),
         subject=row.subject, group=row.group_name, timebox=row.timebox, tolerance=row.tolerance,
-        dropped=row.dropped_count, stats=stats)
+        dropped=row.dropped_count, queue=row.queue, stats=stats)
 
 
 # -- queries ------------------------------------------------------------------------------------
@@ -355,6 +369,33 @@ def running_runners(store: Any) -> List[RunnerInfo]:
             progress=run.percent_completed if run else None,
             rss_mb=round(r.rss / 1048576, 1) if r.rss else None, runs_done=r.runs_done,
             started_on=aware(r.started_on), heartbeat_on=aware(r.heartbeat_on)))
+    return result
+
+
+def queue_stats(store: Any, now: Optional[datetime] = None) -> List[QueueInfo]:
+    """Every queue used or configured: paused, limit, runs scheduled and running, runners
+    serving it, lag. Live runs are read from the partial indexes, never the history."""
+    Run, Queue, RunnerQueue = store.Run, store.Queue, store.RunnerQueue
+    now = now or datetime.now(timezone.utc).replace(tzinfo=None)
+    waiting = {q: (n, oldest) for q, n, oldest in Run.select(
+        Run.queue, pw.fn.COUNT(Run.id), pw.fn.MIN(Run.scheduled_on)).where(
+        run_status_is(Run, SCHEDULED)).group_by(Run.queue).tuples()}
+    running = dict(Run.select(Run.queue, pw.fn.COUNT(Run.id)).where(
+        run_status_is(Run, RUNNING)).group_by(Run.queue).tuples())
+    runners = dict(RunnerQueue.select(RunnerQueue.queue, pw.fn.COUNT(RunnerQueue.id))
+                   .group_by(RunnerQueue.queue).tuples())
+    paused = dict(Queue.select(Queue.name, Queue.paused).tuples())
+    configured = store.config.queues
+    result = []
+    for name in sorted(set(paused) | set(configured) | set(waiting) | set(running)):
+        count, oldest = waiting.get(name, (0, None))
+        if isinstance(oldest, str):      # SQLite returns MIN() of a datetime as text
+            oldest = datetime.fromisoformat(oldest)
+        result.append(QueueInfo(
+            name=name, paused=bool(paused.get(name, False)),
+            limit=configured[name].limit if name in configured else None,
+            scheduled=count, running=running.get(name, 0), runners=runners.get(name, 0),
+            lag=round(max(0.0, (now - oldest).total_seconds()), 3) if oldest else None))
     return result
 
 

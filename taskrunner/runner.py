@@ -24,11 +24,11 @@ import time
 from datetime import timedelta, timezone
 
 
-from . import lifecycle, liveness, maintenance, outage, outcomes, periodic, wakeup
+from . import lifecycle, liveness, maintenance, outage, outcomes, periodic, queues, wakeup
 from .errors import HandlerError, RunnerLimitReached
 from .handler import RunContext, load_handler
 from .heartbeat import Heartbeat
-from .models import CANCELLED, RUNNER, SUCCESS, utcnow
+from .models import CANCELLED, DEFAULT_QUEUE, RUNNER, SUCCESS, utcnow
 from .outcomes import Interrupted
 
 log = logging.getLogger("taskrunner.runner")
@@ -58,8 +58,11 @@ class Worker:
     EXIT_HARD = 4             # the handler did not return after its run was taken away
 
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
-                 memory_limit=True, clock=None):
+                 memory_limit=True, clock=None, serving=None):
         self.store = store
+        # The queues it serves (None: all); `claim_order` is re-read every check_interval.
+        self.serving = tuple(serving) if serving is not None else None
+        self.claim_order, self._order_read_at = (), None
         # Off for work run inside someone else's process (run_pending): its RSS is the
         # application's, not a runner's that may be replaced, and it takes no runner slot.
         self.memory_limit = memory_limit
@@ -197,7 +200,7 @@ class Worker:
                        traceback=outcome.traceback, now=now)
         if claim_next and outcome.exc is None and not self._should_exit():
             ended, following = self._with_database(lambda: lifecycle.end_run_and_claim(
-                self.store, *args, **options),
+                self.store, *args, queues=self._claim_order(), **options),
                 reconnected=lambda: self._give_back_lost_claims(keep=claimed.run_id))
         else:
             ended, following = self._with_database(lambda: lifecycle.end_run(
@@ -329,6 +332,19 @@ class Worker:
                      claimed.task_id, self.stop_reason)
         return None
 
+    def _claim_order(self):
+        """The queues to claim from, re-read every check_interval (pauses, new queues)."""
+        if self._order_read_at is None or time.monotonic() - self._order_read_at \
+                >= self.config.overseer.check_interval:
+            self._look()
+        return self.claim_order
+
+    def _look(self):
+        """Idle: re-read the claim order and whether a run waits in it, in one read."""
+        order, work = queues.claim_order(self.store, self.serving, with_work=True)
+        self.claim_order, self._order_read_at = tuple(order), time.monotonic()
+        return work
+
     def _idle(self, standalone):
         """Wait for work: poll a cheap read every poll_interval (a signal wakes at once).
         A runner without an overseer also does the queue's regular work while idle."""
@@ -336,7 +352,7 @@ class Worker:
         while not self._should_exit():
             if standalone:
                 maintenance.process_queue(self.store, reachable_since=self.db_back_at)
-            if lifecycle.has_scheduled_runs(self.store):
+            if self._look():
                 return
             self._wait(interval)
 
@@ -347,7 +363,7 @@ class Worker:
         if self.install_signals:
             self._setup_signals()
         row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id,
-                                take_slot=self.memory_limit)
+                                take_slot=self.memory_limit, serving=self.serving)
         self.runner_id = row.id
         if not burst:
             self._listener = wakeup.open_listener(self.store.wakeup_directory)
@@ -355,7 +371,8 @@ class Worker:
                 self._pg_listener = wakeup.PostgresListener(self.store.db)
         if row.slot is not None:        # a process of its own, not run_pending's caller
             liveness.name_process("tr-runner-%d" % row.slot)
-        log.info("runner %d started (pid %d, slot %s)", row.id, row.pid, row.slot)
+        log.info("runner %d started (pid %d, slot %s, queues %s)", row.id, row.pid, row.slot,
+                 ",".join(self.serving or ("all",)))
         self.rss = liveness.ResidentSize()
         self.heartbeat.start()
         claimed = None
@@ -363,7 +380,7 @@ class Worker:
             while claimed is not None or not self._should_exit():
                 if claimed is None:
                     claimed = self._with_database(lambda: lifecycle.claim(
-                        self.store, self.runner_id, self.now()),
+                        self.store, self.runner_id, self._claim_order(), self.now()),
                                                   reconnected=self._give_back_lost_claims,
                                                   while_stopping=False)
                     if claimed is None:
@@ -399,10 +416,11 @@ class Worker:
                         self.runner_id)
 
 
-def run_runner(store, refuse_quietly=False, burst=False, max_runs=None):
-    """Entry point of ``taskrunner runner`` and ``run-event task-runner:OnProcess``; returns
-    the exit code. At the host's limit: exit 1, or 0 with `refuse_quietly` (cron use)."""
-    worker = Worker(store)
+def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=(DEFAULT_QUEUE,)):
+    """Entry point of ``taskrunner runner`` and ``run-event task-runner:OnProcess``, serving
+    the queues `serving`; returns the exit code. At the host's limit (or a queue's): exit 1,
+    or 0 with `refuse_quietly` (cron use)."""
+    worker = Worker(store, serving=serving)
     try:
         if burst:
             maintenance.process_queue(store)

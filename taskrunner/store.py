@@ -47,7 +47,10 @@ class Store:
         self.waiters_directory = self.wakeup_directory + wakeup.ENDED
         models = bind_models(self.db)
         self.models = models
-        self.Task, self.Run, self.Runner, self.PeriodicTask = models
+        self.Task, self.Run, self.Runner, self.PeriodicTask = models[:4]
+        self.Queue, self.RunnerQueue = models.Queue, models.RunnerQueue
+        # Queue names known to have their task_queues row (rows are never deleted).
+        self.known_queues = set()
         self._returning = None
         # Per thread (a runner's heartbeat thread writes too): how deep in write() it is,
         # and whether the outermost write's transaction made a run claimable.

@@ -192,3 +192,8 @@ class Steady(TaskHandler):
             record(log, "raised %s %.3f %s" % (line, time.monotonic(), type(exc).__name__))
             raise
         record(log, "end %s %.3f" % (line, time.monotonic()))
+
+
+class Report(Record):
+    """Record, in the queue ``reports`` unless add_task names another."""
+    queue = "reports"

@@ -1,29 +1,32 @@
-"""The claim reads the next run from the task_runs_claim index, in index order, on every
-database: no scan of the backlog and no sort, so it does not slow down as the backlog grows.
+"""The claim reads the next run of a queue from the task_runs_claim index (queue, priority
+DESC, scheduled_on, id), in index order, on every database: no scan of the backlog (its own
+queue's or another's) and no sort, so it does not slow down as a backlog grows.
 The reads of live runs (scheduled, running) use indexes that hold live runs only, so a long
 history does not slow them either. (The speed itself is measured by bench/, not here.)"""
 import pytest
 
 from taskrunner import lifecycle
-from taskrunner import liveness
+from taskrunner import liveness, queues
 from taskrunner.models import Run, utcnow
 from taskrunner.lifecycle import (MYSQL_CLAIM, PG_CLAIM, PG_SUCCESS_AND_CLAIM, SQLITE_CLAIM,
                                   SUCCESS_STATEMENTS)
 
 
-def _plans(queue, backend):
+def _plans(queue, backend, name="default"):
     """The plans of the statements claim() and end_run_and_claim() really send."""
     now = utcnow()
     if backend == "sqlite":
-        rows = queue.store.db.execute_sql("EXPLAIN QUERY PLAN " + SQLITE_CLAIM[0], (1, now, now)).fetchall()
+        rows = queue.store.db.execute_sql("EXPLAIN QUERY PLAN " + SQLITE_CLAIM[0],
+                                          (1, now, now, name)).fetchall()
         return [" | ".join(str(r[-1]) for r in rows)]
     if backend == "postgresql":
         plans = []
-        for sql, params in ((PG_CLAIM, (1, now, now, now)),
-                            (PG_SUCCESS_AND_CLAIM, (now, now, None, 1, 1, now, now, 1, now, now, now))):
+        for sql, params in ((PG_CLAIM, (name, 1, now, now, now)),
+                            (PG_SUCCESS_AND_CLAIM, (now, now, None, 1, 1, now, now,
+                                                    name, 1, now, now, now))):
             plans.append(" | ".join(r[0] for r in queue.store.db.execute_sql("EXPLAIN " + sql, params)))
         return plans
-    cursor = queue.store.db.execute_sql("EXPLAIN " + MYSQL_CLAIM)
+    cursor = queue.store.db.execute_sql("EXPLAIN " + MYSQL_CLAIM, (name,))
     names = [d[0] for d in cursor.description]
     return [" | ".join(str(dict(zip(names, r))) for r in cursor.fetchall())]
 
@@ -31,17 +34,22 @@ def _plans(queue, backend):
 @pytest.mark.timeout(120)
 def test_claim_uses_the_claim_index_without_sorting(database):
     queue = database.queue()
-    queue.add_tasks([{"handler": "taskrunner.handlers.Echo", "priority": i % 3}
-                     for i in range(3000)])
+    # A backlog in two queues: claiming from either reads only its own range of the index.
+    queue.add_tasks([{"handler": "taskrunner.handlers.Echo", "priority": i % 3,
+                      "queue": "reports" if i % 2 else "default"} for i in range(3000)])
     if database.backend == "postgresql":
         queue.store.db.execute_sql("ANALYZE task_runs")
     elif database.backend == "mysql":
         queue.store.db.execute_sql("ANALYZE TABLE task_runs")
     with queue.store.db.atomic():
-        plans = _plans(queue, database.backend)
+        plans = _plans(queue, database.backend) + _plans(queue, database.backend, "reports")
     for plan in plans:
         assert "task_runs_claim" in plan, plan
         assert "TEMP B-TREE" not in plan and "filesort" not in plan and "Sort" not in plan, plan
+        if database.backend == "sqlite":
+            assert "queue=?" in plan, plan          # the queue bounds the index range
+        elif database.backend == "postgresql":
+            assert "Index Cond: ((queue)::text =" in plan, plan
     queue.close()
 
 
@@ -66,9 +74,12 @@ def test_live_runs_are_read_from_partial_indexes_not_the_history(database_sp):
         queue.store.db.execute_sql("ANALYZE task_runs")
     now = utcnow()
     finish = (PG_SUCCESS_AND_CLAIM, (now, now, None, claimed.run_id, runner_id, now, now,
-                                      runner_id, now, now, now)) if backend == "postgresql" \
+                                      "default", runner_id, now, now, now)) if backend == "postgresql" \
         else (SUCCESS_STATEMENTS[0], (now, now, None, claimed.run_id, runner_id))
-    statements = [query.sql() for query in (lifecycle.scheduled_runs_query(queue.store),
+    look = queues.claim_order(queue.store, None, with_work=True)      # idle runners' poll
+    assert look == (["default"], True)
+    statements = [query.sql() for query in (queues.queue_rows_query(queue.store, True),
+                                            lifecycle.scheduled_runs_query(queue.store, ["default", "reports"]),
                                             lifecycle.running_runs_query(queue.store),
                                             lifecycle.runs_of_runner_query(queue.store, runner_id))]
     for sql, params in statements + [finish]:

@@ -163,17 +163,28 @@ def test_live_progress_bar_moves_while_a_real_runner_works(browser, site, procs,
     assert console_errors(browser) == []
 
 
+def notice(browser):
+    """The page's notice, or "" while the page that has one is still loading (a click's
+    POST and redirect take a moment: finding the element at once would fail, not wait)."""
+    from selenium.common.exceptions import WebDriverException
+    try:
+        found = browser.find_elements("css selector", ".notice")
+        return found[0].text if found else ""
+    except WebDriverException:      # the old page went away while it was read
+        return ""
+
+
 def test_retry_cancel_and_bulk_actions_change_the_database(browser, site):
     queue = site.queue
     ids = history(queue)
     browser.get(site.url + "/tasks/%d" % ids["failed"])
     browser.find_element("xpath", "//button[text()='Retry']").click()
-    wait_for(lambda: "re-armed" in browser.find_element("css selector", ".notice").text)
+    wait_for(lambda: "re-armed" in notice(browser))
     assert queue.get_task(ids["failed"]).status == "scheduled"
 
     browser.get(site.url + "/tasks/%d" % ids["later"])
     browser.find_element("xpath", "//button[text()='Cancel']").click()
-    wait_for(lambda: "cancelled" in browser.find_element("css selector", ".notice").text)
+    wait_for(lambda: "cancelled" in notice(browser))
     assert queue.get_task(ids["later"]).status == "cancelled"
 
     # Bulk: cancel every scheduled Echo task, after a confirmation page.
@@ -183,14 +194,14 @@ def test_retry_cancel_and_bulk_actions_change_the_database(browser, site):
     assert "Cancel 1 task(s)" in text and "status scheduled" in text
     assert queue.get_task(ids["due"]).status == "scheduled"      # nothing done yet
     browser.find_element("xpath", "//button[starts-with(text(), 'Yes, cancel')]").click()
-    wait_for(lambda: "1 task(s) done" in browser.find_element("css selector", ".notice").text)
+    wait_for(lambda: "1 task(s) done" in notice(browser))
     assert queue.get_task(ids["due"]).status == "cancelled"
 
     from taskrunner import periodic, reads
     periodic.add_periodic(queue.store, "nightly", "taskrunner.handlers.Echo", "*-*-* 02:00")
     browser.get(site.url + "/periodic")
     browser.find_element("xpath", "//button[text()='Disable']").click()
-    wait_for(lambda: "disabled" in browser.find_element("css selector", ".notice").text)
+    wait_for(lambda: "disabled" in notice(browser))
     assert [p.enabled for p in reads.list_periodic(queue.store)] == [False]
     browser.find_element("xpath", "//button[text()='Enable']").click()
     wait_for(lambda: [p.enabled for p in reads.list_periodic(queue.store)] == [True])

@@ -139,8 +139,9 @@ def test_signal_to_an_idle_runner_exits_within_a_second(signame, sqlite_db, proc
     elapsed = time.monotonic() - sent
 
     assert code == 0, procs.logs()
-    # Includes retiring the row and interpreter shutdown; a missed wake-up would take ~5 s.
-    assert elapsed < 1.0, "exited %.2fs after %s" % (elapsed, signame)
+    # Includes retiring the row and interpreter shutdown (about 0.3 s on a quiet machine);
+    # a missed wake-up would take ~5 s.
+    assert elapsed < 2.5, "exited %.2fs after %s" % (elapsed, signame)   # loaded machine
     row = runner_row(proc.pid)
     assert row.status == SUCCESS
     assert signame in row.exit_reason

@@ -43,7 +43,8 @@ def outcome_of(queue: TaskQueue, task_id: int) -> str:
 def queue_digest(queue: TaskQueue, users: List[int]) -> int:
     later = datetime.now(timezone.utc) + timedelta(minutes=5)
     return queue.add_task("typed_app.SendDigest", {"users": users}, scheduled_on=later,
-                          priority=5, max_retries=3, unique_key="digest", queued_by="web")
+                          priority=5, max_retries=3, unique_key="digest", queued_by="web",
+                          queue="mail")
 
 
 def report(queue: TaskQueue, task_id: int) -> str:
@@ -59,8 +60,11 @@ def main() -> None:
         task_id = queue_digest(queue, [1, 2, 3])
         ids: List[int] = queue.add_tasks([{"handler": "typed_app.SendDigest",
                                            "data": {"users": [n]}} for n in range(3)])
+        paused: bool = queue.pause_queue("mail")
+        lags = [(q.name, q.paused, q.lag) for q in queue.queues()]
+        queue.resume_queue("mail")
         done: int = queue.run_pending(max_runs=10, now=datetime.now(timezone.utc))
-        print(outcome_of(queue, task_id))
+        print(paused, lags, outcome_of(queue, task_id))
         print(report(queue, task_id), ids, done, queue.tasks(status="given-up", limit=5))
         if queue.get_task(task_id).given_up:
             queue.retry(task_id)

@@ -1,0 +1,62 @@
+"""``taskrunner queue pause|resume|list``, and the queues part of ``status``."""
+import json
+
+from .errors import InputError
+
+
+def cmd_queue(args):
+    from . import reads
+    from .queue import TaskQueue
+    queue = TaskQueue(args.loaded_config, migrate=True)
+    try:
+        if args.action == "list":
+            queues = [q.to_json() for q in reads.queue_stats(queue.store)]
+            if args.json:
+                print(json.dumps(queues, indent=2))
+            else:
+                print_queues(queues)
+            return
+        if args.action == "pause":
+            changed = queue.pause_queue(args.name)
+            print("queue %r %s" % (args.name, "paused: runners on every host stop claiming "
+                                   "from it within one check interval" if changed
+                                   else "was paused already"))
+        else:
+            changed = queue.resume_queue(args.name)
+            print("queue %r %s" % (args.name, "resumed" if changed else "was not paused"))
+    finally:
+        queue.close()
+
+
+def _name(text):
+    import argparse
+    from .config import check_queue_name
+    try:
+        return check_queue_name(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_queue_command(command):
+    """Add ``queue`` to the CLI's parser; `command(name, func, help)` makes a subparser."""
+    p = command("queue", cmd_queue, "pause, resume or list queues (on every host)")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
+    actions.required = True
+    for action, text in (("pause", "stop claiming from a queue; runs in flight finish"),
+                         ("resume", "claim from a paused queue again")):
+        actions.add_parser(action, help=text, description=text).add_argument("name", type=_name)
+    actions.add_parser("list", help="queues: paused, limit, waiting, running, lag"
+                       ).add_argument("--json", action="store_true")
+
+
+def print_queues(queues):
+    """The queues table of ``status`` and ``queue list``."""
+    if not queues:
+        return
+    headers = ["QUEUE", "STATE", "LIMIT", "SCHEDULED", "RUNNING", "RUNNERS", "LAG"]
+    rows = [[q["name"], "paused" if q["paused"] else "active",
+             q["limit"] if q["limit"] is not None else "-", q["scheduled"], q["running"],
+             q["runners"], "%.1fs" % q["lag"] if q["lag"] is not None else "-"] for q in queues]
+    widths = [max(len(str(v)) for v in column) for column in zip(headers, *rows)]
+    for row in [headers] + rows:
+        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
