@@ -278,6 +278,7 @@ class Scene:
         """go_down() stops the server (or starts a restart); after `hold` seconds more of
         outage, come_back() (may be None: a restart comes back by itself). Returns the
         monotonic times the server refused a connection first and accepted one again."""
+        self.began = time.monotonic()           # the server starts to go away
         go_down()
         wait_for(lambda: not accepts(), timeout=30, interval=0.02, message="the server down")
         down = time.monotonic()
@@ -320,9 +321,10 @@ class Scene:
             "scenario": scenario,
             "outage_s": round(ready - down, 2),
             "resume_s": round(resume, 3),
-            # Handlers that were running when the server went away.
-            "in_flight": len([s for s in seen if s[0] == "start" and s[4] < down and any(
-                e[0] == "end" and e[2] == s[2] and e[4] > down for e in seen)]),
+            # Handlers that were running when the server began to go away (a stop under
+            # load can take longer than a run: counted from its end, none would be left).
+            "in_flight": len([s for s in seen if s[0] == "start" and s[4] < self.began and any(
+                e[0] == "end" and e[2] == s[2] and e[4] > self.began for e in seen)]),
             "runner_exits": len(exited),
             "runners_marked_dead": Runner.select().where(
                 (Runner.kind == RUNNER) & (Runner.status == TIMEOUT)).count(),
