@@ -184,3 +184,29 @@ def test_run_event_runner_json_counts_its_runs_or_says_why_it_did_not_start(sqli
         liveness.retire(queue.store, holder.id, "done")
     finally:
         queue.close()
+
+
+# Commands whose output is not a summary: foreground processes that log on stderr, the web
+# server, and the Prometheus text format (`status --json` has the same figures).
+NO_JSON = {"overseer", "runner", "dashboard", "metrics"}
+
+
+def _commands(parser, prefix=()):
+    """(command words, its parser) for every leaf command of the CLI."""
+    import argparse
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subparsers:
+        yield prefix, parser
+        return
+    for name, sub in subparsers[0].choices.items():
+        yield from _commands(sub, prefix + (name,))
+
+
+def test_every_command_that_prints_a_summary_takes_json():
+    from taskrunner.cli import build_parser
+    commands = dict(_commands(build_parser()))
+    assert ("queue", "pause") in commands and ("periodic", "list") in commands
+    lacking = [" ".join(words) for words, parser in commands.items()
+               if words[0] not in NO_JSON and not any(
+                   "--json" in action.option_strings for action in parser._actions)]
+    assert lacking == []
