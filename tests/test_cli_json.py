@@ -167,7 +167,7 @@ def test_run_event_runner_json_counts_its_runs_or_says_why_it_did_not_start(sqli
                                                                             tmp_path):
     config = sqlite_db.write_config(tmp_path / "c.toml", "[runner]\nmax_runs = 1\n"
                                     "[queues.reports]\nlimit = 1\n")
-    queue = sqlite_db.queue()
+    queue = sqlite_db.queue(queues={"reports": {"limit": 1}})
     try:
         task_id = queue.add_task(ECHO, {"n": 1})
         out = as_json(taskrunner("run-event", "task-runner:OnProcess", "--json",
