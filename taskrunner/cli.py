@@ -64,13 +64,17 @@ def cmd_add(args):
             scheduled_on = datetime.now(timezone.utc) + timedelta(seconds=args.delay)
         except OverflowError:
             raise InputError("--in %g seconds is too far in the future" % args.delay) from None
-    queue = open_queue(args)
-    print(queue.add_task(args.handler, data=args.data, scheduled_on=scheduled_on,
-                         max_retries=args.max_retries, priority=args.priority,
-                         run_timeout=args.timeout, unique_key=args.unique_key,
-                         queued_by=args.queued_by, max_runtime=args.max_runtime,
-                         queue=args.queue, concurrency_key=args.concurrency_key,
-                         concurrency_limit=args.concurrency_limit))
+    from .enqueue import add_task_created
+    task_id, created = add_task_created(
+        open_queue(args).store, args.handler, data=args.data, scheduled_on=scheduled_on,
+        max_retries=args.max_retries, priority=args.priority, run_timeout=args.timeout,
+        unique_key=args.unique_key, queued_by=args.queued_by, max_runtime=args.max_runtime,
+        queue=args.queue, concurrency_key=args.concurrency_key,
+        concurrency_limit=args.concurrency_limit)
+    if args.json:   # existed: a live task held --unique-key; nothing was added
+        print_json({"id": task_id, "existed": not created})
+        return
+    print(task_id)
 
 
 def cmd_runner(args):
@@ -85,13 +89,17 @@ def cmd_overseer(args):
 
 
 def cmd_run_event(args):
+    """One event; with --json, what it did as one object (ids and counts)."""
     queue = open_queue(args)
+    code = EXIT_OK
     if args.event == "task-queue:OnProcess":
         result = queue.process_queue()
         log.info("queue processed: %d dead runners, %d runs timed out, %d runs created",
                  len(result["dead_runners"]), len(result["timed_out_runs"]), result["created_runs"])
+        result["timed_out_runs"] = [{"run_id": run_id, "runner_id": runner_id}
+                                    for run_id, runner_id in result["timed_out_runs"]]
     elif args.event == "task-queue:OnRotate":
-        queue.rotate()
+        result = {"deleted": queue.rotate()}
     elif args.event == "periodic-task:OnProcess":
         from . import periodic
         periodic.sync_definitions(queue.store)
@@ -102,8 +110,11 @@ def cmd_run_event(args):
                  len(result["skipped"]))
     else:
         from .runner import run_runner
-        return run_runner(queue.store, refuse_quietly=True, serving=args.queue)
-    return EXIT_OK
+        result = {}
+        code = run_runner(queue.store, refuse_quietly=True, serving=args.queue, report=result)
+    if args.json:
+        print_json(dict(event=args.event, **result))
+    return code
 
 
 def cmd_status(args):
@@ -213,6 +224,11 @@ def cmd_check(args):
     periodic.validate_definitions(args.loaded_config)
     queue = open_queue(args)
     figures = reads.health(queue.store)
+    if args.json:
+        print_json({"ok": True, "database": masked_url(queue), "backend": queue.store.backend,
+                    "config": queue.config.source, **{key: figures[key] for key in (
+                        "runners_running", "runs_waiting", "tasks_retrying")}})
+        return
     print("ok: %s (%s), config %s; %d runners running, %d runs waiting, %d tasks retrying"
           % (masked_url(queue), queue.store.backend, queue.config.source,
              figures["runners_running"], figures["runs_waiting"], figures["tasks_retrying"]))
@@ -288,6 +304,8 @@ def build_parser():
     p.add_argument("--concurrency-key", metavar="KEY",
                    help="at most --concurrency-limit runs of tasks with KEY at once, all hosts")
     p.add_argument("--concurrency-limit", type=positive_int, metavar="N", help="default 1")
+    p.add_argument("--json", action="store_true",
+                   help='print {"id": N, "existed": false|true (a --unique-key hit)}')
     command("overseer", cmd_overseer, "the supervised parent of the runners, foreground")
     p = command("runner", cmd_runner, "one runner, foreground")
     p.add_argument("--burst", action="store_true", help="exit when no run is left")
@@ -298,6 +316,7 @@ def build_parser():
     p.add_argument("event", choices=EVENTS, metavar="UNIT:EVENT", help=" | ".join(EVENTS))
     p.add_argument("--queue", type=queue_list, default=("default",), metavar="A,B",
                    help="task-runner:OnProcess: " + QUEUE_HELP)
+    p.add_argument("--json", action="store_true", help="print what the event did")
     p = command("status", cmd_status, "runners and task counts")
     p.add_argument("--json", action="store_true")
     p = command("tasks", cmd_tasks, "list tasks, most recent first")
@@ -325,7 +344,8 @@ def build_parser():
         p.add_argument("--json", action="store_true")
     command("rotate", cmd_rotate, "delete old ended tasks and runner rows").add_argument(
         "--json", action="store_true")
-    command("check", cmd_check, "check the config and the database")
+    command("check", cmd_check, "check the config and the database").add_argument(
+        "--json", action="store_true")
     add_queue_command(command)
 
     add_periodic_parser(command, _Parser)

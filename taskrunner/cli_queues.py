@@ -18,11 +18,16 @@ def cmd_queue(args):
             return
         if args.action == "pause":
             changed = queue.pause_queue(args.name)
+        else:
+            changed = queue.resume_queue(args.name)
+        if args.json:   # paused: its state now; changed: false if it was so already
+            print(json.dumps({"queue": args.name, "paused": args.action == "pause",
+                              "changed": changed}, indent=2))
+        elif args.action == "pause":
             print("queue %r %s" % (args.name, "paused: runners on every host stop claiming "
                                    "from it within one check interval" if changed
                                    else "was paused already"))
         else:
-            changed = queue.resume_queue(args.name)
             print("queue %r %s" % (args.name, "resumed" if changed else "was not paused"))
     finally:
         queue.close()
@@ -44,7 +49,9 @@ def add_queue_command(command):
     actions.required = True
     for action, text in (("pause", "stop claiming from a queue; runs in flight finish"),
                          ("resume", "claim from a paused queue again")):
-        actions.add_parser(action, help=text, description=text).add_argument("name", type=_name)
+        a = actions.add_parser(action, help=text, description=text)
+        a.add_argument("name", type=_name)
+        a.add_argument("--json", action="store_true")
     actions.add_parser("list", help="queues: paused, limit, waiting, running, lag"
                        ).add_argument("--json", action="store_true")
 

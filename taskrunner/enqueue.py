@@ -152,7 +152,8 @@ def insert_task(store, row):
 
 
 def _add_unique(store, row):
-    """Insert a task with a unique_key, or return the id of the live task holding the key.
+    """Insert a task with a unique_key, or find the live task holding the key: (its id,
+    whether it was inserted).
     Race closed: two adds of one key — the unique index on active_key lets one insert win;
     the other reads the winner's id (and tries again if that task ended meanwhile)."""
     Task = store.Task
@@ -160,11 +161,11 @@ def _add_unique(store, row):
         try:
             task_id = store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
             remember_queues(store, [row["queue"]])
-            return task_id
+            return task_id, True
         except pw.IntegrityError:
             existing = Task.select(Task.id).where(Task.active_key == row["unique_key"]).first()
             if existing is not None:
-                return existing.id
+                return existing.id, False
     raise StateError("unique_key %r is contended; try again" % row["unique_key"])
 
 
@@ -175,11 +176,21 @@ def add_task(store, handler, now=None, connection=None, **options):
     row = task_row(store.config, handler, now=now, **options)
     if connection is not None:
         return add_in_transaction(store, connection, [row])[0]
+    return _store_row(store, row)[0]
+
+
+def add_task_created(store, handler, now=None, **options):
+    """As add_task (no `connection`): (the task id, whether a task was stored) — False when
+    a live task held the unique_key and its id is returned (``taskrunner add --json``)."""
+    return _store_row(store, task_row(store.config, handler, now=now, **options))
+
+
+def _store_row(store, row):
     if row["unique_key"] is not None:
         return _add_unique(store, row)
     task_id = store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
     remember_queues(store, [row["queue"]])
-    return task_id
+    return task_id, True
 
 
 def add_tasks(store, tasks, now=None, connection=None):
@@ -206,7 +217,8 @@ def add_tasks(store, tasks, now=None, connection=None):
     remember_queues(store, [row["queue"] for row in plain_rows])
     ids, plain_ids = [], iter(plain)
     for row in rows:
-        ids.append(next(plain_ids) if row["unique_key"] is None else _add_unique(store, row))
+        ids.append(next(plain_ids) if row["unique_key"] is None
+                   else _add_unique(store, row)[0])
     return ids
 
 

@@ -416,16 +416,21 @@ class Worker:
                         self.runner_id)
 
 
-def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=(DEFAULT_QUEUE,)):
+def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=(DEFAULT_QUEUE,),
+               report=None):
     """Entry point of ``taskrunner runner`` and ``run-event task-runner:OnProcess``, serving
     the queues `serving`; returns the exit code. At the host's limit (or a queue's): exit 1,
-    or 0 with `refuse_quietly` (cron use)."""
+    or 0 with `refuse_quietly` (cron use). `report`, a dict, receives ``runs`` (executed)
+    and ``refused`` (why the runner did not start, or None)."""
     worker = Worker(store, serving=serving)
+    report = {} if report is None else report
+    report.update(runs=0, refused=None)
     try:
         if burst:
             maintenance.process_queue(store)
-        worker.work(burst=burst, max_runs=max_runs)
+        report["runs"] = worker.work(burst=burst, max_runs=max_runs)
     except RunnerLimitReached as exc:
+        report["refused"] = str(exc)
         if refuse_quietly:
             log.info("not starting: %s", exc)
             return 0
