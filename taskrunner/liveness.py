@@ -142,11 +142,13 @@ def register(store, kind=RUNNER, parent_id=None, now=None, take_slot=True, servi
     for slot in range(1, limit + 1):
         if slot in taken:
             continue
+        def take(slot=slot):
+            row = _created(Runner, dict(fields, slot=slot))
+            _take_queue_slots(store, row, serving or ())
+            return row
         try:
-            with store.db.atomic():
-                row = _created(Runner, dict(fields, slot=slot))
-                _take_queue_slots(store, row, serving or ())
-                return row
+            # store.write: again after a deadlock (MySQL, racing registrations of one queue)
+            return store.write(take)
         except pw.IntegrityError:
             continue  # another process took this slot a moment ago
     raise RunnerLimitReached("this host already has %d running runners ([runner] limit)" % limit)
