@@ -371,7 +371,7 @@ def periodic(view: View, params: Mapping[str, str]) -> str:
             'Filter</button> <a href="/periodic">clear</a></form>' % options)
     return form + table(["Name", "Group", "Handler", "Timer", "Next due (UTC)", "Last run",
                          "Last status", "Failures in a row", "Runs", "Submitted", "Enabled", ""],
-                        rows, "no periodic task" + (" in group %r" % group if group else ""),
+                        rows, "no periodic task" + (" in group %s" % group if group else ""),
                         css="periodic")
 
 
