@@ -191,6 +191,20 @@ def notice(browser):
         return ""
 
 
+def click_live(browser, xpath):
+    """Click a button of a live part: the part may be swapped between finding and clicking
+    (a stale element), then it is found again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def clicked():
+        try:
+            browser.find_element("xpath", xpath).click()
+            return True
+        except StaleElementReferenceException:
+            return False
+    wait_for(clicked, timeout=10, interval=0.1, message="a click on " + xpath)
+
+
 def test_retry_cancel_and_bulk_actions_change_the_database(browser, site):
     queue = site.queue
     ids = history(queue)
@@ -229,12 +243,10 @@ def test_retry_cancel_and_bulk_actions_change_the_database(browser, site):
     def paused():
         return {q.name: q.paused for q in reads.queue_stats(queue.store)}
     browser.get(site.url + "/")
-    browser.find_element("xpath", "//section[@id='queues']//tr[td/a[text()='mail']]"
-                                  "//button[text()='Pause']").click()
+    click_live(browser, "//section[@id='queues']//tr[td/a[text()='mail']]//button[text()='Pause']")
     wait_for(lambda: "queue 'mail' paused" in notice(browser))
     assert paused() == {"default": False, "mail": True}
-    browser.find_element("xpath", "//section[@id='queues']//tr[td/a[text()='mail']]"
-                                  "//button[text()='Resume']").click()
+    click_live(browser, "//section[@id='queues']//tr[td/a[text()='mail']]//button[text()='Resume']")
     wait_for(lambda: "resumed" in notice(browser))
     assert paused()["mail"] is False
 
