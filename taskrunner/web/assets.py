@@ -61,6 +61,7 @@ h3 { font-size: 13px; margin: 10px 0 6px; }
 .status-paused { background: #fdebd8; color: #8a4a10; }
 .status-active { background: #dcf5e6; color: #146c3b; }
 .ok { color: #146c3b; }
+.nowrap { white-space: nowrap; }
 a.queue { display: inline-block; background: #eef1f5; border-radius: 4px; padding: 0 6px;
           margin: 0 4px 2px 0; font-size: 12px; text-decoration: none; }
 details summary { cursor: pointer; color: var(--muted); font-size: 12px; }

@@ -325,8 +325,9 @@ def failures(view: View, params: Mapping[str, str]) -> str:
 
 def _stats(p: Any) -> str:
     st = p.stats
+    submitted = "%d submitted, %d skipped" % (p.submitted, p.skipped)
     if st is None or not st.runs:
-        return '<span class="muted">no run yet</span>'
+        return '<span class="muted">no run yet</span><br><small>%s</small>' % submitted
     parts = ['%d runs: <span class="ok">%d ok</span>' % (st.runs, st.successes)]
     if st.errors:
         parts.append('<span class="err">%d failed</span>' % st.errors)
@@ -335,8 +336,8 @@ def _stats(p: Any) -> str:
     timing = "avg %s · p95 %s" % (span(st.avg_duration), span(st.p95_duration)) \
         if st.avg_duration is not None else ""
     success = "last success %s" % ago(st.last_success) if st.last_success else "never succeeded"
-    return "%s<br><small>%s%s</small>" % (" · ".join(parts), e(timing) + "<br>" if timing
-                                          else "", e(success))
+    return '<span class="nowrap">%s</span><br><small class="nowrap">%s%s<br>%s</small>' % (
+        " · ".join(parts), e(timing) + "<br>" if timing else "", e(success), submitted)
 
 
 def periodic(view: View, params: Mapping[str, str]) -> str:
@@ -351,7 +352,8 @@ def periodic(view: View, params: Mapping[str, str]) -> str:
         toggle = view.action("/periodic/%s" % ("disable" if p.enabled else "enable"),
                              "Disable" if p.enabled else "Enable", {"name": p.name},
                              css="danger" if p.enabled else "")
-        name = '<a href="/tasks%s">%s</a>' % (e(query(periodic=p.name)), e(p.name))
+        name = '<a class="nowrap" href="/tasks%s">%s</a>' % (e(query(periodic=p.name)),
+                                                             e(p.name))
         if p.subject:
             name += '<br><small class="muted">%s</small>' % e(p.subject)
         rows.append([name,
@@ -362,15 +364,14 @@ def periodic(view: View, params: Mapping[str, str]) -> str:
                      "%s <small>%s</small>" % (when(p.nextrun), e(ago(p.nextrun, at)))
                      if p.enabled else '<span class="muted">disabled</span>',
                      when(p.last_run), status(p.last_status), e(p.consecutive_failures),
-                     _stats(p), "%d submitted, %d skipped" % (p.submitted, p.skipped),
-                     "yes" if p.enabled else "no", toggle])
+                     _stats(p), "yes" if p.enabled else "no", toggle])
     options = "".join('<option value="%s"%s>%s</option>' % (
         e(g), " selected" if g == group else "", e(g) or "every group") for g in [""] + groups)
     form = ('<form method="get" action="/periodic" class="filters" id="periodic-filters">'
             '<label>Group <select name="group">%s</select></label><button type="submit">'
             'Filter</button> <a href="/periodic">clear</a></form>' % options)
     return form + table(["Name", "Group", "Handler", "Timer", "Next due (UTC)", "Last run",
-                         "Last status", "Failures in a row", "Runs", "Submitted", "Enabled", ""],
+                         "Last status", "Failures in a row", "Runs", "Enabled", ""],
                         rows, "no periodic task" + (" in group %s" % group if group else ""),
                         css="periodic")
 
