@@ -111,7 +111,8 @@ def pages(url):
             "/tasks?status=retrying", "/tasks?status=success&before=%d" % (newest // 2),
             "/tasks?handler=app.tasks.Report&status=error",
             "/tasks?since=%s&until=%s" % (ten_days, nine_days), "/tasks?periodic=job-03",
-            "/tasks/%d" % (newest // 3), "/failures", "/periodic", "/metrics"]
+            "/tasks/%d" % (newest // 3), "/tasks?queue=default", "/tasks?queue=mail",
+            "/failures", "/periodic", "/periodic?group=reports", "/metrics"]
 
 
 def time_pages(url, repeat):

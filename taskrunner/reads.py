@@ -413,9 +413,10 @@ def health(store: Any) -> Dict[str, int]:
     }
 
 
-def list_periodic(store: Any, owner: Optional[str] = None,
-                  group: Optional[str] = None) -> List[PeriodicTaskInfo]:
-    """Periodic tasks by name, each with the statistics of its tasks' runs."""
+def list_periodic(store: Any, owner: Optional[str] = None, group: Optional[str] = None,
+                  with_stats: bool = True) -> List[PeriodicTaskInfo]:
+    """Periodic tasks by name, each with the statistics of its tasks' runs (`with_stats`
+    false: without them, stats None, for readers that show no statistics)."""
     PeriodicTask = store.PeriodicTask
     query = PeriodicTask.select().order_by(PeriodicTask.name)
     if check_text("owner", owner) is not None:
@@ -423,6 +424,8 @@ def list_periodic(store: Any, owner: Optional[str] = None,
     if group is not None:
         query = query.where(PeriodicTask.group_name == group)
     rows = list(query)
+    if not with_stats:
+        return [periodic_info(row) for row in rows]
     stats = run_stats(store, by="periodic") if rows else {}
     return [periodic_info(row, stats.get(row.id, EMPTY_STATS)) for row in rows]
 

@@ -31,13 +31,14 @@ DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
 class TaskFilter:
     """A filtered view of the tasks; every field optional. `since`/`until` bound the time
     the task was queued; `periodic_task_id` selects the tasks a periodic task submitted;
-    `error_code` the tasks whose last error has that code."""
+    `error_code` the tasks whose last error has that code; `queue` the tasks of one queue."""
     status: Optional[str] = None
     handler: Optional[str] = None
     since: Optional[datetime] = None
     until: Optional[datetime] = None
     periodic_task_id: Optional[int] = None
     error_code: Optional[str] = None
+    queue: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.status is not None and self.status not in STATUS_FILTERS:
@@ -66,7 +67,7 @@ class MinuteCount:
 @dataclass(frozen=True)
 class FailureGroup:
     """Failed tasks of one handler and error code: how many are given up or retrying, and
-    the latest one's error."""
+    the latest one's error and traceback (of its latest run that has one)."""
     handler: str
     error_code: Optional[str]
     given_up: int
@@ -74,6 +75,7 @@ class FailureGroup:
     latest_task_id: int
     latest_error_message: Optional[str]
     latest_on: Optional[datetime]
+    latest_traceback: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ def _task_conditions(store: Any, view: TaskFilter) -> List[Any]:
         conditions.append(Task.periodic_task_id == view.periodic_task_id)
     if view.error_code:
         conditions.append(Task.last_error_code == view.error_code)
+    if view.queue:
+        conditions.append(Task.queue == view.queue)
     return conditions
 
 
@@ -243,7 +247,9 @@ def queue_lag(store: Any, now: Optional[datetime] = None) -> float:
 
 def failure_groups(store: Any, handler: Optional[str] = None) -> List[FailureGroup]:
     """Failed tasks (given up or retrying) grouped by handler and error code, the largest
-    group first."""
+    group first. Three queries whatever the history: the groups, their latest tasks, and
+    the traceback of each latest task's latest run that has one (the runs of those few
+    tasks only, by the task_id index)."""
     Task = store.Task
     retrying = pw.fn.SUM(pw.Case(None, [(Task.finished_on.is_null(), 1)], 0))
     query = (Task.select(Task.handler, Task.last_error_code, pw.fn.COUNT(pw.SQL("*")),
@@ -256,12 +262,36 @@ def failure_groups(store: Any, handler: Optional[str] = None) -> List[FailureGro
     latest = {row.id: row for row in Task.select(
         Task.id, Task.last_error_message, Task.updated_on).where(
         Task.id.in_([g[4] for g in groups]))} if groups else {}
+    tracebacks = _latest_tracebacks(store, list(latest))
     result = []
     for name, code, n, n_retrying, latest_id in groups:
         row = latest[latest_id]
         result.append(FailureGroup(name, code, int(n) - int(n_retrying), int(n_retrying),
-                                   latest_id, row.last_error_message, aware(row.updated_on)))
+                                   latest_id, row.last_error_message, aware(row.updated_on),
+                                   tracebacks.get(latest_id)))
     result.sort(key=lambda g: (-(g.given_up + g.retrying), g.handler, g.error_code or ""))
+    return result
+
+
+def _latest_tracebacks(store: Any, task_ids: List[int]) -> Dict[int, str]:
+    """task id -> the traceback of its latest run that has one (one query)."""
+    Run = store.Run
+    if not task_ids:
+        return {}
+    last = (Run.select(pw.fn.MAX(Run.id))
+            .where(Run.task_id.in_(task_ids) & Run.traceback.is_null(False))
+            .group_by(Run.task_id))
+    return dict(Run.select(Run.task_id, Run.traceback).where(Run.id.in_(last)).tuples())
+
+
+def runner_queues(store: Any) -> Dict[int, List[str]]:
+    """runner id -> the queues it serves (task_runner_queues: the rows of running runners
+    that serve named queues), each list sorted."""
+    RunnerQueue = store.RunnerQueue
+    result: Dict[int, List[str]] = {}
+    for runner_id, name in RunnerQueue.select(RunnerQueue.runner_id, RunnerQueue.queue).order_by(
+            RunnerQueue.runner_id, RunnerQueue.queue).tuples():
+        result.setdefault(runner_id, []).append(name)
     return result
 
 

@@ -232,3 +232,220 @@ def test_dashboard_command_serves_and_says_how_it_is_protected(sqlite_db, tmp_pa
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(10)
+
+
+# -- the tracebacks, periodic statistics, queues, stopping runners (issue 13, 2nd part) -----
+
+def token_of(served, path="/"):
+    return re.search(r'name="csrf" value="([^"]+)"', fetch(served.url + path)[1]).group(1)
+
+
+def location(headers):
+    from urllib.parse import unquote_plus
+    return unquote_plus(headers["Location"])
+
+
+def test_task_page_shows_the_full_traceback_of_each_failed_run(sqlite_db):
+    queue = sqlite_db.queue()
+    task_id = queue.add_task("taskrunner.handlers.Fail", {"code": "Planned",
+                                                          "message": "<b>no</b>"}, max_retries=2)
+    start = utc(utcnow())
+    queue.run_pending(now=start)
+    queue.run_pending(now=start + timedelta(hours=2))
+    runs = queue.runs_of(task_id)
+    assert [r.status for r in runs] == ["error", "error"] and all(r.traceback for r in runs)
+    served = Served(queue.store)
+    try:
+        body = fetch(served.url + "/tasks/%d" % task_id)[1]
+        shown = re.findall(r'<pre class="traceback">(.*?)</pre>', body, re.S)
+        assert len(shown) == 2, body
+        for text in shown:
+            assert "Traceback (most recent call last)" in text and "&lt;b&gt;no&lt;/b&gt;" in text
+            assert "raise TaskError" in text
+        assert "<b>no</b>" not in body
+    finally:
+        served.stop()
+        queue.close()
+
+
+def running_run(queue, serving=None):
+    """A task whose run a runner row of this process claimed: (task id, run id, runner id)."""
+    from taskrunner import lifecycle, liveness
+    task_id = queue.add_task("taskrunner.handlers.Echo", {"x": 1})
+    runner_id = liveness.register(queue.store, serving=serving).id
+    claimed = lifecycle.claim(queue.store, runner_id)
+    assert claimed.task_id == task_id
+    return task_id, claimed.run_id, runner_id
+
+
+def test_a_running_tasks_live_results_and_a_cancel_that_asks_it_to_stop(sqlite_db):
+    import json
+    from taskrunner import lifecycle
+    queue = sqlite_db.queue()
+    task_id, run_id, runner_id = running_run(queue)
+    assert lifecycle.report_progress(queue.store, run_id, runner_id, percent=40,
+                                     results=json.dumps({"step": "<i>3</i>"}))
+    served = Served(queue.store)
+    try:
+        def live():
+            return json.loads(fetch(served.url + "/api/parts?page=task&id=%d" % task_id)[1]
+                              )["task-live"]
+        part = live()
+        assert 'value="40"' in part and "&lt;i&gt;3&lt;/i&gt;" in part and "<i>" not in part
+        status, _, headers = fetch(served.url + "/tasks/%d/cancel" % task_id,
+                                   data="csrf=" + token_of(served, "/tasks/%d" % task_id))
+        assert status == 303
+        assert "run %d is asked to stop" % run_id in location(headers)
+        assert queue.runs_of(task_id)[-1].cancel_requested_on is not None
+        assert queue.get_task(task_id).status == "running"      # its runner ends it
+        assert "status-stopping" in live()
+    finally:
+        served.stop()
+        queue.close()
+
+
+def test_failure_groups_carry_the_latest_traceback(queue):
+    ids = history(queue)
+    groups = {g.error_code: g for g in summaries.failure_groups(queue.store)}
+    planned = queue.runs_of(ids["failed"])[-1].traceback
+    assert planned and groups["Planned"].latest_traceback == planned
+    # The retrying task's latest run waits to run: the traceback is its failed run's.
+    again = [r.traceback for r in queue.runs_of(ids["retrying"]) if r.traceback]
+    assert again and groups["Again"].latest_traceback == again[-1]
+
+
+def test_failures_page_shows_the_latest_traceback(sqlite_db):
+    queue = sqlite_db.queue()
+    queue.add_task("taskrunner.handlers.Fail", {"code": "Planned", "message": "<b>x</b>"},
+                   max_retries=1)
+    queue.run_pending()
+    served = Served(queue.store)
+    try:
+        body = fetch(served.url + "/failures")[1]
+        shown = re.findall(r'<pre class="traceback">(.*?)</pre>', body, re.S)
+        assert len(shown) == 1 and "Traceback (most recent call last)" in shown[0]
+        assert "&lt;b&gt;x&lt;/b&gt;" in shown[0] and "<b>x</b>" not in body
+    finally:
+        served.stop()
+        queue.close()
+
+
+def test_periodic_page_shows_statistics_subject_group_and_zone(sqlite_db):
+    from taskrunner import periodic, reads
+    queue = sqlite_db.queue()
+    periodic.add_periodic(queue.store, "nightly", "taskrunner.handlers.Echo", "*-*-* 02:00",
+                          group="reports", subject="The <nightly> report")
+    periodic.add_periodic(queue.store, "often", "taskrunner.handlers.Echo", "every 1min",
+                          group="chores")
+    periodic.PeriodicScheduler(queue.store).run_pending(now=utcnow() + timedelta(days=1))
+    queue.run_pending(now=utc(utcnow()) + timedelta(days=1))
+    nightly = next(p for p in reads.list_periodic(queue.store) if p.name == "nightly")
+    assert nightly.stats.runs == nightly.stats.successes == 1 and nightly.timezone
+    served = Served(queue.store)
+    try:
+        body = fetch(served.url + "/periodic")[1]
+        assert "The &lt;nightly&gt; report" in body and "<nightly>" not in body
+        assert "1 runs: " in body and "1 ok" in body and "last success" in body
+        assert "avg " in body and "p95 " in body
+        assert ">%s<" % nightly.timezone in body
+        assert "nightly" in body and "often" in body
+        body = fetch(served.url + "/periodic?group=reports")[1]
+        rows = re.findall(r"<tr><td>.*?</tr>", body, re.S)
+        assert len(rows) == 1 and "nightly" in rows[0] and ">reports<" in rows[0]
+        assert "often" not in body.split("<table")[1]
+        assert "no periodic task in group nope" in fetch(served.url + "/periodic?group=nope")[1]
+    finally:
+        served.stop()
+        queue.close()
+
+
+def test_runners_page_marks_a_runner_winding_down_and_shows_its_queues(sqlite_db):
+    from taskrunner import liveness
+    queue = sqlite_db.queue()
+    task_id, run_id, runner_id = running_run(queue, serving=["default", "mail"])
+    served = Served(queue.store)
+    try:
+        body = fetch(served.url + "/runners")[1]
+        row = next(r for r in re.findall(r"<tr>.*?</tr>", body, re.S) if "run %d" % run_id in r)
+        assert "status-running" in row and ">mail<" in row and ">default<" in row
+        assert liveness.heartbeat(queue.store, runner_id, stopping="told to stop")
+        body = fetch(served.url + "/runners")[1]
+        row = next(r for r in re.findall(r"<tr>.*?</tr>", body, re.S) if "run %d" % run_id in r)
+        assert "status-stopping" in row and ">stopping<" in row
+    finally:
+        served.stop()
+        queue.close()
+
+
+def test_overview_shows_each_queue_and_pause_resume_change_the_database(sqlite_db):
+    from taskrunner import reads
+    queue = sqlite_db.queue()
+    queue.add_task("taskrunner.handlers.Echo", queue="mail")
+    queue.add_task("taskrunner.handlers.Echo")
+
+    def paused():
+        return {q.name: q.paused for q in reads.queue_stats(queue.store)}
+    served = Served(queue.store)
+    try:
+        body = fetch(served.url + "/")[1]
+        section = body.split('id="queues"')[1]
+        assert ">mail<" in section and ">default<" in section and "Pause" in section
+        status, body, _ = fetch(served.url + "/queues/pause", data="name=mail")
+        assert status == 403 and paused()["mail"] is False          # no CSRF token
+        token = token_of(served)
+        status, _, headers = fetch(served.url + "/queues/pause", data="csrf=%s&name=mail" % token)
+        assert status == 303 and "queue 'mail' paused" in location(headers)
+        assert paused() == {"default": False, "mail": True}
+        assert "status-paused" in fetch(served.url + "/")[1].split('id="queues"')[1]
+        status, _, headers = fetch(served.url + "/queues/resume",
+                                   data="csrf=%s&name=mail" % token)
+        assert status == 303 and "resumed" in location(headers) and paused()["mail"] is False
+        status, _, _ = fetch(served.url + "/queues/pause", data="csrf=%s&name=bad name" % token)
+        assert status == 400 and "bad name" not in paused()
+    finally:
+        served.stop()
+    served = Served(queue.store, read_only=True)
+    try:
+        section = fetch(served.url + "/")[1].split('id="queues"')[1]
+        assert ">mail<" in section and "Pause" not in section
+        assert fetch(served.url + "/queues/pause", data="csrf=x&name=mail")[0] == 403
+        assert paused()["mail"] is False
+    finally:
+        served.stop()
+        queue.close()
+
+
+def test_tasks_page_filters_by_queue_and_shows_it(sqlite_db):
+    queue = sqlite_db.queue()
+    mail = queue.add_task("taskrunner.handlers.Echo", queue="mail")
+    other = queue.add_task("taskrunner.handlers.Echo")
+    served = Served(queue.store)
+    try:
+        body = fetch(served.url + "/tasks?queue=mail")[1]
+        rows = re.findall(r"<tr><td>.*?</tr>", body, re.S)
+        assert len(rows) == 1 and ">%d<" % mail in rows[0] and ">mail<" in rows[0]
+        rows = re.findall(r"<tr><td>.*?</tr>", fetch(served.url + "/tasks")[1], re.S)
+        assert len(rows) == 2 and ">default<" in rows[0] and ">%d<" % other in rows[0]
+        page = summaries.find_tasks(queue.store, summaries.TaskFilter(queue="mail"))
+        assert [t.id for t in page.tasks] == [mail]
+    finally:
+        served.stop()
+        queue.close()
+
+
+def test_metrics_per_queue(database):
+    queue = database.queue()
+    queue.add_task("taskrunner.handlers.Echo", queue="mail",
+                   scheduled_on=utc(utcnow()) - timedelta(seconds=30))
+    queue.add_task("taskrunner.handlers.Echo")
+    queue.pause_queue("mail")
+    queue.close()
+    text = ok(taskrunner("metrics", url=database.url))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("taskrunner_queue_scheduled", (("queue", "mail"),))] == 1
+    assert samples[("taskrunner_queue_scheduled", (("queue", "default"),))] == 1
+    assert samples[("taskrunner_queue_running", (("queue", "mail"),))] == 0
+    assert samples[("taskrunner_queue_paused", (("queue", "mail"),))] == 1
+    assert samples[("taskrunner_queue_paused", (("queue", "default"),))] == 0
+    assert samples[("taskrunner_queue_lag_by_queue_seconds", (("queue", "mail"),))] >= 25

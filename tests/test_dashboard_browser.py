@@ -9,6 +9,10 @@ import pytest
 
 pytest.importorskip("prometheus_client")
 
+from datetime import timedelta  # noqa: E402
+
+from taskrunner.models import utcnow  # noqa: E402
+
 from conftest import databases_required, wait_for  # noqa: E402
 from dashboard_helpers import Served  # noqa: E402
 from test_dashboard import history  # noqa: E402
@@ -84,13 +88,28 @@ def test_every_page_loads_without_console_errors(browser, site, tmp_path):
     queue = site.queue
     ids = history(queue)
     from taskrunner import periodic
-    periodic.add_periodic(queue.store, "nightly-report", "taskrunner.handlers.Echo", "*-*-* 02:00")
-    periodic.add_periodic(queue.store, "every-5-min", "taskrunner.handlers.Echo", "every 5min")
+    periodic.add_periodic(queue.store, "nightly-report", "taskrunner.handlers.Echo", "*-*-* 02:00",
+                          group="reports", subject="The nightly sales report")
+    periodic.add_periodic(queue.store, "every-5-min", "taskrunner.handlers.Echo", "every 5min",
+                          group="chores")
+    # Two every-minute ones defined two minutes ago, due now: each submits a task, run in
+    # this process (statistics to show).
+    earlier = utcnow() - timedelta(minutes=2)
+    periodic.add_periodic(queue.store, "flaky-sync", "taskrunner.handlers.Fail", "every 1min",
+                          group="chores", data={"code": "SyncFailed"}, now=earlier)
+    periodic.add_periodic(queue.store, "cache-warmup", "taskrunner.handlers.Echo", "every 1min",
+                          group="chores", subject="Keeps the caches warm", now=earlier)
+    periodic.PeriodicScheduler(queue.store).run_pending()
+    queue.run_pending()
     periodic.set_enabled(queue.store, "every-5-min", False)
+    queue.add_task("taskrunner.handlers.Echo", queue="mail")
+    queue.pause_queue("mail")
     xss = queue.add_task("taskrunner.handlers.Echo", {"html": "<script>alert('x')</script>"})
     queue.run_pending()
     browser.get_log("browser")
-    for name, path in dict(PAGES, task="/tasks/%d" % ids["failed"], xss="/tasks/%d" % xss).items():
+    pages = dict(PAGES, **{"periodic-group": "/periodic?group=chores"})
+    pages.update(task="/tasks/%d" % ids["failed"], xss="/tasks/%d" % xss)   # xss: the last
+    for name, path in pages.items():
         browser.get(site.url + path)
         assert by_css(browser, "main h1"), name
         if path in ("/", "/runners") or path.startswith("/tasks/"):
@@ -187,6 +206,20 @@ def notice(browser):
         return ""
 
 
+def click_live(browser, xpath):
+    """Click a button of a live part: the part may be swapped between finding and clicking
+    (a stale element), then it is found again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def clicked():
+        try:
+            browser.find_element("xpath", xpath).click()
+            return True
+        except StaleElementReferenceException:
+            return False
+    wait_for(clicked, timeout=10, interval=0.1, message="a click on " + xpath)
+
+
 def test_retry_cancel_and_bulk_actions_change_the_database(browser, site):
     queue = site.queue
     ids = history(queue)
@@ -218,6 +251,19 @@ def test_retry_cancel_and_bulk_actions_change_the_database(browser, site):
     assert [p.enabled for p in reads.list_periodic(queue.store)] == [False]
     browser.find_element("xpath", "//button[text()='Enable']").click()
     wait_for(lambda: [p.enabled for p in reads.list_periodic(queue.store)] == [True])
+
+    # Pause and resume a queue from the overview's queue table.
+    queue.add_task("taskrunner.handlers.Echo", queue="mail")
+
+    def paused():
+        return {q.name: q.paused for q in reads.queue_stats(queue.store)}
+    browser.get(site.url + "/")
+    click_live(browser, "//section[@id='queues']//tr[td/a[text()='mail']]//button[text()='Pause']")
+    wait_for(lambda: "queue 'mail' paused" in notice(browser))
+    assert paused() == {"default": False, "mail": True}
+    click_live(browser, "//section[@id='queues']//tr[td/a[text()='mail']]//button[text()='Resume']")
+    wait_for(lambda: "resumed" in notice(browser))
+    assert paused()["mail"] is False
 
 
 def test_a_post_without_the_csrf_token_is_refused(browser, site):

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from .. import control, periodic, summaries
+from .. import control, periodic, queues, summaries
 from ..errors import InputError, StateError, TaskNotFound
 from . import pages
 from .assets import CSS, JS
@@ -146,8 +146,14 @@ class Dashboard:
         if match:
             task_id, verb = int(match.group(1)), match.group(2)
             try:
-                (control.retry if verb == "retry" else control.cancel)(self.store, task_id)
-                notice = "task %d %s" % (task_id, "re-armed" if verb == "retry" else "cancelled")
+                if verb == "retry":
+                    control.retry(self.store, task_id)
+                    notice = "task %d re-armed" % task_id
+                else:
+                    stopping = control.cancel(self.store, task_id)
+                    notice = ("task %d: its running run %d is asked to stop; it ends cancelled"
+                              % (task_id, stopping)) if stopping is not None \
+                        else "task %d cancelled" % task_id
             except (StateError, TaskNotFound) as exc:
                 notice = str(exc)
             return _redirect("/tasks/%d?%s" % (task_id, urlencode({"notice": notice})))
@@ -156,6 +162,14 @@ class Dashboard:
             periodic.set_enabled(self.store, form.get("name", ""), enable)
             return _redirect("/periodic?" + urlencode({"notice": "periodic task %r %s" % (
                 form.get("name", ""), "enabled" if enable else "disabled")}))
+        if path in ("/queues/pause", "/queues/resume"):
+            name, pause = form.get("name", ""), path == "/queues/pause"
+            changed = queues.set_paused(self.store, name, pause)
+            notice = "queue %r %s" % (name, (
+                "paused: runners on every host stop claiming from it; runs in flight finish"
+                if pause else "resumed") if changed else (
+                "was paused already" if pause else "was not paused"))
+            return _redirect("/?" + urlencode({"notice": notice}))
         if path == "/tasks/bulk":
             return self.bulk(path, form)
         return self.error(path, "no action at %s" % path, "404 Not Found")
@@ -171,14 +185,16 @@ class Dashboard:
                               pages.confirm_bulk(self.view, form, len(ids), BULK_LIMIT),
                               read_only=self.read_only))
         verb = control.retry if action == "retry" else control.cancel
-        done = refused = 0
+        done = refused = stopping = 0
         for task_id in ids:
             try:
-                verb(self.store, task_id)
+                if verb(self.store, task_id) is not None and action == "cancel":
+                    stopping += 1
                 done += 1
             except (StateError, TaskNotFound):
                 refused += 1
-        notice = "%s: %d task(s) done, %d left as they were (wrong state)" % (action, done, refused)
+        notice = "%s: %d task(s) done%s, %d left as they were (wrong state)" % (
+            action, done, " (%d running: asked to stop)" % stopping if stopping else "", refused)
         return _redirect("/tasks?" + urlencode(dict(pages.filter_params(form), notice=notice)))
 
 

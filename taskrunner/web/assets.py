@@ -46,6 +46,9 @@ tbody tr:hover { background: #f9fafc; }
 pre { margin: 0; white-space: pre-wrap; word-break: break-word; font-size: 12px;
       max-height: 320px; overflow: auto; }
 pre.error { color: #8a1f1f; }
+pre.traceback { max-height: none; font-family: ui-monospace, monospace; color: #3b1f1f;
+                background: #fbf7f7; padding: 8px; border-radius: 6px; }
+h3 { font-size: 13px; margin: 10px 0 6px; }
 .err { color: #b42318; font-weight: 600; font-family: ui-monospace, monospace; font-size: 12px; }
 .status { display: inline-block; border-radius: 10px; padding: 0 8px; font-size: 12px;
           background: #eef1f5; white-space: nowrap; }
@@ -55,6 +58,13 @@ pre.error { color: #8a1f1f; }
 .status-error, .status-timeout, .status-given-up { background: #fde2e2; color: #962020; }
 .status-retrying { background: #fdebd8; color: #8a4a10; }
 .status-stopping { background: #fdebd8; color: #8a4a10; }
+.status-paused { background: #fdebd8; color: #8a4a10; }
+.status-active { background: #dcf5e6; color: #146c3b; }
+.ok { color: #146c3b; }
+.nowrap { white-space: nowrap; }
+a.queue { display: inline-block; background: #eef1f5; border-radius: 4px; padding: 0 6px;
+          margin: 0 4px 2px 0; font-size: 12px; text-decoration: none; }
+details summary { cursor: pointer; color: var(--muted); font-size: 12px; }
 progress { width: 120px; height: 12px; vertical-align: middle; }
 .pct { font-size: 12px; color: var(--muted); }
 form.inline { display: inline; margin-right: 6px; }

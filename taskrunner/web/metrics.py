@@ -53,6 +53,19 @@ class StoreCollector:
                                 "due run was due (0 when none waits).",
                                 value=summaries.queue_lag(store))
 
+        per_queue = [GaugeMetricFamily("taskrunner_queue_%s" % name, text, labels=["queue"])
+                     for name, text in (
+                         ("scheduled", "Runs waiting in a queue (due or not)."),
+                         ("running", "Runs of a queue running now."),
+                         ("lag_by_queue_seconds", "Seconds since a queue's oldest waiting "
+                          "run was due (0 when none waits)."),
+                         ("paused", "1 if the queue is paused (on every host)."))]
+        for q in reads.queue_stats(store):
+            for family, value in zip(per_queue, (q.scheduled, q.running, q.lag or 0.0,
+                                                 1 if q.paused else 0)):
+                family.add_metric([q.name], value)
+        yield from per_queue
+
         alive = GaugeMetricFamily("taskrunner_runners_alive", "Runners registered running, "
                                   "by host.", labels=["host"])
         rss = GaugeMetricFamily("taskrunner_runners_rss_bytes", "Resident memory of the "
@@ -76,7 +89,7 @@ class StoreCollector:
         enabled = GaugeMetricFamily("taskrunner_periodic_enabled", "1 if the periodic task is "
                                     "enabled.", labels=["name"])
         at = now()
-        for p in reads.list_periodic(store):
+        for p in reads.list_periodic(store, with_stats=False):
             if p.enabled and p.nextrun is not None:
                 until.add_metric([p.name], (p.nextrun - at).total_seconds())
             failures.add_metric([p.name], p.consecutive_failures)

@@ -43,18 +43,20 @@ def _time_param(params: Mapping[str, str], name: str) -> Optional[datetime]:
 
 
 def task_filter(store: Any, params: Mapping[str, str]) -> summaries.TaskFilter:
-    """The tasks filter named by the URL's status, handler, since, until and periodic."""
+    """The tasks filter named by the URL's status, handler, queue, error, since, until and
+    periodic."""
     periodic = params.get("periodic", "").strip()
     return summaries.TaskFilter(
         status=params.get("status") or None, handler=params.get("handler", "").strip() or None,
         since=_time_param(params, "since"), until=_time_param(params, "until"),
         periodic_task_id=summaries.periodic_task_id(store, periodic) if periodic else None,
-        error_code=params.get("error", "").strip() or None)
+        error_code=params.get("error", "").strip() or None,
+        queue=params.get("queue", "").strip() or None)
 
 
 def filter_params(params: Mapping[str, str]) -> Dict[str, str]:
-    return {k: params[k] for k in ("status", "handler", "error", "since", "until", "periodic")
-            if params.get(k)}
+    return {k: params[k] for k in ("status", "handler", "queue", "error", "since", "until",
+                                   "periodic") if params.get(k)}
 
 
 # -- overview -------------------------------------------------------------------------------
@@ -81,14 +83,35 @@ def overview_live(view: View, params: Mapping[str, str]) -> str:
             'hour <small>%d succeeded · %d failed</small></h2>%s</section>'
             '<section class="card"><h2>Queue lag</h2><p class="big" id="queue-lag">%s</p>'
             '<p class="muted">age of the oldest due run</p><h2>Runners alive</h2>%s</section>'
-            '</div>' % (tiles, status_bar(counts), done[0], done[1], minute_chart(minutes),
-                        span(lag) if lag else "none", table(
-                            ["Host", "Runners", "Busy", "Overseer"], host_rows,
-                            "no runner is running")))
+            '</div>%s' % (tiles, status_bar(counts), done[0], done[1], minute_chart(minutes),
+                          span(lag) if lag else "none", table(
+                              ["Host", "Runners", "Busy", "Overseer"], host_rows,
+                              "no runner is running"), queues_card(view)))
+
+
+def queues_card(view: View) -> str:
+    """Each queue: paused or active, its host limit, runs waiting and running, the runners
+    serving it, its lag; a Pause / Resume button."""
+    rows = []
+    for q in reads.queue_stats(view.store):
+        toggle = view.action("/queues/%s" % ("resume" if q.paused else "pause"),
+                             "Resume" if q.paused else "Pause", {"name": q.name},
+                             css="" if q.paused else "danger")
+        rows.append(['<a href="/tasks%s">%s</a>' % (e(query(queue=q.name)), e(q.name)),
+                     status("paused" if q.paused else "active"),
+                     e(q.limit) if q.limit is not None else '<span class="muted">-</span>',
+                     '<a href="/tasks%s">%d</a>' % (e(query(queue=q.name, status="scheduled")),
+                                                    q.scheduled),
+                     "%d" % q.running, "%d" % q.runners,
+                     span(q.lag) if q.lag else '<span class="muted">none</span>', toggle])
+    return '<section class="card" id="queues"><h2>Queues</h2>%s</section>' % table(
+        ["Queue", "State", "Host limit", "Scheduled", "Running", "Runners", "Lag", ""], rows,
+        "no queue is used yet", css="queues")
 
 
 def overview(view: View, params: Mapping[str, str]) -> str:
-    due = [p for p in reads.list_periodic(view.store) if p.enabled and p.nextrun]
+    due = [p for p in reads.list_periodic(view.store, with_stats=False)
+           if p.enabled and p.nextrun]
     due.sort(key=lambda p: p.nextrun or datetime.max.replace(tzinfo=timezone.utc))
     at = utcnow()
     rows = [['<a href="/tasks%s">%s</a>' % (e(query(periodic=p.name)), e(p.name)), e(p.timer),
@@ -108,6 +131,7 @@ def runners_live(view: View, params: Mapping[str, str]) -> str:
         hosts.setdefault(r.host, []).append(r)
     if not hosts:
         return '<p class="muted empty">no runner or overseer is running</p>'
+    served = summaries.runner_queues(view.store)
     parts = []
     for host, rows in hosts.items():
         cells = []
@@ -125,13 +149,16 @@ def runners_live(view: View, params: Mapping[str, str]) -> str:
             else:
                 current, handler = '<span class="muted">idle</span>', ""
             state = status("stopping" if r.state != "running" else r.state)
-            cells.append([e(r.id), e(r.kind), e(r.pid), state, current, handler,
+            cells.append([e(r.id), e(r.kind), e(r.pid), state,
+                          " ".join('<a class="queue" href="/tasks%s">%s</a>' % (
+                              e(query(queue=name)), e(name)) for name in served.get(r.id, ())),
+                          current, handler,
                           progress(r.progress), elapsed,
                           "%s MB" % e(r.rss_mb) if r.rss_mb is not None else "",
                           e(r.runs_done), e(ago(r.heartbeat_on, at))])
         parts.append('<section class="card"><h2>%s</h2>%s</section>' % (e(host), table(
-            ["ID", "Kind", "PID", "State", "Current run", "Handler", "Progress", "Elapsed",
-             "RSS", "Runs done", "Heartbeat"], cells, css="runners")))
+            ["ID", "Kind", "PID", "State", "Queues", "Current run", "Handler", "Progress",
+             "Elapsed", "RSS", "Runs done", "Heartbeat"], cells, css="runners")))
     return "".join(parts)
 
 
@@ -147,11 +174,13 @@ def _filter_form(params: Mapping[str, str]) -> str:
         for s in ("",) + summaries.STATUS_FILTERS)
     field = '<label>%s <input name="%s" value="%s" placeholder="%s"%s></label>'
     return ('<form method="get" action="/tasks" class="filters" id="task-filters">'
-            '<label>Status <select name="status">%s</select></label>%s%s%s%s%s'
+            '<label>Status <select name="status">%s</select></label>%s%s%s%s%s%s'
             '<button type="submit">Filter</button> <a href="/tasks">clear</a></form>' % (
                 options,
                 field % ("Handler", "handler", e(params.get("handler", "")),
                          "taskrunner.handlers.Echo", ' size="28"'),
+                field % ("Queue", "queue", e(params.get("queue", "")), "default",
+                         ' size="10"'),
                 field % ("Error code", "error", e(params.get("error", "")), "code",
                          ' size="12"'),
                 field % ("Queued since", "since", e(params.get("since", "")),
@@ -168,6 +197,7 @@ def task_row(t: Any) -> list:
         outcome = '<span class="err">%s</span> %s' % (e(t.last_error_code),
                                                       short(t.last_error_message or "", 60))
     return ['<a href="/tasks/%d">%d</a>' % (t.id, t.id), e(t.handler),
+            '<a href="/tasks%s">%s</a>' % (e(query(queue=t.queue)), e(t.queue)),
             status("given-up" if t.given_up else (
                 "retrying" if t.status in ("error", "timeout") and not t.finished_on
                 else t.status)),
@@ -195,7 +225,7 @@ def tasks(view: View, params: Mapping[str, str]) -> str:
                                css="danger")))
     return '%s%s%s<p class="pager">%s %s</p>' % (
         _filter_form(params), bulk,
-        table(["Task", "Handler", "Status", "Failures", "Runs", "Scheduled (UTC)",
+        table(["Task", "Handler", "Queue", "Status", "Failures", "Runs", "Scheduled (UTC)",
                "Finished (UTC)", "Error"], rows, "no task matches this filter", css="tasks"),
         newest, more)
 
@@ -220,7 +250,9 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
     t = reads.get_task(view.store, task_id)
     runs = reads.runs_of(view.store, task_id)
     shown = "given-up" if t.given_up else t.status
-    facts = [("Status", status(shown)), ("Handler", e(t.handler)), ("Priority", e(t.priority)),
+    facts = [("Status", status(shown)), ("Handler", e(t.handler)),
+             ("Queue", '<a href="/tasks%s">%s</a>' % (e(query(queue=t.queue)), e(t.queue))),
+             ("Priority", e(t.priority)),
              ("Queued", "%s by %s" % (when(t.queued_on), e(t.queued_by or "-"))),
              ("Scheduled", when(t.scheduled_on)), ("Next run", when(t.next_run_on)),
              ("Finished", when(t.finished_on)),
@@ -232,19 +264,29 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
              ("Last error", '<span class="err">%s</span> %s' % (
                  e(t.last_error_code), e(t.last_error_message)) if t.last_error_code else "")]
     facts_html = "".join("<dt>%s</dt><dd>%s</dd>" % (k, v) for k, v in facts if v)
-    rows = []
+    rows, tracebacks = [], []
     for r in reversed(runs):
         error = ""
         if r.error_code:
             error = '<span class="err">%s</span><pre class="error">%s</pre>' % (
                 e(r.error_code), e(r.error_message))
-        rows.append([e(r.attempt), e(r.id), status(r.status), e(r.runner_id),
+        if r.traceback:
+            error += '<a href="#traceback-%d">traceback ↓</a>' % r.id
+            tracebacks.append('<section class="card" id="traceback-%d"><h3>Run %d (attempt %d)'
+                              ': <span class="err">%s</span></h3><pre class="traceback">%s'
+                              '</pre></section>' % (r.id, r.id, r.attempt, e(r.error_code),
+                                                    e(r.traceback)))
+        # A running run (live results, progress) asked to stop by a cancel shows as stopping.
+        shown_run = reads.STOPPING if r.status == "running" and r.cancel_requested_on \
+            else r.status
+        rows.append([e(r.attempt), e(r.id), status(shown_run), e(r.runner_id),
                      progress(r.percent_completed), when(r.created_on), when(r.started_on),
                      when(r.finished_on), span(r.duration),
                      pretty(r.results) if r.results is not None else "", error])
-    return ('<dl class="facts">%s</dl><h2>Runs</h2>%s' % (facts_html, table(
+    return ('<dl class="facts">%s</dl><h2>Runs</h2>%s%s' % (facts_html, table(
         ["Attempt", "Run", "Status", "Runner", "Progress", "Created", "Started", "Finished",
-         "Duration", "Results", "Error"], rows, "no run yet", css="runs")))
+         "Duration", "Results", "Error"], rows, "no run yet", css="runs"),
+        '<h2>Tracebacks</h2>%s' % "".join(tracebacks) if tracebacks else ""))
 
 
 def task(view: View, params: Mapping[str, str], task_id: int) -> str:
@@ -270,7 +312,10 @@ def failures(view: View, params: Mapping[str, str]) -> str:
                                                    error=g.error_code)), g.retrying),
              '<a href="/tasks/%d">task %d</a> %s' % (g.latest_task_id, g.latest_task_id,
                                                      when(g.latest_on)),
-             '<pre class="error">%s</pre>' % e(g.latest_error_message)] for g in groups]
+             '<pre class="error">%s</pre>%s' % (e(g.latest_error_message), (
+                 '<details><summary>traceback</summary><pre class="traceback">%s</pre>'
+                 '</details>' % e(g.latest_traceback)) if g.latest_traceback else "")]
+            for g in groups]
     form = ('<form method="get" action="/failures" class="filters"><label>Handler <input '
             'name="handler" value="%s" size="28"></label><button type="submit">Filter</button>'
             ' <a href="/failures">clear</a></form>' % e(handler or ""))
@@ -278,23 +323,57 @@ def failures(view: View, params: Mapping[str, str]) -> str:
                          "Latest error"], rows, "no failed task", css="failures")
 
 
+def _stats(p: Any) -> str:
+    st = p.stats
+    submitted = "%d submitted, %d skipped" % (p.submitted, p.skipped)
+    if st is None or not st.runs:
+        return '<span class="muted">no run yet</span><br><small>%s</small>' % submitted
+    parts = ['%d runs: <span class="ok">%d ok</span>' % (st.runs, st.successes)]
+    if st.errors:
+        parts.append('<span class="err">%d failed</span>' % st.errors)
+    if st.crashes:
+        parts.append('<span class="err">%d crashed</span>' % st.crashes)
+    timing = "avg %s · p95 %s" % (span(st.avg_duration), span(st.p95_duration)) \
+        if st.avg_duration is not None else ""
+    success = "last success %s" % ago(st.last_success) if st.last_success else "never succeeded"
+    return '<span class="nowrap">%s</span><br><small class="nowrap">%s%s<br>%s</small>' % (
+        " · ".join(parts), e(timing) + "<br>" if timing else "", e(success), submitted)
+
+
 def periodic(view: View, params: Mapping[str, str]) -> str:
     at = utcnow()
+    group = params.get("group", "").strip()
+    every = reads.list_periodic(view.store)
+    groups = sorted({p.group for p in every if p.group} | ({group} if group else set()))
     rows = []
-    for p in reads.list_periodic(view.store):
+    for p in every:
+        if group and p.group != group:
+            continue
         toggle = view.action("/periodic/%s" % ("disable" if p.enabled else "enable"),
                              "Disable" if p.enabled else "Enable", {"name": p.name},
                              css="danger" if p.enabled else "")
-        rows.append(['<a href="/tasks%s">%s</a>' % (e(query(periodic=p.name)), e(p.name)),
-                     e(p.handler), "<code>%s</code>" % e(p.timer),
+        name = '<a class="nowrap" href="/tasks%s">%s</a>' % (e(query(periodic=p.name)),
+                                                             e(p.name))
+        if p.subject:
+            name += '<br><small class="muted">%s</small>' % e(p.subject)
+        rows.append([name,
+                     '<a href="/periodic%s">%s</a>' % (e(query(group=p.group)), e(p.group))
+                     if p.group else "", e(p.handler),
+                     "<code>%s</code>%s" % (e(p.timer), '<br><small class="muted">%s</small>'
+                                            % e(p.timezone) if p.timezone else ""),
                      "%s <small>%s</small>" % (when(p.nextrun), e(ago(p.nextrun, at)))
                      if p.enabled else '<span class="muted">disabled</span>',
                      when(p.last_run), status(p.last_status), e(p.consecutive_failures),
-                     "%d submitted, %d skipped" % (p.submitted, p.skipped),
-                     "yes" if p.enabled else "no", toggle])
-    return table(["Name", "Handler", "Timer", "Next due (UTC)", "Last run", "Last status",
-                  "Failures in a row", "Statistics", "Enabled", ""], rows,
-                 "no periodic task", css="periodic")
+                     _stats(p), "yes" if p.enabled else "no", toggle])
+    options = "".join('<option value="%s"%s>%s</option>' % (
+        e(g), " selected" if g == group else "", e(g) or "every group") for g in [""] + groups)
+    form = ('<form method="get" action="/periodic" class="filters" id="periodic-filters">'
+            '<label>Group <select name="group">%s</select></label><button type="submit">'
+            'Filter</button> <a href="/periodic">clear</a></form>' % options)
+    return form + table(["Name", "Group", "Handler", "Timer", "Next due (UTC)", "Last run",
+                         "Last status", "Failures in a row", "Runs", "Enabled", ""],
+                        rows, "no periodic task" + (" in group %s" % group if group else ""),
+                        css="periodic")
 
 
 LIVE = {"overview": overview_live, "runners": runners_live}
