@@ -345,7 +345,7 @@ def test_periodic_page_shows_statistics_subject_group_and_zone(sqlite_db):
     try:
         body = fetch(served.url + "/periodic")[1]
         assert "The &lt;nightly&gt; report" in body and "<nightly>" not in body
-        assert "1 runs: " in body and "1 ok" in body and "last success" in body
+        assert "1 run: " in body and "1 ok" in body and "last success" in body
         assert "avg " in body and "p95 " in body
         assert ">%s<" % nightly.timezone in body
         assert "nightly" in body and "often" in body

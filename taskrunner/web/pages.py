@@ -328,7 +328,8 @@ def _stats(p: Any) -> str:
     submitted = "%d submitted, %d skipped" % (p.submitted, p.skipped)
     if st is None or not st.runs:
         return '<span class="muted">no run yet</span><br><small>%s</small>' % submitted
-    parts = ['%d runs: <span class="ok">%d ok</span>' % (st.runs, st.successes)]
+    parts = ['%d run%s: <span class="ok">%d ok</span>'
+             % (st.runs, "" if st.runs == 1 else "s", st.successes)]
     if st.errors:
         parts.append('<span class="err">%d failed</span>' % st.errors)
     if st.crashes:
