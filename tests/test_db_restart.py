@@ -335,7 +335,8 @@ class Scene:
             "tasks_not_success": Task.select().where(Task.last_status != SUCCESS).count(),
             "duplicate_executions": sum(n - 1 for n in starts.values() if n > 1),
             "tasks_never_started": len(set(self.task_ids) - set(starts)),
-            "progress_deferred": log.count("not stored"),
+            "progress_deferred": self.overseer_log.read_text(errors="replace").count(
+                "not stored"),                  # the whole log: logs() keeps only its end
             "progress_not_100": len([r for r in runs if r.status == SUCCESS
                                      and r.percent_completed != 100]),
             "overseer_exit": code,
