@@ -1,18 +1,15 @@
 """``taskrunner queue pause|resume|list``, and the queues part of ``status``."""
-import json
-
-from .errors import InputError
+from .cli_args import open_queue, print_json, print_table, queue_name
 
 
 def cmd_queue(args):
     from . import reads
-    from .queue import TaskQueue
-    queue = TaskQueue(args.loaded_config, migrate=True)
+    queue = open_queue(args)
     try:
         if args.action == "list":
             queues = [q.to_json() for q in reads.queue_stats(queue.store)]
             if args.json:
-                print(json.dumps(queues, indent=2))
+                print_json(queues)
             else:
                 print_queues(queues)
             return
@@ -21,8 +18,8 @@ def cmd_queue(args):
         else:
             changed = queue.resume_queue(args.name)
         if args.json:   # paused: its state now; changed: false if it was so already
-            print(json.dumps({"queue": args.name, "paused": args.action == "pause",
-                              "changed": changed}, indent=2))
+            print_json({"queue": args.name, "paused": args.action == "pause",
+                        "changed": changed})
         elif args.action == "pause":
             print("queue %r %s" % (args.name, "paused: runners on every host stop claiming "
                                    "from it within one check interval" if changed
@@ -33,15 +30,6 @@ def cmd_queue(args):
         queue.close()
 
 
-def _name(text):
-    import argparse
-    from .config import check_queue_name
-    try:
-        return check_queue_name(text)
-    except InputError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def add_queue_command(command):
     """Add ``queue`` to the CLI's parser; `command(name, func, help)` makes a subparser."""
     p = command("queue", cmd_queue, "pause, resume or list queues (on every host)")
@@ -50,7 +38,7 @@ def add_queue_command(command):
     for action, text in (("pause", "stop claiming from a queue; runs in flight finish"),
                          ("resume", "claim from a paused queue again")):
         a = actions.add_parser(action, help=text, description=text)
-        a.add_argument("name", type=_name)
+        a.add_argument("name", type=queue_name)
         a.add_argument("--json", action="store_true")
     actions.add_parser("list", help="queues: paused, limit, waiting, running, lag"
                        ).add_argument("--json", action="store_true")
@@ -64,6 +52,4 @@ def print_queues(queues):
     rows = [[q["name"], "paused" if q["paused"] else "active",
              q["limit"] if q["limit"] is not None else "-", q["scheduled"], q["running"],
              q["runners"], "%.1fs" % q["lag"] if q["lag"] is not None else "-"] for q in queues]
-    widths = [max(len(str(v)) for v in column) for column in zip(headers, *rows)]
-    for row in [headers] + rows:
-        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
+    print_table(headers, rows)

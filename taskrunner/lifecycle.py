@@ -185,11 +185,6 @@ def scheduled_runs_query(store, queues=None):
     return query.limit(1)
 
 
-def has_scheduled_runs(store, queues=None):
-    """A cheap read (no write lock) that idle runners poll before trying to claim."""
-    return scheduled_runs_query(store, queues).exists()
-
-
 def running_runs_query(store):
     """Running runs with their task's timeouts, from the partial runner index."""
     Task, Run = store.Task, store.Run
