@@ -118,8 +118,9 @@ def cmd_run_event(args):
 
 
 def cmd_status(args):
-    from . import reads
+    from . import leadership, reads
     queue = open_queue(args)
+    leases = leadership.leases(queue.store)
     rows = [r.to_json() for r in reads.running_runners(queue.store)]
     counts = reads.task_counts(queue.store)
     figures = reads.health(queue.store)
@@ -129,9 +130,13 @@ def cmd_status(args):
     if args.json:
         print_json({"database": masked_url(queue), "runners": rows, "tasks": counts,
                     "retrying": figures["tasks_retrying"], "given_up": figures["tasks_given_up"],
-                    "handlers": handlers, "queues": queues})
+                    "handlers": handlers, "queues": queues, "leases": leases})
         return
     print("database: %s" % masked_url(queue))
+    for lease in leases:
+        print("%s lease: %s" % (lease["name"], "held by %s %d on %s until %s (since %s)" % (
+            lease["holder_kind"], lease["holder_id"], lease["host"], when(lease["expires_on"]),
+            when(lease["taken_on"])) if lease["held"] else "not held"))
     print("tasks: " + (", ".join("%s %d" % kv for kv in sorted(counts.items())) or "none"))
     print("failed tasks: %d retrying, %d given up" % (figures["tasks_retrying"],
                                                      figures["tasks_given_up"]))

@@ -231,7 +231,8 @@ def _end_runner(store, runner_id, status, reason, run_status, error_code, error_
                 retry_at=None):
     """The runner row → `status` and its running runs → `run_status`, in one transaction: a
     process dying half-way must not leave the runner ended with runs still ``running`` (no
-    check would visit them again)."""
+    check would visit them again). A lease it held is free at once (leadership.py): a host
+    that restarts its overseer after a crash takes the fleet's maintenance back at once."""
     Runner = store.Runner
     now = now or utcnow()
 
@@ -241,6 +242,8 @@ def _end_runner(store, runner_id, status, reason, run_status, error_code, error_
         if not ended:
             return False
         store.RunnerQueue.delete().where(store.RunnerQueue.runner_id == runner_id).execute()
+        store.Lease.update(holder_id=None, holder_kind=None, host=None).where(
+            store.Lease.holder_id == runner_id).execute()
         for run in list(runs_of_runner_query(store, runner_id)):
             end_in_transaction(store, run.id, run.task_id, run_status, runner_id, None,
                                error_code, error_message, now, retry_at=retry_at)
@@ -280,9 +283,10 @@ def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, own_chi
     """Check every ``running`` runner row (this host by PID and heartbeat, other hosts by
     heartbeat age) and mark the dead ones; hung runners of this host are killed. Heartbeats
     are aged by the database's clock in the query that reads them; `now` stamps what is
-    marked. Heartbeats are not judged until the database has been up for heartbeat_timeout
-    (a server restart, or `reachable_since`: see Store.writable_since): nobody could write
-    one while it was down. Runs found crashed are retried not before `crash_grace` seconds
+    marked; `other_hosts` false: only this host's rows, and not the fleet-wide orphaned runs
+    (end_orphaned_runs). Heartbeats are not judged until the database has been up for
+    heartbeat_timeout (a server restart, or `reachable_since`: see Store.writable_since):
+    nobody could write one while it was down. Runs found crashed are retried not before `crash_grace` seconds
     from now. A dead process among `own_children` (the caller's, not reaped yet) is left to
     the caller's reaper, which knows why it died (killed by the caller's own stop: a
     hand-back, not a crash). Returns the ids marked."""
@@ -310,7 +314,8 @@ def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, own_chi
             kill_hung(row)
         if reason and mark_runner_dead(store, row.id, reason, now, retry_at):
             dead.append(row.id)
-    end_orphaned_runs(store, now, retry_at)
+    if other_hosts:
+        end_orphaned_runs(store, now, retry_at)
     return dead
 
 

@@ -1,19 +1,36 @@
 """The queue's regular work (``run-event task-queue:OnProcess``, the overseer's check, an
 idle standalone runner): mark dead runners and their runs ``timeout``, time out overdue
-runs, create the runs that have come due."""
+runs, create the runs that have come due.
+
+With a lease (leadership.Lease), only its holder does what is fleet-wide — other hosts'
+runners, orphaned runs, overdue runs, due runs — each step after checking, on the database's
+clock, that the lease is still held; every caller still sweeps its own host's runners by PID.
+"""
+import logging
+
 from .lifecycle import create_missing_runs, timeout_overdue_runs
 from .liveness import refresh_runners
 from .models import utcnow
 
+log = logging.getLogger("taskrunner.maintenance")
 
-def process_queue(store, now=None, own_children=(), reachable_since=None):
+
+def process_queue(store, now=None, own_children=(), reachable_since=None, lease=None):
     """One pass; returns what it did: ``dead_runners`` (ids), ``timed_out_runs``
     ([(run_id, runner_id)]) and ``created_runs`` (a count). `own_children`: PIDs an overseer
     reaps itself (see liveness.refresh_runners). `reachable_since`: when the caller got the
-    database back after losing it (see Store.writable_since)."""
+    database back after losing it (see Store.writable_since). `lease`: taken or renewed
+    first; while it is not held, only this host's runners are swept."""
     now = now or utcnow()
-    dead = refresh_runners(store, now=now, own_children=own_children,
+    fleet = lease is None or lease.renew()
+    dead = refresh_runners(store, now=now, other_hosts=fleet, own_children=own_children,
                            reachable_since=reachable_since)
-    overdue = timeout_overdue_runs(store, now, reachable_since=reachable_since)
-    created = create_missing_runs(store, now)
+    overdue, created = [], 0
+    if fleet and (lease is None or lease.held()):
+        overdue = timeout_overdue_runs(store, now, reachable_since=reachable_since)
+    if fleet and (lease is None or lease.held()):
+        created = create_missing_runs(store, now)
+    if fleet:
+        log.debug("fleet maintenance pass: %d dead runners, %d runs timed out, %d runs created",
+                  len(dead), len(overdue), created)
     return {"dead_runners": dead, "timed_out_runs": overdue, "created_runs": created}

@@ -233,7 +233,24 @@ class RunnerQueue(BaseModel):
         table_name = "task_runner_queues"
 
 
-MODELS = (Task, Run, Runner, PeriodicTask, Queue, RunnerQueue)
+class Lease(BaseModel):
+    """One lease (leadership.py): held by a runner row until expires_on, on the database's
+    clock; no holder (NULL) once released."""
+    name = pw.CharField(max_length=64, primary_key=True)
+    # Declared before holder_id: peewee writes an UPDATE's assignments in field order, and
+    # MySQL evaluates them left to right, each seeing the ones before; the renewal's
+    # "keep taken_on if the holder is unchanged" must compare the old holder.
+    taken_on = pw.DateTimeField(null=True)
+    holder_id = pw.IntegerField(null=True)
+    holder_kind = pw.CharField(max_length=16, null=True)
+    host = pw.CharField(null=True)
+    expires_on = pw.DateTimeField()
+
+    class Meta:
+        table_name = "task_leases"
+
+
+MODELS = (Task, Run, Runner, PeriodicTask, Queue, RunnerQueue, Lease)
 
 
 class BoundModels(NamedTuple):
@@ -244,6 +261,7 @@ class BoundModels(NamedTuple):
     PeriodicTask: Type[PeriodicTask]
     Queue: Type[Queue]
     RunnerQueue: Type[RunnerQueue]
+    Lease: Type[Lease]
 
 
 def bind_models(database):

@@ -4,9 +4,10 @@ It registers itself (kind ``overseer``), forks runners up to ``[runner] limit`` 
 of them for each ``[queues.NAME]``, the rest serving ``default``) and keeps them alive,
 reaps and replaces the ones that exit (with a backoff when they fail before registering,
 and a non-zero exit if that goes on), checks every runner of this host every
-``[overseer] check_interval`` (rule 7: PID, and heartbeat for hung runners), processes the
-queue and runs the periodic scheduler (rotation is one of its periodic tasks). Runs that
-time out are stopped by the runners executing them (rule 8, see runner.py).
+``[overseer] check_interval`` (rule 7: PID, and heartbeat for hung runners) and, while it
+holds the maintenance lease (leadership.py), processes the queue for the whole fleet and
+runs the periodic scheduler (rotation is one of its periodic tasks). Runs that time out
+are stopped by the runners executing them (rule 8, see runner.py).
 
 Every decision is made in `tick(now)`, one pass of the main loop with the monotonic clock
 passed in, so tests drive the branches with an injected clock; `run()` only sets up,
@@ -27,7 +28,7 @@ import time
 import peewee as pw
 import psutil
 
-from . import liveness, maintenance, periodic
+from . import leadership, liveness, maintenance, periodic
 from .config import Config
 from .db import is_disconnect
 from .errors import ConfigError, InputError, RunnerLimitReached
@@ -84,6 +85,7 @@ class Overseer:
         self.exit_reason = None
         self.next_check = 0.0
         self.scheduler = None
+        self.lease = None             # the maintenance lease, as this overseer holds it or not
         self.next_periodic = 0.0
         self.db_lost_at = None        # tick time of the first failure of an outage
         self.db_back_at = None        # UTC of the attempt that found the database back
@@ -341,32 +343,36 @@ class Overseer:
     # -- regular work -------------------------------------------------------------------
 
     def check(self):
-        """Once per check_interval: liveness of every runner of this host (and heartbeats of
-        other hosts), overdue runs and their runners, missing runs, our own heartbeat, and
-        the next periodic due time."""
+        """Once per check_interval: this host's runners, our heartbeat; while holding the
+        maintenance lease, the fleet's part too (other hosts' runners, overdue and missing runs,
+        stale periodic marks, planning the periodic scheduler). A stopping overseer lets go."""
         # Runs timed out here are stopped by the runners executing them (rule 8), wherever
         # they are; a runner too hung to do so is found by its heartbeat and killed.
         if self.db_lost_at is not None:
             # If this pass gets through, the database is back as of now: heartbeats and
             # progress count from then (Store.writable_since).
             self.db_back_at = utcnow()
+        if self.stopping:
+            self.lease.release()
         maintenance.process_queue(self.store, own_children=frozenset(self.children),
-                                  reachable_since=self.db_back_at)
+                                  reachable_since=self.db_back_at, lease=self.lease)
         if self.db_lost_at is not None:
             log.info("database reachable again after %.1fs", self.now - self.db_lost_at)
             self.db_lost_at = None
         liveness.heartbeat(self.store, self.row_id, rss=self._process.memory_info().rss)
-        self.scheduler.clear_stale_marks()
+        if self.lease.held():
+            self.scheduler.clear_stale_marks()
         self._plan_periodic()
 
     def run_periodic(self):
-        """Submit due periodic tasks, then sleep until the next due time (rechecked every
-        check_interval, which is how changes made elsewhere are noticed)."""
-        self.scheduler.run_pending()
+        """The lease holder only: submit due periodic tasks, then sleep until the next due
+        time (replanned at every check: a new holder plans at once, and changes are seen)."""
+        if self.lease.held():
+            self.scheduler.run_pending()
         self._plan_periodic()
 
     def _plan_periodic(self):
-        due = self.scheduler.next_due()
+        due = self.scheduler.next_due() if self.lease.holding else None
         wait = float("inf") if due is None else (due - utcnow()).total_seconds()
         self.next_periodic = self.now + max(0.0, wait)
 
@@ -385,6 +391,7 @@ class Overseer:
         self.scheduler = periodic.PeriodicScheduler(self.store)
         self.scheduler.clear_stale_marks()
         self.row_id = liveness.register(self.store, kind=OVERSEER).id
+        self.lease = leadership.Lease(self.store, self.row_id, OVERSEER)
         liveness.name_process("tr-overseer")
         log.info("overseer %d started (pid %d): %d runners, check every %gs", self.row_id,
                  self.pid, self.num_runners, self.config.overseer.check_interval)
@@ -474,7 +481,7 @@ class Overseer:
             self._guarded(lambda: self._mark_child_dead(pid, "killed at overseer stop",
                                                         stopped=True))
         self.children.clear()
-        if self.row_id is not None:
+        if self.row_id is not None:      # retiring the row frees its lease (liveness)
             self._guarded(lambda: liveness.retire(self.store, self.row_id,
                                                   self.exit_reason or "stopped"))
         if self.exit_reason:

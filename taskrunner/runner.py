@@ -24,7 +24,8 @@ import time
 from datetime import timedelta, timezone
 
 
-from . import lifecycle, liveness, maintenance, outage, outcomes, periodic, queues, wakeup
+from . import (leadership, lifecycle, liveness, maintenance, outage, outcomes, periodic, queues,
+               wakeup)
 from .errors import HandlerError, RunnerLimitReached
 from .handler import RunContext, load_handler
 from .heartbeat import Heartbeat
@@ -89,6 +90,7 @@ class Worker:
         self.max_runs = None
         self.disowned = False
         self.db_back_at = None        # when the database answered again after an outage
+        self.lease = None             # standalone: the maintenance lease (leadership.py)
         self._handlers = {}
         self.rss = None
         self._wake_r = self._wake_w = None
@@ -347,11 +349,14 @@ class Worker:
 
     def _idle(self, standalone):
         """Wait for work: poll a cheap read every poll_interval (a signal wakes at once).
-        A runner without an overseer also does the queue's regular work while idle."""
+        A runner without an overseer also sweeps its host's runners while idle, and does the
+        fleet's maintenance when it holds the maintenance lease (an overseer takes it over)."""
         interval = self.config.runner.poll_interval
         while not self._should_exit():
             if standalone:
-                maintenance.process_queue(self.store, reachable_since=self.db_back_at)
+                self.lease = self.lease or leadership.Lease(self.store, self.runner_id, RUNNER)
+                maintenance.process_queue(self.store, reachable_since=self.db_back_at,
+                                          lease=self.lease)
             if self._look():
                 return
             self._wait(interval)

@@ -48,7 +48,7 @@ class Store:
         models = bind_models(self.db)
         self.models = models
         self.Task, self.Run, self.Runner, self.PeriodicTask = models[:4]
-        self.Queue, self.RunnerQueue = models.Queue, models.RunnerQueue
+        self.Queue, self.RunnerQueue, self.Lease = models.Queue, models.RunnerQueue, models.Lease
         # Queue names known to have their task_queues row (rows are never deleted).
         self.known_queues = set()
         self._returning = None

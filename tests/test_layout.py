@@ -17,7 +17,7 @@ LEVELS = {
     "db": 2.0, "wakeup": 2.0, "store": 2.1, "outage": 2.1,
     "concurrency": 2.9,        # concurrency-key slots: a rule the run lifecycle builds on
     "lifecycle": 3.0, "enqueue": 3.0,
-    "liveness": 3.1, "rotation": 3.1, "reads": 3.1, "control": 3.1, "queues": 3.1, "summaries": 3.2,
+    "leadership": 3.15, "liveness": 3.1, "rotation": 3.1, "reads": 3.1, "control": 3.1, "queues": 3.1, "summaries": 3.2,
     "periodic": 3.2, "maintenance": 3.2, "outcomes": 3.3, "heartbeat": 3.4,
     "queue": 4, "runner": 4, "overseer": 4,
     "cli": 5, "cli_args": 5, "cli_runs": 5, "cli_calendar": 5, "cli_periodic": 5, "cli_queues": 5,
