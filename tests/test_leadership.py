@@ -250,9 +250,9 @@ def test_a_cleanly_stopped_holder_hands_the_lease_over_at_once(fleet):
     holder = wait_holder(fleet, timeout=60)
     fleet.procs[holder].send_signal(signal.SIGTERM)
     assert fleet.procs[holder].wait(timeout=30) == 0
-    # Free (or already taken by the other) as the holder exits, not when it would expire.
+    # Free (or already taken by the other) as the holder exits, not when it would expire:
+    # released at the stop's first check, or with the overseer's row as it retires.
     assert fleet.holder(store) != holder, fleet.logs()
-    assert "released the maintenance lease" in fleet.log(holder)
     assert wait_holder(fleet, timeout=30, not_host=holder) != holder
 
 
