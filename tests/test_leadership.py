@@ -19,7 +19,7 @@ import pytest
 
 from conftest import Database, runs_of, spawn, taskrunner, wait_for
 from taskrunner import leadership, liveness
-from taskrunner.models import OVERSEER, RUNNER, RUNNING, SUCCESS, Runner
+from taskrunner.models import OVERSEER, RUNNER, RUNNING, SUCCESS, PeriodicTask, Runner
 
 MACHINE_SLACK = 4.0     # a shared two-core machine: processes may wait that long for a CPU
 
@@ -210,6 +210,9 @@ def wait_holder(fleet, timeout, not_host=None):
 @pytest.mark.slow
 def test_three_overseers_one_does_the_fleet_work_and_a_killed_holder_is_replaced(fleet):
     store = fleet.queue.store
+    records = str(fleet.tmp_path / "records")
+    taskrunner("periodic", "add", "tick", "sample_handlers.Record", "every 1s", "--data",
+               json.dumps({"log": records}), url=fleet.database.url, check=True)
     for host in ("host-a", "host-b", "host-c"):
         fleet.start(host)
     wait_for(lambda: Runner.select().where((Runner.kind == RUNNER)
@@ -224,6 +227,8 @@ def test_three_overseers_one_does_the_fleet_work_and_a_killed_holder_is_replaced
     assert [fleet.fleet_passes(host) for host in others] == [before[h] for h in others] == [0, 0]
     assert all("took the maintenance lease" not in fleet.log(host) for host in others)
 
+    submitted = PeriodicTask.get(PeriodicTask.name == "tick").submitted_count
+    assert submitted >= 1
     fleet.kill(holder)
     duration = leadership.duration(fleet.database.config(overseer={"check_interval": CHECK}),
                                    OVERSEER)
@@ -231,8 +236,7 @@ def test_three_overseers_one_does_the_fleet_work_and_a_killed_holder_is_replaced
     assert successor in others
     # The fleet's work goes on: a delayed task comes due and runs; the dead host's runner
     # rows are swept by heartbeat (heartbeat_timeout 3 s) by the new holder.
-    task_id = fleet.queue.add_task("sample_handlers.Record", {
-        "log": str(fleet.tmp_path / "records")},
+    task_id = fleet.queue.add_task("sample_handlers.Record", {"log": records},
         scheduled_on=datetime.now(timezone.utc) + timedelta(seconds=1))
     wait_for(lambda: any(run.status == SUCCESS for run in runs_of(task_id)), timeout=30,
              message="the delayed task to run\n" + fleet.logs())
@@ -240,6 +244,9 @@ def test_three_overseers_one_does_the_fleet_work_and_a_killed_holder_is_replaced
                                                & (Runner.status == RUNNING)).exists(),
              timeout=30, message="the dead host's rows swept\n" + fleet.logs())
     assert fleet.fleet_passes(successor) > 0
+    # The periodic scheduler moved with the lease.
+    wait_for(lambda: PeriodicTask.get(PeriodicTask.name == "tick").submitted_count
+             >= submitted + 2, timeout=30, message="the periodic task to go on\n" + fleet.logs())
 
 
 @pytest.mark.slow
