@@ -14,8 +14,12 @@ expired, or (for an overseer) held by a standalone runner — overseers come fir
 they run the periodic scheduler. The holder renews it at every pass of its regular work
 and checks it, again on the database's clock, before each fleet step: a holder that was
 cut off (or paused) for longer than the lease finds it lost and does nothing before its
-next renewal succeeds. A clean stop releases it, so a deploy hands over at the next check
-of another overseer; a dead holder's lease is taken within `duration` plus one check.
+next renewal succeeds. A clean stop releases it, as does the end of its holder's row
+(liveness), so a deploy hands over at the next check of another overseer; a holder that
+died unseen is replaced within `duration` plus one check.
+
+The lease saves work, it does not make it safe: every fleet step already closes its races
+with conditional updates, so two holders for a moment (one paused mid-step) do no harm.
 """
 import logging
 from datetime import datetime, timezone
@@ -120,14 +124,19 @@ class Lease:
 
 def leases(store):
     """Every lease as operators see it (JSON-ready): name, whether it is held now by the
-    database's clock, holder (id, kind, host), taken_on and expires_on (ISO 8601 UTC)."""
+    database's clock, holder (id, kind, host), taken_on and expires_on (ISO 8601 UTC). The
+    maintenance lease is listed, not held, before anyone has asked for it."""
     Lease = store.Lease
     live = (Lease.holder_id.is_null(False) & (Lease.expires_on > store.server_time()))
     rows = Lease.select(Lease, live.alias("live")).order_by(Lease.name)
-    return [{"name": row.name, "held": bool(row.live), "holder_id": row.holder_id,
-             "holder_kind": row.holder_kind, "host": row.host, "taken_on": _iso(row.taken_on),
-             "expires_on": _iso(row.expires_on) if row.holder_id is not None else None}
-            for row in rows]
+    leases = [{"name": row.name, "held": bool(row.live), "holder_id": row.holder_id,
+               "holder_kind": row.holder_kind, "host": row.host, "taken_on": _iso(row.taken_on),
+               "expires_on": _iso(row.expires_on) if row.holder_id is not None else None}
+              for row in rows]
+    if MAINTENANCE not in [lease["name"] for lease in leases]:
+        leases.insert(0, dict(name=MAINTENANCE, held=False, holder_id=None, holder_kind=None,
+                              host=None, taken_on=None, expires_on=None))
+    return leases
 
 
 def _iso(value):

@@ -114,6 +114,8 @@ def test_racing_processes_take_a_free_lease_exactly_once(database):
 
 def test_status_shows_who_holds_the_lease_and_until_when(queue, database):
     store = queue.store
+    assert "maintenance lease: not held" in taskrunner("status", url=database.url,
+                                                       check=True).stdout
     assert leadership.Lease(store, 601, OVERSEER).renew()
     text = taskrunner("status", url=database.url, check=True).stdout
     assert "maintenance lease: held by overseer 601 on %s until" % liveness.host_id(store) in text
@@ -141,13 +143,13 @@ class Fleet:
     def __init__(self, database, tmp_path):
         self.database, self.tmp_path, self.procs = database, tmp_path, {}
 
-    def start(self, host, url=None):
+    def start(self, host, url=None, command="overseer"):
         config = self.database.write_config(self.tmp_path / ("%s.toml" % host), fleet_toml(host))
         if url is not None:
             text = open(config).read().replace(self.database.url, url)
             open(config, "w").write(text)
         log_path = self.tmp_path / ("%s.log" % host)
-        proc = spawn("overseer", config=config, log_path=log_path)
+        proc = spawn(command, config=config, log_path=log_path)
         proc.log_path, proc.host = log_path, host
         self.procs[host] = proc
         return proc
@@ -261,6 +263,27 @@ def test_a_cleanly_stopped_holder_hands_the_lease_over_at_once(fleet):
     # released at the stop's first check, or with the overseer's row as it retires.
     assert fleet.holder(store) != holder, fleet.logs()
     assert wait_holder(fleet, timeout=30, not_host=holder) != holder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fleet", ["sqlite", "postgresql"], indirect=True)
+def test_idle_standalone_runners_share_the_lease_and_yield_it_to_an_overseer(fleet):
+    store = fleet.queue.store
+    for host in ("runner-a", "runner-b"):
+        fleet.start(host, command="runner")
+    holder = wait_holder(fleet, timeout=60)
+    other = ({"runner-a", "runner-b"} - {holder}).pop()
+    wait_for(lambda: fleet.fleet_passes(holder) >= 5, timeout=30,
+             message="fleet passes by %s\n%s" % (holder, fleet.logs()))
+    assert fleet.fleet_passes(other) == 0, fleet.logs()
+    assert leadership.leases(store)[0]["holder_kind"] == RUNNER
+    fleet.start("host-c")
+    assert wait_holder(fleet, timeout=60, not_host=holder) == "host-c"
+    passes = fleet.fleet_passes(holder)
+    wait_for(lambda: fleet.fleet_passes("host-c") >= 5, timeout=30,
+             message="fleet passes by the overseer\n" + fleet.logs())
+    assert fleet.fleet_passes(holder) <= passes + 1     # one pass may have been under way
+    assert fleet.fleet_passes(other) == 0 and fleet.holder(store) == "host-c"
 
 
 class Proxy:
