@@ -73,6 +73,21 @@ def counters(admin, dbname):
     return sum(by_query.values()), commits, by_query
 
 
+# What each statement is for, by a fragment of its text (first match wins).
+CATEGORIES = (
+    ("runner polls", '"t1"."paused", EXISTS'),
+    ("heartbeats", 'UPDATE "task_runners" SET "heartbeat_on"'),
+    ("lease", '"task_leases"'),
+    ("overseer's slot counts", 'AND ("t1"."slot" IS NOT NULL)'),
+    ("overseer's slot counts", 'FROM "task_runner_queues"'),
+)
+OTHER = "maintenance (PIDs, heartbeats of others, overdue/due runs, periodic)"
+
+
+def category(text):
+    return next((name for name, fragment in CATEGORIES if fragment in text), OTHER)
+
+
 def run_fleet(label, tree, url, admin, hosts, runners, warmup, seconds):
     """Start the fleet from `tree`, wait for every runner, let it settle, measure, stop."""
     dbname = url.rsplit("/", 1)[1]
@@ -105,13 +120,18 @@ def run_fleet(label, tree, url, admin, hosts, runners, warmup, seconds):
                 pass
         for proc in procs:
             common.stop(proc, signal.SIGTERM, grace=20)
-    top = sorted(((q1[q] - q0.get(q, 0), q) for q in q1), reverse=True)[:12]
+    grown = sorted(((q1[q] - q0.get(q, 0), q) for q in q1), reverse=True)
+    by_category = {}
+    for n, q in grown:
+        by_category[category(q)] = by_category.get(category(q), 0) + n
     return {"variant": label, "tree": tree, "seconds": round(elapsed, 2),
             "start_seconds": round(up, 1),
             "statements_per_s": round((s1 - s0) / elapsed, 1),
             "commits_per_s": round((c1 - c0) / elapsed, 1),
-            "top_statements_per_s": [{"per_s": round(n / elapsed, 2), "query": q[:200]}
-                                     for n, q in top if n > 0]}
+            "per_s_by_category": {name: round(n / elapsed, 1)
+                                  for name, n in sorted(by_category.items())},
+            "statements_per_s_by_query": [{"per_s": round(n / elapsed, 2), "query": q[:200]}
+                                          for n, q in grown if n / elapsed >= 0.05]}
 
 
 def main(argv=None):
@@ -147,13 +167,19 @@ def main(argv=None):
                 print("round %d %-5s: %8.1f statements/s, %7.1f commits/s (fleet up in %.0fs)"
                       % (round_, label, result["statements_per_s"], result["commits_per_s"],
                          result["start_seconds"]), flush=True)
+                for name, rate in result["per_s_by_category"].items():
+                    print("    %8.1f/s %s" % (rate, name))
     finally:
         common.cleanup()
         cluster.drop()
     summary = {}
     for label in trees:
         rates = [r["statements_per_s"] for r in results if r["variant"] == label]
+        categories = {name for r in results for name in r["per_s_by_category"]}
         summary[label] = {"statements_per_s_median": common.median(rates),
+                          "per_s_by_category_median": {name: common.median([
+                              r["per_s_by_category"].get(name, 0.0) for r in results
+                              if r["variant"] == label]) for name in sorted(categories)},
                           "commits_per_s_median": common.median(
                               [r["commits_per_s"] for r in results if r["variant"] == label])}
     ratio = common.ratio(summary["other"]["statements_per_s_median"],
