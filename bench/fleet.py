@@ -418,7 +418,7 @@ def failover(fleet, args):
         queue.add_tasks([{"handler": WORK, "data": {"ms": 600000, "log": log},
                           "run_timeout": args.failover_run_timeout, "max_retries": 1}
                          for _ in range(fleet.size * fleet.runners)])
-    running_sql = ("SELECT x.id, x.started_on FROM task_runs x JOIN task_runners r "
+    running_sql = ("SELECT x.id FROM task_runs x JOIN task_runners r "
                    "ON r.id = x.runner_id WHERE x.status = 'running' AND r.host = ?")
     host_like = "host%d" % doomed
     # Every runner of the doomed host busy (or, on a slow machine, as many as after 60 s).
@@ -436,8 +436,12 @@ def failover(fleet, args):
     host.kill()
     common.wait_until(lambda: hostnet.pid_namespace_members(namespace) == [], 10,
                       "every process of %s gone" % host_like)
-    deadlines = {run_id: common.to_epoch(started) + args.failover_run_timeout
-                 for run_id, started in in_flight}
+    # run_timeout counts from a run's last update (its start, or progress written by the
+    # host's runner before it died): read now that nothing of the host can write.
+    deadlines = {run_id: common.to_epoch(updated) + args.failover_run_timeout
+                 for run_id, updated in common.query(
+                     fleet.url, "SELECT id, updated_on FROM task_runs WHERE id IN (%s)"
+                     % ",".join(str(int(r[0])) for r in in_flight))}
     handled, lease_at, runners_dead_at = {}, None, None
     limit = killed + args.failover_wait
     ids = ",".join(str(i) for i in deadlines)
