@@ -16,7 +16,7 @@ Scenarios, in this order (each optional):
   grouped by the runner's host, at most R), jobs/s, server CPU seconds and statements/s,
   USS/PSS/RSS per host, and an extrapolation to --extrapolate hosts.
 - herd, pgbouncer: bench/herd.py and bench/pgbouncer.py (other scenarios' own scripts), run
-  with --json when present, else skipped with a note.
+  with --json before the fleet is started, when present; else skipped with a note.
 - failover: every runner given a long task with a short run_timeout; then the maintenance
   leader's host (the holder of the lease table's row; host1 when the schema has no lease)
   is killed, every process of it at once with SIGKILL; measured: the time until another
@@ -50,6 +50,7 @@ WORK = "bench.fleet.Work"
 MONITOR = "monitor"
 MIB = 1024 * 1024
 SCENARIOS = ("idle", "run", "herd", "pgbouncer", "failover")
+EXTERNAL = ("herd", "pgbouncer")     # bench/NAME.py, run before the fleet is started
 # Lease tables of the maintenance leader, by the names they could have: the lookup is
 # tolerant of their absence (main has none) and of their columns.
 LEASE_TABLE_HINTS = ("lease", "leader")
@@ -542,28 +543,34 @@ def main(argv=None):
                        "commit": _commit()}}
     failed = False
     started = time.monotonic()
+    def scenario(name, *arguments):
+        nonlocal failed
+        print("-- %s ..." % name, flush=True)
+        t0 = time.monotonic()
+        try:
+            report[name] = (external if name in EXTERNAL else globals()[name])(*arguments)
+        except Exception as exc:
+            failed = True
+            traceback.print_exc()
+            report[name] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+        print(json.dumps(report[name], indent=1, default=str)[:3000], flush=True)
+        print("   done in %.0fs" % (time.monotonic() - t0), flush=True)
+
     try:
-        with Fleet(args.hosts, args.runners, common.workdir(), args.set) as fleet:
-            t0 = time.monotonic()
-            fleet.start_all()
-            report["meta"]["fleet_started_s"] = round(time.monotonic() - t0, 1)
-            print("fleet: %d hosts × %d runners up in %.0fs (PostgreSQL on %s)"
-                  % (args.hosts, args.runners, report["meta"]["fleet_started_s"],
-                     fleet.cluster.address), flush=True)
-            for name in args.scenarios:
-                print("-- %s ..." % name, flush=True)
+        # Scripts of their own, with servers of their own: run while no fleet is up.
+        for name in [s for s in args.scenarios if s in EXTERNAL]:
+            scenario(name, name, args)
+        ours = [s for s in SCENARIOS if s in args.scenarios and s not in EXTERNAL]
+        if ours:
+            with Fleet(args.hosts, args.runners, common.workdir(), args.set) as fleet:
                 t0 = time.monotonic()
-                try:
-                    if name in ("herd", "pgbouncer"):
-                        report[name] = external(name, args)
-                    else:
-                        report[name] = globals()[name](fleet, args)
-                except Exception as exc:
-                    failed = True
-                    traceback.print_exc()
-                    report[name] = {"error": "%s: %s" % (type(exc).__name__, exc)}
-                print(json.dumps(report[name], indent=1, default=str)[:3000], flush=True)
-                print("   done in %.0fs" % (time.monotonic() - t0), flush=True)
+                fleet.start_all()
+                report["meta"]["fleet_started_s"] = round(time.monotonic() - t0, 1)
+                print("fleet: %d hosts × %d runners up in %.0fs (PostgreSQL on %s)"
+                      % (args.hosts, args.runners, report["meta"]["fleet_started_s"],
+                         fleet.cluster.address), flush=True)
+                for name in ours:
+                    scenario(name, fleet, args)
             report["extrapolated"] = extrapolate(report, args.hosts, args.runners,
                                                  args.extrapolate)
             print("-- extrapolated\n" + json.dumps(report["extrapolated"], indent=1))

@@ -42,11 +42,23 @@ def missing(faketime=False):
 
 
 def run(*cmd):
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
-    if done.returncode != 0:
-        raise RuntimeError("%s exited %d: %s" % (" ".join(cmd), done.returncode,
-                                                 done.stderr.strip()))
-    return done.stdout
+    """Run a command to its end; its output. Interrupted (Ctrl-C, the watchdog), it is
+    killed with its whole process group (pg_createcluster's initdb too)."""
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=60)
+    except BaseException:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+        raise
+    if process.returncode != 0:
+        raise RuntimeError("%s exited %d: %s" % (" ".join(cmd), process.returncode,
+                                                 err.strip()))
+    return out
 
 
 def pid_namespace_members(namespace):
@@ -118,10 +130,10 @@ class Cluster:
     def __init__(self, name, address, subnet, database="hosts", settings=None):
         self.name, self.address, self.database = name, address, database
         self.port = _free_port()
-        run("pg_createcluster", PG_VERSION, name, "--port", str(self.port))
         try:
+            run("pg_createcluster", PG_VERSION, name, "--port", str(self.port))
             self._start(subnet, dict({"fsync": "off", "max_connections": 60}, **(settings or {})))
-        except BaseException:
+        except BaseException:     # a half-made cluster too (pg_createcluster interrupted)
             self.drop()
             raise
 
@@ -167,8 +179,13 @@ class Cluster:
         return total
 
     def drop(self):
+        """Stop and remove the cluster, and what pg_dropcluster leaves: our conf.d file (so
+        its directory), or a cluster whose creation was interrupted."""
         subprocess.run(["pg_dropcluster", PG_VERSION, self.name, "--stop"],
                        capture_output=True, timeout=60, check=False)
+        for path in ("/etc/postgresql/%s/%s" % (PG_VERSION, self.name),
+                     "/var/lib/postgresql/%s/%s" % (PG_VERSION, self.name)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class Host:
