@@ -94,7 +94,9 @@ class Fleet(hostnet.Fleet):
     from host_config()."""
 
     def __init__(self, hosts, runners, workdir, overrides=(), env=None):
-        settings = {"max_connections": max(400, hosts * (runners + 2) + 40),
+        # On a direct connection a host holds 2 × runners + 1 (a runner's heartbeat thread
+        # has its own); room for that, the bench's own and PostgreSQL's reserve.
+        settings = {"max_connections": max(400, hosts * (2 * runners + 1) + 40),
                     "shared_preload_libraries": "'pg_stat_statements'",
                     "pg_stat_statements.max": 10000}
         super().__init__(hosts, workdir, settings=settings, env=env or common.child_env())
@@ -156,8 +158,8 @@ class Fleet(hostnet.Fleet):
 
 class Counters:
     """Snapshots of the server: statements (pg_stat_statements calls of every role but the
-    bench's, in the fleet's database; COMMITs count), the hosts' connections, CPU seconds; `since(earlier)` gives
-    the rates and the statements that made them."""
+    bench's, in the fleet's database; COMMITs count), the hosts' connections, CPU seconds;
+    `since(earlier)` gives the rates and the statements that made them."""
 
     def __init__(self, fleet):
         self.fleet, self.conn = fleet, fleet.monitor()
