@@ -511,8 +511,8 @@ def external(name, args):
     done = subprocess.run([sys.executable, script, "--json", out], env=common.child_env(),
                           capture_output=True, text=True, timeout=args.external_timeout)
     if done.returncode != 0:
-        return {"error": "bench/%s.py exited %d: %s" % (name, done.returncode,
-                                                        done.stderr.strip()[-500:])}
+        raise RuntimeError("bench/%s.py exited %d: %s" % (name, done.returncode,
+                                                          done.stderr.strip()[-500:]))
     with open(out) as fh:
         return json.load(fh)
 
