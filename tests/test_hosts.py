@@ -4,8 +4,8 @@ Each host (bench/hostnet.py, the harness bench/fleet.py uses too) is a network n
 veth on a bridge), a UTS namespace (its own hostname) and a PID namespace (its own PID
 numbering: the same PIDs on every host), with one overseer in it. The PostgreSQL is a
 throwaway cluster listening on the bridge address only, so every host crosses its network
-namespace to reach it. The third host's clock runs
-ten minutes ahead (libfaketime). Then every process of the first host is killed at once.
+namespace to reach it. The third host's clock runs ten minutes ahead (libfaketime). Then
+every process of the first host is killed at once.
 
 What must hold: within heartbeat_timeout plus one check interval another host marks the
 dead host's runners and their runs ``timeout`` by heartbeat age — never by a local PID — and
