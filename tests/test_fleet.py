@@ -1,6 +1,6 @@
 """A small fleet: four hosts in their own PID/UTS/network namespaces, four runners each,
-one PostgreSQL reached over a bridge (bench/hostnet.py, the harness of bench/fleet.py,
-which runs the 20 × 8 version).
+one PostgreSQL reached over a bridge — bench/fleet.py's harness (bench/hostnet.py,
+bench/fleet_watch.py); the bench runs the 20 × 8 version.
 
 What must hold: 2,000 tasks of 5 ms queued at once are each executed exactly once across
 the hosts (counted by the handler, outside the database, and by runs), and no host ever
@@ -12,7 +12,7 @@ import pytest
 from conftest import databases_required, process_env, wait_for
 
 from bench import fleet as bench_fleet
-from bench import hostnet
+from bench import fleet_watch, hostnet
 from taskrunner import TaskQueue
 
 HOSTS, RUNNERS, TASKS, TASK_MS = 4, 4, 2000, 5
@@ -36,7 +36,7 @@ def test_a_fleet_runs_every_task_once_within_each_hosts_limit(tmp_path):
             queue.pause_queue("default")
             ids = queue.add_tasks([{"handler": bench_fleet.WORK,
                                     "data": {"ms": TASK_MS, "log": log}}] * TASKS)
-            sampler = bench_fleet.ConcurrencySampler(fleet, interval=0.05)
+            sampler = fleet_watch.ConcurrencySampler(fleet, interval=0.05)
             sampler.start()
             queue.resume_queue("default")
             wait_for(lambda: bench_fleet.common.query(
@@ -47,7 +47,7 @@ def test_a_fleet_runs_every_task_once_within_each_hosts_limit(tmp_path):
             queue.close()
         runs = collections.Counter(task_id for task_id, in bench_fleet.common.query(
             fleet.url, "SELECT task_id FROM task_runs"))
-        overlapping = bench_fleet.most_overlapping(fleet.url)
+        overlapping = fleet_watch.most_overlapping(fleet.url)
 
     with open(log) as fh:
         executions = collections.Counter(int(line.split()[0]) for line in fh)
