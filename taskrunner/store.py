@@ -16,6 +16,7 @@ from . import wakeup
 from .config import Config
 from .db import backend_of, check_connection, open_database, retry_transaction
 from .errors import SchemaBehind
+from .hostlock import HostLock
 from .migrations import migrate, pending
 from .models import bind_models, utcnow
 
@@ -41,8 +42,11 @@ class Store:
         self.backend = backend_of(self.url)
         self.is_sqlite = self.backend == "sqlite"
         self.db = open_database(config.database, ephemeral)
+        self.host_lock = None
         if self.is_sqlite:
             _create_private(self.db.database)
+            if self.db.database != ":memory:":
+                self.host_lock = HostLock(self.db.database)
         self.wakeup_directory = wakeup.directory(self.url, config.runner.wakeup_dir)
         self.waiters_directory = self.wakeup_directory + wakeup.ENDED
         models = bind_models(self.db)
@@ -118,8 +122,11 @@ class Store:
         if depth == 0:
             state.wake = False
         state.depth = depth + 1
+        # SQLite: the host's writers take turns on the host lock, outermost writes only (a
+        # transaction opened outside the store already holds SQLite's lock).
+        lock = self.host_lock if depth == 0 and not self.db.in_transaction() else None
         try:
-            result = retry_transaction(self.db, fn)
+            result = retry_transaction(self.db, fn, lock=lock)
         finally:
             state.depth = depth
         if depth == 0 and state.wake:
