@@ -303,9 +303,9 @@ def report_progress(store, run_id, runner_id, percent=None, results=None, now=No
         values[Run.percent_completed] = percent
     if results is not None:
         values[Run.results] = results
-    return Run.update(values).where(
-        (Run.id == run_id) & (Run.status == RUNNING) & (Run.runner_id == runner_id)
-    ).execute() > 0
+    with store.host_turn():
+        return Run.update(values).where((Run.id == run_id) & (Run.status == RUNNING)
+                                        & (Run.runner_id == runner_id)).execute() > 0
 
 
 # -- ending -------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ to this database alone, write transactions retried after a deadlock or a busy da
 row locks where the database has them, wake-ups of idle runners after a commit, and the
 schema check. Every module below the `TaskQueue` facade receives the store it works on.
 """
+import contextlib
 import os
 import sqlite3
 import threading
@@ -133,6 +134,13 @@ class Store:
             state.wake = False
             self.wake_local()
         return result
+
+    def host_turn(self):
+        """Around a single write statement outside `write` (a heartbeat, progress): SQLite's
+        host lock, so that it too waits its turn without sleeping in the busy handler."""
+        if self.host_lock is None or self.db.in_transaction():
+            return contextlib.nullcontext()
+        return self.host_lock
 
     def wake_after_commit(self):
         """Inside a write transaction: it makes a run claimable. PostgreSQL's NOTIFY is
