@@ -11,7 +11,7 @@ taskrunner from that path, so a branch and main are compared in one invocation. 
 one, the repository this file is in is the only variant. Every round runs each (workers,
 log level) with every system, the order rotated each round; ratios are per round, then the
 median. `--sleep-ms` gives each task that much work (Huey's task and taskrunner's
-``bench.contention_handlers.Sleep`` both ``time.sleep``).
+``contention_sleep.Sleep``, written to the work directory, both ``time.sleep``).
 
 Per-runner shares: runs finished by each runner (task_runs.runner_id) over the fair share
 n / W; the smallest is reported (1.0 = perfectly even).
@@ -26,11 +26,21 @@ from datetime import datetime, timezone
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import common  # noqa: E402
-from bench.backlog import queue_backlog  # noqa: E402
 from bench.common import create_database, drop_url, finish_times, median, query, rates  # noqa: E402
 from bench.systems import Huey  # noqa: E402
 
-SLEEP_HANDLER = "bench.contention_handlers.Sleep"
+SLEEP_HANDLER = "contention_sleep.Sleep"
+# Written to the work directory, the runners' working directory (on their sys.path with
+# `python -m`): a variant's own tree may have a `bench` package without it.
+SLEEP_MODULE = """import time
+
+from taskrunner.handler import TaskHandler
+
+
+class Sleep(TaskHandler):
+    def handle(self, run):
+        time.sleep(run.data)
+"""
 
 
 def _env(pythonpath, extra=None):
@@ -47,8 +57,16 @@ class TaskrunnerVariant:
 
     def prepare(self, n, sleep_ms):
         url = create_database("sqlite", "cont")
-        queue_backlog(url, n)
+        # With the variant's own schema (its migrations), in a process of its own.
+        proc = common.spawn([sys.executable, "-c", "from bench.backlog import queue_backlog; "
+                             "queue_backlog(%r, %d)" % (url, n)], "cont-backlog.log",
+                            env=_env(self.pythonpath))
+        common.wait_until(lambda: proc.poll() is not None, 300, "the backlog", procs=())
+        if proc.returncode:
+            raise RuntimeError("backlog failed (log: %s)" % common.workdir())
         if sleep_ms:
+            with open(os.path.join(common.workdir(), "contention_sleep.py"), "w") as fh:
+                fh.write(SLEEP_MODULE)
             conn = common.connect(url)
             conn.execute("UPDATE task_queue SET handler = ?, data = ?",
                          (SLEEP_HANDLER, json.dumps(sleep_ms / 1000.0)))
@@ -59,7 +77,7 @@ class TaskrunnerVariant:
     def run(self, url, n, workers, level, sleep_ms, timeout):
         config = common.write_config(url, workers, "cont-%s" % self.name, log={"level": level},
                                      handlers={"allow": ["taskrunner.handlers.*",
-                                                         "bench.contention_handlers.*"]})
+                                                         "contention_sleep.*"]})
         launched = time.time()
         proc = common.spawn([sys.executable, "-m", "taskrunner", "--config", config, "overseer"],
                             "cont-%s.log" % self.name, env=_env(self.pythonpath))
