@@ -20,11 +20,24 @@ import fcntl
 import logging
 import os
 import threading
+import weakref
 
 log = logging.getLogger("taskrunner.db")
 
 SUFFIX = "-hostlock"
 _reported = set()
+_instances = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    """A forked child closes its copy of each lock file's descriptor: a flock belongs to the
+    open file, which the copy would keep locked after its parent died holding it."""
+    for lock in list(_instances):
+        lock._forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class HostLock:
@@ -39,6 +52,15 @@ class HostLock:
         self._threads = None
         self._holder = None
         self._depth = 0
+        _instances.add(self)
+
+    def _forget(self):
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+        self._pid = self._fd = None
 
     def _open(self):
         """Per process: the lock file's descriptor (None without one) and a thread lock."""

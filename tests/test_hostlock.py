@@ -9,6 +9,7 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 import stat
 import threading
 
@@ -138,3 +139,42 @@ def test_runners_of_one_host_share_the_runs_evenly(sqlite_db, procs, tmp_path):
     shares = [0] * (workers - len(shares)) + shares
     assert min(shares) >= n / workers / 2, (shares, procs.logs([overseer]))
     queue.close()
+
+
+def _hold_and_fork(path, children, held):
+    """Take the host lock, fork a child that just waits, and wait to be killed."""
+    with HostLock(path):
+        pid = os.fork()
+        if pid == 0:
+            signal.pause()
+            os._exit(0)
+        children.put(pid)
+        held.set()
+        signal.pause()
+
+
+@pytest.mark.timeout(60)
+def test_a_holder_killed_leaves_the_lock_free_though_its_forked_child_lives_on(tmp_path):
+    path = str(tmp_path / "x.db")
+    context = multiprocessing.get_context("fork")
+    children, held = context.Queue(), context.Event()
+    holder = context.Process(target=_hold_and_fork, args=(path, children, held))
+    holder.start()
+    child = None
+    try:
+        assert held.wait(START_TIMEOUT)
+        child = children.get(timeout=10)
+        assert not _free_elsewhere(path + SUFFIX)
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(10)
+        # The child's copy of the descriptor would hold the open file's lock for good.
+        wait_for(lambda: _free_elsewhere(path + SUFFIX), timeout=10,
+                 message="the lock to be free once its holder died")
+    finally:
+        for pid in (holder.pid, child):
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        holder.join(10)
