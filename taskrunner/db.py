@@ -373,11 +373,16 @@ def is_disconnect(exc):
     return _kind(exc) == "disconnect"
 
 
-def retry_transaction(db, fn, attempts=8):
-    """Run ``fn`` in a write transaction, again after a deadlock or a busy database."""
+def retry_transaction(db, fn, attempts=8, lock=None):
+    """Run ``fn`` in a write transaction, again after a deadlock or a busy database. `lock`:
+    a context manager held around each attempt's transaction, not around the wait between
+    attempts (SQLite's host lock)."""
     for attempt in range(attempts):
         try:
-            with db.atomic():
+            if lock is None:
+                with db.atomic():
+                    return fn()
+            with lock, db.atomic():
                 return fn()
         except peewee.DatabaseError as exc:
             # DatabaseError, not only OperationalError: what is transient is decided by the

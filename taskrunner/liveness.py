@@ -202,8 +202,9 @@ def heartbeat(store, runner_id, rss=None, runs_done=None, stopping=None):
         values[Runner.rss] = rss
     if runs_done is not None:
         values[Runner.runs_done] = runs_done
-    return Runner.update(values).where(
-        (Runner.id == runner_id) & (Runner.status == RUNNING)).execute() > 0
+    with store.host_turn():
+        return Runner.update(values).where(
+            (Runner.id == runner_id) & (Runner.status == RUNNING)).execute() > 0
 
 
 def retire(store, runner_id, reason, now=None):

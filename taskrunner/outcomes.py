@@ -71,13 +71,17 @@ def format_traceback(exc):
 
 def after_run(store, claimed, outcome, elapsed, handler=None, context=None):
     """Log the stored outcome of `claimed` and call the handler's hooks for a failure."""
-    fields = run_fields(claimed, outcome.status, elapsed, outcome.code)
     if outcome.status not in FAILED:
+        # Every run of a busy runner: the line and its fields are built only when logged.
+        if not log.isEnabledFor(logging.INFO):
+            return
+        fields = run_fields(claimed, outcome.status, elapsed, outcome.code)
         log.info("run %d of task %d finished: %s %s in %.3fs%s", claimed.run_id,
                  claimed.task_id, claimed.handler, outcome.status, elapsed,
                  " (%s: %s)" % (outcome.code, outcome.message) if outcome.code else "",
                  extra=fields)
         return
+    fields = run_fields(claimed, outcome.status, elapsed, outcome.code)
     log.warning("run %d of task %d failed: %s %s in %.3fs (%s: %s)%s", claimed.run_id,
                 claimed.task_id, claimed.handler, outcome.status, elapsed, outcome.code,
                 _short(outcome.message), "\n" + outcome.traceback.rstrip() if outcome.traceback

@@ -5,6 +5,7 @@ to this database alone, write transactions retried after a deadlock or a busy da
 row locks where the database has them, wake-ups of idle runners after a commit, and the
 schema check. Every module below the `TaskQueue` facade receives the store it works on.
 """
+import contextlib
 import os
 import sqlite3
 import threading
@@ -16,6 +17,7 @@ from . import wakeup
 from .config import Config
 from .db import backend_of, check_connection, open_database, retry_transaction
 from .errors import SchemaBehind
+from .hostlock import HostLock
 from .migrations import migrate, pending
 from .models import bind_models, utcnow
 
@@ -41,8 +43,11 @@ class Store:
         self.backend = backend_of(self.url)
         self.is_sqlite = self.backend == "sqlite"
         self.db = open_database(config.database, ephemeral)
+        self.host_lock = None
         if self.is_sqlite:
             _create_private(self.db.database)
+            if self.db.database != ":memory:":
+                self.host_lock = HostLock(self.db.database)
         self.wakeup_directory = wakeup.directory(self.url, config.runner.wakeup_dir)
         self.waiters_directory = self.wakeup_directory + wakeup.ENDED
         models = bind_models(self.db)
@@ -118,14 +123,24 @@ class Store:
         if depth == 0:
             state.wake = False
         state.depth = depth + 1
+        # SQLite: the host's writers take turns on the host lock, outermost writes only (a
+        # transaction opened outside the store already holds SQLite's lock).
+        lock = self.host_lock if depth == 0 and not self.db.in_transaction() else None
         try:
-            result = retry_transaction(self.db, fn)
+            result = retry_transaction(self.db, fn, lock=lock)
         finally:
             state.depth = depth
         if depth == 0 and state.wake:
             state.wake = False
             self.wake_local()
         return result
+
+    def host_turn(self):
+        """Around a single write statement outside `write` (a heartbeat, progress): SQLite's
+        host lock, so that it too waits its turn without sleeping in the busy handler."""
+        if self.host_lock is None or self.db.in_transaction():
+            return contextlib.nullcontext()
+        return self.host_lock
 
     def wake_after_commit(self):
         """Inside a write transaction: it makes a run claimable. PostgreSQL's NOTIFY is

@@ -1,0 +1,114 @@
+"""The host lock: this host's writers of one SQLite database take turns on a lock file
+beside it before they ask SQLite for its write lock.
+
+SQLite lets one writer in at a time, and a writer that finds the database busy waits in
+SQLite's busy handler, which sleeps in steps of milliseconds and polls again: the lock may
+stay free for most of a step while every other runner sleeps (a lock storm), and whoever
+happens to poll at the right moment gets it again and again (an uneven split). A blocking
+``flock`` on a file wakes a waiter the moment the holder lets go. Every write transaction
+of a store (`Store.write`) takes the host lock around BEGIN IMMEDIATE ... COMMIT, so SQLite's
+lock is always free when it is asked for; SQLite's busy timeout stays as the backstop for
+writers that do not take the host lock (other programs, single statements outside a
+transaction).
+
+The lock file is ``<database>-hostlock``, created owner-only (0600) and never removed (a
+lock file removed while someone waits on it would let two writers in at once). When it
+cannot be opened (a read-only directory, a file of another user), the store works without
+it, as before, and says so once. The kernel releases a dead process's lock.
+"""
+import fcntl
+import logging
+import os
+import threading
+import weakref
+
+log = logging.getLogger("taskrunner.db")
+
+SUFFIX = "-hostlock"
+_reported = set()
+_instances = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    """A forked child closes its copy of each lock file's descriptor: a flock belongs to the
+    open file, which the copy would keep locked after its parent died holding it."""
+    for lock in list(_instances):
+        lock._forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class HostLock:
+    """A context manager: the host lock of the SQLite file `database` (a path), held by one
+    thread of one process at a time. Re-entered by its holding thread, it does nothing more
+    (the outermost exit releases it). Safe across fork: a child opens its own file."""
+
+    def __init__(self, database):
+        self.path = database + SUFFIX
+        self._pid = None
+        self._fd = None
+        self._threads = None
+        self._holder = None
+        self._depth = 0
+        _instances.add(self)
+
+    def _forget(self):
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+        self._pid = self._fd = None
+
+    def _open(self):
+        """Per process: the lock file's descriptor (None without one) and a thread lock."""
+        self._pid = os.getpid()
+        self._threads = threading.Lock()
+        self._holder, self._depth = None, 0
+        self._fd = None
+        flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            self._fd = os.open(self.path, flags, 0o600)
+        except OSError as exc:
+            if self.path not in _reported:
+                _reported.add(self.path)
+                log.warning("no host lock for SQLite writers (%s: %s): this host's writers "
+                            "wait in SQLite's busy handler instead", self.path,
+                            exc.strerror or exc)
+
+    @property
+    def available(self):
+        """Whether this process has the lock file open."""
+        if self._pid != os.getpid():
+            self._open()
+        return self._fd is not None
+
+    def __enter__(self):
+        if self._pid != os.getpid():
+            self._open()
+        me = threading.get_ident()
+        if self._holder == me:
+            self._depth += 1
+            return self
+        self._threads.acquire()
+        try:
+            if self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._threads.release()
+            raise
+        self._holder, self._depth = me, 1
+        return self
+
+    def __exit__(self, *exc):
+        self._depth -= 1
+        if self._depth:
+            return
+        self._holder = None
+        try:
+            if self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._threads.release()
