@@ -10,7 +10,6 @@ import glob
 import logging
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import tempfile
@@ -26,7 +25,7 @@ from taskrunner.db import driver_error, is_disconnect, is_transient, open_databa
     retry_transaction
 from taskrunner.models import SUCCESS
 
-from conftest import Database, wait_for
+from conftest import Database, free_port, wait_for
 
 # The words today's text matching looked for, in messages whose codes mean something else.
 TRICK = "server closed the connection deadlock database is locked lost connection"
@@ -237,12 +236,6 @@ def test_postgresql_errors_are_classified_by_sqlstate_not_by_message(pg):
         assert db.execute_sql("SELECT 1").fetchone()[0] == 1   # the connection is fine
     finally:
         queue.close()
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class PrivatePostgres:
