@@ -7,7 +7,7 @@ TASKRUNNER_TEST_MYSQL_URL). Without the server they are skipped with the reason 
 CI (CI=true or TASKRUNNER_REQUIRE_DATABASES=1), where an unreachable server fails them.
 
 TASKRUNNER_TEST_PGBOUNCER=1 runs the PostgreSQL tests through PgBouncer in transaction pooling
-mode (tests/pgbouncer_server.py, one per test process, started on first use): each test's
+mode (tests/servers.py, one per test process, started on first use): each test's
 database URL goes through it, with ``[database] pooler = "pgbouncer"`` in the config the
 fixtures build. Creating, migrating and dropping the databases stays direct.
 """
@@ -16,7 +16,6 @@ import os
 import shutil
 import queue as queue_module
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -46,12 +45,6 @@ THROUGH_PGBOUNCER = os.environ.get("TASKRUNNER_TEST_PGBOUNCER") == "1"
 def databases_required():
     return os.environ.get("CI", "").lower() in ("1", "true", "yes") or \
         os.environ.get("TASKRUNNER_REQUIRE_DATABASES") == "1"
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _with_db(url, name):
@@ -161,12 +154,11 @@ _PGBOUNCER = []
 def _pgbouncer():
     """This test process's PgBouncer (TASKRUNNER_TEST_PGBOUNCER=1), started on first use."""
     if not _PGBOUNCER:
-        import pgbouncer_server
-        if not pgbouncer_server.available():
+        from servers import PgBouncer, pgbouncer_available
+        if not pgbouncer_available():
             pytest.fail("TASKRUNNER_TEST_PGBOUNCER=1 but pgbouncer is not installed")
         # Small pools, as in production: many clients share a few server connections.
-        _PGBOUNCER.append(pgbouncer_server.PgBouncer(SERVERS["postgresql"], pool_size=8,
-                                                     max_user_connections=16))
+        _PGBOUNCER.append(PgBouncer(SERVERS["postgresql"], pool_size=8, max_user_connections=16))
     return _PGBOUNCER[0]
 
 

@@ -25,7 +25,8 @@ from taskrunner.db import driver_error, is_disconnect, is_transient, open_databa
     retry_transaction
 from taskrunner.models import SUCCESS
 
-from conftest import Database, free_port, wait_for
+from conftest import Database, wait_for
+from servers import free_port
 
 # The words today's text matching looked for, in messages whose codes mean something else.
 TRICK = "server closed the connection deadlock database is locked lost connection"

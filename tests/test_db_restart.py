@@ -40,7 +40,8 @@ import pytest
 from taskrunner import TaskQueue
 from taskrunner.models import RUNNER, SUCCESS, TIMEOUT
 
-from conftest import START_TIMEOUT, databases_required, free_port, spawn, wait_for
+from conftest import START_TIMEOUT, databases_required, spawn, wait_for
+from servers import free_port
 from test_overseer import children_of
 
 RESUME_LIMIT = 2.0

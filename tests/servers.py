@@ -1,27 +1,33 @@
-"""A PgBouncer of the tests' own: Debian's ``pgbouncer`` in transaction pooling mode on a free
-port, in front of one PostgreSQL server for every database name (``* = host=... port=...``),
-with trust authentication. It runs until `stop()`; its log is `log_path`.
-
-PgBouncer refuses to run as root: then it is started with ``-u postgres``, and its directory
-is made where that user can read the ini file and write the log.
+"""Servers the tests (and bench/) start for themselves: a free port to put one on, and
+`PgBouncer`, Debian's ``pgbouncer`` in transaction pooling mode on a free port in front of
+one PostgreSQL server for every database name (``* = host=... port=...``), trust
+authentication. Importable without pytest (bench/pgbouncer.py uses it too).
 """
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
 from urllib.parse import urlsplit
 
-from conftest import free_port
-
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
 
-def available():
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def pgbouncer_available():
     return os.access(PGBOUNCER, os.X_OK)
 
 
 class PgBouncer:
+    """Runs until `stop()`; its log is `log_path`. PgBouncer refuses to run as root: then it
+    is started with ``-u postgres``, in a directory that user can read and write."""
+
     def __init__(self, server_url, pool_size=10, max_db_connections=0, max_user_connections=0,
                  max_client_conn=1000):
         parts = urlsplit(server_url)
