@@ -47,6 +47,13 @@ def databases_required():
         os.environ.get("TASKRUNNER_REQUIRE_DATABASES") == "1"
 
 
+def direct_only(database, why):
+    """Skip the test when `database` is reached through PgBouncer (TASKRUNNER_TEST_PGBOUNCER)
+    and the test is about what only a direct session does."""
+    if database.pooler:
+        pytest.skip("through PgBouncer: " + why)
+
+
 def _with_db(url, name):
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path="/" + name))

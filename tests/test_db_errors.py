@@ -25,7 +25,7 @@ from taskrunner.db import driver_error, is_disconnect, is_transient, open_databa
     retry_transaction
 from taskrunner.models import SUCCESS
 
-from conftest import Database, wait_for
+from conftest import Database, direct_only, wait_for
 from servers import free_port
 
 # The words today's text matching looked for, in messages whose codes mean something else.
@@ -144,6 +144,7 @@ def test_the_driver_error_is_orig_and_the_context(lite):
 # -- PostgreSQL ------------------------------------------------------------------------------
 
 def test_postgresql_terminated_session_is_a_disconnect(pg):
+    direct_only(pg, "a server connection the server ends is replaced unseen; the client's is not cut")
     queue = pg.queue()
     db = queue.store.db
     try:
@@ -540,6 +541,7 @@ def server_db(request, tmp_path):
 @pytest.mark.parametrize("server_db", ["postgresql", "mysql"], indirect=True)
 @pytest.mark.parametrize("then", ["nothing", "flush", "progress"])
 def test_progress_never_raises_a_database_error_into_the_handler(server_db, then, caplog):
+    direct_only(server_db, "a server connection the server ends is replaced unseen; the client's is not cut")
     caplog.set_level(logging.WARNING, logger="taskrunner.runner")
     queue = server_db.queue()
     SEEN.clear()
@@ -565,6 +567,7 @@ def test_progress_never_raises_a_database_error_into_the_handler(server_db, then
 def test_a_run_ends_after_its_connection_was_killed_in_the_handler(server_db, caplog):
     """No progress call at all: the runner itself meets the dead connection when it records
     the outcome, and reconnects (is_disconnect) to record it."""
+    direct_only(server_db, "a server connection the server ends is replaced unseen; the client's is not cut")
     caplog.set_level(logging.WARNING, logger="taskrunner.runner")
     queue = server_db.queue()
     SEEN.clear()
