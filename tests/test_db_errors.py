@@ -589,6 +589,7 @@ class KillsOnly(TaskHandler):
 
 
 def test_progress_warns_once_and_writes_the_latest_percent_later(pg, caplog):
+    direct_only(pg, "the handler's SET lock_timeout is session state")
     caplog.set_level(logging.WARNING, logger="taskrunner.runner")
     queue = pg.queue()
     SEEN.clear()
