@@ -256,7 +256,8 @@ class Database:
         return queue
 
     def write_config(self, path, text=""):
-        path.write_text('[database]\nurl = "%s"\npooler = "%s"\n%s' % (self.url, self.pooler, text))
+        pooler = 'pooler = "%s"\n' % self.pooler if self.pooler else ""
+        path.write_text('[database]\nurl = "%s"\n%s%s' % (self.url, pooler, text))
         return str(path)
 
 
