@@ -7,6 +7,7 @@ import os
 import re
 import sys
 from types import SimpleNamespace
+from urllib.parse import urlsplit
 
 from .errors import ConfigError, InputError
 from .timespan import parse_timespan
@@ -64,7 +65,8 @@ def _positive_seconds(value):
 def _choice(*choices):
     def check(value):
         if not isinstance(value, str) or value.lower() not in choices:
-            raise ValueError("expected one of %s" % ", ".join(choices))
+            raise ValueError("expected one of %s" % ", ".join(repr(c) if not c else c
+                                                               for c in choices))
         return value.lower()
     return check
 
@@ -103,6 +105,11 @@ SCHEMA = {
         "url": (DEFAULT_DATABASE_URL, _string),
         "sqlite_synchronous": ("full", _choice("full", "normal", "off")),
         "busy_timeout": (30.0, _positive_seconds),
+        # "pgbouncer": the url goes through PgBouncer in transaction pooling mode (see
+        # POOLERS). listen_url: a direct PostgreSQL URL of the same database for LISTEN; ""
+        # = LISTEN on url, or with a pooler no LISTEN at all (runners poll).
+        "pooler": ("", _choice("", "pgbouncer")),
+        "listen_url": ("", _string),
     },
     "runner": {
         "limit": (8, _int(1)),
@@ -202,6 +209,7 @@ class Config(SimpleNamespace):
                 raise ConfigError("%s: [%s] %s (%gs) must be %s [%s] %s (%gs)" % (
                     source, first, bigger, value,
                     "shorter than" if relation == "<" else "at most", second, smaller, limit))
+        check_pooler(sections["database"], source)
         queues = _queues(data.get("queues", {}), source, sections["runner"].limit)
         # [[periodic]] entries are checked when they are synced or by `taskrunner check`
         # (periodic.validate_definitions: that needs the timers and the handlers).
@@ -247,7 +255,27 @@ class Config(SimpleNamespace):
                 raise ConfigError("$TASKRUNNER_DATABASE_URL is not valid UTF-8 text") from None
         if url:
             config.database.url = url
+            check_pooler(config.database, config.source)
         return config
+
+
+def _is_postgresql(url):
+    try:
+        return urlsplit(url).scheme.lower() in ("postgres", "postgresql")
+    except ValueError:
+        return False     # malformed: db.open_database says what is wrong with it
+
+
+def check_pooler(database, source):
+    """[database] pooler and listen_url only mean something on PostgreSQL; listen_url must
+    itself be a PostgreSQL URL. The URLs are not quoted: they may hold a password."""
+    for key in ("pooler", "listen_url"):
+        if getattr(database, key) and not _is_postgresql(database.url):
+            raise ConfigError("%s: [database] %s is for PostgreSQL only; the database URL is "
+                              "not a postgresql:// URL" % (source, key))
+    if database.listen_url and not _is_postgresql(database.listen_url):
+        raise ConfigError("%s: [database] listen_url: expected a postgresql:// URL of the same "
+                          "database, connecting directly (not through the pooler)" % source)
 
 
 def _queues(given, source, host_limit):

@@ -150,6 +150,16 @@ def sqlite_path(url, ephemeral=False):
     return ":memory:" if memory else path
 
 
+# What a connection through each [database] pooler needs. PgBouncer in transaction pooling
+# mode hands each transaction (each autocommit statement) to whichever server connection is
+# free, so nothing may outlive a transaction on the server: no server-side prepared
+# statements (psycopg prepares a query after its 5th execution; PgBouncer < 1.21 cannot
+# follow them, later ones only with max_prepared_statements set), no LISTEN (runners poll,
+# or LISTEN on [database] listen_url), no session advisory locks, SET or temporary tables.
+# taskrunner's SQL uses none of these (migrations take pg_advisory_xact_lock).
+POOLERS = {"": {}, "pgbouncer": {"prepare_threshold": None}}
+
+
 def open_database(database_config, ephemeral=False):
     """A peewee Database for ``[database]``; connects lazily (nothing crosses a fork).
     `ephemeral` allows an in-memory SQLite database (tests)."""
@@ -175,7 +185,8 @@ def open_database(database_config, ephemeral=False):
             _require("psycopg", "postgres")
             return db_url.connect(url.replace("postgres://", "postgresql://", 1),
                                   unquote_password=True, unquote_user=True,
-                                  connect_timeout=10, prefer_psycopg3=True)
+                                  connect_timeout=10, prefer_psycopg3=True,
+                                  **POOLERS[database_config.pooler])
         _require("pymysql", "mysql")
         # DATETIME(6): microseconds matter for FIFO order and timing.
         return db_url.connect(url, unquote_password=True, unquote_user=True, charset="utf8mb4",

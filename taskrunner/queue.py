@@ -93,8 +93,8 @@ class TaskQueue:
         `connection`: the application's open DB-API connection (sqlite3, psycopg, PyMySQL;
         or a SQLAlchemy ``Connection`` / Django ``connection``) to this queue's database:
         the task is written inside its transaction and commits or rolls back with it. Call
-        `wake()` after the commit (PostgreSQL needs none: the server delivers a NOTIFY at
-        commit)."""
+        `wake()` after the commit (PostgreSQL needs none unless through a pooler: the server
+        delivers a NOTIFY at commit)."""
         return int(enqueue.add_task(
             self.store, handler, data=data, scheduled_on=scheduled_on, max_retries=max_retries,
             priority=priority, run_timeout=run_timeout, unique_key=unique_key,

@@ -372,7 +372,8 @@ class Worker:
         self.runner_id = row.id
         if not burst:
             self._listener = wakeup.open_listener(self.store.wakeup_directory)
-            if self.store.backend == "postgresql":
+            # Never through a pooler: the server connection LISTENing goes on to other clients.
+            if self.store.backend == "postgresql" and not self.config.database.pooler:
                 self._pg_listener = wakeup.PostgresListener(self.store.db)
         if row.slot is not None:        # a process of its own, not run_pending's caller
             liveness.name_process("tr-runner-%d" % row.slot)

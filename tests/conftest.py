@@ -5,6 +5,11 @@ PostgreSQL and MySQL tests need a server: by default postgresql://postgres@127.0
 and mysql://root@127.0.0.1:3306/test (override with TASKRUNNER_TEST_POSTGRES_URL and
 TASKRUNNER_TEST_MYSQL_URL). Without the server they are skipped with the reason — except in
 CI (CI=true or TASKRUNNER_REQUIRE_DATABASES=1), where an unreachable server fails them.
+
+TASKRUNNER_TEST_PGBOUNCER=1 runs the PostgreSQL tests through PgBouncer in transaction pooling
+mode (tests/servers.py, one per test process, started on first use): each test's
+database URL goes through it, with ``[database] pooler = "pgbouncer"`` in the config the
+fixtures build. Creating, migrating and dropping the databases stays direct.
 """
 import logging
 import os
@@ -34,11 +39,19 @@ SERVERS = {
     "mysql": os.environ.get("TASKRUNNER_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
 }
 ALL_BACKENDS = ("sqlite", "postgresql", "mysql")
+THROUGH_PGBOUNCER = os.environ.get("TASKRUNNER_TEST_PGBOUNCER") == "1"
 
 
 def databases_required():
     return os.environ.get("CI", "").lower() in ("1", "true", "yes") or \
         os.environ.get("TASKRUNNER_REQUIRE_DATABASES") == "1"
+
+
+def direct_only(database, why):
+    """Skip the test when `database` is reached through PgBouncer (TASKRUNNER_TEST_PGBOUNCER)
+    and the test is about what only a direct session does."""
+    if database.pooler:
+        pytest.skip("through PgBouncer: " + why)
 
 
 def _with_db(url, name):
@@ -142,6 +155,18 @@ def _not_from_a_pool(record):
 logging.getLogger("peewee.migrations").addFilter(_not_from_a_pool)
 _POOLS = {}
 _SQLITE_TEMPLATE = []
+_PGBOUNCER = []
+
+
+def _pgbouncer():
+    """This test process's PgBouncer (TASKRUNNER_TEST_PGBOUNCER=1), started on first use."""
+    if not _PGBOUNCER:
+        from servers import PgBouncer, pgbouncer_available
+        if not pgbouncer_available():
+            pytest.fail("TASKRUNNER_TEST_PGBOUNCER=1 but pgbouncer is not installed")
+        # Small pools, as in production: many clients share a few server connections.
+        _PGBOUNCER.append(PgBouncer(SERVERS["postgresql"], pool_size=8, max_user_connections=16))
+    return _PGBOUNCER[0]
 
 
 def _pool(backend):
@@ -178,6 +203,9 @@ def _database_pools():
     for pool in _POOLS.values():
         pool.close()
     _POOLS.clear()
+    for bouncer in _PGBOUNCER:
+        bouncer.stop()
+    _PGBOUNCER.clear()
 
 
 class Database:
@@ -186,6 +214,7 @@ class Database:
 
     def __init__(self, backend, tmp_path, empty=False):
         self.backend = backend
+        self.pooler = ""
         if backend == "sqlite":
             path = tmp_path / "taskrunner.db"
             if not empty:
@@ -200,6 +229,8 @@ class Database:
         else:
             self.name = _pool(backend).take()
         self.url = _with_db(SERVERS[backend], self.name)
+        if backend == "postgresql" and THROUGH_PGBOUNCER:
+            self.url, self.pooler = _pgbouncer().url(self.name), "pgbouncer"
 
     def drop(self):
         if self.backend == "sqlite":
@@ -212,7 +243,7 @@ class Database:
         self.admin.close()
 
     def config(self, **sections):
-        data = {"database": {"url": self.url}}
+        data = {"database": {"url": self.url, "pooler": self.pooler}}
         for section, values in sections.items():
             data.setdefault(section, {}).update(values)
         return Config.from_dict(data)
@@ -225,7 +256,8 @@ class Database:
         return queue
 
     def write_config(self, path, text=""):
-        path.write_text('[database]\nurl = "%s"\n%s' % (self.url, text))
+        pooler = 'pooler = "%s"\n' % self.pooler if self.pooler else ""
+        path.write_text('[database]\nurl = "%s"\n%s%s' % (self.url, pooler, text))
         return str(path)
 
 

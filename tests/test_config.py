@@ -149,6 +149,10 @@ def test_a_zero_duration_is_refused_where_it_must_be_positive(tmp_path, section,
     ("overseer", "check_interval", "nan"),
     ("task", "run_timeout", "inf"),
     ("task", "retry_backoff", '"200y"'),
+    ("database", "pooler", '"pgpool"'),
+    ("database", "pooler", '"pgbouncer"'),         # the default URL is SQLite's
+    ("database", "listen_url", '"postgresql://app@db/app"'),
+    ("database", "listen_url", "5"),
 ])
 def test_a_bad_value_names_the_file_the_section_and_the_key(tmp_path, section, key, value):
     path = write(tmp_path, "[%s]\n%s = %s\n" % (section, key, value))
@@ -259,3 +263,21 @@ def test_keys_that_contradict_each_other_are_refused(tmp_path, text, fragment):
 def test_a_database_url_from_the_environment_that_is_not_utf8_is_refused():
     with pytest.raises(ConfigError, match="TASKRUNNER_DATABASE_URL is not valid UTF-8"):
         Config.load(environ={"TASKRUNNER_DATABASE_URL": "sqlite:///\udcff.db"})
+
+
+def test_a_pooler_needs_a_postgresql_url_wherever_the_url_comes_from(tmp_path):
+    path = write(tmp_path, '[database]\nurl = "postgresql://app@db/app"\npooler = "pgbouncer"\n'
+                           'listen_url = "postgres://app@db-direct/app"\n')
+    assert load(path).database.pooler == "pgbouncer"
+    for url in ("sqlite:///from-env.db", "mysql://app@db/app"):
+        with pytest.raises(ConfigError) as err:
+            Config.load(path, environ={"TASKRUNNER_DATABASE_URL": url})
+        assert str(err.value).startswith(path + ": [database] pooler is for PostgreSQL only")
+
+
+def test_a_listen_url_that_is_not_postgresql_is_refused_without_showing_it(tmp_path):
+    path = write(tmp_path, '[database]\nurl = "postgresql://app@db/app"\n'
+                           'listen_url = "mysql://app:hunter22@db/app"\n')
+    message = refused(path)
+    assert message.startswith(path + ": [database] listen_url: expected a postgresql:// URL")
+    assert "hunter22" not in message

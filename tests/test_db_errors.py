@@ -10,7 +10,6 @@ import glob
 import logging
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import tempfile
@@ -26,7 +25,8 @@ from taskrunner.db import driver_error, is_disconnect, is_transient, open_databa
     retry_transaction
 from taskrunner.models import SUCCESS
 
-from conftest import Database, wait_for
+from conftest import Database, direct_only, wait_for
+from servers import free_port
 
 # The words today's text matching looked for, in messages whose codes mean something else.
 TRICK = "server closed the connection deadlock database is locked lost connection"
@@ -144,6 +144,7 @@ def test_the_driver_error_is_orig_and_the_context(lite):
 # -- PostgreSQL ------------------------------------------------------------------------------
 
 def test_postgresql_terminated_session_is_a_disconnect(pg):
+    direct_only(pg, "a server connection the server ends is replaced unseen; the client's is not cut")
     queue = pg.queue()
     db = queue.store.db
     try:
@@ -237,12 +238,6 @@ def test_postgresql_errors_are_classified_by_sqlstate_not_by_message(pg):
         assert db.execute_sql("SELECT 1").fetchone()[0] == 1   # the connection is fine
     finally:
         queue.close()
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class PrivatePostgres:
@@ -546,6 +541,7 @@ def server_db(request, tmp_path):
 @pytest.mark.parametrize("server_db", ["postgresql", "mysql"], indirect=True)
 @pytest.mark.parametrize("then", ["nothing", "flush", "progress"])
 def test_progress_never_raises_a_database_error_into_the_handler(server_db, then, caplog):
+    direct_only(server_db, "a server connection the server ends is replaced unseen; the client's is not cut")
     caplog.set_level(logging.WARNING, logger="taskrunner.runner")
     queue = server_db.queue()
     SEEN.clear()
@@ -571,6 +567,7 @@ def test_progress_never_raises_a_database_error_into_the_handler(server_db, then
 def test_a_run_ends_after_its_connection_was_killed_in_the_handler(server_db, caplog):
     """No progress call at all: the runner itself meets the dead connection when it records
     the outcome, and reconnects (is_disconnect) to record it."""
+    direct_only(server_db, "a server connection the server ends is replaced unseen; the client's is not cut")
     caplog.set_level(logging.WARNING, logger="taskrunner.runner")
     queue = server_db.queue()
     SEEN.clear()
@@ -592,6 +589,7 @@ class KillsOnly(TaskHandler):
 
 
 def test_progress_warns_once_and_writes_the_latest_percent_later(pg, caplog):
+    direct_only(pg, "the handler's SET lock_timeout is session state")
     caplog.set_level(logging.WARNING, logger="taskrunner.runner")
     queue = pg.queue()
     SEEN.clear()

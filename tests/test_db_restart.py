@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -42,6 +41,7 @@ from taskrunner import TaskQueue
 from taskrunner.models import RUNNER, SUCCESS, TIMEOUT
 
 from conftest import START_TIMEOUT, databases_required, spawn, wait_for
+from servers import free_port
 from test_overseer import children_of
 
 RESUME_LIMIT = 2.0
@@ -58,12 +58,6 @@ def _missing(reason):
     if databases_required():
         pytest.fail(reason + " (required in CI)")
     pytest.skip(reason)
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _run(*cmd):

@@ -18,7 +18,8 @@ from datetime import timedelta
 import psutil
 import pytest
 
-from conftest import START_TIMEOUT, Database, runs_of, spawn, utc, wait_for, wait_started
+from conftest import (START_TIMEOUT, Database, direct_only, runs_of, spawn, utc, wait_for,
+                      wait_started)
 from sample_handlers import read_records
 from taskrunner import liveness
 from taskrunner.liveness import boot_id, create_time
@@ -660,6 +661,7 @@ def pg_ports(pid):
 def test_each_runner_has_its_own_postgresql_connection(pg_overseers, tmp_path):
     group = pg_overseers
     database = group.database
+    direct_only(database, "server connections are shared by design (tests/test_pgbouncer.py)")
     queue = database.queue()
     log = str(tmp_path / "records")
     queue.add_tasks([{"handler": "sample_handlers.BackendPid",

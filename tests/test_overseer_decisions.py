@@ -12,7 +12,7 @@ import pytest
 from taskrunner.models import RUNNING, TIMEOUT, Runner, utcnow
 from taskrunner.overseer import Overseer
 
-from conftest import Database, wait_for
+from conftest import Database, direct_only, wait_for
 
 
 class ScriptedOverseer(Overseer):
@@ -146,6 +146,8 @@ def test_after_losing_the_database_no_heartbeat_is_judged_for_heartbeat_timeout(
     through again, a heartbeat 300 s old is held against nobody until the database has been
     back for heartbeat_timeout (60 s) — nobody could write one meanwhile."""
     database = Database("postgresql", tmp_path)
+    direct_only(database, "a server connection the server ends is replaced unseen; the "
+                "client's is not cut")
     ov = Overseer(database.config(overseer={"check_interval": 1}))
     try:
         ov.prepare()

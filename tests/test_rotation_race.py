@@ -10,7 +10,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from conftest import Database, wait_for
+from conftest import Database, direct_only, wait_for
 
 from taskrunner import TaskQueue, control, lifecycle, liveness, rotation
 from taskrunner.models import ERROR, SCHEDULED, utcnow
@@ -44,6 +44,7 @@ def _deleting(store, session):
 
 
 def test_a_retry_committed_between_rotation_select_and_delete_survives(database):
+    direct_only(database, "the rotation's session is found by its backend pid")
     rotating, operator, observer = (TaskQueue(database.config(), migrate=True) for _ in range(3))
     try:
         now = utcnow()

@@ -86,7 +86,7 @@ def test_a_committed_task_wakes_an_idle_runner_after_the_commit(database, app, p
     assert not Task.select().where(Task.id == task_id).exists()
     app.commit()
     committed = time.monotonic()
-    if database.backend != "postgresql":
+    if database.backend != "postgresql" or database.pooler:
         queue.wake()        # PostgreSQL: the NOTIFY sent in the transaction arrives at commit
     wait_for(lambda: [t for t, _, _ in read_records(log)] == [task_id], timeout=20,
              message="the runner to start the task")

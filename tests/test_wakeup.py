@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import spawn, stop_process, wait_for
+from conftest import direct_only, spawn, stop_process, wait_for
 from sample_handlers import read_records
 from taskrunner import wakeup
 from taskrunner.models import RUNNING, Runner
@@ -54,6 +54,7 @@ def test_postgres_notify_wakes_runners_without_the_local_socket(tmp_path, reques
     from conftest import Database
     database = Database("postgresql", tmp_path)
     request.addfinalizer(database.drop)
+    direct_only(database, "no LISTEN through the pooler")
     # As if the task came from another host: no local wake-up can reach the runner.
     _assert_woken(database, tmp_path,
                   before_add=lambda: shutil.rmtree(wakeup.directory(database.url)))
@@ -66,6 +67,7 @@ def test_an_idle_runner_listens_again_after_its_connection_was_terminated(tmp_pa
     from conftest import Database
     database = Database("postgresql", tmp_path)
     request.addfinalizer(database.drop)
+    direct_only(database, "no LISTEN through the pooler")
     listening = ("SELECT pid FROM pg_stat_activity WHERE datname = %s AND query = %s "
                  "AND pid <> pg_backend_pid()")
     args = (database.name, "LISTEN %s" % wakeup.CHANNEL)
