@@ -79,6 +79,13 @@ def _string(value):
     return value
 
 
+def _postgresql_url(value):
+    value = _string(value)
+    if value and not value.lower().startswith(("postgresql://", "postgres://")):
+        raise ValueError("expected a postgresql:// URL or \"\"")
+    return value
+
+
 def _bool(value):
     if not isinstance(value, bool):
         raise ValueError("expected true or false")
@@ -103,6 +110,10 @@ SCHEMA = {
         "url": (DEFAULT_DATABASE_URL, _string),
         "sqlite_synchronous": ("full", _choice("full", "normal", "off")),
         "busy_timeout": (30.0, _positive_seconds),
+        # "pgbouncer": connections go through a pooler in transaction mode; LISTEN then
+        # needs a direct connection, `listen_url` ("" = `url`, or no LISTEN with a pooler).
+        "pooler": ("", _choice("", "pgbouncer")),
+        "listen_url": ("", _postgresql_url),
     },
     "runner": {
         "limit": (8, _int(1)),

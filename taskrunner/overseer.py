@@ -20,17 +20,17 @@ after heartbeat_timeout more (`db_back_at`, Store.writable_since).
 import logging
 import os
 import random
-import select
 import signal
 import time
 
 import peewee as pw
 import psutil
 
-from . import liveness, maintenance, periodic
+from . import liveness, maintenance, periodic, wakeup
 from .config import Config
 from .db import is_disconnect
 from .errors import ConfigError, InputError, RunnerLimitReached
+from .hub import Hub
 from .models import DEFAULT_QUEUE, OVERSEER, utcnow
 from .store import Store
 
@@ -88,6 +88,8 @@ class Overseer:
         self.db_lost_at = None        # tick time of the first failure of an outage
         self.db_back_at = None        # UTC of the attempt that found the database back
         self._wake_r = self._wake_w = None
+        self.hub = Hub(self.store.wakeup_directory, config.queues,
+                       wakeup.listen_url(config.database))
 
     # -- signals ------------------------------------------------------------------------
 
@@ -105,14 +107,13 @@ class Overseer:
             self.signals.append(signum)
 
     def _sleep(self, timeout):
-        if timeout > 0:
-            ready, _, _ = select.select([self._wake_r], [], [], timeout)
-            if ready:
-                try:
-                    while os.read(self._wake_r, 512):
-                        pass
-                except BlockingIOError:
+        """Until a signal or `timeout`, the hub waking runners meanwhile (hub.py)."""
+        if timeout > 0 and self.hub.sleep(self._wake_r, timeout):
+            try:
+                while os.read(self._wake_r, 512):
                     pass
+            except BlockingIOError:
+                pass
 
     def handle_term(self):
         """Graceful stop; a second one stops fast."""
@@ -145,6 +146,7 @@ class Overseer:
         self.config = self.store.config = config
         self.num_runners = config.runner.limit
         self.groups = config.queue_groups()
+        self.hub.configured = frozenset(config.queues)
         for child in self.children.values():
             self._retire(child)
 
@@ -205,6 +207,7 @@ class Overseer:
     def spawn_runner(self, serving=(DEFAULT_QUEUE,)):
         # No connection may cross the fork: the child would share the socket.
         self.store.close()
+        self.hub.before_fork()
         jitter = random.randint(0, max(1, self.config.runner.max_runs // 10)) \
             if self.config.runner.max_runs else 0
         self.spawning = serving       # what the child serves
@@ -225,6 +228,7 @@ class Overseer:
             for fd in (self._wake_r, self._wake_w):
                 if fd is not None:
                     os.close(fd)
+            self.hub.in_child()
             liveness.die_with_parent(signal.SIGTERM)
             # Its own process group: KILL takes the handler's subprocesses along, and a
             # signal to the overseer's group (supervisord, Ctrl-C) reaches runners only
@@ -416,6 +420,7 @@ class Overseer:
             return None
         if now >= self.next_check:
             self.next_check = now + self.config.overseer.check_interval
+            self.hub.take()     # bound before the first runner starts; taken over if freed
             self._guarded(self.check)
         if not self.stopping and now >= self.next_periodic:
             # Planned again by a run that succeeds; after a database error, the next try is
@@ -477,6 +482,7 @@ class Overseer:
         if self.row_id is not None:
             self._guarded(lambda: liveness.retire(self.store, self.row_id,
                                                   self.exit_reason or "stopped"))
+        self.hub.close()
         if self.exit_reason:
             log.error("overseer exiting: %s", self.exit_reason)
         else:

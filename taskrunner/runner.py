@@ -56,6 +56,7 @@ class Worker:
     ABORT_SIGNAL = "SIGUSR2"
     REPEAT_WINDOW = 1.0
     EXIT_HARD = 4             # the handler did not return after its run was taken away
+    TELL_AGAIN = 0.05         # seconds before telling a lagging hub again that it is idle
 
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
                  memory_limit=True, clock=None, serving=None):
@@ -150,8 +151,8 @@ class Worker:
                     os.read(self._wake_r, 512)
                 except BlockingIOError:
                     pass
-            else:
-                source.drain()
+            elif source.drain():
+                log.debug("runner %d woken", self.runner_id)
 
     # -- heartbeat ----------------------------------------------------------------------
 
@@ -346,15 +347,24 @@ class Worker:
         return work
 
     def _idle(self, standalone):
-        """Wait for work: poll a cheap read every poll_interval (a signal wakes at once).
-        A runner without an overseer also does the queue's regular work while idle."""
+        """Wait for work: poll a cheap read every poll_interval (a signal or a wake-up wakes
+        at once). The hub hears of it only when the runner goes idle and when it finds work
+        by itself (see wakeup.Listener). A runner without an overseer also does the queue's
+        regular work while idle."""
         interval = self.config.runner.poll_interval
+        listener = self._listener
         while not self._should_exit():
             if standalone:
                 maintenance.process_queue(self.store, reachable_since=self.db_back_at)
+            # Told before looking: news sent after the look still wakes this runner.
+            told = listener is None or listener.idle(self.serving)
             if self._look():
+                if listener is not None:
+                    listener.drain()
+                    listener.leave()
                 return
-            self._wait(interval)
+            # The hub lagged and missed that: tell it again, and look again, soon.
+            self._wait(interval if told else min(interval, self.TELL_AGAIN))
 
     def work(self, burst=False, max_runs=None):
         """Register, then claim and execute until told to stop (or, with burst, until no run
@@ -367,7 +377,10 @@ class Worker:
         self.runner_id = row.id
         if not burst:
             self._listener = wakeup.open_listener(self.store.wakeup_directory)
-            if self.store.backend == "postgresql":
+            # Under an overseer its hub LISTENs for the host: a busy runner's connection
+            # then holds no notifications.
+            if self.parent_pid is None and wakeup.listen_url(self.config.database,
+                                                             standalone=True):
                 self._pg_listener = wakeup.PostgresListener(self.store.db)
         if row.slot is not None:        # a process of its own, not run_pending's caller
             liveness.name_process("tr-runner-%d" % row.slot)
