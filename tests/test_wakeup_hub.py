@@ -18,6 +18,7 @@ from taskrunner.config import Config
 from taskrunner.models import RUNNING, SUCCESS, Runner, Task
 
 WOKEN = re.compile(r"runner (\d+) woken")
+LOOK = '"t1"."paused", EXISTS('       # an idle runner's look for work (queues.claim_order)
 LISTENING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND query = %s")
 
 
@@ -63,9 +64,18 @@ def test_a_new_task_wakes_one_idle_runner_not_all(database_sp, tmp_path, short_d
     overseer, log_path = _start_overseer(database_sp, tmp_path, short_dir, limit=4)
     try:
         log = str(tmp_path / "records")
+        wait_for(lambda: log_path.read_text(errors="replace").count(LOOK) >= 4,
+                 message="the runners to look once and go idle")
+        since = len(log_path.read_text(errors="replace"))
         _run_one_by_one(queue, log, 6)
+        # Looks for work (the query is in the debug log): per task, the woken runner's, and
+        # its look as it goes idle again after the task (plus a re-read of the claim order
+        # now and then); before the hub, all four runners woke for each task and raced
+        # (30 to 50 looks).
+        looks = log_path.read_text(errors="replace")[since:].count(LOOK)
+        assert looks <= 18, looks
         # One runner woken per task (fewer when a runner found the task by itself before
-        # it went idle); before the hub, all four woke for each and raced.
+        # it went idle).
         woken = _woken(log_path)
         assert 1 <= len(woken) <= 6, woken
         # A batch of 3 wakes 3 of the idle runners.
@@ -146,6 +156,10 @@ def test_a_task_added_on_another_host_wakes_a_runner_through_the_hubs_listen(
         log = str(tmp_path / "records")
         _run_one_by_one(queue, log, 3)
         assert 1 <= len(_woken(log_path)) <= 3
+        # The hub's connection is the one that LISTENs, not each runner's.
+        with database.admin.cursor() as cur:
+            cur.execute(LISTENING, (database.name, "LISTEN %s" % wakeup.CHANNEL))
+            assert cur.fetchone()[0] == 1
     finally:
         stop_process(overseer, signal.SIGTERM)
         queue.close()
