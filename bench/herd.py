@@ -61,7 +61,7 @@ sys.exit(main(["--config", sys.argv[2], "overseer"]))
 SCENARIOS = {
     # name: [(backend, runners, tasks)]
     "herd": [("sqlite", 100, 40), ("cluster", 100, 40)],
-    "latency": [("cluster", 200, 100)],
+    "latency": [("cluster", 200, 60)],
     "enqueue": [("sqlite", 8, 200), ("postgresql", 8, 200)],
 }
 
@@ -88,7 +88,7 @@ def measure(url, runners, tasks, label):
     overseer = common.spawn([sys.executable, "-c", BOOT, counter, config], label + ".log", env)
     try:
         settled = lambda: _counts(counter)[0] >= runners  # noqa: E731
-        common.wait_until(settled, 300, "%d idle runners" % runners, interval=0.1,
+        common.wait_until(settled, 900, "%d idle runners" % runners, interval=0.1,
                           procs=[overseer])
         woken, adds, pickups = [], [], []
         for n in range(tasks):
@@ -131,12 +131,18 @@ def _child(args):
 def _run_child(version_root, url, runners, tasks, label):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([version_root, ROOT])
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--url", url,
-                           "--runners", str(runners), "--tasks", str(tasks), "--label", label],
-                          env=env, capture_output=True, text=True, timeout=3600, check=False)
-    if done.returncode != 0:
-        raise RuntimeError("%s (%s): %s" % (label, version_root, done.stderr[-3000:]))
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", "--url", url,
+                              "--runners", str(runners), "--tasks", str(tasks), "--label", label],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = child.communicate(timeout=3600)
+    finally:
+        if child.poll() is None:       # stopped: its own cleanup stops its overseer
+            child.terminate()
+            child.wait(60)
+    if child.returncode != 0:
+        raise RuntimeError("%s (%s): %s" % (label, version_root, err[-3000:]))
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def _cluster():

@@ -363,8 +363,20 @@ class Worker:
                     listener.drain()
                     listener.leave()
                 return
-            # The hub lagged and missed that: tell it again, and look again, soon.
-            self._wait(interval if told else min(interval, self.TELL_AGAIN))
+            if told:
+                self._wait(interval)
+            else:
+                self._tell_again(listener, interval)
+
+    def _tell_again(self, listener, interval):
+        """The hub lags (its queue is full): tell it again every TELL_AGAIN, without
+        querying, until it hears (then the caller looks once more: news sent meanwhile
+        woke nobody), a wake-up or a signal, or `interval` passes."""
+        deadline = time.monotonic() + interval
+        while not self._should_exit() and time.monotonic() < deadline:
+            self._wait(min(self.TELL_AGAIN, max(0.0, deadline - time.monotonic())))
+            if not listener.announced and listener.idle(self.serving):
+                return
 
     def work(self, burst=False, max_runs=None):
         """Register, then claim and execute until told to stop (or, with burst, until no run
