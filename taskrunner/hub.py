@@ -125,17 +125,18 @@ class Hub:
         return [s for s in (self.sock, self.connection) if s is not None]
 
     def sleep(self, fd, timeout):
-        """Serve wake-ups for up to `timeout` seconds; True as soon as `fd` (the overseer's
-        signal pipe) is readable."""
+        """Serve wake-ups for up to `timeout` seconds (0: what is there now); True as soon
+        as `fd` (the overseer's signal pipe, or None) is readable."""
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            ready = select.select([fd] + self.sources(), [], [], left)[0]
-            if fd in ready:
+            sources = self.sources() + ([fd] if fd is not None else [])
+            ready = select.select(sources, [], [], max(0.0, left))[0] if sources else []
+            if fd is not None and fd in ready:
                 return True
             self.serve(ready)
+            if left <= 0 or not ready and time.monotonic() >= deadline:
+                return False
 
     def serve(self, ready):
         """Handle what `ready` (a subset of `sources()`) has to say."""

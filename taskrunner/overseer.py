@@ -427,6 +427,7 @@ class Overseer:
             # one check_interval away, not at once.
             self.next_periodic = now + self.config.overseer.check_interval
             self._guarded(self.run_periodic)
+        self.hub.sleep(None, 0)         # wake-ups that came during the database work
         self._guarded(self.manage_runners)
         wake = self.next_check if self.stopping else min(self.next_check, self.next_periodic)
         return max(0.0, min(wake - now, 1.0))
