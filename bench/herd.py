@@ -166,6 +166,7 @@ def main():
     parser.add_argument("--before", help="another checkout to compare with (main's)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--only", default="herd,latency,enqueue")
+    parser.add_argument("--db", help="only the scenarios' cases on this database")
     parser.add_argument("--json")
     parser.add_argument("--small", action="store_true", help="10 runners, 5 tasks (a trial)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -180,6 +181,9 @@ def main():
     versions = [("after", ROOT)] + ([("before", os.path.abspath(args.before))]
                                     if args.before else [])
     wanted = [(name, case) for name in args.only.split(",") for case in SCENARIOS[name]]
+    if args.db:
+        wanted = [(name, case) for name, case in wanted
+                  if case[0] == args.db or (case[0] == "cluster" and args.db == "postgresql")]
     cluster = _cluster() if any(case[0] == "cluster" for _, case in wanted) else None
     results = []
     try:
