@@ -160,7 +160,7 @@ def _add_unique(store, row):
     for _ in range(5):
         try:
             task_id = store.write_and_wake(lambda: insert_task(store, row),
-                                             lambda _: int(is_due(row)), row["queue"])
+                                           lambda _: int(is_due(row)), row["queue"])
             remember_queues(store, [row["queue"]])
             return task_id, True
         except pw.IntegrityError:
@@ -190,7 +190,7 @@ def _store_row(store, row):
     if row["unique_key"] is not None:
         return _add_unique(store, row)
     task_id = store.write_and_wake(lambda: insert_task(store, row),
-                                             lambda _: int(is_due(row)), row["queue"])
+                                   lambda _: int(is_due(row)), row["queue"])
     remember_queues(store, [row["queue"]])
     return task_id, True
 
