@@ -28,6 +28,7 @@ log = logging.getLogger("taskrunner.hub")
 
 MAX_BACKOFF = 30.0
 CONNECT_TIMEOUT = 5
+APPLICATION_NAME = "taskrunner-hub"    # how its connection shows in pg_stat_activity
 
 
 class Hub:
@@ -206,7 +207,8 @@ class Hub:
         import psycopg
         try:
             connection = psycopg.connect(self.listen_url, autocommit=True,
-                                         connect_timeout=CONNECT_TIMEOUT)
+                                         connect_timeout=CONNECT_TIMEOUT,
+                                         application_name=APPLICATION_NAME)
             connection.execute("LISTEN %s" % wakeup.CHANNEL)
         except (psycopg.Error, OSError) as exc:
             self._lost(exc)

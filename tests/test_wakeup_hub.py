@@ -195,3 +195,36 @@ def test_behind_a_pooler_only_listen_url_listens(tmp_path, short_dir, request, l
     finally:
         stop_process(overseer, signal.SIGTERM)
         queue.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_hub_listens_again_after_its_connection_was_terminated(tmp_path, short_dir, request,
+                                                                    monkeypatch):
+    """A restart or a network cut ends the hub's LISTEN session: the overseer carries on,
+    reconnects, and news from another host wakes its runner again."""
+    database = Database("postgresql", tmp_path)
+    request.addfinalizer(database.drop)
+    database.queue().close()
+    overseer, _ = _start_overseer(database, tmp_path, short_dir, limit=1)
+
+    def hub_backends():
+        with database.admin.cursor() as cur:
+            cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND query = %s "
+                        "AND application_name = %s",
+                        (database.name, "LISTEN %s" % wakeup.CHANNEL, "taskrunner-hub"))
+            return [row[0] for row in cur.fetchall()]
+    monkeypatch.delenv("TASKRUNNER_WAKEUP_DIR", raising=False)
+    queue = TaskQueue(Config.from_dict({"database": {"url": database.url},
+                                        "runner": {"wakeup_dir": os.path.join(short_dir, "b")}}))
+    try:
+        [first] = wait_for(hub_backends, message="the hub to LISTEN")
+        with database.admin.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", (first,))
+        wait_for(lambda: [pid for pid in hub_backends() if pid != first],
+                 message="the hub to LISTEN on a new connection")
+        assert overseer.poll() is None
+        _run_one_by_one(queue, str(tmp_path / "records"), 2)
+    finally:
+        stop_process(overseer, signal.SIGTERM)
+        queue.close()
