@@ -49,7 +49,6 @@ class Hub:
         self.next_connect = 0.0
         self.backoff = 1.0
         self.lost = False
-        self.woken = 0            # runners woken since the hub started (tests, bench)
 
     # -- the socket -------------------------------------------------------------------------
 
@@ -63,7 +62,7 @@ class Hub:
                     return True
             except OSError:
                 pass
-            log.info("wake-up hub %s taken over by another overseer", self.path)
+            log.info("wake-up hub %s lost (taken over or removed): binding again", self.path)
             self._close_socket()
         if _answers(self.path):
             return False
@@ -106,6 +105,7 @@ class Hub:
             try:
                 if os.stat(self.path).st_ino == self.inode:
                     os.unlink(self.path)
+                os.rmdir(self.directory)       # unless a runner still listens there
             except OSError:
                 pass
             self._close_socket()
@@ -185,9 +185,8 @@ class Hub:
             del self.idle[path]
             try:
                 self.sock.sendto(b"!", path)
-                self.woken += 1
             except (BlockingIOError, InterruptedError):
-                self.woken += 1                      # it has a wake-up pending already
+                pass                                 # it has a wake-up pending already
             except OSError as exc:
                 if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOBUFS):
                     wakeup.report_once("hub", self.directory, exc)
