@@ -228,3 +228,20 @@ def test_the_hub_listens_again_after_its_connection_was_terminated(tmp_path, sho
     finally:
         stop_process(overseer, signal.SIGTERM)
         queue.close()
+
+
+def test_pooler_and_listen_url_are_checked_and_decide_who_listens():
+    from taskrunner.errors import ConfigError
+    for bad in ({"pooler": "pgpool"}, {"listen_url": "mysql://root@localhost/x"}):
+        with pytest.raises(ConfigError, match=r"\[database\] %s" % list(bad)[0]):
+            Config.from_dict({"database": dict(bad, url="postgresql://localhost/x")})
+
+    def who(**database):
+        config = Config.from_dict({"database": dict(database, url="postgresql://h/db")})
+        return (wakeup.listen_url(config.database),
+                wakeup.listen_url(config.database, standalone=True))
+    assert who() == ("postgresql://h/db", "postgresql://h/db")
+    assert who(pooler="pgbouncer") == ("", "")
+    assert who(pooler="pgbouncer", listen_url="postgresql://direct/db") == (
+        "postgresql://direct/db", "")
+    assert wakeup.listen_url(Config.from_dict({}).database) == ""
