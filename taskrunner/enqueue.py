@@ -14,7 +14,7 @@ from .config import check_queue_name
 from .errors import InputError, StateError, check_text
 from .handler import check_handler_path, encode_data, load_handler
 from .models import DEFAULT_QUEUE, SCHEDULED, utcnow
-from .wakeup import CHANNEL
+from .wakeup import CHANNEL, news
 from .timespan import MAX_SPAN
 
 MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
@@ -179,7 +179,8 @@ def _add_unique(store, row):
     Task = store.Task
     for _ in range(5):
         try:
-            task_id = store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
+            task_id = store.write_and_wake(lambda: insert_task(store, row),
+                                           lambda _: int(is_due(row)), row["queue"])
             remember_queues(store, [row["queue"]])
             return task_id, True
         except pw.IntegrityError:
@@ -208,7 +209,8 @@ def add_task_created(store, handler, now=None, **options):
 def _store_row(store, row):
     if row["unique_key"] is not None:
         return _add_unique(store, row)
-    task_id = store.write_and_wake(lambda: insert_task(store, row), lambda _: is_due(row))
+    task_id = store.write_and_wake(lambda: insert_task(store, row),
+                                   lambda _: int(is_due(row)), row["queue"])
     remember_queues(store, [row["queue"]])
     return task_id, True
 
@@ -231,15 +233,30 @@ def add_tasks(store, tasks, now=None, connection=None):
     if connection is not None:
         return add_in_transaction(store, connection, rows)
     plain_rows = [row for row in rows if row["unique_key"] is None]
-    due = any(is_due(row) for row in plain_rows)
-    plain = store.write_and_wake(lambda: _insert_many(store, plain_rows),
-                                 lambda _: due) if plain_rows else []
+    plain = store.write(lambda: _insert_many_and_wake(store, plain_rows)) if plain_rows else []
     remember_queues(store, [row["queue"] for row in plain_rows])
     ids, plain_ids = [], iter(plain)
     for row in rows:
         ids.append(next(plain_ids) if row["unique_key"] is None
                    else _add_unique(store, row)[0])
     return ids
+
+
+def _insert_many_and_wake(store, rows):
+    """_insert_many, then news of the due runs for each queue: as many runners woken."""
+    ids = _insert_many(store, rows)
+    for queue, count in due_by_queue(rows).items():
+        store.wake_after_commit(count, queue)
+    return ids
+
+
+def due_by_queue(rows):
+    """{queue: how many of `rows` have a run due now}."""
+    counts = {}
+    for row in rows:
+        if is_due(row):
+            counts[row["queue"]] = counts.get(row["queue"], 0) + 1
+    return counts
 
 
 def _insert_many(store, rows):
@@ -328,8 +345,10 @@ def add_in_transaction(store, connection, rows):
         for name in sorted({row["queue"] for row in rows} - store.known_queues):
             cursor.execute(INSERT_QUEUE[backend], _values(backend, [name, False, now]))
         ids = [_insert_row(store, cursor, backend, param, row) for row in rows]
-        if backend == "postgresql" and any(is_due(row) for row in rows):
-            cursor.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+        if store.notifies:
+            # Every hub acts on these, this host's too: the caller may not call wake().
+            for queue, count in due_by_queue(rows).items():
+                cursor.execute("SELECT pg_notify(%s, %s)", (CHANNEL, news(count, queue)))
     finally:
         cursor.close()
     return ids

@@ -156,7 +156,7 @@ def create_missing_runs(store, now=None, batch=500):
             if ids:
                 _create_runs(store, ids, now)
             return len(ids)
-        count = store.write_and_wake(step, bool)
+        count = store.write_and_wake(step, lambda created: created)
         created += count
         if count < batch:
             return created
@@ -270,7 +270,7 @@ def release_runs_of(store, runner_id, only=None, keep=None, now=None):
                     Task.id == run.task_id).execute()
                 released += 1
         return released
-    return store.write_and_wake(step, bool)
+    return store.write_and_wake(step, lambda released: released)
 
 
 def was_ended_by(store, run_id, runner_id, status):
@@ -431,7 +431,7 @@ def _requeue(store, task_id, now, retry_at):
                 updated_on=now).where(Task.id == task_id).execute()
     if due:
         _create_runs(store, [task_id], now)
-        store.wake_after_commit()
+        store.wake_after_commit(1)
 
 
 def _aggregate(store, task_id, status, error_code, error_message, now, periodic_task_id=None,

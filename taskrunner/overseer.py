@@ -9,29 +9,27 @@ holds the maintenance lease (leadership.py), processes the queue for the whole f
 runs the periodic scheduler (rotation is one of its periodic tasks). Runs that time out
 are stopped by the runners executing them (rule 8, see runner.py).
 
-Every decision is made in `tick(now)`, one pass of the main loop with the monotonic clock
-passed in, so tests drive the branches with an injected clock; `run()` only sets up,
-ticks and sleeps. Signals are only recorded by their handlers; a tick handles them:
-TERM/INT graceful stop (a second one: fast, USR1 to the runners), QUIT immediate stop, HUP reload the config and
-replace the runners, TTIN/TTOU one runner more/less. No database connection crosses a fork:
-the overseer closes its connection before forking and each child opens its own. A database
-outage is logged once and waited out; when the database is back, heartbeats are judged only
-after heartbeat_timeout more (`db_back_at`, Store.writable_since).
+Every decision is made in `tick(now)` with the monotonic clock passed in (tests inject it);
+`run()` only sets up, ticks and sleeps. Signal handlers only record: TERM/INT graceful stop
+(a second: fast), QUIT immediate, HUP reload and replace the runners, TTIN/TTOU one runner
+more/less. No database connection crosses a fork. An outage is logged once and waited out;
+heartbeats are judged only heartbeat_timeout after it (`db_back_at`, Store.writable_since).
 """
+import contextlib
 import logging
 import os
 import random
-import select
 import signal
 import time
 
 import peewee as pw
 import psutil
 
-from . import leadership, liveness, maintenance, periodic
+from . import leadership, liveness, maintenance, periodic, wakeup
 from .config import Config
 from .db import is_disconnect
 from .errors import ConfigError, InputError, RunnerLimitReached
+from .hub import Hub
 from .models import DEFAULT_QUEUE, OVERSEER, utcnow
 from .store import Store
 
@@ -90,6 +88,8 @@ class Overseer:
         self.db_lost_at = None        # tick time of the first failure of an outage
         self.db_back_at = None        # UTC of the attempt that found the database back
         self._wake_r = self._wake_w = None
+        self.hub = Hub(self.store.wakeup_directory, config.queues,
+                       wakeup.listen_url(config.database))
 
     # -- signals ------------------------------------------------------------------------
 
@@ -107,14 +107,13 @@ class Overseer:
             self.signals.append(signum)
 
     def _sleep(self, timeout):
-        if timeout > 0:
-            ready, _, _ = select.select([self._wake_r], [], [], timeout)
-            if ready:
-                try:
-                    while os.read(self._wake_r, 512):
-                        pass
-                except BlockingIOError:
+        """Until a signal or `timeout`, the hub waking runners meanwhile (hub.py)."""
+        if timeout > 0 and self.hub.sleep(self._wake_r, timeout):
+            try:
+                while os.read(self._wake_r, 512):
                     pass
+            except BlockingIOError:
+                pass
 
     def handle_term(self):
         """Graceful stop; a second one stops fast."""
@@ -147,6 +146,7 @@ class Overseer:
         self.config = self.store.config = config
         self.num_runners = config.runner.limit
         self.groups = config.queue_groups()
+        self.hub.configured = frozenset(config.queues)
         for child in self.children.values():
             self._retire(child)
 
@@ -207,6 +207,7 @@ class Overseer:
     def spawn_runner(self, serving=(DEFAULT_QUEUE,)):
         # No connection may cross the fork: the child would share the socket.
         self.store.close()
+        self.hub.before_fork()
         jitter = random.randint(0, max(1, self.config.runner.max_runs // 10)) \
             if self.config.runner.max_runs else 0
         self.spawning = serving       # what the child serves
@@ -227,6 +228,7 @@ class Overseer:
             for fd in (self._wake_r, self._wake_w):
                 if fd is not None:
                     os.close(fd)
+            self.hub.in_child()
             liveness.die_with_parent(signal.SIGTERM)
             # Its own process group: KILL takes the handler's subprocesses along, and a
             # signal to the overseer's group (supervisord, Ctrl-C) reaches runners only
@@ -423,12 +425,14 @@ class Overseer:
             return None
         if now >= self.next_check:
             self.next_check = now + self.config.overseer.check_interval
+            self.hub.take()     # bound before the first runner starts; taken over if freed
             self._guarded(self.check)
         if not self.stopping and now >= self.next_periodic:
             # Planned again by a run that succeeds; after a database error, the next try is
             # one check_interval away, not at once.
             self.next_periodic = now + self.config.overseer.check_interval
             self._guarded(self.run_periodic)
+        self.hub.sleep(None, 0)         # wake-ups that came during the database work
         self._guarded(self.manage_runners)
         wake = self.next_check if self.stopping else min(self.next_check, self.next_periodic)
         return max(0.0, min(wake - now, 1.0))
@@ -474,20 +478,17 @@ class Overseer:
         for child in list(self.children.values()):
             self._kill(child, "overseer stopping")
         for pid in list(self.children):
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
             self._guarded(lambda: self._mark_child_dead(pid, "killed at overseer stop",
                                                         stopped=True))
         self.children.clear()
         if self.row_id is not None:      # retiring the row frees its lease (liveness)
             self._guarded(lambda: liveness.retire(self.store, self.row_id,
                                                   self.exit_reason or "stopped"))
-        if self.exit_reason:
-            log.error("overseer exiting: %s", self.exit_reason)
-        else:
-            log.info("overseer stopped")
+        self.hub.close()
+        (log.error if self.exit_reason else log.info)(
+            "overseer %s", "exiting: %s" % self.exit_reason if self.exit_reason else "stopped")
 
 
 def _describe_exit(code):

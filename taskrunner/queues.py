@@ -55,7 +55,7 @@ def set_paused(store, name, paused, now=None):
         return Queue.update(paused=paused, paused_on=now if paused else None, updated_on=now
                             ).where((Queue.name == name) & (Queue.paused != paused)).execute() > 0
     # Resuming makes runs claimable again: idle runners of this host look at once.
-    return store.write_and_wake(step, lambda changed: changed and not paused)
+    return store.write_and_wake(step, lambda changed: changed and not paused, name)
 
 
 def paused_queues(store):

@@ -57,6 +57,7 @@ class Worker:
     ABORT_SIGNAL = "SIGUSR2"
     REPEAT_WINDOW = 1.0
     EXIT_HARD = 4             # the handler did not return after its run was taken away
+    TELL_AGAIN = 0.05         # seconds before telling a lagging hub again that it is idle
 
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
                  memory_limit=True, clock=None, serving=None):
@@ -152,8 +153,8 @@ class Worker:
                     os.read(self._wake_r, 512)
                 except BlockingIOError:
                     pass
-            else:
-                source.drain()
+            elif source.drain():
+                log.debug("runner %d woken", self.runner_id)
 
     # -- heartbeat ----------------------------------------------------------------------
 
@@ -348,18 +349,39 @@ class Worker:
         return work
 
     def _idle(self, standalone):
-        """Wait for work: poll a cheap read every poll_interval (a signal wakes at once).
-        A runner without an overseer also sweeps its host's runners while idle, and does the
-        fleet's maintenance when it holds the maintenance lease (an overseer takes it over)."""
+        """Wait for work: poll a cheap read every poll_interval (a signal or a wake-up wakes
+        at once). The hub hears of it only when the runner goes idle and when it finds work
+        by itself (see wakeup.Listener). A runner without an overseer also sweeps its host's
+        runners while idle, and does the fleet's maintenance when it holds the maintenance
+        lease (an overseer takes it over)."""
         interval = self.config.runner.poll_interval
+        listener = self._listener
         while not self._should_exit():
             if standalone:
                 self.lease = self.lease or leadership.Lease(self.store, self.runner_id, RUNNER)
                 maintenance.process_queue(self.store, reachable_since=self.db_back_at,
                                           lease=self.lease)
+            # Told before looking: news sent after the look still wakes this runner.
+            told = listener is None or listener.idle(self.serving)
             if self._look():
+                if listener is not None:
+                    listener.drain()
+                    listener.leave()
                 return
-            self._wait(interval)
+            if told:
+                self._wait(interval)
+            else:
+                self._tell_again(listener, interval)
+
+    def _tell_again(self, listener, interval):
+        """The hub lags (its queue is full): tell it again every TELL_AGAIN, without
+        querying, until it hears (then the caller looks once more: news sent meanwhile
+        woke nobody), a wake-up or a signal, or `interval` passes."""
+        deadline = time.monotonic() + interval
+        while not self._should_exit() and time.monotonic() < deadline:
+            self._wait(min(self.TELL_AGAIN, max(0.0, deadline - time.monotonic())))
+            if not listener.announced and listener.idle(self.serving):
+                return
 
     def work(self, burst=False, max_runs=None):
         """Register, then claim and execute until told to stop (or, with burst, until no run
@@ -372,8 +394,10 @@ class Worker:
         self.runner_id = row.id
         if not burst:
             self._listener = wakeup.open_listener(self.store.wakeup_directory)
-            # Never through a pooler: the server connection LISTENing goes on to other clients.
-            if self.store.backend == "postgresql" and not self.config.database.pooler:
+            # Under an overseer its hub LISTENs for the host: a busy runner's connection
+            # then holds no notifications.
+            if self.parent_pid is None and wakeup.listen_url(self.config.database,
+                                                             standalone=True):
                 self._pg_listener = wakeup.PostgresListener(self.store.db)
         if row.slot is not None:        # a process of its own, not run_pending's caller
             liveness.name_process("tr-runner-%d" % row.slot)

@@ -50,6 +50,10 @@ class Store:
                 self.host_lock = HostLock(self.db.database)
         self.wakeup_directory = wakeup.directory(self.url, config.runner.wakeup_dir)
         self.waiters_directory = self.wakeup_directory + wakeup.ENDED
+        self.origin = wakeup.origin(self.wakeup_directory)
+        # PostgreSQL: NOTIFY only when some host LISTENs (not behind a pooler alone).
+        self.notifies = self.backend == "postgresql" and bool(
+            wakeup.listen_url(config.database) or not config.database.pooler)
         models = bind_models(self.db)
         self.models = models
         self.Task, self.Run, self.Runner, self.PeriodicTask = models[:4]
@@ -116,23 +120,27 @@ class Store:
 
     def write(self, fn):
         """Run ``fn()`` in a write transaction, again after a deadlock or a busy database;
-        after the outermost one commits, wake idle runners if ``fn`` asked for it
-        (`wake_after_commit`)."""
+        after the outermost one commits, wake idle runners for the runs ``fn`` made
+        claimable (`wake_after_commit`)."""
         state = self._writes
         depth = getattr(state, "depth", 0)
-        if depth == 0:
-            state.wake = False
         state.depth = depth + 1
+
+        def attempt():
+            if depth == 0:
+                state.news = []
+            return fn()
         # SQLite: the host's writers take turns on the host lock, outermost writes only (a
         # transaction opened outside the store already holds SQLite's lock).
         lock = self.host_lock if depth == 0 and not self.db.in_transaction() else None
         try:
-            result = retry_transaction(self.db, fn, lock=lock)
+            result = retry_transaction(self.db, attempt, lock=lock)
         finally:
             state.depth = depth
-        if depth == 0 and state.wake:
-            state.wake = False
-            self.wake_local()
+        if depth == 0 and getattr(state, "news", None):
+            news, state.news = state.news, []
+            for count, queue in news:
+                self.wake_local(count, queue)
         return result
 
     def host_turn(self):
@@ -142,29 +150,39 @@ class Store:
             return contextlib.nullcontext()
         return self.host_lock
 
-    def wake_after_commit(self):
-        """Inside a write transaction: it makes a run claimable. PostgreSQL's NOTIFY is
-        delivered on commit; this host's runners are woken after it."""
-        wakeup.notify_in_transaction(self.db, self.backend)
-        self._writes.wake = True
+    def wake_after_commit(self, count=None, queue=None):
+        """Inside a write transaction: it makes `count` runs claimable in `queue` (None:
+        unknown). PostgreSQL's NOTIFY is delivered on commit; this host's runners are woken
+        after it. A transaction tried again starts its news afresh."""
+        if self.notifies:
+            wakeup.notify_in_transaction(self.db, count, queue, self.origin)
+        state = self._writes
+        if getattr(state, "depth", 0) == 0:
+            return
+        state.news.append((count, queue))
 
     def locked(self, query):
         """SELECT ... FOR UPDATE where the database has row locks; SQLite's write
         transaction already holds the only lock."""
         return query if self.is_sqlite else query.for_update()
 
-    def write_and_wake(self, fn, wake):
-        """write(fn), waking idle runners when ``wake(result)`` says it made runs claimable."""
+    def write_and_wake(self, fn, wake, queue=None):
+        """write(fn), waking idle runners when ``wake(result)`` says it made runs claimable
+        in `queue` (None: unknown): a number of runs, or True when it cannot tell."""
         def step():
             result = fn()
-            if wake(result):
-                self.wake_after_commit()
+            count = wake(result)
+            if count is True:
+                self.wake_after_commit(None, queue)
+            elif count:
+                self.wake_after_commit(int(count), queue)
             return result
         return self.write(step)
 
-    def wake_local(self):
-        """Wake this host's idle runners of this database."""
-        wakeup.notify_local(self.wakeup_directory)
+    def wake_local(self, count=None, queue=None):
+        """Wake this host's idle runners of this database: through the hub, `count` of them
+        (None: all) serving `queue`."""
+        wakeup.notify(self.wakeup_directory, count, queue)
 
     def server_time(self, offset=0.0):
         """SQL for the database server's current UTC time plus `offset` seconds, as the naive
@@ -179,7 +197,8 @@ class Store:
         return pw.SQL("strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", ["%+.6f seconds" % offset])
 
     def wake_waiters(self):
-        """After a commit that ended a run or a task: wake this host's `TaskQueue.wait`."""
+        """After a commit that ended a run or a task: wake this host's `TaskQueue.wait`
+        (one stat() when nobody waits: the directory's listing is kept while unchanged)."""
         wakeup.notify_local(self.waiters_directory)
 
     def insert_returning(self):

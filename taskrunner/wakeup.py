@@ -1,9 +1,20 @@
 """Waking idle runners when work arrives, so they need not poll fast.
 
 Same host, every database: each idle runner listens on a Unix datagram socket in a
-directory named after the database; whoever makes a run claimable sends one byte to each
-socket there. PostgreSQL also carries the news across hosts: runners LISTEN on a channel,
-and adding a task NOTIFYs it in the same transaction (delivered on commit).
+directory named after the database. An overseer keeps a hub there (hub.py): its runners
+tell it when they go idle and when they leave idle (transitions only: a busy runner costs
+nothing), and whoever makes runs claimable sends the hub one datagram saying how many and
+in which queue; the hub wakes that many idle runners, not all of them. Without a hub
+(standalone runners, `run_pending`) the sender writes one byte to each socket of the
+directory, whose listing it keeps until the directory changes.
+
+PostgreSQL also carries the news across hosts: adding a task NOTIFYs a channel in the same
+transaction (delivered on commit), with the same count and queue and the sender's origin
+(host and directory), and the hub of every other host LISTENs on a direct connection of
+its own (`listen_url`). Runners under an overseer never LISTEN, so a busy runner's
+connection holds no notifications; standalone runners LISTEN themselves. Behind a pooler
+(``[database] pooler``) LISTEN needs ``[database] listen_url``, else runners of other hosts
+poll.
 
 Same-host wake-ups are best-effort: a directory or socket this process may not use (the
 application and the runners run as different users, a read-only or full disk) never
@@ -19,16 +30,19 @@ by whoever finds them, and the subdirectory by whoever leaves it empty.
 
 Whoever waits for a task to end (`TaskQueue.wait`) listens the same way in a directory of
 its own (the database's directory + `ENDED`): a run's end on this host wakes it. Ends on
-other hosts reach it by its bounded poll.
+other hosts reach it by its bounded poll. With nobody waiting, a run's end costs one
+stat() of a missing directory.
 """
 import errno
 import hashlib
 import logging
 import os
+import random
 import secrets
 import socket
 import stat
 import tempfile
+import time
 from urllib.parse import unquote, urlsplit
 
 CHANNEL = "taskrunner_runs"
@@ -36,12 +50,18 @@ DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
 LOOPBACK = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
 # The directory of waiters for runs that ended, beside the one of idle runners.
 ENDED = "-ended"
+# The hub's socket in the runners' directory (hub.py); senders never list it as a runner.
+HUB = "hub"
+ANY = "*"
+# A directory changed this recently may change again within its mtime's granularity: its
+# listing is not kept.
+SETTLED = 0.05
 
 log = logging.getLogger("taskrunner.wakeup")
 _reported = set()
 
 
-def _report_once(what, directory, exc):
+def report_once(what, directory, exc):
     key = (what, directory)
     if key not in _reported:
         _reported.add(key)
@@ -78,7 +98,7 @@ def directory(url, configured=""):
     return os.path.join(base_directory(configured), "taskrunner-%s" % digest)
 
 
-def _mode(path):
+def mode_of(path):
     """0700, with the group's bits added when `path`'s parent is a setgid directory."""
     try:
         parent = os.stat(os.path.dirname(path))
@@ -87,14 +107,38 @@ def _mode(path):
     return 0o700 | (parent.st_mode & 0o070 if parent.st_mode & stat.S_ISGID else 0)
 
 
+def origin(path):
+    """Who sends news from `path` on this host: a hub ignores NOTIFYs of its own origin,
+    whose news reached it as a datagram."""
+    return "%s:%s" % (socket.gethostname(), path)
+
+
+def news(count=None, queue=None, sender=""):
+    """The text of a wake-up: `count` runs (None: unknown) made claimable in `queue` (None:
+    unknown), sent by `sender` (an `origin`, or "" for anyone)."""
+    return "w %s %s %s" % (ANY if count is None else int(count), queue or ANY, sender)
+
+
+def parse_news(text):
+    """(count or None, queue or None, origin) of a `news` text; anything else (an empty
+    NOTIFY of an older version) is news of unknown size."""
+    parts = text.split(" ", 3)
+    if len(parts) < 3 or parts[0] != "w":
+        return None, None, ""
+    count = int(parts[1]) if parts[1].isdigit() else None
+    return count, None if parts[2] == ANY else parts[2], parts[3] if len(parts) > 3 else ""
+
+
 class Listener:
     """A runner's end: a socket to wait on while idle. Raises OSError when it cannot be
-    made (use `open_listener`)."""
+    made (use `open_listener`). Under a hub, `idle()` and `leave()` tell the hub."""
 
     def __init__(self, path):
         self.directory = path
         self.path = os.path.join(path, "%d.%s.sock" % (os.getpid(), secrets.token_hex(4)))
-        mode = _mode(path)
+        self.hub = os.path.join(path, HUB)
+        self.announced = False
+        mode = mode_of(path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             for attempt in range(3):
@@ -120,15 +164,48 @@ class Listener:
         return self.sock.fileno()
 
     def drain(self):
+        """Read what woke us; returns whether anything was there. A hub forgets the runners
+        it wakes: the next `idle()` tells it again."""
+        woken = False
         try:
             while self.sock.recv(64):
-                pass
+                woken = True
         except (BlockingIOError, InterruptedError):
             pass
+        if woken:
+            self.announced = False
+        return woken
+
+    def idle(self, serving=None):
+        """Tell the hub (if there is one) that this runner waits for work in the queues
+        `serving` (None: all). Returns False only when the hub's queue is full (it lags):
+        the caller looks again soon, since news sent meanwhile may not wake it."""
+        if self.announced:
+            return True
+        text = "i " + (",".join(serving) if serving is not None else ANY)
+        try:
+            self.sock.sendto(text.encode("utf-8"), self.hub)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as exc:
+            if exc.errno == errno.ENOBUFS:
+                return False
+            return True       # no hub (gone, or none): senders fall back to our socket
+        self.announced = True
+        return True
+
+    def leave(self):
+        """Tell the hub this runner found work by itself (a poll): it is no longer idle."""
+        if self.announced:
+            self.announced = False
+            try:
+                self.sock.sendto(b"b", self.hub)
+            except OSError:
+                pass
 
     def close(self):
         self.sock.close()
-        _unlink_quietly(self.path)
+        unlink_quietly(self.path)
         _remove_if_empty(self.directory)
 
 
@@ -138,7 +215,7 @@ def open_listener(path):
     try:
         return Listener(path)
     except OSError as exc:
-        _report_once("for runners", path, exc)
+        report_once("for runners", path, exc)
         return None
 
 
@@ -150,25 +227,81 @@ def sweep(path):
         return []
 
 
+_sender = [None, None]     # (pid, socket): one unbound socket per process, made after a fork
+
+
+def _sending_socket():
+    pid = os.getpid()
+    if _sender[0] != pid:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        _sender[:] = [pid, sock]
+    return _sender[1]
+
+
+def notify(path, count=None, queue=None):
+    """Wake the idle runners of this host listening in `path` for `count` runs in `queue`
+    (None: unknown): one datagram to the hub; without a hub one byte to each runner's
+    socket, and when the hub lags, to `count` of them. Never raises."""
+    try:
+        _sending_socket().sendto(news(count, queue).encode("utf-8"), os.path.join(path, HUB))
+        return
+    except (BlockingIOError, InterruptedError):
+        limit = count                 # the hub lags: wake a few runners directly
+    except OSError as exc:
+        if exc.errno == errno.ENOBUFS:
+            limit = count
+        elif exc.errno in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR):
+            limit = None              # no hub: every runner
+        else:
+            report_once("for senders", path, exc)
+            limit = None
+    try:
+        _send(path, b"!", limit)
+    except OSError as exc:
+        report_once("for senders", path, exc)
+
+
 def notify_local(path):
-    """Wake the idle runners of this host listening in `path`; never raises."""
+    """Wake every idle runner or waiter listening in `path` (no hub); never raises."""
     try:
         _send(path, b"!")
     except OSError as exc:
-        _report_once("for senders", path, exc)
+        report_once("for senders", path, exc)
 
 
-def _send(path, payload):
+_listings = {}     # directory -> (its mtime, the sockets in it)
+
+
+def _targets(path, fresh=False):
+    """The sockets in `path`, listed again only when the directory changed."""
+    info = os.stat(path)
+    kept = _listings.get(path)
+    if not fresh and kept is not None and kept[0] == info.st_mtime_ns:
+        return kept[1]
+    targets = [os.path.join(path, name) for name in os.listdir(path)
+               if name != HUB and not name.startswith(".")]
+    if time.time() - info.st_mtime > SETTLED:
+        _listings[path] = (info.st_mtime_ns, targets)
+    else:
+        _listings.pop(path, None)
+    return targets
+
+
+def _send(path, payload, limit=None):
     try:
-        names = os.listdir(path)
-    except FileNotFoundError:
+        targets = _targets(path, fresh=payload is None)
+    except (FileNotFoundError, NotADirectoryError):
+        _listings.pop(path, None)
         return []
+    if limit is not None and limit < len(targets):
+        targets = random.sample(targets, limit)
     live = []
-    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) if payload is None \
+        else _sending_socket()
     sender.setblocking(False)
     try:
-        for name in names:
-            target = os.path.join(path, name)
+        for target in targets:
             try:
                 if payload is None:
                     sender.connect(target)
@@ -179,20 +312,22 @@ def _send(path, payload):
                     sender.sendto(payload, target)
                 live.append(target)
             except (ConnectionRefusedError, FileNotFoundError):
-                _unlink_quietly(target)  # its runner is gone
+                unlink_quietly(target)  # its runner is gone
+                _listings.pop(path, None)
             except OSError as exc:
                 # EAGAIN/ENOBUFS: its queue is full, it has wake-ups pending already.
                 if exc.errno not in (errno.EAGAIN, errno.ENOBUFS):
-                    _report_once("for senders", path, exc)  # another user's socket
+                    report_once("for senders", path, exc)  # another user's socket
                 live.append(target)
     finally:
-        sender.close()
-    if not live:
+        if payload is None:
+            sender.close()
+    if not live and limit is None:
         _remove_if_empty(path)
     return live
 
 
-def _unlink_quietly(path):
+def unlink_quietly(path):
     try:
         os.unlink(path)
     except OSError:
@@ -206,16 +341,28 @@ def _remove_if_empty(path):
         pass  # not empty (another listener), or gone already
 
 
-def notify_in_transaction(db, backend):
-    """PostgreSQL: NOTIFY the runners of every host, delivered when the transaction commits."""
-    if backend == "postgresql":
-        db.execute_sql("SELECT pg_notify(%s, '')", (CHANNEL,))
+def listen_url(database, standalone=False):
+    """The URL to LISTEN on for `database` (a ``[database]`` section), or "" when nobody
+    does: not PostgreSQL; behind a pooler without ``listen_url`` (LISTEN does not survive
+    transaction pooling); a standalone runner behind a pooler (it would hold a direct
+    connection of its own: it polls)."""
+    if not database.url.lower().startswith(("postgresql", "postgres:")):
+        return ""
+    if database.pooler:
+        return "" if standalone else database.listen_url
+    return database.listen_url or database.url
+
+
+def notify_in_transaction(db, count=None, queue=None, sender=""):
+    """PostgreSQL: NOTIFY the hubs and standalone runners of every host, delivered when the
+    transaction commits."""
+    db.execute_sql("SELECT pg_notify(%s, %s)", (CHANNEL, news(count, queue, sender)))
 
 
 class PostgresListener:
-    """LISTEN on the runner's own connection; a NOTIFY makes its socket readable. One that
-    arrives during another query is kept by psycopg and yielded by the next drain, and the
-    runner checks for work after every wait anyway."""
+    """A standalone runner's LISTEN on its own connection; a NOTIFY makes its socket
+    readable. One that arrives during another query is kept by psycopg and yielded by the
+    next drain, and the runner checks for work after every wait anyway."""
 
     def __init__(self, db):
         self.db = db
@@ -234,3 +381,4 @@ class PostgresListener:
     def drain(self):
         for _ in self.connection.notifies(timeout=0):
             pass
+        return True

@@ -1,0 +1,260 @@
+"""The wake-up hub: one per host and database, kept by the overseer.
+
+It binds ``hub`` in the database's wake-up directory (wakeup.py). Runners tell it when they
+go idle (``i QUEUES``) and when they find work by themselves (``b``); whoever makes runs
+claimable sends it the news (``w COUNT QUEUE``), and the hub wakes that many of its idle
+runners that serve the queue, longest idle first, forgetting them until they say they are
+idle again. News of unknown size (``*``) wakes every idle runner; news of an unknown queue,
+or of one no idle runner serves, wakes `COUNT` runners of each group of queues served.
+
+On PostgreSQL the hub also LISTENs, on a direct connection of its own (``listen_url``), for
+the news of other hosts (and of transactions that added tasks with ``connection=``); news
+from its own origin already came as a datagram. That connection never crosses a fork: the
+overseer drops it before forking (`before_fork`) and it is opened again in the overseer
+only, with a backoff after a failure, which is logged once per outage. Everything here is
+best-effort: an error costs the runners at most ``poll_interval``.
+"""
+import errno
+import logging
+import os
+import select
+import socket
+import time
+
+from . import wakeup
+from .db import redact
+
+log = logging.getLogger("taskrunner.hub")
+
+MAX_BACKOFF = 30.0
+CONNECT_TIMEOUT = 5
+APPLICATION_NAME = "taskrunner-hub"    # how its connection shows in pg_stat_activity
+
+
+class Hub:
+    """The hub of the wake-up directory `directory`. `configured`: the queues with a
+    ``[queues.NAME]`` table (a runner serving ``default`` serves every other queue);
+    `listen_url`: where to LISTEN ("" for nowhere)."""
+
+    def __init__(self, directory, configured=(), listen_url=""):
+        self.directory = directory
+        self.path = os.path.join(directory, wakeup.HUB)
+        self.origin = wakeup.origin(directory)
+        self.configured = frozenset(configured)
+        self.listen_url = listen_url
+        self.sock = None
+        self.inode = None
+        self.idle = {}            # runner socket path -> queues it serves (None: all), FIFO
+        self.connection = None
+        self.next_connect = 0.0
+        self.backoff = 1.0
+        self.lost = False
+
+    # -- the socket -------------------------------------------------------------------------
+
+    def take(self):
+        """Bind the hub socket unless a live hub holds it (another overseer of this host and
+        database); True when this one is the hub. Called again every check_interval: a hub
+        whose overseer died is taken over, and one that lost its name gives up."""
+        if self.sock is not None:
+            try:
+                if os.stat(self.path).st_ino == self.inode:
+                    return True
+            except OSError:
+                pass
+            log.info("wake-up hub %s lost (taken over or removed): binding again", self.path)
+            self._close_socket()
+        if _answers(self.path):
+            return False
+        mode = wakeup.mode_of(self.directory)
+        temporary = os.path.join(self.directory, ".hub.%d" % os.getpid())
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            try:
+                os.mkdir(self.directory, mode)
+                os.chmod(self.directory, mode)
+            except FileExistsError:
+                pass
+            wakeup.unlink_quietly(temporary)
+            sock.bind(temporary)
+            os.chmod(temporary, mode & 0o660)
+            os.rename(temporary, self.path)     # atomically replaces a dead hub's socket
+            self.inode = os.stat(self.path).st_ino
+        except OSError as exc:
+            sock.close()
+            wakeup.unlink_quietly(temporary)
+            wakeup.report_once("hub", self.directory, exc)
+            return False
+        sock.setblocking(False)
+        self.sock, self.idle = sock, {}
+        # Runners that went idle while there was no hub have not told this one: wake them
+        # all once, and they tell it as they go idle again.
+        wakeup.notify_local(self.directory)
+        log.debug("wake-up hub bound at %s", self.path)
+        return True
+
+    def _close_socket(self):
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+            self.idle = {}
+
+    def close(self):
+        """Leave: remove the hub's name (if still ours) and the LISTEN connection."""
+        if self.sock is not None:
+            try:
+                if os.stat(self.path).st_ino == self.inode:
+                    os.unlink(self.path)
+                os.rmdir(self.directory)       # unless a runner still listens there
+            except OSError:
+                pass
+            self._close_socket()
+        self.before_fork()
+
+    def in_child(self):
+        """In a forked runner: drop the inherited socket (the parent keeps its own)."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        self.connection = None
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    def sources(self):
+        """What the overseer's sleep selects on besides its signal pipe."""
+        self._ensure_listening()
+        return [s for s in (self.sock, self.connection) if s is not None]
+
+    def sleep(self, fd, timeout):
+        """Serve wake-ups for up to `timeout` seconds (0: what is there now); True as soon
+        as `fd` (the overseer's signal pipe, or None) is readable."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            sources = self.sources() + ([fd] if fd is not None else [])
+            ready = select.select(sources, [], [], max(0.0, left))[0] if sources else []
+            if fd is not None and fd in ready:
+                return True
+            self.serve(ready)
+            if left <= 0 or not ready and time.monotonic() >= deadline:
+                return False
+
+    def serve(self, ready):
+        """Handle what `ready` (a subset of `sources()`) has to say."""
+        if self.sock is not None and self.sock in ready:
+            self._serve_datagrams()
+        if self.connection is not None and self.connection in ready:
+            self._serve_notifications()
+
+    def _serve_datagrams(self):
+        while True:
+            try:
+                data, sender = self.sock.recvfrom(256)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                wakeup.report_once("hub", self.directory, exc)
+                return
+            text = data.decode("utf-8", "replace")
+            if text.startswith("i ") and sender:
+                self.idle.pop(sender, None)          # to the end: longest idle goes first
+                queues = text[2:]
+                self.idle[sender] = None if queues == wakeup.ANY else frozenset(
+                    queues.split(","))
+            elif text == "b" and sender:
+                self.idle.pop(sender, None)
+            else:
+                count, queue, _ = wakeup.parse_news(text)
+                self.wake(count, queue)
+
+    def wake(self, count=None, queue=None):
+        """Wake `count` idle runners serving `queue` (see the module's docstring)."""
+        if not self.idle or count == 0:
+            return
+        if count is None:
+            chosen = list(self.idle)
+        else:
+            chosen = [path for path, serving in self.idle.items()
+                      if queue is not None and self._serves(serving, queue)][:count]
+            if not chosen:
+                groups = {}
+                for path, serving in self.idle.items():
+                    groups.setdefault(serving, []).append(path)
+                chosen = [path for paths in groups.values() for path in paths[:count]]
+        for path in chosen:
+            del self.idle[path]
+            try:
+                self.sock.sendto(b"!", path)
+            except (BlockingIOError, InterruptedError):
+                pass                                 # it has a wake-up pending already
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOBUFS):
+                    wakeup.report_once("hub", self.directory, exc)
+        log.debug("woke %d runner(s) for %s run(s) in %s", len(chosen),
+                  wakeup.ANY if count is None else count, queue or wakeup.ANY)
+
+    def _serves(self, serving, queue):
+        return serving is None or queue in serving \
+            or ("default" in serving and queue not in self.configured)
+
+    # -- LISTEN -----------------------------------------------------------------------------
+
+    def _ensure_listening(self):
+        if not self.listen_url or self.sock is None or self.connection is not None \
+                or time.monotonic() < self.next_connect:
+            return
+        import psycopg
+        try:
+            connection = psycopg.connect(self.listen_url, autocommit=True,
+                                         connect_timeout=CONNECT_TIMEOUT,
+                                         application_name=APPLICATION_NAME)
+            connection.execute("LISTEN %s" % wakeup.CHANNEL)
+        except (psycopg.Error, OSError) as exc:
+            self._lost(exc)
+            return
+        self.connection, self.backoff = connection, 1.0
+        if self.lost:
+            self.lost = False
+            log.info("wake-up hub listening again")
+
+    def _serve_notifications(self):
+        import psycopg
+        try:
+            for notification in self.connection.notifies(timeout=0):
+                count, queue, sender = wakeup.parse_news(notification.payload)
+                if sender != self.origin:
+                    self.wake(count, queue)
+        except (psycopg.Error, OSError) as exc:
+            self.before_fork()
+            self._lost(exc)
+
+    def _lost(self, exc):
+        if not self.lost:
+            self.lost = True
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("wake-up hub cannot LISTEN (%s): runners of other hosts' tasks poll "
+                        "until it can", redact(text, self.listen_url))
+        self.next_connect = time.monotonic() + self.backoff
+        self.backoff = min(self.backoff * 2, MAX_BACKOFF)
+
+    def before_fork(self):
+        """Close the LISTEN connection (a child must not inherit it); reopened later."""
+        if self.connection is not None:
+            try:
+                self.connection.close()
+            except Exception:
+                log.debug("closing the LISTEN connection failed", exc_info=True)
+            self.connection = None
+
+
+def _answers(path):
+    """Whether a live process holds the socket `path`."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+

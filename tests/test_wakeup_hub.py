@@ -1,0 +1,247 @@
+"""The wake-up hub (hub.py): a new task wakes as many idle runners as it has runs, not all;
+only the overseer LISTENs on PostgreSQL, so busy runners hold no notifications; without a
+hub (its overseer killed) enqueuers and standalone runners fall back to the runners'
+sockets; news from another host reaches the hub through its LISTEN."""
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from conftest import Database, spawn, stop_process, wait_for
+from sample_handlers import read_records
+from taskrunner import TaskQueue, wakeup
+from taskrunner.config import Config
+from taskrunner.models import RUNNING, SUCCESS, Runner, Task
+
+WOKEN = re.compile(r"runner (\d+) woken")
+LOOK = '"t1"."paused", EXISTS('       # an idle runner's look for work (queues.claim_order)
+LISTENING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND query = %s")
+
+
+@pytest.fixture
+def short_dir():
+    """A wake-up base directory with a short path (a socket's path holds 107 bytes)."""
+    path = tempfile.mkdtemp(prefix="trw")
+    yield path
+    subprocess.run(["rm", "-rf", path], check=False)
+
+
+def _start_overseer(database, tmp_path, base, limit):
+    config = database.write_config(
+        tmp_path / "c.toml", '[runner]\npoll_interval = 60\nwakeup_dir = "%s"\nlimit = %d\n'
+        '[log]\nlevel = "debug"\n' % (base, limit))
+    log_path = tmp_path / "overseer.log"
+    overseer = spawn("overseer", config=config, log_path=log_path)
+    hub = os.path.join(wakeup.directory(database.url, base), wakeup.HUB)
+    wait_for(lambda: Runner.select().where(Runner.status == RUNNING).count() == limit + 1
+             and os.path.exists(hub), timeout=60, message="the overseer, its runners and hub")
+    return overseer, log_path
+
+
+def _woken(log_path):
+    return WOKEN.findall(log_path.read_text(errors="replace"))
+
+
+def _run_one_by_one(queue, log, count):
+    """Add `count` tasks one at a time, each started at once although runners poll every
+    60 s."""
+    done = len(read_records(log))
+    for n in range(done + 1, done + count + 1):
+        started = time.monotonic()
+        queue.add_task("sample_handlers.Record", data={"log": log})
+        wait_for(lambda: len(read_records(log)) == n, timeout=10, message="task %d to run" % n)
+        assert time.monotonic() - started < 5       # woken: the poll interval is 60 s
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_new_task_wakes_one_idle_runner_not_all(database_sp, tmp_path, short_dir):
+    queue = database_sp.queue(runner={"wakeup_dir": short_dir})
+    overseer, log_path = _start_overseer(database_sp, tmp_path, short_dir, limit=4)
+    try:
+        log = str(tmp_path / "records")
+        wait_for(lambda: log_path.read_text(errors="replace").count(LOOK) >= 4,
+                 message="the runners to look once and go idle")
+        since = len(log_path.read_text(errors="replace"))
+        _run_one_by_one(queue, log, 6)
+        # Looks for work (the query is in the debug log): per task, the woken runner's, and
+        # its look as it goes idle again after the task (plus a re-read of the claim order
+        # now and then); before the hub, all four runners woke for each task and raced
+        # (30 to 50 looks).
+        looks = log_path.read_text(errors="replace")[since:].count(LOOK)
+        assert looks <= 18, looks
+        # One runner woken per task (fewer when a runner found the task by itself before
+        # it went idle).
+        woken = _woken(log_path)
+        assert 1 <= len(woken) <= 6, woken
+        # A batch of 3 wakes 3 of the idle runners.
+        before = len(_woken(log_path))
+        queue.add_tasks([{"handler": "sample_handlers.Record", "data": {"log": log}}] * 3)
+        wait_for(lambda: len(read_records(log)) == 9, timeout=10, message="the batch to run")
+        wait_for(lambda: len(_woken(log_path)) - before >= 2, timeout=5, message="wake-ups")
+        assert len(_woken(log_path)) - before <= 3
+    finally:
+        stop_process(overseer, signal.SIGTERM)
+        queue.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_busy_runner_holds_no_notifications(tmp_path, short_dir, request):
+    database = Database("postgresql", tmp_path)
+    request.addfinalizer(database.drop)
+    queue = database.queue()
+    queue.pause_queue("parked")
+    overseer, log_path = _start_overseer(database, tmp_path, short_dir, limit=1)
+    try:
+        # Only the hub LISTENs, whatever the runner did while idle.
+        with database.admin.cursor() as cur:
+            cur.execute(LISTENING, (database.name, "LISTEN %s" % wakeup.CHANNEL))
+            assert cur.fetchone()[0] == 1
+        task_id = queue.add_task("wake_handlers.HeldNotifications", data={"adds": 200})
+        wait_for(lambda: Task.get_by_id(task_id).last_status == SUCCESS, timeout=30,
+                 message="the handler to report")
+        assert queue.get_task(task_id).results == {"channels": [], "held": 0}
+    finally:
+        stop_process(overseer, signal.SIGTERM)
+        queue.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_with_the_hub_killed_enqueuers_and_standalone_runners_fall_back(sqlite_db, tmp_path,
+                                                                       short_dir):
+    queue = sqlite_db.queue(runner={"wakeup_dir": short_dir})
+    overseer, _ = _start_overseer(sqlite_db, tmp_path, short_dir, limit=1)
+    standalone_config = tmp_path / "standalone.toml"
+    standalone_config.write_text('[database]\nurl = "%s"\n[runner]\npoll_interval = 60\n'
+                                 'wakeup_dir = "%s"\n' % (sqlite_db.url, short_dir))
+    runner = spawn("runner", config=str(standalone_config), log_path=tmp_path / "runner.log")
+    try:
+        wait_for(lambda: Runner.select().where(Runner.status == RUNNING).count() == 3,
+                 message="the standalone runner too")
+        log = str(tmp_path / "records")
+        _run_one_by_one(queue, log, 2)
+        stop_process(overseer, signal.SIGKILL)    # its hub socket stays behind, dead
+        wait_for(lambda: Runner.select().where(Runner.status == RUNNING).count() <= 2,
+                 message="the overseer's runner to go with it")
+        assert os.path.exists(os.path.join(queue.store.wakeup_directory, wakeup.HUB))
+        _run_one_by_one(queue, log, 2)
+        assert {pid for _, _, pid in read_records(log)[-2:]} == {runner.pid}
+    finally:
+        stop_process(overseer)
+        stop_process(runner)
+        queue.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_task_added_on_another_host_wakes_a_runner_through_the_hubs_listen(
+        tmp_path, short_dir, request, monkeypatch):
+    database = Database("postgresql", tmp_path)
+    request.addfinalizer(database.drop)
+    database.queue().close()
+    overseer, log_path = _start_overseer(database, tmp_path, short_dir, limit=2)
+    monkeypatch.delenv("TASKRUNNER_WAKEUP_DIR", raising=False)
+    elsewhere = os.path.join(short_dir, "other-host")
+    os.mkdir(elsewhere)
+    # Another host: its own wake-up directory, so no datagram reaches this host's hub.
+    queue = TaskQueue(Config.from_dict({"database": {"url": database.url},
+                                        "runner": {"wakeup_dir": elsewhere}}))
+    try:
+        log = str(tmp_path / "records")
+        _run_one_by_one(queue, log, 3)
+        assert 1 <= len(_woken(log_path)) <= 3
+        # The hub's connection is the one that LISTENs, not each runner's.
+        with database.admin.cursor() as cur:
+            cur.execute(LISTENING, (database.name, "LISTEN %s" % wakeup.CHANNEL))
+            assert cur.fetchone()[0] == 1
+    finally:
+        stop_process(overseer, signal.SIGTERM)
+        queue.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("listen", [False, True])
+def test_behind_a_pooler_only_listen_url_listens(tmp_path, short_dir, request, listen):
+    database = Database("postgresql", tmp_path)
+    request.addfinalizer(database.drop)
+    queue = database.queue(runner={"wakeup_dir": short_dir})
+    config = tmp_path / "c.toml"
+    config.write_text('[database]\nurl = "%s"\npooler = "pgbouncer"\n%s[runner]\n'
+                      'poll_interval = 60\nlimit = 2\nwakeup_dir = "%s"\n'
+                      % (database.url, 'listen_url = "%s"\n' % database.url if listen else "",
+                         short_dir))
+    overseer = spawn("overseer", config=str(config), log_path=tmp_path / "overseer.log")
+    try:
+        hub = os.path.join(queue.store.wakeup_directory, wakeup.HUB)
+        wait_for(lambda: Runner.select().where(Runner.status == RUNNING).count() == 3
+                 and os.path.exists(hub), timeout=60, message="the overseer and its runners")
+
+        def listeners():
+            with database.admin.cursor() as cur:
+                cur.execute(LISTENING, (database.name, "LISTEN %s" % wakeup.CHANNEL))
+                return cur.fetchone()[0]
+        if listen:
+            wait_for(lambda: listeners() == 1, message="the hub to LISTEN on listen_url")
+        # This host's runners are woken by the hub either way.
+        _run_one_by_one(queue, str(tmp_path / "records"), 2)
+        assert listeners() == (1 if listen else 0)
+    finally:
+        stop_process(overseer, signal.SIGTERM)
+        queue.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_hub_listens_again_after_its_connection_was_terminated(tmp_path, short_dir, request,
+                                                                    monkeypatch):
+    """A restart or a network cut ends the hub's LISTEN session: the overseer carries on,
+    reconnects, and news from another host wakes its runner again."""
+    database = Database("postgresql", tmp_path)
+    request.addfinalizer(database.drop)
+    database.queue().close()
+    overseer, _ = _start_overseer(database, tmp_path, short_dir, limit=1)
+
+    def hub_backends():
+        with database.admin.cursor() as cur:
+            cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND query = %s "
+                        "AND application_name = %s",
+                        (database.name, "LISTEN %s" % wakeup.CHANNEL, "taskrunner-hub"))
+            return [row[0] for row in cur.fetchall()]
+    monkeypatch.delenv("TASKRUNNER_WAKEUP_DIR", raising=False)
+    queue = TaskQueue(Config.from_dict({"database": {"url": database.url},
+                                        "runner": {"wakeup_dir": os.path.join(short_dir, "b")}}))
+    try:
+        [first] = wait_for(hub_backends, message="the hub to LISTEN")
+        with database.admin.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", (first,))
+        wait_for(lambda: [pid for pid in hub_backends() if pid != first],
+                 message="the hub to LISTEN on a new connection")
+        assert overseer.poll() is None
+        _run_one_by_one(queue, str(tmp_path / "records"), 2)
+    finally:
+        stop_process(overseer, signal.SIGTERM)
+        queue.close()
+
+
+def test_pooler_and_listen_url_are_checked_and_decide_who_listens():
+    from taskrunner.errors import ConfigError
+    for bad in ({"pooler": "pgpool"}, {"listen_url": "mysql://root@localhost/x"}):
+        with pytest.raises(ConfigError, match=r"\[database\] %s" % list(bad)[0]):
+            Config.from_dict({"database": dict(bad, url="postgresql://localhost/x")})
+
+    def who(**database):
+        config = Config.from_dict({"database": dict(database, url="postgresql://h/db")})
+        return (wakeup.listen_url(config.database),
+                wakeup.listen_url(config.database, standalone=True))
+    assert who() == ("postgresql://h/db", "postgresql://h/db")
+    assert who(pooler="pgbouncer") == ("", "")
+    assert who(pooler="pgbouncer", listen_url="postgresql://direct/db") == (
+        "postgresql://direct/db", "")
+    assert wakeup.listen_url(Config.from_dict({}).database) == ""
