@@ -225,6 +225,7 @@ def main(argv=None):
                         [[t["target"], t["db"], t["shown"], "met" if t["met"] else "MISSED"]
                          for t in report["targets"]])
         report["meta"]["elapsed_s"] = round(time.monotonic() - started, 1)
+        report["meta"]["machine"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
         print("\nfinished in %.0fs" % report["meta"]["elapsed_s"])
     except SystemExit as exc:
         print(exc, file=sys.stderr)
