@@ -79,15 +79,22 @@ def compare(backend, systems, job, rounds):
 # -- throughput and work -----------------------------------------------------------------
 
 def throughput(backend, s):
-    """No-op tasks: a cell per (W, log level)."""
+    """No-op tasks: a cell per (W, log level). A cell that fails is reported as such
+    ("errors") and the sweep goes on."""
     peers, skipped = peers_of(backend)
-    cells = []
+    cells, errors = [], []
     for workers in s.sweep:
         for i, level in enumerate(s.log_levels):
             bounds = [] if i else [Floor()] + ([Ceiling()] if backend in Ceiling.backends else [])
             job = Job(n=s.n, workers=workers, log_level=level, timeout=s.timeout_for(s.n))
-            cells.append(compare(backend, taskrunners(s) + bounds + peers, job, s.rounds))
-    return {"cells": cells, "skipped": skipped}
+            try:
+                cells.append(compare(backend, taskrunners(s) + bounds + peers, job, s.rounds))
+            except Exception as exc:
+                errors.append("W=%d, log %s: %s: %s" % (workers, level, type(exc).__name__, exc))
+                print("   cell failed: %s" % errors[-1], flush=True)
+    if not cells:
+        raise RuntimeError("; ".join(errors))
+    return {"cells": cells, "skipped": skipped, "errors": errors}
 
 
 def work(backend, s):

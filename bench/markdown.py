@@ -69,6 +69,7 @@ def throughput_table(backend, result):
              "|---|---:|---:|---:|---|---|---|"]
     for cell in result["cells"]:
         lines.extend(_rows(cell, "W = %d, log %s" % (cell["workers"], cell["log_level"]), _bounds(cell)))
+    lines.extend("| %s | failed | | | | | |" % error.split(":", 1)[0] for error in result.get("errors", []))
     return "\n".join(lines)
 
 

@@ -49,6 +49,8 @@ def _show_cells(results, title):
             rows.extend(_cell_rows(backend, cell))
         for peer, why in r.get("skipped", {}).items():
             rows.append([backend, "", "", peer, "skipped: " + why] + [""] * 6)
+        for error in r.get("errors", []):
+            rows.append([backend, "", "", "FAILED", error] + [""] * 6)
     print_table(title, HEADERS, rows)
 
 

@@ -216,6 +216,8 @@ def main(argv=None):
                     traceback.print_exc()
                     report[name][backend] = {"error": "%s: %s" % (type(exc).__name__, exc)}
                     continue
+                if result.get("errors"):
+                    failed = True
                 print("   done in %.0fs" % (time.monotonic() - t0), flush=True)
                 _store(report, name, backend, result)
             _show(report, name)
