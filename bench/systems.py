@@ -108,12 +108,9 @@ def _drain_with(commands, name, n, timeout):
     return launched
 
 
-class Floor(Taskrunner):
+class Floor:
     """bench/floor.py: W raw-SQL worker processes on taskrunner's schema and rows."""
     name = "floor"
-
-    def __init__(self):
-        pass
 
     def prepare(self, backend, job):
         url = create_database(backend, "floor")
@@ -127,6 +124,9 @@ class Floor(Taskrunner):
         if len(finishes) != job.n:
             raise RuntimeError("floor: %d of %d runs finished" % (len(finishes), job.n))
         return rates(launched, finishes)
+
+    def teardown(self, url):
+        drop_url(url)
 
 
 class Ceiling:
