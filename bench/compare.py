@@ -47,12 +47,18 @@ def taskrunners(s):
     return [Taskrunner(name, sections) for name, sections in s.variants]
 
 
-def compare(backend, systems, job, rounds):
-    """Measure `systems` on `job`, alternating, `rounds` rounds: one cell of the tables."""
-    runs = {system.name: [] for system in systems}
+def measure_rounds(backend, plan, rounds):
+    """Every (job, system) of `plan` measured once per round, the order rotated every round
+    → {(log level, system name): [result of each round]}."""
+    runs = {(job.log_level, system.name): [] for job, system in plan}
     for r in range(rounds):
-        for system in rotated(systems, r):
-            runs[system.name].append(measure(system, backend, job))
+        for job, system in rotated(plan, r):
+            runs[(job.log_level, system.name)].append(measure(system, backend, job))
+    return runs
+
+
+def cell_of(job, runs, rounds):
+    """One cell of the tables from {system name: [result of each round]}."""
     peer = next((p.name for p in PEERS if p.name in runs), None)
     cell = {"workers": job.workers, "log_level": job.log_level, "task_ms": job.task_ms,
             "n": job.n, "rounds": rounds, "peer": peer, "systems": {}}
@@ -65,33 +71,56 @@ def compare(backend, systems, job, rounds):
             entry["shares"] = [m["shares"] for m in per_round]
         if peer and name != peer:
             # name / peer, per round, then the median: the pairs ran side by side.
-            entry["over_peer"] = {key: round(median([ratio(m[key], p[key]) for m, p in
-                                                     zip(per_round, runs[peer])]), 3)
-                                  for key in RATES}
+            entry["over_peer"] = _ratios(per_round, runs[peer])
         if name in ("floor", "ceiling"):
-            entry["taskrunner_over"] = round(median([ratio(t["jobs_per_s"], b["jobs_per_s"]) for t, b
-                                                     in zip(runs["taskrunner"], per_round)]), 3)
+            entry["taskrunner_over"] = _ratios(runs["taskrunner"], per_round)["jobs_per_s"]
         entry["runs"] = per_round
         cell["systems"][name] = entry
     return cell
 
 
+def _ratios(these, those):
+    """Median of the per-round ratios these / those, for each rate."""
+    return {key: round(median([ratio(a[key], b[key]) for a, b in zip(these, those)]), 3)
+            for key in RATES}
+
+
+def compare(backend, systems, job, rounds):
+    """Measure `systems` on `job`, alternating, `rounds` rounds: one cell of the tables."""
+    runs = measure_rounds(backend, [(job, system) for system in systems], rounds)
+    return cell_of(job, {name: v for (_, name), v in runs.items()}, rounds)
+
+
 # -- throughput and work -----------------------------------------------------------------
 
 def throughput(backend, s):
-    """No-op tasks: a cell per (W, log level). A cell that fails is reported as such
-    ("errors") and the sweep goes on."""
+    """No-op tasks: for each W, every log level's taskrunner and peer (and, once, the floor
+    and the ceiling) alternating in the same rounds; a cell per (W, log level), and in the
+    cells after the first level each system's first level ÷ this one ("first_level_over").
+    A W that fails is reported as such ("errors") and the sweep goes on."""
     peers, skipped = peers_of(backend)
+    bounds = [Floor()] + ([Ceiling()] if backend in Ceiling.backends else [])
     cells, errors = [], []
     for workers in s.sweep:
-        for i, level in enumerate(s.log_levels):
-            bounds = [] if i else [Floor()] + ([Ceiling()] if backend in Ceiling.backends else [])
-            job = Job(n=s.n, workers=workers, log_level=level, timeout=s.timeout_for(s.n))
-            try:
-                cells.append(compare(backend, taskrunners(s) + bounds + peers, job, s.rounds))
-            except Exception as exc:
-                errors.append("W=%d, log %s: %s: %s" % (workers, level, type(exc).__name__, exc))
-                print("   cell failed: %s" % errors[-1], flush=True)
+        jobs = [Job(n=s.n, workers=workers, log_level=level, timeout=s.timeout_for(s.n))
+                for level in s.log_levels]
+        plan = [(job, system) for i, job in enumerate(jobs)
+                for system in taskrunners(s) + ([] if i else bounds) + peers]
+        try:
+            runs = measure_rounds(backend, plan, s.rounds)
+        except Exception as exc:
+            errors.append("W=%d: %s: %s" % (workers, type(exc).__name__, exc))
+            print("   W=%d failed: %s" % (workers, errors[-1]), flush=True)
+            continue
+        by_level = [{name: v for (level, name), v in runs.items() if level == job.log_level}
+                    for job in jobs]
+        for job, level_runs in zip(jobs, by_level):
+            cell = cell_of(job, level_runs, s.rounds)
+            if job is not jobs[0]:
+                for name, entry in cell["systems"].items():
+                    entry["first_level_over"] = dict(_ratios(by_level[0][name], level_runs[name]),
+                                                     level=jobs[0].log_level)
+            cells.append(cell)
     if not cells:
         raise RuntimeError("; ".join(errors))
     return {"cells": cells, "skipped": skipped, "errors": errors}

@@ -52,32 +52,42 @@ def _rows(cell, label, bounds):
         if not name.startswith("taskrunner"):
             continue
         variant = "" if name == "taskrunner" else " (%s)" % name.split(" ", 1)[1]
-        out.append("| %s%s | %s | %s | %s | %s | %s | %s / %s |" % (
+        out.append("| %s%s | %s | %s | %s | %s | %s | %s / %s | %s |" % (
             label, variant, _n(p.get("jobs_per_s", {}).get("median")), _n(e["jobs_per_s"]["median"]),
             "%.2f ×" % e["over_peer"]["jobs_per_s"] if "over_peer" in e else "—",
             bounds, "%s / %s" % (_shares(e), _shares(p)) if p else _shares(e),
-            _cpu(e), _cpu(p)))
+            _cpu(e), _cpu(p), _quieter(e, p)))
     return out
+
+
+def _quieter(entry, peer):
+    """The first log level's jobs/s ÷ this level's, measured in the same rounds."""
+    if "first_level_over" not in entry:
+        return "—"
+    return "%.2f × / %s" % (entry["first_level_over"]["jobs_per_s"],
+                            "%.2f ×" % peer["first_level_over"]["jobs_per_s"]
+                            if "first_level_over" in peer else "—")
 
 
 def throughput_table(backend, result):
     peer = next((c["peer"] for c in result["cells"] if c["peer"]), None)
     name = PEERS.get(peer, "peer")
     lines = ["| %s, %s no-op tasks | %s jobs/s | taskrunner jobs/s | taskrunner ÷ %s | bounds "
-             "(÷ %s) | shares %% (taskrunner / %s) | CPU s per 1,000 jobs, taskrunner / %s |"
-             % (DATABASES[backend], _n(result["cells"][0]["n"]), name, name, name, name, name),
-             "|---|---:|---:|---:|---|---|---|"]
+             "(÷ %s) | shares %% (taskrunner / %s) | CPU s per 1,000 jobs, taskrunner / %s | "
+             "warning ÷ info, taskrunner / %s |"
+             % (DATABASES[backend], _n(result["cells"][0]["n"]), name, name, name, name, name, name),
+             "|---|---:|---:|---:|---|---|---|---|"]
     for cell in result["cells"]:
         lines.extend(_rows(cell, "W = %d, log %s" % (cell["workers"], cell["log_level"]), _bounds(cell)))
-    lines.extend("| %s | failed | | | | | |" % error.split(":", 1)[0] for error in result.get("errors", []))
+    lines.extend("| %s | failed | | | | | | |" % error.split(":", 1)[0] for error in result.get("errors", []))
     return "\n".join(lines)
 
 
 def work_table(results):
     lines = ["| tasks sleeping %g ms | peer jobs/s | taskrunner jobs/s | taskrunner ÷ peer | bound "
-             "(W ÷ sleep) | shares %% (taskrunner / peer) | CPU s per 1,000 jobs, taskrunner / peer |"
+             "(W ÷ sleep) | shares %% (taskrunner / peer) | CPU s per 1,000 jobs, taskrunner / peer | — |"
              % next(iter(results.values()))["cells"][0]["task_ms"],
-             "|---|---:|---:|---:|---|---|---|"]
+             "|---|---:|---:|---:|---|---|---|---|"]
     for backend, result in results.items():
         for cell in result["cells"]:
             label = "%s, W = %d, %s, %s" % (DATABASES[backend], cell["workers"], PEERS.get(cell["peer"], "—"),
