@@ -69,6 +69,8 @@ def cell_of(job, runs, rounds):
                 values = [m[key] for m in per_round if m[key] is not None]
                 entry[key] = round(median(values), 3) if values else None
             entry["shares"] = [m["shares"] for m in per_round]
+        if any(m.get("lost") for m in per_round):
+            entry["lost"] = sum(m.get("lost", 0) for m in per_round)
         if peer and name != peer:
             # name / peer, per round, then the median: the pairs ran side by side.
             entry["over_peer"] = _ratios(per_round, runs[peer])

@@ -53,11 +53,15 @@ def _rows(cell, label, bounds):
             continue
         variant = "" if name == "taskrunner" else " (%s)" % name.split(" ", 1)[1]
         out.append("| %s%s | %s | %s | %s | %s | %s | %s / %s | %s |" % (
-            label, variant, _n(p.get("jobs_per_s", {}).get("median")), _n(e["jobs_per_s"]["median"]),
+            label, variant, _n(p.get("jobs_per_s", {}).get("median")) + _lost(p), _n(e["jobs_per_s"]["median"]),
             "%.2f ×" % e["over_peer"]["jobs_per_s"] if "over_peer" in e else "—",
             bounds, "%s / %s" % (_shares(e), _shares(p)) if p else _shares(e),
             _cpu(e), _cpu(p), _quieter(e, p)))
     return out
+
+
+def _lost(entry):
+    return " (lost %d)" % entry["lost"] if entry.get("lost") else ""
 
 
 def _quieter(entry, peer):

@@ -31,6 +31,8 @@ def _cell_rows(backend, cell):
     rows = []
     for name, e in cell["systems"].items():
         over = e.get("over_peer", {}).get("jobs_per_s")
+        if e.get("lost"):
+            name += " (lost %d jobs)" % e["lost"]
         rows.append([backend, cell["workers"], cell["log_level"], name, _mmm(e["jobs_per_s"]),
                      _mmm(e["steady_jobs_per_s"]), "-" if over is None else "%.2f ×" % over,
                      "%.0f %%" % (100 * e["taskrunner_over"]) if "taskrunner_over" in e else "",

@@ -10,6 +10,7 @@ The floor and the ceiling drain no-ops only.
 """
 import importlib.util
 import os
+import sqlite3
 import sys
 import time
 from collections import Counter
@@ -206,21 +207,52 @@ class Huey:
         procs = self.start(ctx, job)
         meter = Meter("sqlite:///" + ctx[0], [p.pid for p in procs])
         try:
-            wait_until(lambda: marks_count(marks) >= job.n, job.timeout, "Huey to run %d tasks" % job.n,
+            wait_until(self._settled(ctx, job.n), job.timeout, "Huey to run %d tasks" % job.n,
                        interval=0.2, procs=procs, tick=meter.tick)
             with open(marks) as fh:
                 lines = [line.split() for line in fh]
-            return _finish(meter, sorted(float(t) for t, _ in lines), launched,
-                           Counter(pid for _, pid in lines).values())
+            result = _finish(meter, sorted(float(t) for t, _ in lines), launched,
+                             Counter(pid for _, pid in lines).values())
+            result["lost"] = job.n - len(lines)
+            return result
         finally:
             meter.close()
             for proc in procs:
                 stop(proc)
 
+    def _settled(self, ctx, n, quiet=10.0):
+        """A predicate: all n tasks done, or none left in Huey's queue and none finished for
+        `quiet` s. Huey loses a task whose bookkeeping meets "database is locked" after it
+        was dequeued (its consumer logs "Unhandled error during execution"; seen on a loaded
+        machine): the run reports it as lost instead of waiting for it until its timeout."""
+        last = {"count": -1, "since": time.monotonic()}
+
+        def settled():
+            count = marks_count(ctx[1])
+            if count >= n:
+                return True
+            if count != last["count"]:
+                last.update(count=count, since=time.monotonic())
+                return False
+            return time.monotonic() - last["since"] > quiet and _huey_queued(ctx[0]) == 0
+        return settled
+
     def teardown(self, ctx):
         for path in (ctx[0], ctx[0] + "-wal", ctx[0] + "-shm", ctx[1]):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def _huey_queued(path):
+    """Tasks left in Huey's queue table, or None when its database is busy."""
+    try:
+        conn = sqlite3.connect(path, timeout=1)
+        try:
+            return conn.execute("SELECT count(*) FROM task").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.OperationalError:
+        return None
 
 
 def marks_count(path):
