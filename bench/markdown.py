@@ -89,7 +89,7 @@ def throughput_table(backend, result):
 
 def work_table(results):
     lines = ["| tasks sleeping %g ms | peer jobs/s | taskrunner jobs/s | taskrunner ÷ peer | bound "
-             "(W ÷ sleep) | shares %% (taskrunner / peer) | CPU s per 1,000 jobs, taskrunner / peer | — |"
+             "(W ÷ sleep) | shares %% (taskrunner / peer) | CPU s per 1,000 jobs, taskrunner / peer | warning ÷ info |"
              % next(iter(results.values()))["cells"][0]["task_ms"],
              "|---|---:|---:|---:|---|---|---|---|"]
     for backend, result in results.items():
