@@ -4,6 +4,7 @@ the defaults of a config without a file, and their scheduled task_runs rows.
 `check_backlog_rows()` proves it on the database at hand (one task each way, compared
 column by column), so the shortcut cannot drift from the API unnoticed.
 """
+import json
 import time
 
 from bench import common
@@ -25,7 +26,7 @@ def _task_values(placeholder):
     from taskrunner.config import Config
     defaults = Config.from_dict({}).task
     return {"queued_on": placeholder, "queued_by": "NULL", "scheduled_on": placeholder,
-            "handler": "'%s'" % common.NOOP, "data": "'null'", "priority": "0",
+            "handler": placeholder, "data": placeholder, "priority": "0",
             "last_status": "'scheduled'", "max_retries": str(defaults.max_retries),
             "runs_failed": "0", "run_count": "1", "run_timeout": repr(float(defaults.run_timeout)),
             "max_runtime": "NULL", "retry_backoff": "NULL", "unique_key": "NULL",
@@ -41,9 +42,10 @@ RUN_VALUES = {"task_id": "id", "created_on": "queued_on", "started_on": "NULL",
               "active_task_id": "id", "priority": "priority", "scheduled_on": "scheduled_on"}
 
 
-def add_backlog(url, count):
-    """Queue `count` due no-op tasks (data null) in one transaction; returns the seconds
-    it took. On PostgreSQL the tables are ANALYZEd afterwards, as autovacuum would."""
+def add_backlog(url, count, handler=common.NOOP, data=None):
+    """Queue `count` due tasks of `handler` with `data` (default: no-ops, data null) in one
+    transaction; returns the seconds it took. On PostgreSQL the tables are ANALYZEd
+    afterwards, as autovacuum would."""
     backend = common.backend_of(url)
     now = utcnow()
     now_param = str(now) if backend == "sqlite" else now
@@ -68,7 +70,7 @@ def add_backlog(url, count):
         cur.execute("INSERT INTO task_queue (%s) %sSELECT %s FROM %s"
                     % (", ".join(TASK_COLUMNS), prefix,
                        ", ".join(task_values[c] for c in TASK_COLUMNS), source),
-                    (now_param, now_param, now_param))
+                    (now_param, now_param, handler, json.dumps(data, separators=(",", ":")), now_param))
         cur.execute("INSERT INTO task_runs (%s) SELECT %s FROM task_queue WHERE id > %d"
                     % (", ".join(RUN_COLUMNS), ", ".join(RUN_VALUES[c] for c in RUN_COLUMNS), first))
         conn.commit()
@@ -81,11 +83,11 @@ def add_backlog(url, count):
     return time.perf_counter() - start
 
 
-def check_backlog_rows(url):
+def check_backlog_rows(url, handler=common.NOOP, data=None):
     """Raise AssertionError unless a task queued by add_backlog() has the same task and
     run rows as one queued by add_tasks() (ids and clock times aside). Adds 2 tasks."""
-    api_id = add_noop_tasks(url, 1)[0]
-    add_backlog(url, 1)
+    api_id = add_noop_tasks(url, 1, handler=handler, data=data)[0]
+    add_backlog(url, 1, handler, data)
     sql_id = query(url, "SELECT max(id) FROM task_queue")[0][0]
     task_columns = [c for c in TASK_COLUMNS if c not in TIME_COLUMNS]
     run_columns = [c for c in RUN_COLUMNS if c not in TIME_COLUMNS]
@@ -99,8 +101,8 @@ def check_backlog_rows(url):
                              % (rows[api_id], rows[sql_id]))
 
 
-def queue_backlog(url, count):
+def queue_backlog(url, count, handler=common.NOOP, data=None):
     """`count` tasks in a fresh database: checked against the API, then set-based SQL."""
     common.make_queue(url).close()            # the schema
-    check_backlog_rows(url)
-    return add_backlog(url, count - 2)
+    check_backlog_rows(url, handler, data)
+    return add_backlog(url, count - 2, handler, data)

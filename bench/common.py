@@ -27,6 +27,12 @@ NOOP = "taskrunner.handlers.Echo"   # data null: results null, nothing but the b
 # [database] sqlite_synchronous of every SQLite side (taskrunner, the floor, Huey): set by
 # run.py --sqlite-synchronous; "full" (durable commits) is taskrunner's default.
 SQLITE_SYNCHRONOUS = "full"
+# Every taskrunner config the bench writes gets these ({section: {key: value}}), from
+# run.py --taskrunner-option SECTION.KEY=VALUE; a scenario's own sections come on top.
+TASKRUNNER_OPTIONS = {}
+# application_name of the bench's own PostgreSQL connections: not counted as a system's
+# server CPU (bench/cpu.py).
+APPLICATION_NAME = "trbench"
 
 
 class BenchTimeout(RuntimeError):
@@ -126,11 +132,14 @@ def cleanup():
 
 # -- waiting -----------------------------------------------------------------------------
 
-def wait_until(predicate, timeout, what, interval=0.05, procs=()):
+def wait_until(predicate, timeout, what, interval=0.05, procs=(), tick=None):
     """Call predicate until it returns something truthy (returned); BenchTimeout after
-    `timeout` seconds. A process in `procs` that exits meanwhile is an error too."""
+    `timeout` seconds. A process in `procs` that exits meanwhile is an error too. `tick`,
+    when given, is called before each try (a sampler)."""
     deadline = time.monotonic() + timeout
     while True:
+        if tick is not None:
+            tick()
         value = predicate()
         if value:
             return value
@@ -229,7 +238,7 @@ def connect(url, autocommit=False):
         return conn
     if backend == "postgresql":
         import psycopg
-        return psycopg.connect(url, autocommit=autocommit)
+        return psycopg.connect(url, autocommit=autocommit, application_name=APPLICATION_NAME)
     import pymysql
     parts = urlsplit(url)
     return pymysql.connect(host=parts.hostname, port=parts.port or 3306, user=parts.username,
@@ -294,11 +303,20 @@ def _database_section(url):
     return section
 
 
+def merge_sections(*layers):
+    """{section: {key: value}} dicts merged key by key, later layers winning."""
+    merged = {}
+    for layer in layers:
+        for section, values in layer.items():
+            merged.setdefault(section, {}).update(values)
+    return merged
+
+
 def write_config(url, runners, label, **sections):
-    """A taskrunner TOML config: the database, [runner] limit = runners, and any extra
-    sections given as {"task": {"retry_backoff": 0}}."""
-    sections.setdefault("runner", {})["limit"] = runners
-    sections = dict({"database": _database_section(url)}, **sections)
+    """A taskrunner TOML config: the database, TASKRUNNER_OPTIONS, any extra sections
+    given as {"task": {"retry_backoff": 0}}, and [runner] limit = runners."""
+    sections = merge_sections({"database": _database_section(url)}, TASKRUNNER_OPTIONS, sections,
+                              {"runner": {"limit": runners}})
     lines = []
     for section, values in sections.items():
         lines.append("[%s]" % section)
@@ -371,11 +389,12 @@ class OverseerProcess:
                           "%d runners of %s" % (self.runners, self.label), interval=0.1,
                           procs=[self.proc])
 
-    def wait_done(self, n, timeout, status="success"):
+    def wait_done(self, n, timeout, status="success", tick=None):
         """Until n runs have ended with `status`."""
         sql = "SELECT count(*) FROM task_runs WHERE status = '%s'" % status
         return wait_until(lambda: _count(self.url, sql) >= n, timeout,
-                          "%d runs %s (%s)" % (n, status, self.label), interval=0.2, procs=[self.proc])
+                          "%d runs %s (%s)" % (n, status, self.label), interval=0.2, procs=[self.proc],
+                          tick=tick)
 
 
 def _count(url, sql):

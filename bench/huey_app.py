@@ -1,8 +1,10 @@
 """The Huey peer: SqliteHuey (WAL, its defaults) with synchronous=$BENCH_SQLITE_SYNCHRONOUS
-(full, SQLite's own default, unless the bench says otherwise) and one no-op task. Each finished task appends its finish time to $BENCH_MARKS (one line per task,
-O_APPEND), which is how the bench sees the last finish.
+(full, SQLite's own default, unless the bench says otherwise), a no-op task and a task
+sleeping `ms` milliseconds. Each finished task appends its finish time and the worker's pid
+to $BENCH_MARKS (one line per task, O_APPEND), which is how the bench sees the last finish
+and each worker's share.
 
-Consumer: ``huey_consumer bench.huey_app.huey -k process -w W`` with $BENCH_HUEY_DB set.
+Consumer: ``huey_consumer bench.huey_app.huey -k process -w W [-q]`` with $BENCH_HUEY_DB set.
 """
 import os
 import time
@@ -18,14 +20,24 @@ class Storage(SqliteStorage):
         return conn
 
 
-huey = SqliteHuey("bench", filename=os.environ.get("BENCH_HUEY_DB", ":memory:"),
-                  storage_class=Storage)
+def make_huey(filename):
+    return SqliteHuey("bench", filename=filename, storage_class=Storage)
+
+
+huey = make_huey(os.environ.get("BENCH_HUEY_DB", ":memory:"))
 _marks = None
 
 
-@huey.task()
-def noop():
+def _noop():
     return None
+
+
+noop = huey.task(name="noop")(_noop)
+
+
+@huey.task(name="sleep")
+def sleep(ms):
+    time.sleep(ms / 1000.0)
 
 
 @huey.signal(signals.SIGNAL_COMPLETE)
@@ -33,13 +45,24 @@ def _mark(signal, task, *args, **kwargs):
     global _marks
     if _marks is None:
         _marks = os.open(os.environ["BENCH_MARKS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    os.write(_marks, b"%.6f\n" % time.time())
+    os.write(_marks, b"%.6f %d\n" % (time.time(), os.getpid()))
 
 
-def enqueue(n):
-    """Queue n no-op tasks in one transaction (Huey has no bulk API; enqueueing is not what
-    is timed, so the serialized messages are inserted as its storage.enqueue would)."""
-    rows = [(huey.storage.name, huey.serialize_task(noop.s()), 0) for _ in range(n)]
+def task(ms):
+    """The task the bench queues: the no-op, or a sleep of `ms` ms."""
+    return sleep.s(ms) if ms else noop.s()
+
+
+def enqueue(n, ms=0):
+    """Queue n tasks in one transaction (Huey has no bulk API; enqueueing is not what is
+    timed, so the serialized messages are inserted as its storage.enqueue would)."""
+    rows = [(huey.storage.name, huey.serialize_task(task(ms)), 0) for _ in range(n)]
     with huey.storage.db(commit=True) as cursor:
         cursor.executemany("insert into task (queue, data, priority) values (?, ?, ?)", rows)
 
+
+def enqueuer(filename):
+    """(enqueue one no-op, close) on the Huey of `filename`, as an application calls
+    `noop()`: what the bench's single-enqueue latency times."""
+    other = make_huey(filename)
+    return other.task(name="noop")(_noop), other.storage.close

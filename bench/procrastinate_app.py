@@ -1,9 +1,11 @@
-"""The Procrastinate peer: one no-op task on PostgreSQL ($BENCH_PROCRASTINATE_DSN).
+"""The Procrastinate peer on PostgreSQL ($BENCH_PROCRASTINATE_DSN): a no-op task and a task
+sleeping `ms` milliseconds.
 
 Schema: ``procrastinate --app bench.procrastinate_app.app schema --apply``; workers:
-``procrastinate --app bench.procrastinate_app.app worker --concurrency 1 --one-shot``.
+``procrastinate --app bench.procrastinate_app.app --log-level L worker --concurrency 1``.
 """
 import os
+import time
 
 from procrastinate import App, PsycopgConnector
 
@@ -15,8 +17,21 @@ def noop():
     return None
 
 
-def enqueue(n, batch=5000):
+@app.task(name="sleep")
+def sleep(ms):
+    time.sleep(ms / 1000.0)
+
+
+def enqueue(n, ms=0, batch=5000):
+    task, args = (sleep, {"ms": ms}) if ms else (noop, {})
     with app.open():
         for start in range(0, n, batch):
-            noop.batch_defer(*([{}] * min(batch, n - start)))
+            task.batch_defer(*([args] * min(batch, n - start)))
 
+
+def enqueuer(dsn):
+    """(defer one no-op, close) through an app on `dsn`, as an application calls
+    `noop.defer()`: what the bench's single-enqueue latency times."""
+    other = App(connector=PsycopgConnector(conninfo=dsn))
+    other.open()
+    return other.configure_task(name="noop").defer, other.close

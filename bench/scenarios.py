@@ -1,7 +1,9 @@
-"""The scenarios. Each takes the backend and the settings (`Settings`) and returns a dict
-of results; bench/run.py prints and stores them. Comparisons alternate their runs within
-the scenario (round-robin, the order rotated every round), and report medians of the
-per-round ratios, so a noisy machine slows all sides alike.
+"""The settings of a run (`Settings`) and the scenarios of taskrunner alone: pickup
+latency and footprint, scale, dead-runner detection (the comparisons with the floor and
+the peers are in bench/compare.py). Each takes the backend and the settings and returns a
+dict of results; bench/run.py prints and stores them. Comparisons alternate their runs
+(round-robin, the order rotated every round) and report medians of the per-round ratios,
+so a noisy machine slows all sides alike.
 """
 import json
 import multiprocessing
@@ -16,17 +18,22 @@ from bench import common
 from bench.backlog import add_backlog, queue_backlog
 from bench.common import (OverseerProcess, add_noop_tasks, create_database, drop_url, make_queue,
                           median, percentile, query, ratio, to_epoch, wait_until)
-from bench.systems import PEERS, Ceiling, Floor, Taskrunner, measure
+from bench.compare import rotated, summary
 
 
 @dataclass(frozen=True)
 class Settings:
     """Sizes of a full run; `Settings.make(quick=True)` those of --quick."""
     quick: bool = False
-    workers: int = 2                 # W: runners / worker processes of every side
+    sweep: tuple = (2,)              # throughput: the W (worker processes of every side) compared
+    log_levels: tuple = ("warning",)  # throughput: every side's log level (work: the first)
+    variants: tuple = (("default", {}),)   # taskrunner's: (name, {section: {key: value}})
     n: int = 20_000                  # throughput: tasks per measurement
-    rounds: int = 3                  # throughput, enqueue: alternating rounds
-    single_adds: int = 2000          # enqueue: add_task calls per measurement
+    rounds: int = 3                  # throughput, work, enqueue: alternating rounds
+    task_ms: float = 5               # work: what each task sleeps
+    work_n: int = 2000               # work: tasks per measurement
+    work_workers: int = 4            # work: W
+    single_adds: int = 2000          # enqueue: add_task calls per measurement (and per system)
     idle_seconds: float = 30         # latency: runners idle before the burst
     settle_seconds: float = 6        # latency: after registration, past the first heartbeat
     scale_sizes: tuple = (1000, 1_000_000)
@@ -35,89 +42,23 @@ class Settings:
     kills: int = 20                  # detection
 
     @classmethod
-    def make(cls, quick, workers=2):
-        if not quick:
-            return cls(workers=workers)
-        return cls(quick=True, workers=workers, n=2000, rounds=1, single_adds=300, idle_seconds=5,
-                   scale_sizes=(1000, 100_000), scale_drain=200, scale_rounds=2, kills=5)
+    def make(cls, quick, **given):
+        """The sizes of a full or a quick run; `given` (sweep, n, ...) overrides them."""
+        sizes = {} if not quick else dict(
+            quick=True, n=2000, rounds=1, work_n=400, single_adds=300, idle_seconds=5,
+            scale_sizes=(1000, 100_000), scale_drain=200, scale_rounds=2, kills=5)
+        sizes.update({k: v for k, v in given.items() if v is not None})
+        return cls(**sizes)
+
+    @property
+    def workers(self):
+        """W of the scenarios that are not swept (latency, scale, detection, enqueue)."""
+        return self.sweep[0]
 
     def timeout_for(self, jobs):
-        """A generous bound for draining `jobs` (≥ 20 jobs/s), never unbounded."""
-        return 60 + jobs / 20
-
-
-def _rotated(items, r):
-    r %= len(items)
-    return items[r:] + items[:r]
-
-
-def _summary(values):
-    return {"median": round(median(values), 1), "min": round(min(values), 1),
-            "max": round(max(values), 1)}
-
-
-# -- 1, 7, 8: throughput, the floor, the peers -------------------------------------------
-
-def throughput(backend, s):
-    """taskrunner, the floor, the peer of this backend and (SQLite) the disk's ceiling,
-    alternating, s.rounds rounds."""
-    systems = [Taskrunner(), Floor()]
-    if backend in Ceiling.backends:
-        systems.append(Ceiling())
-    skipped = {}
-    for peer in PEERS:
-        why = peer.available(backend)
-        if why is None:
-            systems.append(peer)
-        elif backend in peer.backends:
-            skipped[peer.name] = why
-    runs = {system.name: [] for system in systems}
-    for r in range(s.rounds):
-        for system in _rotated(systems, r):
-            runs[system.name].append(measure(system, backend, s.n, s.workers, s.timeout_for(s.n)))
-    result = {"n": s.n, "workers": s.workers, "rounds": s.rounds, "runs": runs, "skipped": skipped}
-    for name, per_round in runs.items():
-        result[name] = {key: _summary([m[key] for m in per_round])
-                        for key in ("jobs_per_s", "steady_jobs_per_s")}
-        if name != "taskrunner":
-            # taskrunner / other, per round, then the median: the pairs ran side by side.
-            result[name]["ratio"] = {key: round(median([ratio(t[key], o[key]) for t, o in
-                                                        zip(runs["taskrunner"], per_round)]), 3)
-                                     for key in ("jobs_per_s", "steady_jobs_per_s")}
-    for peer in PEERS:
-        if peer.name in runs:
-            # Bounds on taskrunner / peer, per round: what the same transaction in raw SQL
-            # reaches (floor / peer), and what the disk allows (ceiling / peer).
-            for bound in ("floor", "ceiling"):
-                if bound in runs:
-                    result[bound]["over_peer"] = round(median([
-                        ratio(b["jobs_per_s"], p["jobs_per_s"])
-                        for b, p in zip(runs[bound], runs[peer.name])]), 3)
-    return result
-
-
-# -- 2: enqueue --------------------------------------------------------------------------
-
-def enqueue(backend, s):
-    """add_task one call at a time, and add_tasks with the whole batch, alternating."""
-    url = create_database(backend, "enq")
-    queue = make_queue(url)
-    single, bulk = [], []
-    try:
-        for _ in range(s.rounds):
-            start = time.perf_counter()
-            for _ in range(s.single_adds):
-                queue.add_task(common.NOOP)
-            single.append(s.single_adds / (time.perf_counter() - start))
-            specs = [{"handler": common.NOOP} for _ in range(s.n)]
-            start = time.perf_counter()
-            queue.add_tasks(specs)
-            bulk.append(s.n / (time.perf_counter() - start))
-    finally:
-        queue.close()
-        drop_url(url)
-    return {"single_calls": s.single_adds, "bulk_size": s.n,
-            "add_task_per_s": _summary(single), "add_tasks_per_s": _summary(bulk)}
+        """A generous bound for draining `jobs` (≥ 5 jobs/s: a shared machine can be that
+        slow), never unbounded."""
+        return 120 + jobs / 5
 
 
 # -- 3, 6: pickup latency after idle, idle CPU, footprint --------------------------------
@@ -260,7 +201,7 @@ def scale(backend, s):
             build[size] = round(queue_backlog(url, size), 2)
         rates = {small: [], large: []}
         for r in range(s.scale_rounds):
-            for size in _rotated([small, large], r):
+            for size in rotated([small, large], r):
                 rates[size].append(drain(urls[size], s.scale_drain, s.workers))
                 add_backlog(urls[size], s.scale_drain)
     finally:
@@ -269,7 +210,7 @@ def scale(backend, s):
     ratios = [ratio(b, a) for a, b in zip(rates[small], rates[large])]
     return {"sizes": [small, large], "drained_per_measurement": s.scale_drain,
             "rounds": s.scale_rounds, "workers": s.workers, "build_seconds": build,
-            "small_runs_per_s": _summary(rates[small]), "large_runs_per_s": _summary(rates[large]),
+            "small_runs_per_s": summary(rates[small]), "large_runs_per_s": summary(rates[large]),
             "ratio": round(median(ratios), 3), "ratios": ratios}
 
 

@@ -3,41 +3,94 @@
 with `workers` worker processes; what is timed is launch → last finish, and the steady rate
 between the 10th and 90th percentile of finish times (see common.rates).
 
-A system: ``available(backend)`` → None or why not; ``prepare(backend, n)`` → a context with
-n jobs queued (untimed); ``run(ctx, n, workers, timeout)`` → rates; ``teardown(ctx)``.
+A system: ``available(backend)`` → None or why not; ``prepare(backend, job)`` → a context
+with job.n jobs queued (untimed); ``run(ctx, job)`` → rates, and for taskrunner and the
+peers CPU seconds (bench/cpu.py) and each worker's share of the jobs; ``teardown(ctx)``.
+The floor and the ceiling drain no-ops only.
 """
 import importlib.util
 import os
+import sqlite3
 import sys
 import time
+from collections import Counter
+from dataclasses import dataclass
 
 from bench import common
 from bench.backlog import queue_backlog
 from bench.common import (BenchTimeout, OverseerProcess, create_database, drop_url, finish_times,
                           query, rates, spawn, stop, wait_until)
+from bench.cpu import Meter, per_1000
+
+
+@dataclass(frozen=True)
+class Job:
+    """What one measurement drains: n tasks, each a no-op or (task_ms > 0) a sleep of
+    task_ms milliseconds, with `workers` worker processes logging at `log_level`
+    (warning or info, each system's own knob), within `timeout` seconds."""
+    n: int
+    workers: int
+    log_level: str = "warning"
+    task_ms: float = 0
+    timeout: float = 300
+
+
+def _finish(meter, finishes, launched, shares):
+    """A measurement's result: rates, CPU per 1,000 jobs, each worker's share."""
+    usage = meter.finish()
+    result = rates(launched, finishes)
+    result.update(usage)
+    result.update(per_1000(usage, max(1, len(finishes))))
+    result["shares"] = shares_of(shares)
+    return result
+
+
+def shares_of(counts):
+    """Each worker's fraction of the jobs, largest first; None when unknown."""
+    counts = sorted((c for c in counts if c), reverse=True)
+    total = sum(counts)
+    return [round(c / total, 3) for c in counts] if total else None
 
 
 class Taskrunner:
-    name = "taskrunner"
+    """`taskrunner overseer` with [runner] limit = W and [log] level; a variant adds its
+    own config options ({"runner": {"batch": 16}})."""
+
+    def __init__(self, variant="default", sections=None):
+        self.variant = variant
+        self.sections = sections or {}
+        self.name = "taskrunner" if variant == "default" else "taskrunner %s" % variant
 
     def available(self, backend):
         return None
 
-    def prepare(self, backend, n):
+    def prepare(self, backend, job):
         url = create_database(backend, "tput")
-        queue_backlog(url, n)
+        handler, data = (common.NOOP, None) if not job.task_ms else (SLEEP, {"ms": job.task_ms})
+        queue_backlog(url, job.n, handler, data)
         return url
 
-    def run(self, url, n, workers, timeout):
-        overseer = OverseerProcess(url, workers, "throughput").start()
+    def start(self, url, job, label="throughput"):
+        sections = common.merge_sections({"log": {"level": job.log_level}}, self.sections)
+        return OverseerProcess(url, job.workers, label, **sections).start()
+
+    def run(self, url, job):
+        overseer = self.start(url, job)
+        meter = Meter(url, [overseer.proc.pid])
         try:
-            overseer.wait_done(n, timeout)
+            overseer.wait_done(job.n, job.timeout, tick=meter.tick)
+            return _finish(meter, finish_times(url), overseer.launched,
+                           [row[0] for row in query(url, "SELECT count(*) FROM task_runs WHERE "
+                                                          "status = 'success' GROUP BY runner_id")])
         finally:
+            meter.close()
             overseer.stop()
-        return rates(overseer.launched, finish_times(url))
 
     def teardown(self, url):
         drop_url(url)
+
+
+SLEEP = "bench.handlers.Sleep"
 
 
 def _drain_with(commands, name, n, timeout):
@@ -56,17 +109,25 @@ def _drain_with(commands, name, n, timeout):
     return launched
 
 
-class Floor(Taskrunner):
+class Floor:
     """bench/floor.py: W raw-SQL worker processes on taskrunner's schema and rows."""
     name = "floor"
 
-    def run(self, url, n, workers, timeout):
+    def prepare(self, backend, job):
+        url = create_database(backend, "floor")
+        queue_backlog(url, job.n)
+        return url
+
+    def run(self, url, job):
         launched = _drain_with([["bench.floor", url, str(i + 1), common.SQLITE_SYNCHRONOUS]
-                                for i in range(workers)], "floor", n, timeout)
+                                for i in range(job.workers)], "floor", job.n, job.timeout)
         finishes = finish_times(url)
-        if len(finishes) != n:
-            raise RuntimeError("floor: %d of %d runs finished" % (len(finishes), n))
+        if len(finishes) != job.n:
+            raise RuntimeError("floor: %d of %d runs finished" % (len(finishes), job.n))
         return rates(launched, finishes)
+
+    def teardown(self, url):
+        drop_url(url)
 
 
 class Ceiling:
@@ -75,25 +136,25 @@ class Ceiling:
     name = "ceiling"
     backends = ("sqlite",)
 
-    def prepare(self, backend, n):
+    def prepare(self, backend, job):
         base = os.path.join(common.workdir(), "ceiling-%d-%d" % (os.getpid(), time.monotonic_ns()))
-        proc = spawn([sys.executable, "-m", "bench.ceiling", "prepare", base + ".db", str(n)],
+        proc = spawn([sys.executable, "-m", "bench.ceiling", "prepare", base + ".db", str(job.n)],
                      "ceiling.log")
         wait_until(lambda: proc.poll() is not None, 300, "the ceiling's queue", procs=())
         if proc.returncode:
             raise RuntimeError("ceiling prepare failed (log: %s)" % common.workdir())
         return base
 
-    def run(self, base, n, workers, timeout):
-        outs = ["%s.%d.finishes" % (base, i) for i in range(workers)]
+    def run(self, base, job):
+        outs = ["%s.%d.finishes" % (base, i) for i in range(job.workers)]
         launched = _drain_with([["bench.ceiling", "work", base + ".db", common.SQLITE_SYNCHRONOUS,
-                                 out] for out in outs], "ceiling", n, timeout)
+                                 out] for out in outs], "ceiling", job.n, job.timeout)
         finishes = []
         for out in outs:
             with open(out) as fh:
                 finishes.extend(float(line) for line in fh)
-        if len(finishes) != n:
-            raise RuntimeError("ceiling: %d of %d jobs finished" % (len(finishes), n))
+        if len(finishes) != job.n:
+            raise RuntimeError("ceiling: %d of %d jobs finished" % (len(finishes), job.n))
         return rates(launched, sorted(finishes))
 
     def teardown(self, base):
@@ -108,7 +169,8 @@ def _installed(*modules):
 
 
 class Huey:
-    """SqliteHuey, `huey_consumer -k process -w W`, finish times from bench/huey_app.py."""
+    """SqliteHuey, `huey_consumer -k process -w W` (`-q` at log level warning: its own
+    default is info); finish times and worker pids from bench/huey_app.py's marks."""
     name = "huey"
     backends = ("sqlite",)
 
@@ -123,29 +185,57 @@ class Huey:
         env["BENCH_SQLITE_SYNCHRONOUS"] = common.SQLITE_SYNCHRONOUS
         return env
 
-    def prepare(self, backend, n):
+    def prepare(self, backend, job):
         base = os.path.join(common.workdir(), "huey-%d-%d" % (os.getpid(), time.monotonic_ns()))
         ctx = (base + ".db", base + ".marks")
-        proc = spawn([sys.executable, "-c", "from bench.huey_app import enqueue; enqueue(%d)" % n],
-                     "huey-enqueue.log",
-                     env=self._env(ctx))
+        proc = spawn([sys.executable, "-c", "from bench.huey_app import enqueue; enqueue(%d, %r)"
+                      % (job.n, job.task_ms)], "huey-enqueue.log", env=self._env(ctx))
         wait_until(lambda: proc.poll() is not None, 300, "Huey enqueue", procs=())
         if proc.returncode:
             raise RuntimeError("Huey enqueue failed (log: %s)" % common.workdir())
         return ctx
 
-    def run(self, ctx, n, workers, timeout):
+    def start(self, ctx, job):
+        quiet = ["-q"] if job.log_level == "warning" else []
+        return [spawn([sys.executable, "-m", "huey.bin.huey_consumer", "bench.huey_app.huey",
+                       "-k", "process", "-w", str(job.workers)] + quiet, "huey.log",
+                      env=self._env(ctx))]
+
+    def run(self, ctx, job):
         marks = ctx[1]
         launched = time.time()
-        proc = spawn([sys.executable, "-m", "huey.bin.huey_consumer", "bench.huey_app.huey",
-                      "-k", "process", "-w", str(workers)], "huey.log", env=self._env(ctx))
+        procs = self.start(ctx, job)
+        meter = Meter("sqlite:///" + ctx[0], [p.pid for p in procs])
         try:
-            wait_until(lambda: _lines(marks) >= n, timeout, "Huey to run %d tasks" % n,
-                       interval=0.2, procs=[proc])
+            wait_until(self._settled(ctx, job.n), job.timeout, "Huey to run %d tasks" % job.n,
+                       interval=0.2, procs=procs, tick=meter.tick)
+            with open(marks) as fh:
+                lines = [line.split() for line in fh]
+            result = _finish(meter, sorted(float(t) for t, _ in lines), launched,
+                             Counter(pid for _, pid in lines).values())
+            result["lost"] = job.n - len(lines)
+            return result
         finally:
-            stop(proc)
-        with open(marks) as fh:
-            return rates(launched, sorted(float(line) for line in fh))
+            meter.close()
+            for proc in procs:
+                stop(proc)
+
+    def _settled(self, ctx, n, quiet=10.0):
+        """A predicate: all n tasks done, or none left in Huey's queue and none finished for
+        `quiet` s. Huey loses a task whose bookkeeping meets "database is locked" after it
+        was dequeued (its consumer logs "Unhandled error during execution"; seen on a loaded
+        machine): the run reports it as lost instead of waiting for it until its timeout."""
+        last = {"count": -1, "since": time.monotonic()}
+
+        def settled():
+            count = marks_count(ctx[1])
+            if count >= n:
+                return True
+            if count != last["count"]:
+                last.update(count=count, since=time.monotonic())
+                return False
+            return time.monotonic() - last["since"] > quiet and _huey_queued(ctx[0]) == 0
+        return settled
 
     def teardown(self, ctx):
         for path in (ctx[0], ctx[0] + "-wal", ctx[0] + "-shm", ctx[1]):
@@ -153,7 +243,19 @@ class Huey:
                 os.unlink(path)
 
 
-def _lines(path):
+def _huey_queued(path):
+    """Tasks left in Huey's queue table, or None when its database is busy."""
+    try:
+        conn = sqlite3.connect(path, timeout=1)
+        try:
+            return conn.execute("SELECT count(*) FROM task").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.OperationalError:
+        return None
+
+
+def marks_count(path):
     try:
         with open(path, "rb") as fh:
             return fh.read().count(b"\n")
@@ -162,8 +264,10 @@ def _lines(path):
 
 
 class Procrastinate:
-    """W `procrastinate worker --concurrency 1 --one-shot` processes; finish times from its
-    procrastinate_events table (type 'succeeded')."""
+    """W `procrastinate worker --concurrency 1` processes (`--log-level` as the bench's:
+    its own default is info), stopped once the jobs are done; finish times from its
+    procrastinate_events table (type 'succeeded'), each worker's share from the jobs'
+    worker_id (read before the workers stop: a stopping worker's id is cleared)."""
     name = "procrastinate"
     backends = ("postgresql",)
     APP = "bench.procrastinate_app.app"
@@ -183,28 +287,36 @@ class Procrastinate:
         if proc.returncode:
             raise RuntimeError("%s failed (log: %s)" % (" ".join(args), common.workdir()))
 
-    def prepare(self, backend, n):
+    def prepare(self, backend, job):
         url = create_database(backend, "procr")
         self._command(url, ["-m", "procrastinate", "--app", self.APP, "schema", "--apply"],
                       "procrastinate-schema.log")
-        self._command(url, ["-c", "from bench.procrastinate_app import enqueue; enqueue(%d)" % n],
-                      "procrastinate-enqueue.log")
+        self._command(url, ["-c", "from bench.procrastinate_app import enqueue; enqueue(%d, %r)"
+                            % (job.n, job.task_ms)], "procrastinate-enqueue.log")
         return url
 
-    def run(self, url, n, workers, timeout):
+    def start(self, url, job):
+        return [self._command(url, ["-m", "procrastinate", "--app", self.APP, "--log-level",
+                                    job.log_level, "worker", "--concurrency", "1"],
+                              "procrastinate.log", timeout=None) for _ in range(job.workers)]
+
+    def run(self, url, job):
         sql = "SELECT count(*) FROM procrastinate_events WHERE type = 'succeeded'"
         launched = time.time()
-        procs = [self._command(url, ["-m", "procrastinate", "--app", self.APP, "worker",
-                                     "--concurrency", "1", "--one-shot"],
-                               "procrastinate.log", timeout=None) for _ in range(workers)]
+        procs = self.start(url, job)
+        meter = Meter(url, [p.pid for p in procs])
         try:
-            wait_until(lambda: query(url, sql)[0][0] >= n, timeout,
-                       "Procrastinate to run %d jobs" % n, interval=0.2)
+            wait_until(lambda: query(url, sql)[0][0] >= job.n, job.timeout,
+                       "Procrastinate to run %d jobs" % job.n, interval=0.2, procs=procs,
+                       tick=meter.tick)
+            shares = [row[0] for row in query(url, "SELECT count(*) FROM procrastinate_jobs WHERE "
+                                                   "status = 'succeeded' GROUP BY worker_id")]
+            rows = query(url, "SELECT at FROM procrastinate_events WHERE type = 'succeeded'")
+            return _finish(meter, sorted(common.to_epoch(r[0]) for r in rows), launched, shares)
         finally:
+            meter.close()
             for proc in procs:
                 stop(proc)
-        rows = query(url, "SELECT at FROM procrastinate_events WHERE type = 'succeeded'")
-        return rates(launched, sorted(common.to_epoch(r[0]) for r in rows))
 
     def teardown(self, url):
         drop_url(url)
@@ -213,13 +325,14 @@ class Procrastinate:
 PEERS = (Huey(), Procrastinate())
 
 
-def measure(system, backend, n, workers, timeout):
+def measure(system, backend, job):
     """prepare → run → teardown, whatever happens."""
-    ctx = system.prepare(backend, n)
+    ctx = system.prepare(backend, job)
     try:
-        return system.run(ctx, n, workers, timeout)
+        return system.run(ctx, job)
     finally:
         system.teardown(ctx)
 
 
-__all__ = ["Taskrunner", "Floor", "Ceiling", "Huey", "Procrastinate", "PEERS", "measure", "BenchTimeout"]
+__all__ = ["Job", "Taskrunner", "Floor", "Ceiling", "Huey", "Procrastinate", "PEERS", "measure",
+           "BenchTimeout"]

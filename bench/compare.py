@@ -1,0 +1,240 @@
+"""The comparisons with the peers (Huey on SQLite, Procrastinate on PostgreSQL), measured
+side by side: the systems of a comparison run one after the other, round-robin, the order
+rotated every round, and every ratio is the median of the per-round ratios, so a noisy
+machine slows all sides alike.
+
+- throughput: no-op tasks, for every W of the sweep and every log level: taskrunner (each
+  variant), the peer, and — at the first log level, which they do not have — the raw-SQL
+  floor and (SQLite) the disk's ceiling;
+- work: the same with tasks that sleep (5 ms, W = 4);
+- enqueue: add_task()/s and add_tasks()/s, and the latency of one add_task() beside the
+  peer's single enqueue (Huey's `noop()`, Procrastinate's `defer()`) on the same database
+  server, each system's workers running, in alternating blocks of calls.
+"""
+import time
+
+from bench import common
+from bench.common import (OverseerProcess, create_database, drop_url, make_queue, median,
+                          percentile, query, ratio, wait_until)
+from bench.systems import PEERS, Ceiling, Floor, Huey, Job, Taskrunner, marks_count, measure
+
+RATES = ("jobs_per_s", "steady_jobs_per_s")
+
+
+def rotated(items, r):
+    r %= len(items)
+    return items[r:] + items[:r]
+
+
+def summary(values):
+    return {"median": round(median(values), 1), "min": round(min(values), 1),
+            "max": round(max(values), 1)}
+
+
+def peers_of(backend):
+    """(the peers compared on this backend, {peer: why it is skipped})."""
+    available, skipped = [], {}
+    for peer in PEERS:
+        why = peer.available(backend)
+        if why is None:
+            available.append(peer)
+        elif backend in peer.backends:
+            skipped[peer.name] = why
+    return available, skipped
+
+
+def taskrunners(s):
+    return [Taskrunner(name, sections) for name, sections in s.variants]
+
+
+def measure_rounds(backend, plan, rounds):
+    """Every (job, system) of `plan` measured once per round, the order rotated every round
+    → {(log level, system name): [result of each round]}."""
+    runs = {(job.log_level, system.name): [] for job, system in plan}
+    for r in range(rounds):
+        for job, system in rotated(plan, r):
+            runs[(job.log_level, system.name)].append(measure(system, backend, job))
+    return runs
+
+
+def cell_of(job, runs, rounds):
+    """One cell of the tables from {system name: [result of each round]}."""
+    peer = next((p.name for p in PEERS if p.name in runs), None)
+    cell = {"workers": job.workers, "log_level": job.log_level, "task_ms": job.task_ms,
+            "n": job.n, "rounds": rounds, "peer": peer, "systems": {}}
+    for name, per_round in runs.items():
+        entry = {key: summary([m[key] for m in per_round]) for key in RATES}
+        if "cpu_s" in per_round[0]:
+            for key in ("cpu_s_per_1000", "db_cpu_s_per_1000"):
+                values = [m[key] for m in per_round if m[key] is not None]
+                entry[key] = round(median(values), 3) if values else None
+            entry["shares"] = [m["shares"] for m in per_round]
+        if any(m.get("lost") for m in per_round):
+            entry["lost"] = sum(m.get("lost", 0) for m in per_round)
+        if peer and name != peer:
+            # name / peer, per round, then the median: the pairs ran side by side.
+            entry["over_peer"] = _ratios(per_round, runs[peer])
+        if name in ("floor", "ceiling"):
+            entry["taskrunner_over"] = _ratios(runs["taskrunner"], per_round)["jobs_per_s"]
+        entry["runs"] = per_round
+        cell["systems"][name] = entry
+    return cell
+
+
+def _ratios(these, those):
+    """Median of the per-round ratios these / those, for each rate."""
+    return {key: round(median([ratio(a[key], b[key]) for a, b in zip(these, those)]), 3)
+            for key in RATES}
+
+
+def compare(backend, systems, job, rounds):
+    """Measure `systems` on `job`, alternating, `rounds` rounds: one cell of the tables."""
+    runs = measure_rounds(backend, [(job, system) for system in systems], rounds)
+    return cell_of(job, {name: v for (_, name), v in runs.items()}, rounds)
+
+
+# -- throughput and work -----------------------------------------------------------------
+
+def throughput(backend, s):
+    """No-op tasks: for each W, every log level's taskrunner and peer (and, once, the floor
+    and the ceiling) alternating in the same rounds; a cell per (W, log level), and in the
+    cells after the first level each system's first level ÷ this one ("first_level_over").
+    A W that fails is reported as such ("errors") and the sweep goes on."""
+    peers, skipped = peers_of(backend)
+    bounds = [Floor()] + ([Ceiling()] if backend in Ceiling.backends else [])
+    cells, errors = [], []
+    for workers in s.sweep:
+        jobs = [Job(n=s.n, workers=workers, log_level=level, timeout=s.timeout_for(s.n))
+                for level in s.log_levels]
+        plan = [(job, system) for i, job in enumerate(jobs)
+                for system in taskrunners(s) + ([] if i else bounds) + peers]
+        try:
+            runs = measure_rounds(backend, plan, s.rounds)
+        except Exception as exc:
+            errors.append("W=%d: %s: %s" % (workers, type(exc).__name__, exc))
+            print("   W=%d failed: %s" % (workers, errors[-1]), flush=True)
+            continue
+        by_level = [{name: v for (level, name), v in runs.items() if level == job.log_level}
+                    for job in jobs]
+        for job, level_runs in zip(jobs, by_level):
+            cell = cell_of(job, level_runs, s.rounds)
+            if job is not jobs[0]:
+                for name, entry in cell["systems"].items():
+                    entry["first_level_over"] = dict(_ratios(by_level[0][name], level_runs[name]),
+                                                     level=jobs[0].log_level)
+            cells.append(cell)
+    if not cells:
+        raise RuntimeError("; ".join(errors))
+    return {"cells": cells, "skipped": skipped, "errors": errors}
+
+
+def work(backend, s):
+    """Tasks sleeping s.task_ms each, W = s.work_workers, at the first log level."""
+    peers, skipped = peers_of(backend)
+    job = Job(n=s.work_n, workers=s.work_workers, log_level=s.log_levels[0], task_ms=s.task_ms,
+              timeout=s.timeout_for(s.work_n) + s.work_n * s.task_ms / 1000.0)
+    return {"cells": [compare(backend, taskrunners(s) + peers, job, s.rounds)], "skipped": skipped}
+
+
+# -- enqueue -----------------------------------------------------------------------------
+
+def enqueue(backend, s):
+    """add_task one call at a time, add_tasks with the whole batch, alternating; then the
+    latency of a single enqueue beside the peer's."""
+    url = create_database(backend, "enq")
+    queue = make_queue(url)
+    single, bulk = [], []
+    try:
+        for _ in range(s.rounds):
+            start = time.perf_counter()
+            for _ in range(s.single_adds):
+                queue.add_task(common.NOOP)
+            single.append(s.single_adds / (time.perf_counter() - start))
+            specs = [{"handler": common.NOOP} for _ in range(s.n)]
+            start = time.perf_counter()
+            queue.add_tasks(specs)
+            bulk.append(s.n / (time.perf_counter() - start))
+    finally:
+        queue.close()
+        drop_url(url)
+    return {"single_calls": s.single_adds, "bulk_size": s.n,
+            "add_task_per_s": summary(single), "add_tasks_per_s": summary(bulk),
+            "single": single_enqueue(backend, s)}
+
+
+class _Enqueuer:
+    """One system's single enqueue, with its W workers running (idle between calls, as
+    beside a web application): `call()` queues one no-op, `done()` counts those run."""
+
+    def __init__(self, backend, system, workers):
+        self.name = system.name
+        self.job = Job(n=0, workers=workers)
+        self.procs, self.close_call = [], None
+        if isinstance(system, Taskrunner):
+            self.ctx = url = create_database(backend, "enq1")
+            queue = make_queue(url)
+            overseer = OverseerProcess(url, workers, "enqueue", log={"level": "warning"}).start()
+            self.procs = [overseer.proc]
+            self.call, self.close_call = (lambda: queue.add_task(common.NOOP)), queue.close
+            self.done = lambda: query(url, "SELECT count(*) FROM task_runs WHERE status = 'success'")[0][0]
+            self.teardown = lambda: (overseer.stop(), drop_url(url))
+            return
+        self.ctx = ctx = system.prepare(backend, self.job)
+        self.teardown = lambda: system.teardown(ctx)
+        self.procs = system.start(ctx, self.job)
+        if isinstance(system, Huey):
+            from bench import huey_app
+            self.call, self.close_call = huey_app.enqueuer(ctx[0])
+            self.done = lambda: marks_count(ctx[1])
+        else:
+            from bench import procrastinate_app
+            self.call, self.close_call = procrastinate_app.enqueuer(ctx)
+            self.done = lambda: query(ctx, "SELECT count(*) FROM procrastinate_events "
+                                           "WHERE type = 'succeeded'")[0][0]
+
+    def stop(self):
+        try:
+            if self.close_call:
+                self.close_call()
+            for proc in self.procs:
+                common.stop(proc)
+        finally:
+            self.teardown()
+
+
+def single_enqueue(backend, s, block=50, warmup=20):
+    """Per-call latency (ms) of one enqueue, taskrunner beside the peer, in alternating
+    blocks of `block` calls, s.single_adds calls each; every system's workers run (W =
+    s.workers) and have run `warmup` untimed calls first."""
+    peers, skipped = peers_of(backend)
+    if not peers:
+        return {"skipped": skipped} if skipped else None
+    systems = []
+    try:
+        for system in [Taskrunner()] + peers:
+            systems.append(_Enqueuer(backend, system, s.workers))
+        for e in systems:
+            for _ in range(warmup):
+                e.call()
+        for e in systems:
+            wait_until(lambda: e.done() >= warmup, 60, "%s to run %d tasks" % (e.name, warmup),
+                       interval=0.1, procs=e.procs)
+        times = {e.name: [] for e in systems}
+        for b in range(max(1, s.single_adds // block)):
+            for e in rotated(systems, b):
+                for _ in range(block):
+                    start = time.perf_counter()
+                    e.call()
+                    times[e.name].append(1000 * (time.perf_counter() - start))
+    finally:
+        for e in systems:
+            e.stop()
+    result = {"calls": len(times["taskrunner"]), "block": block, "workers": s.workers,
+              "peer": peers[0].name, "systems": {}}
+    for name, values in times.items():
+        result["systems"][name] = {"p50_ms": round(percentile(values, 50), 3),
+                                   "p95_ms": round(percentile(values, 95), 3)}
+    peer = result["systems"][peers[0].name]
+    result["p50_over_peer"] = ratio(result["systems"]["taskrunner"]["p50_ms"], peer["p50_ms"])
+    return result
+

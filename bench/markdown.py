@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""The README's tables against the peers, in Markdown, from the JSON of bench/run.py:
+
+    python bench/markdown.py bench/results/2026-11-23-peers-main.json
+
+One table per database for the throughput sweep (one row per W, log level and taskrunner
+variant), one for the work scenario (tasks that sleep) and one for single-enqueue latency.
+Figures are the medians of the rounds; ratios the medians of the per-round ratios.
+"""
+import json
+import sys
+
+PEERS = {"huey": "Huey", "procrastinate": "Procrastinate"}
+DATABASES = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "mysql": "MariaDB"}
+
+
+def _n(value, digits=0):
+    return "—" if value is None else "{:,.{}f}".format(value, digits)
+
+
+def _cpu(entry):
+    """CPU s per 1,000 jobs: processes, + server when measured."""
+    own, server = entry.get("cpu_s_per_1000"), entry.get("db_cpu_s_per_1000")
+    if own is None:
+        return "—"
+    return "%.2f" % own if server is None else "%.2f + %.2f" % (own, server)
+
+
+def _shares(entry):
+    rounds = [s for s in entry.get("shares", []) if s]
+    if not rounds:
+        return "n/a"
+    middle = sorted(rounds, key=max)[len(rounds) // 2]
+    return "/".join("%.0f" % (100 * s) for s in middle)
+
+
+def _bounds(cell):
+    """floor ÷ peer and (SQLite) the disk's ceiling ÷ peer, measured in the same cell."""
+    bounds = []
+    for name, short in (("floor", "floor"), ("ceiling", "disk")):
+        entry = cell["systems"].get(name)
+        if entry and "over_peer" in entry:
+            bounds.append("%s %.2f ×" % (short, entry["over_peer"]["jobs_per_s"]))
+    return ", ".join(bounds) or "—"
+
+
+def _rows(cell, label, bounds):
+    peer = cell["peer"]
+    p = cell["systems"].get(peer, {}) if peer else {}
+    out = []
+    for name, e in cell["systems"].items():
+        if not name.startswith("taskrunner"):
+            continue
+        variant = "" if name == "taskrunner" else " (%s)" % name.split(" ", 1)[1]
+        out.append("| %s%s | %s | %s | %s | %s | %s | %s / %s | %s |" % (
+            label, variant, _n(p.get("jobs_per_s", {}).get("median")) + _lost(p), _n(e["jobs_per_s"]["median"]),
+            "%.2f ×" % e["over_peer"]["jobs_per_s"] if "over_peer" in e else "—",
+            bounds, "%s / %s" % (_shares(e), _shares(p)) if p else _shares(e),
+            _cpu(e), _cpu(p), _quieter(e, p)))
+    return out
+
+
+def _lost(entry):
+    return " (lost %d)" % entry["lost"] if entry.get("lost") else ""
+
+
+def _quieter(entry, peer):
+    """The first log level's jobs/s ÷ this level's, measured in the same rounds."""
+    if "first_level_over" not in entry:
+        return "—"
+    return "%.2f × / %s" % (entry["first_level_over"]["jobs_per_s"],
+                            "%.2f ×" % peer["first_level_over"]["jobs_per_s"]
+                            if "first_level_over" in peer else "—")
+
+
+def throughput_table(backend, result):
+    peer = next((c["peer"] for c in result["cells"] if c["peer"]), None)
+    name = PEERS.get(peer, "peer")
+    lines = ["| %s, %s no-op tasks | %s jobs/s | taskrunner jobs/s | taskrunner ÷ %s | bounds "
+             "(÷ %s) | shares %% (taskrunner / %s) | CPU s per 1,000 jobs, taskrunner / %s | "
+             "warning ÷ info, taskrunner / %s |"
+             % (DATABASES[backend], _n(result["cells"][0]["n"]), name, name, name, name, name, name),
+             "|---|---:|---:|---:|---|---|---|---|"]
+    for cell in result["cells"]:
+        lines.extend(_rows(cell, "W = %d, log %s" % (cell["workers"], cell["log_level"]), _bounds(cell)))
+    lines.extend("| %s | failed | | | | | | |" % error.split(":", 1)[0] for error in result.get("errors", []))
+    return "\n".join(lines)
+
+
+def work_table(results):
+    lines = ["| tasks sleeping %g ms | peer jobs/s | taskrunner jobs/s | taskrunner ÷ peer | bound "
+             "(W ÷ sleep) | shares %% (taskrunner / peer) | CPU s per 1,000 jobs, taskrunner / peer | warning ÷ info |"
+             % next(iter(results.values()))["cells"][0]["task_ms"],
+             "|---|---:|---:|---:|---|---|---|---|"]
+    for backend, result in results.items():
+        for cell in result["cells"]:
+            label = "%s, W = %d, %s, %s" % (DATABASES[backend], cell["workers"], PEERS.get(cell["peer"], "—"),
+                                            _n(cell["n"]))
+            lines.extend(_rows(cell, label, "%s jobs/s" % _n(cell["workers"] * 1000 / cell["task_ms"])))
+    return "\n".join(lines)
+
+
+def enqueue_table(results, commits_per_s):
+    lines = ["| one call at a time (ms) | taskrunner add_task p50 / p95 | peer's enqueue p50 / p95 "
+             "| p50 ÷ peer's | add_task/s, add_tasks/s |", "|---|---|---|---:|---|"]
+    for backend, r in results.items():
+        single = r.get("single") or {}
+        if "systems" not in single:
+            continue
+        t, p = single["systems"]["taskrunner"], single["systems"][single["peer"]]
+        note = " (one commit: %.1f ms)" % (1000 / commits_per_s) if backend == "sqlite" and commits_per_s else ""
+        lines.append("| %s, beside %s%s | %.2f / %.2f | %.2f / %.2f | %.2f × | %s, %s |" % (
+            DATABASES[backend], PEERS[single["peer"]], note, t["p50_ms"], t["p95_ms"], p["p50_ms"],
+            p["p95_ms"], single["p50_over_peer"], _n(r["add_task_per_s"]["median"]),
+            _n(r["add_tasks_per_s"]["median"])))
+    return "\n".join(lines)
+
+
+def main(path):
+    with open(path) as fh:
+        report = json.load(fh)
+    parts = [throughput_table(b, r) for b, r in report.get("throughput", {}).items() if "cells" in r]
+    work = {b: r for b, r in report.get("work", {}).items() if "cells" in r}
+    if work:
+        parts.append(work_table(work))
+    enqueue = {b: r for b, r in report.get("enqueue", {}).items() if "error" not in r}
+    if enqueue:
+        parts.append(enqueue_table(enqueue, report["meta"].get("sqlite_commits_per_s")))
+    print("\n\n".join(parts))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: bench/markdown.py RESULTS.json")
+    main(sys.argv[1])

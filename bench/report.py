@@ -1,0 +1,208 @@
+"""What bench/run.py prints: a table per scenario (`SHOW`), and the targets of the design
+and of the issues, measured (`evaluate`)."""
+from bench import common
+from bench.common import median, print_table
+
+PEER_NAMES = {"huey": "Huey", "procrastinate": "Procrastinate"}
+
+
+def _mmm(summary):
+    return "%s (%s–%s)" % (common.fmt(summary["median"]), common.fmt(summary["min"]),
+                           common.fmt(summary["max"]))
+
+
+def largest_share(entry):
+    """The median over the rounds of the largest worker's share, or None when unknown."""
+    values = [max(shares) for shares in entry.get("shares", []) if shares]
+    return median(values) if values else None
+
+
+def _share(entry):
+    value = largest_share(entry)
+    return "-" if "shares" not in entry else "n/a" if value is None else "%.0f %%" % (100 * value)
+
+
+def _cpu(entry, key):
+    value = entry.get(key)
+    return "-" if value is None else "%.2f" % value
+
+
+def _cell_rows(backend, cell):
+    rows = []
+    for name, e in cell["systems"].items():
+        over = e.get("over_peer", {}).get("jobs_per_s")
+        if e.get("lost"):
+            name += " (lost %d jobs)" % e["lost"]
+        rows.append([backend, cell["workers"], cell["log_level"], name, _mmm(e["jobs_per_s"]),
+                     _mmm(e["steady_jobs_per_s"]), "-" if over is None else "%.2f ×" % over,
+                     "%.0f %%" % (100 * e["taskrunner_over"]) if "taskrunner_over" in e else "",
+                     _cpu(e, "cpu_s_per_1000"), _cpu(e, "db_cpu_s_per_1000"), _share(e)])
+    return rows
+
+
+HEADERS = ["db", "W", "log", "system", "jobs/s (min–max)", "steady (p10–p90)", "÷ peer",
+           "taskrunner ÷ it", "CPU s / 1k jobs", "DB server CPU s / 1k", "largest share"]
+
+
+def _show_cells(results, title):
+    rows = []
+    for backend, r in results.items():
+        for cell in r["cells"]:
+            rows.extend(_cell_rows(backend, cell))
+        for peer, why in r.get("skipped", {}).items():
+            rows.append([backend, "", "", peer, "skipped: " + why] + [""] * 6)
+        for error in r.get("errors", []):
+            rows.append([backend, "", "", "FAILED", error] + [""] * 6)
+    print_table(title, HEADERS, rows)
+
+
+def show_throughput(results):
+    some = next(iter(results.values()))["cells"][0]
+    _show_cells(results, "throughput: %d no-op tasks drained with W workers (jobs/s, median "
+                         "(min–max) of %d rounds; ratios: medians of per-round ratios)"
+                % (some["n"], some["rounds"]))
+
+
+def show_work(results):
+    some = next(iter(results.values()))["cells"][0]
+    _show_cells(results, "work: %d tasks sleeping %g ms each, W = %d"
+                % (some["n"], some["task_ms"], some["workers"]))
+
+
+def show_enqueue(results):
+    rows = [[b, _mmm(r["add_task_per_s"]), _mmm(r["add_tasks_per_s"])] for b, r in results.items()]
+    print_table("enqueue (tasks/s)", ["db", "add_task, one call each", "add_tasks, one batch"], rows)
+    rows = []
+    for backend, r in results.items():
+        single = r.get("single") or {}
+        for name, e in single.get("systems", {}).items():
+            rows.append([backend, name, e["p50_ms"], e["p95_ms"],
+                         "%.2f ×" % single["p50_over_peer"] if name == "taskrunner" else ""])
+        for peer, why in single.get("skipped", {}).items():
+            rows.append([backend, peer, "skipped: " + why, "", ""])
+    if rows:
+        print_table("single enqueue, one call at a time, alternating blocks of calls, every "
+                    "system's workers running (ms)",
+                    ["db", "system", "p50", "p95", "p50 ÷ peer's"], rows)
+
+
+def show_latency(results):
+    rows = [[b, r["p50_ms"], r["p95_ms"], r["p99_ms"], r["max_ms"], r["idle_runner_cpu_pct_max"],
+             r["idle_overseer_cpu_pct"]] for b, r in results.items()]
+    print_table("pickup latency after idle: queued_on → started_on (ms), 200 tasks 20 ms apart",
+                ["db", "p50", "p95", "p99", "max", "idle runner CPU % (max)", "overseer CPU %"], rows)
+
+
+def show_rss(results):
+    rows = [[b, r["overseer_rss_mb"], r["runner_rss_mb_max"], r["overseer_uss_mb"],
+             max(r["runner_uss_mb"])] for b, r in results.items()]
+    print_table("footprint, idle (MB)", ["db", "overseer RSS", "runner RSS (max)", "overseer USS",
+                                         "runner USS (max)"], rows)
+
+
+def show_scale(results):
+    rows = [[b, "%d vs %d" % tuple(r["sizes"]), _mmm(r["small_runs_per_s"]), _mmm(r["large_runs_per_s"]),
+             "%.0f %%" % (100 * r["ratio"]), r["build_seconds"][r["sizes"][1]]]
+            for b, r in results.items()]
+    print_table("scale: claim+finish throughput (runs/s) by pending backlog, %s runs per measurement"
+                % next(iter(results.values()))["drained_per_measurement"],
+                ["db", "pending", "small", "large", "large/small", "build large (s)"], rows)
+
+
+def show_detection(results):
+    rows = [[b, r["kills"], r["to_timeout_p50_s"], r["to_timeout_p99_s"], r["to_restart_p50_s"],
+             r["to_restart_p99_s"]] for b, r in results.items()]
+    print_table("dead-runner detection after kill -9 (s), check_interval 1 s",
+                ["db", "kills", "→ timeout p50", "→ timeout p99", "→ next run started p50",
+                 "→ next run p99"], rows)
+
+
+SHOW = {"throughput": show_throughput, "work": show_work, "enqueue": show_enqueue,
+        "latency": show_latency, "rss": show_rss, "scale": show_scale, "detection": show_detection}
+
+
+# -- targets -----------------------------------------------------------------------------
+
+# Throughput ÷ peer on no-op tasks at log level warning (issue 16): (default, batched)
+# taskrunner; PostgreSQL from W = 2. Work (tasks sleeping 5 ms): taskrunner ÷ peer.
+THROUGHPUT_TARGETS = {"huey": (1.2, 2.5), "procrastinate": (5.0, 10.0)}
+MIN_WORKERS = {"huey": 1, "procrastinate": 2}
+WORK_TARGETS = {"huey": 1.0, "procrastinate": 2.0}
+
+
+def _bounds(cell):
+    """What bounds taskrunner ÷ peer in this cell: floor ÷ peer and (SQLite) ceiling ÷ peer."""
+    shown = ["%s %.2f ×" % (label, cell["systems"][name]["over_peer"]["jobs_per_s"])
+             for name, label in (("floor", "raw floor"), ("ceiling", "disk"))
+             if "over_peer" in cell["systems"].get(name, {})]
+    return " (bounds: %s)" % ", ".join(shown) if shown else ""
+
+
+def _taskrunners(cell):
+    return [(name, e) for name, e in cell["systems"].items() if name.startswith("taskrunner")]
+
+
+def _throughput_targets(backend, r, add):
+    for cell in r["cells"]:
+        peer, w = cell["peer"], cell["workers"]
+        for name, e in _taskrunners(cell):
+            quieter = e.get("first_level_over", {})
+            if quieter.get("level") == "warning" and cell["log_level"] == "info":
+                v = quieter["jobs_per_s"]
+                add("quieter logging not slower: %s log warning ÷ info ≥ 0.95 (W=%d)" % (name, w),
+                    backend, v, v >= 0.95, "%.2f ×" % v)
+            share = largest_share(e)
+            if w > 1 and share is not None:
+                add("largest runner share ≤ 1.25 ÷ W (%s, W=%d, log %s)" % (name, w, cell["log_level"]),
+                    backend, share, share <= 1.25 / w, "%.0f %%" % (100 * share))
+            if peer and cell["log_level"] == "warning" and w >= MIN_WORKERS[peer]:
+                goal = THROUGHPUT_TARGETS[peer]["batch" in name]
+                v = e["over_peer"]["jobs_per_s"]
+                add("%s ≥ %g × %s (W=%d, log warning)" % (name, goal, PEER_NAMES[peer], w), backend,
+                    v, v >= goal, "%.2f ×" % v + _bounds(cell))
+        if "floor" in cell["systems"]:
+            v = cell["systems"]["floor"]["taskrunner_over"]
+            add("throughput ≥ 60 %% of the raw floor (W=%d)" % w, backend, v, v >= 0.6,
+                "%.0f %%" % (100 * v))
+
+
+def evaluate(report):
+    """(target, db, measured, met) for every target that was measured."""
+    out = []
+
+    def add(name, backend, value, met, shown):
+        out.append({"target": name, "db": backend, "measured": value, "shown": shown, "met": bool(met)})
+
+    for backend, r in report.get("throughput", {}).items():
+        if "cells" in r:
+            _throughput_targets(backend, r, add)
+    for backend, r in report.get("work", {}).items():
+        for cell in r.get("cells", []):
+            peer = cell["peer"]
+            for name, e in _taskrunners(cell) if peer else ():
+                v = e["over_peer"]["jobs_per_s"]
+                add("%g ms tasks: %s ≥ %g × %s (W=%d)" % (cell["task_ms"], name, WORK_TARGETS[peer],
+                                                         PEER_NAMES[peer], cell["workers"]),
+                    backend, v, v >= WORK_TARGETS[peer], "%.2f ×" % v)
+    for backend, r in report.get("enqueue", {}).items():
+        single = r.get("single") or {}
+        if "p50_over_peer" in single:
+            v, peer = single["p50_over_peer"], single["peer"]
+            add("add_task p50 ≤ %s's single enqueue" % PEER_NAMES[peer], backend, v, v <= 1,
+                "%.2f × (%.2f vs %.2f ms)" % (v, single["systems"]["taskrunner"]["p50_ms"],
+                                              single["systems"][peer]["p50_ms"]))
+    for backend, r in report.get("latency", {}).items():
+        add("pickup p50 ≤ 10 ms", backend, r["p50_ms"], r["p50_ms"] <= 10, "%.1f ms" % r["p50_ms"])
+        add("pickup p99 ≤ 50 ms", backend, r["p99_ms"], r["p99_ms"] <= 50, "%.1f ms" % r["p99_ms"])
+        v = r["idle_runner_cpu_pct_max"]
+        add("idle runner CPU < 1 %", backend, v, v < 1, "%.2f %%" % v)
+    for backend, r in report.get("scale", {}).items():
+        add("%d pending ≥ 80 %% of %d pending" % (r["sizes"][1], r["sizes"][0]), backend, r["ratio"],
+            r["ratio"] >= 0.8, "%.0f %%" % (100 * r["ratio"]))
+    for backend, r in report.get("detection", {}).items():
+        v = r["to_restart_p99_s"]
+        add("detection p99 ≤ 1.5 s (kill → next run started)", backend, v, v <= 1.5, "%.2f s" % v)
+    for backend, r in report.get("rss", {}).items():
+        v = r["runner_rss_mb_max"]
+        add("idle runner RSS ≤ 40 MB", backend, v, v <= 40, "%.1f MB" % v)
+    return out
