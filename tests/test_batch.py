@@ -136,7 +136,7 @@ def test_a_claimed_run_taken_away_before_it_starts_is_never_started(how, databas
                                                                     tmp_path):
     queue = database.queue()
     log = str(tmp_path / "records")
-    held = gate_task(queue, tmp_path, log, priority=5)
+    gate_task(queue, tmp_path, log, priority=5)
     victim = queue.add_task("sample_handlers.Record", data={"log": log})
     proc = procs.spawn("runner", config=batch_config(database, tmp_path))
     wait_started(log)
