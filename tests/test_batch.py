@@ -7,8 +7,10 @@ Runs are counted, as in test_runner_processes, both from the database and from a
 handlers append to outside it. Every test here fails on a taskrunner without batching: its
 config refuses the ``batch`` key (the runner exits 2 before it claims anything).
 """
+import json
 import os
 import random
+import re
 import signal
 
 import pytest
@@ -105,11 +107,18 @@ def test_term_with_a_full_batch_writes_the_successes_and_gives_back_the_rest(dat
     rest = queue.add_tasks([{"handler": "sample_handlers.Record", "data": {"log": log}}
                             for _ in range(10)])
     # The longest flush_interval: the first success may still wait when TERM comes.
-    proc = procs.spawn("runner", config=batch_config(database, tmp_path, flush_interval=1))
+    config = batch_config(database, tmp_path, flush_interval=1)
+    proc = procs.spawn("runner", config=config)
     wait_started(log)
     row = runner_row(proc, procs)
     assert {r.status for t in rest for r in runs_of(t)} == {RUNNING}
     assert {r.runner_id for t in rest for r in runs_of(t)} == {row.id}
+    # `status` shows the runs it holds: the gate's, the ten claimed, maybe the first's.
+    [shown] = [r for r in json.loads(taskrunner("status", "--json", config=config,
+                                                check=True).stdout)["runners"]
+               if r["id"] == row.id]
+    assert shown["claimed"] in (11, 12), shown
+    assert re.search(r"\+1[01] claimed", taskrunner("status", config=config).stdout)
 
     proc.send_signal(signal.SIGTERM)
     open_gate(tmp_path)
