@@ -246,12 +246,6 @@ class Batch:
             self.done.append(Done(claimed, outcome, now, elapsed, handler, context))
         return True
 
-    def flush(self, now):
-        """Write the successes waiting (the runner stops, or rides out an outage)."""
-        with self.lock:
-            if self.done:
-                self._write(now)
-
     def give_back_lost_claims(self):
         """After the connection dropped during a flush or a claim: whether it committed is
         unknown, so every run ``running`` under this runner that it neither holds claimed nor

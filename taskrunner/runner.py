@@ -1,7 +1,8 @@
 """The runner: one process that claims runs and executes them, one at a time.
 
 Loop: claim the next run, execute it, record the outcome; wait only when idle (woken at
-once by a signal). TERM, HUP or INT: finish the current run, claim nothing more, mark the
+once by a signal). With ``[runner] batch`` > 1 it claims several runs at once and records
+their successes together (batches.py). TERM, HUP or INT: finish the current run, claim nothing more, mark the
 runner ``success`` and exit 0; USR1 interrupts the handler and hands the run back (the
 signals are described on `Worker`). The runner also exits after its current run when its
 RSS passes ``[runner] memory_limit``, after ``max_runs`` runs, when its parent overseer
