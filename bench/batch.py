@@ -98,13 +98,12 @@ def summary(rounds, peer):
     for name in names:
         row = {"jobs_per_s": median([r[name]["jobs_per_s"] for r in rounds]),
                "steady_jobs_per_s": median([r[name]["steady_jobs_per_s"] for r in rounds])}
-        if peer in rounds[0] and name != peer:
-            row["vs_peer"] = median([ratio(r[name]["jobs_per_s"], r[peer]["jobs_per_s"])
-                                     for r in rounds])
-        base = "taskrunner batch=1"
-        if name.startswith("taskrunner") and name != base:
-            row["vs_batch_1"] = median([ratio(r[name]["jobs_per_s"], r[base]["jobs_per_s"])
-                                        for r in rounds])
+        for label, other in (("peer", peer), ("batch_1", "taskrunner batch=1")):
+            if other not in rounds[0] or name == other or not name.startswith("taskrunner"):
+                continue
+            for key, prefix in (("jobs_per_s", ""), ("steady_jobs_per_s", "steady_")):
+                row["%svs_%s" % (prefix, label)] = median(
+                    [ratio(r[name][key], r[other][key]) for r in rounds])
         table[name] = row
     return table
 
