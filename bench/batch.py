@@ -81,9 +81,17 @@ PEER = {"sqlite": QuietHuey(), "postgresql": AnalyzedProcrastinate()}
 
 
 def run_round(backend, systems, n, workers, timeout):
+    """One run of each system; a run that fails (Huey can lose a task to "database is
+    locked" under load and never reach n) is recorded as such, and its round left out of
+    the medians."""
     out = {}
     for system in systems:
-        result = measure(system, backend, n, workers, timeout)
+        try:
+            result = measure(system, backend, n, workers, timeout)
+        except (common.BenchTimeout, RuntimeError) as exc:
+            out[system.name] = {"error": str(exc)}
+            print("  %-22s failed: %s" % (system.name, exc), flush=True)
+            continue
         out[system.name] = result
         print("  %-22s %8.1f jobs/s (steady %8.1f)" % (system.name, result["jobs_per_s"],
                                                        result["steady_jobs_per_s"]), flush=True)
@@ -93,6 +101,9 @@ def run_round(backend, systems, n, workers, timeout):
 def summary(rounds, peer):
     """Per system: median jobs/s and steady; ratios to the peer and to batch=1 (medians of
     the per-round ratios)."""
+    rounds = [r for r in rounds if not any("error" in v for v in r.values())] or rounds[:0]
+    if not rounds:
+        return {}
     names = list(rounds[0])
     table = {}
     for name in names:
