@@ -12,6 +12,7 @@ import os
 import random
 import re
 import signal
+import time
 
 import pytest
 
@@ -147,7 +148,7 @@ def test_a_claimed_run_taken_away_before_it_starts_is_never_started(how, databas
     log = str(tmp_path / "records")
     gate_task(queue, tmp_path, log, priority=5)
     victim = queue.add_task("sample_handlers.Record", data={"log": log})
-    proc = procs.spawn("runner", config=batch_config(database, tmp_path))
+    proc = procs.spawn("runner", config=batch_config(database, tmp_path, flush_interval=0.01))
     wait_started(log)
     [claimed] = runs_of(victim)
     assert claimed.status == RUNNING, "not claimed with the first run"
@@ -157,6 +158,10 @@ def test_a_claimed_run_taken_away_before_it_starts_is_never_started(how, databas
     else:
         assert lifecycle.end_run(queue.store, claimed.id, victim, TIMEOUT,
                                  error_code="RunTimeout", error_message="as an overseer would")
+    # The claimed runs are re-read at most flush_interval before a start: what was taken
+    # away within that window is stopped like a running run (the heartbeat), not skipped.
+    taken_at = time.monotonic()
+    wait_for(lambda: time.monotonic() - taken_at > 0.1, message="flush_interval to pass")
     open_gate(tmp_path)
     wait_for(lambda: Task.get_by_id(victim).finished_on is not None, timeout=30,
              message="the victim's task to end")
