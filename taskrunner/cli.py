@@ -151,9 +151,19 @@ def cmd_status(args):
     print_table(["ID", "KIND", "HOST", "PID", "STATE", "RUN", "PROGRESS", "RSS MB", "RUNS",
                   "STARTED", "HEARTBEAT"],
                  [[r["id"], r["kind"], r["host"], r["pid"], r["state"],
-                   "%s (task %s)" % (r["run_id"], r["task_id"]) if r["run_id"] else "-",
+                   run_column(r),
                    "%d%%" % r["progress"] if r["progress"] is not None else "-", r["rss_mb"],
                    r["runs_done"], when(r["started_on"]), when(r["heartbeat_on"])] for r in rows])
+
+
+def run_column(runner):
+    """The run a runner executes; with a batch, how many more it holds (claimed, or ended
+    and not written yet: see README "Batched acknowledgements")."""
+    if not runner["run_id"]:
+        return "-"
+    more = runner.get("claimed", 1) - 1
+    return "%s (task %s)%s" % (runner["run_id"], runner["task_id"],
+                               " +%d claimed" % more if more > 0 else "")
 
 
 def cmd_tasks(args):

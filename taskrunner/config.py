@@ -41,12 +41,14 @@ def parse_queue_list(text):
     return names
 
 
-def _int(minimum=None):
+def _int(minimum=None, maximum=None):
     def check(value):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError("expected an integer")
         if minimum is not None and value < minimum:
             raise ValueError("must be at least %d" % minimum)
+        if maximum is not None and value > maximum:
+            raise ValueError("must be at most %d" % maximum)
         return value
     return check
 
@@ -59,6 +61,14 @@ def _positive_seconds(value):
     seconds = parse_timespan(value)
     if seconds <= 0:
         raise ValueError("must be greater than zero")
+    return seconds
+
+
+def _flush_interval(value):
+    seconds = _positive_seconds(value)
+    if seconds > 1:
+        # Outcomes wait this long, unrecorded: a crash re-executes what finished meanwhile.
+        raise ValueError("must be at most 1s")
     return seconds
 
 
@@ -117,6 +127,10 @@ SCHEMA = {
         "memory_limit": (100, _int(1)),
         "max_runs": (0, _int(0)),
         "heartbeat_interval": (5.0, _positive_seconds),
+        # Batched acknowledgements (batches.py): runs claimed at once, and how long a
+        # success may wait for the others' before it is committed. 1 = one at a time.
+        "batch": (1, _int(1, maximum=1000)),
+        "flush_interval": (0.005, _flush_interval),
         # "" = liveness.default_host_id(); wake-ups: "" = $TASKRUNNER_WAKEUP_DIR, then
         # $XDG_RUNTIME_DIR or the temporary directory (see wakeup.base_directory).
         "host_id": ("", _string),

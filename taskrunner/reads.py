@@ -132,6 +132,9 @@ class RunnerInfo(_Record):
     runs_done: int
     started_on: datetime
     heartbeat_on: datetime
+    # Runs it holds ``running``: 1 while it executes one; with [runner] batch > 1 also the
+    # runs claimed with it and not started yet, and successes not written yet (batches.py).
+    claimed: int = 0
 
 
 @dataclass(frozen=True)
@@ -353,10 +356,15 @@ def task_counts(store: Any) -> Dict[str, int]:
 
 
 def running_runners(store: Any) -> List[RunnerInfo]:
-    """Every runner and overseer registered ``running``, with its current run."""
+    """Every runner and overseer registered ``running``, with its current run: of the runs
+    it holds (several with a batch), the first in the claim order."""
     Runner, Run = store.Runner, store.Run
     rows = list(Runner.select().where(Runner.status == RUNNING).order_by(Runner.id))
-    current = {r.runner_id: r for r in Run.select().where(run_status_is(Run, RUNNING))}
+    current, held = {}, {}
+    for run in Run.select().where(run_status_is(Run, RUNNING)).order_by(
+            Run.priority.desc(), Run.scheduled_on, Run.id):
+        current.setdefault(run.runner_id, run)
+        held[run.runner_id] = held.get(run.runner_id, 0) + 1
     result = []
     for r in rows:
         run = current.get(r.id)
@@ -368,7 +376,8 @@ def running_runners(store: Any) -> List[RunnerInfo]:
             task_id=run.task_id if run else None,
             progress=run.percent_completed if run else None,
             rss_mb=round(r.rss / 1048576, 1) if r.rss else None, runs_done=r.runs_done,
-            started_on=aware(r.started_on), heartbeat_on=aware(r.heartbeat_on)))
+            started_on=aware(r.started_on), heartbeat_on=aware(r.heartbeat_on),
+            claimed=held.get(r.id, 0)))
     return result
 
 

@@ -1,8 +1,9 @@
 """The runner: one process that claims runs and executes them, one at a time.
 
 Loop: claim the next run, execute it, record the outcome; wait only when idle (woken at
-once by a signal). TERM, HUP or INT: finish the current run, claim nothing more, mark the
-runner ``success`` and exit 0; USR1 interrupts the handler and hands the run back (the
+once by a signal). With ``[runner] batch`` > 1 it claims several runs at once and records
+their successes together (batches.py). TERM, HUP or INT: finish the current run, claim
+nothing more, mark the runner ``success`` and exit 0; USR1 interrupts the handler and hands the run back (the
 signals are described on `Worker`). The runner also exits after its current run when its
 RSS passes ``[runner] memory_limit``, after ``max_runs`` runs, when its parent overseer
 is gone, or when someone declared it dead.
@@ -24,8 +25,8 @@ import time
 from datetime import timedelta, timezone
 
 
-from . import (leadership, lifecycle, liveness, maintenance, outage, outcomes, periodic, queues,
-               wakeup)
+from . import (batches, leadership, lifecycle, liveness, maintenance, outage, outcomes, periodic,
+               queues, wakeup)
 from .errors import HandlerError, RunnerLimitReached
 from .handler import RunContext, load_handler
 from .heartbeat import Heartbeat
@@ -97,6 +98,7 @@ class Worker:
         self._wake_r = self._wake_w = None
         self._listener = self._pg_listener = None
         self.heartbeat = Heartbeat(self)
+        self.batch = None             # a batches.Batch with [runner] batch > 1
 
     # -- signals ------------------------------------------------------------------------
 
@@ -197,6 +199,9 @@ class Worker:
                 self.current = self.context = None
         self.runs_done += 1
         status, now = outcome.status, self.now()
+        if self.batch is not None and self.batch.keep(claimed, outcome, now,
+                                                      time.monotonic() - started, handler, context):
+            return None               # written with the batch's next flush
         args = (claimed.run_id, claimed.task_id, status, self.runner_id, outcome.results,
                 outcome.code, outcome.message)
         options = dict(periodic_task_id=claimed.periodic_task_id, retry_at=outcome.retry_at,
@@ -407,6 +412,8 @@ class Worker:
         self.heartbeat.start()
         claimed = None
         try:
+            if self.config.runner.batch > 1 and self.install_signals:
+                self._work_batched(burst)       # returns when the runner is to exit
             while claimed is not None or not self._should_exit():
                 if claimed is None:
                     claimed = self._with_database(lambda: lifecycle.claim(
@@ -424,6 +431,8 @@ class Worker:
         except outage.DatabaseLost:
             pass         # told to stop, idle, while the database is unreachable: just go
         finally:
+            if self.batch is not None:   # successes written, unstarted runs given back
+                self.batch.close_through(self._with_database, self.now(), self.stop_reason)
             if self._listener is not None:
                 self._listener.close()
             self.heartbeat.stop()
@@ -434,6 +443,27 @@ class Worker:
             log.info("runner %d exiting after %d runs: %s", self.runner_id, self.runs_done,
                      self.stop_reason)
         return self.runs_done
+
+    def _work_batched(self, burst):
+        """work() with [runner] batch > 1 (batches.py): up to `batch` runs claimed at once,
+        executed one by one, their successes written together."""
+        size = self.config.runner.batch
+        batch = self.batch = batches.Batch(self.store, self.runner_id, size,
+                                           self.config.runner.flush_interval)
+        batch.start()
+        while not self._should_exit():
+            left = self.max_runs - self.runs_done if self.max_runs else size
+            claimed = self._with_database(lambda: batch.next(self._claim_order(), self.now(),
+                                                             left),
+                                          reconnected=batch.give_back_lost_claims,
+                                          while_stopping=False)
+            if claimed is not None:
+                self.execute(claimed)
+            elif burst:
+                self.stop_reason = "no work left"
+            else:
+                self._with_database(lambda: self._idle(standalone=self.parent_pid is None),
+                                    while_stopping=False)
 
     def _retire(self):
         try:

@@ -18,7 +18,7 @@ LEVELS = {
     "concurrency": 2.9,        # concurrency-key slots: a rule the run lifecycle builds on
     "lifecycle": 3.0, "enqueue": 3.0,
     "leadership": 3.15, "liveness": 3.1, "rotation": 3.1, "reads": 3.1, "control": 3.1, "queues": 3.1, "summaries": 3.2,
-    "periodic": 3.2, "maintenance": 3.2, "outcomes": 3.3, "heartbeat": 3.4,
+    "periodic": 3.2, "maintenance": 3.2, "outcomes": 3.3, "batches": 3.35, "heartbeat": 3.4,
     "queue": 4, "runner": 4, "overseer": 4,
     "cli": 5, "cli_args": 5, "cli_runs": 5, "cli_calendar": 5, "cli_periodic": 5, "cli_queues": 5,
     "__main__": 5,

@@ -39,13 +39,14 @@ MACHINE_SLACK = 3.0
 
 def overseer_toml(limit=3, check_interval=CHECK_INTERVAL, graceful_timeout=30, kill_grace=2,
                   max_start_failures=10, max_retries=5, extra="", heartbeat_interval=5,
-                  crash_grace=0):
-    return ("[runner]\nlimit = %d\npoll_interval = 0.1\nheartbeat_interval = %s\n"
+                  crash_grace=0, batch=1):
+    return ("[runner]\nlimit = %d\npoll_interval = 0.1\nheartbeat_interval = %s\n%s"
             "[overseer]\ncheck_interval = %s\ngraceful_timeout = %s\nkill_grace = %s\n"
             "max_start_failures = %d\ncrash_grace = %s\n"
             "[task]\nretry_backoff = 0\nmax_retries = %d\n%s"
-            % (limit, heartbeat_interval, check_interval, graceful_timeout, kill_grace,
-               max_start_failures, crash_grace, max_retries, extra))
+            % (limit, heartbeat_interval, "batch = %d\n" % batch if batch > 1 else "",
+               check_interval, graceful_timeout, kill_grace, max_start_failures, crash_grace,
+               max_retries, extra))
 
 
 class Overseers:
@@ -718,15 +719,17 @@ def test_each_runner_has_its_own_postgresql_connection(pg_overseers, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_chaos_kill_9_runners_every_quarter_second_loses_no_task(database_sp, overseers,
+@pytest.mark.parametrize("batch", [1, 16])
+def test_chaos_kill_9_runners_every_quarter_second_loses_no_task(batch, database_sp, overseers,
                                                                  tmp_path):
     """A random runner SIGKILLed every 0.25 s while the queue is being worked (30 kills, or
-    until no task is left): nothing lost, nothing run twice, the limit never exceeded."""
+    until no task is left): nothing lost, no run executed twice, the limit never exceeded;
+    with batched acknowledgements too (a run then holds its runner's batch)."""
     queue = database_sp.queue()
     log = str(tmp_path / "records")
     task_ids = queue.add_tasks([{"handler": "sample_handlers.Record",
                                  "data": {"log": log, "sleep": 0.02}} for _ in range(1000)])
-    proc = overseers.start(overseers.config(limit=4, max_retries=50))
+    proc = overseers.start(overseers.config(limit=4, max_retries=50, batch=batch))
     wait_up(overseers, proc, 4)
 
     rng = random.Random(os.getpid())

@@ -1,0 +1,351 @@
+"""Batched acknowledgements (``[runner] batch`` > 1, off by default): a busy runner claims
+up to `batch` runs in one transaction, executes them one by one, and records their successes
+together — one commit for many jobs instead of one per job.
+
+When outcomes are written (a flush):
+- when `batch` successes wait, or `flush_interval` after the first of them finished — by
+  the runner between two runs, or by its flusher thread while a handler runs;
+- when the runner's claimed runs are used up: the flush and the next claim are one transaction;
+- when it goes idle (that claim found nothing) or stops (TERM, max_runs, memory_limit): its
+  claimed runs not started yet are then given back, unstarted, in the same way a single
+  claim is (lifecycle.release_runs_of).
+Failures, retries, snoozes, cancels and runs of periodic tasks are not buffered: the runner
+ends them at once (lifecycle.end_run), as without batching.
+
+What the rules become:
+- Rule 2: a batch is the first `batch` runs of the claim order (priority desc, scheduled_on,
+  id, queue by queue), taken under the same locks as one claim (SKIP LOCKED on PostgreSQL
+  and MySQL, one write transaction on SQLite), and executed in that order.
+- Rule 4: each buffered success is ended under the same condition as one (``status =
+  'running' AND runner_id = ?``): a run timed out meanwhile keeps its ``timeout``.
+- Rule 5: a queue's limit counts runners, and a concurrency key's slot is held from the run's
+  creation, so a batch changes neither; a runner executes one run at a time whatever it holds.
+- Rule 8: the run executing is watched by the heartbeat as always. The runs claimed but not
+  started are re-read at most `flush_interval` before each start: a run timed out or handed
+  elsewhere is skipped, one an operator cancelled is ended ``cancelled`` without running.
+- A crash (kill -9) re-executes at most the unflushed successes and the claimed runs: all of
+  them are ``running`` under the dead runner, and become ``timeout`` (RunnerDied) like the
+  run of any dead runner, each counted as a failed run of its task.
+Every run the runner holds is ``running``, with started_on the time of its claim (run_timeout
+and max_runtime count from there); `status` shows how many a runner holds (reads.py).
+"""
+import logging
+import threading
+import time
+from collections import deque, namedtuple
+
+import peewee as pw
+
+from . import outage, outcomes
+from .lifecycle import (SUCCESS_BY_PARAM, ClaimedRun, end_in_transaction, release_runs_of,
+                        runs_of_runner_query)
+from .models import CANCELLED, RUNNING, SUCCESS
+
+log = logging.getLogger("taskrunner.runner")
+
+# A success waiting to be written: what after_run needs once it is.
+Done = namedtuple("Done", "claimed outcome finished_on elapsed handler context")
+
+# The claim of up to N runs from one queue, in the claim order (RETURNING has no order).
+PG_CLAIM_MANY = """
+    WITH next AS (
+        SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = %s
+        ORDER BY priority DESC, scheduled_on, id LIMIT %s FOR UPDATE SKIP LOCKED),
+    claimed AS (
+        UPDATE task_runs AS r SET status = 'running', runner_id = %s, started_on = %s,
+            updated_on = %s
+        FROM next WHERE r.id = next.id
+        RETURNING r.id, r.task_id, r.attempt, r.priority, r.scheduled_on),
+    claimed_task AS (
+        UPDATE task_queue AS t SET last_status = 'running', updated_on = %s FROM claimed
+        WHERE t.id = claimed.task_id
+        RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
+            t.max_runtime, t.periodic_task_id, claimed.priority, claimed.scheduled_on)
+    SELECT id, task_id, attempt, handler, data, max_runtime, periodic_task_id
+    FROM claimed_task ORDER BY priority DESC, scheduled_on, id"""
+SQLITE_CLAIM_MANY = ("""
+    UPDATE task_runs SET status = 'running', runner_id = ?, started_on = ?, updated_on = ?
+    WHERE id IN (SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = ?
+                 ORDER BY priority DESC, scheduled_on, id LIMIT ?)
+    RETURNING id, task_id, attempt, priority, scheduled_on""", """
+    UPDATE task_queue SET last_status = 'running', updated_on = ? WHERE id = ?
+    RETURNING handler, data, max_runtime, periodic_task_id""")
+MYSQL_CLAIM_MANY = """
+    SELECT r.id, r.task_id, r.attempt, t.handler, t.data, t.max_runtime, t.periodic_task_id
+    FROM task_runs AS r JOIN task_queue AS t ON t.id = r.task_id
+    WHERE r.status = 'scheduled' AND r.queue = %s
+    ORDER BY r.priority DESC, r.scheduled_on, r.id LIMIT %s
+    FOR UPDATE SKIP LOCKED"""
+# Successes of one runner, each with its own finish time and results, in one statement.
+PG_END_MANY = """
+    WITH done AS (
+        SELECT * FROM unnest(%s::bigint[], %s::timestamp[], %s::text[])
+            AS d(id, finished_on, results)),
+    ended AS (
+        UPDATE task_runs AS r SET status = 'success', finished_on = done.finished_on,
+            updated_on = done.finished_on, active_task_id = NULL, concurrency_slot = NULL,
+            error_code = NULL, error_message = NULL, percent_completed = 100,
+            results = done.results
+        FROM done WHERE r.id = done.id AND r.status = 'running' AND r.runner_id = %s
+        RETURNING r.id, r.task_id, done.finished_on),
+    ended_task AS (
+        UPDATE task_queue AS t SET last_status = 'success', runs_failed = 0,
+            next_run_on = NULL, finished_on = ended.finished_on, active_key = NULL,
+            updated_on = ended.finished_on
+        FROM ended WHERE t.id = ended.task_id RETURNING t.id)
+    SELECT id FROM ended"""
+
+
+# -- the SQL: claim many, end many, check the claimed ------------------------------------------
+
+def claim_many(store, runner_id, queues, now, limit):
+    """Inside the caller's write transaction: up to `limit` runs for `runner_id`, from
+    `queues` in turn, in the claim order (rule 2, as lifecycle.claim). A list of ClaimedRun."""
+    claimed = []
+    for queue in queues:
+        if len(claimed) >= limit:
+            break
+        claimed += _claim_from(store, runner_id, queue, now, limit - len(claimed))
+    return claimed
+
+
+def _claim_from(store, runner_id, queue, now, limit):
+    sql = store.db.execute_sql
+    if store.backend == "postgresql":
+        rows = sql(PG_CLAIM_MANY, (queue, limit, runner_id, now, now, now)).fetchall()
+        return [ClaimedRun(*row, now) for row in rows]
+    if store.is_sqlite:
+        claim_runs, claim_task = SQLITE_CLAIM_MANY
+        runs = sorted(sql(claim_runs, (runner_id, now, now, queue, limit)).fetchall(),
+                      key=lambda r: (-r[3], r[4], r[0]))
+        return [ClaimedRun(*run[:3], *sql(claim_task, (now, run[1])).fetchone(), now)
+                for run in runs]
+    rows = sql(MYSQL_CLAIM_MANY, (queue, limit)).fetchall()
+    if rows:
+        marks = ", ".join(["%s"] * len(rows))
+        sql("UPDATE task_runs SET status = 'running', runner_id = %%s, started_on = %%s, "
+            "updated_on = %%s WHERE id IN (%s)" % marks, (runner_id, now, now, *[r[0] for r in rows]))
+        sql("UPDATE task_queue SET last_status = 'running', updated_on = %%s WHERE id IN (%s)"
+            % marks, (now, *[r[1] for r in rows]))
+    return [ClaimedRun(*row, now) for row in rows]
+
+
+def end_successes(store, runner_id, done):
+    """Inside the caller's write transaction: end ``success`` each run of `done` (Done
+    entries) that is still ``running`` under `runner_id` (rule 4), and its task. Returns the
+    ids of the runs ended."""
+    sql = store.db.execute_sql
+    if store.backend == "postgresql":
+        rows = sql(PG_END_MANY, ([d.claimed.run_id for d in done],
+                                 [d.finished_on for d in done],
+                                 [d.outcome.results for d in done], runner_id)).fetchall()
+        return {row[0] for row in rows}
+    end_one, end_task = SUCCESS_BY_PARAM[store.db.param]
+    ended = set()
+    for d in done:
+        run, now = d.claimed, d.finished_on
+        if sql(end_one, (now, now, d.outcome.results, run.run_id, runner_id)).rowcount > 0:
+            sql(end_task, (now, now, run.task_id))
+            ended.add(run.run_id)
+    return ended
+
+
+def ended_by(store, runner_id, run_ids):
+    """Which of `run_ids` are ``success`` by `runner_id`: after a lost connection, did the
+    flush commit?"""
+    Run = store.Run
+    return {r.id for r in Run.select(Run.id).where(
+        Run.id.in_(list(run_ids)) & (Run.runner_id == runner_id) & (Run.status == SUCCESS))}
+
+
+def still_claimed(store, runner_id, claimed, now):
+    """Inside the caller's write transaction: those of `claimed` (ClaimedRun, not started)
+    still ``running`` under `runner_id`; one an operator cancelled meanwhile is ended
+    ``cancelled`` here, never started (rule 8 for runs not started yet)."""
+    Run = store.Run
+    rows = {r.id: r for r in Run.select(Run.id, Run.status, Run.runner_id,
+                                        Run.cancel_requested_on)
+            .where(Run.id.in_([c.run_id for c in claimed]))}
+    kept = []
+    for run in claimed:
+        row = rows.get(run.run_id)
+        if row is None or row.status != RUNNING or row.runner_id != runner_id:
+            log.warning("run %d of task %d was taken away (%s) before it started: skipped",
+                        run.run_id, run.task_id, row.status if row else "deleted")
+        elif row.cancel_requested_on is not None:
+            end_in_transaction(store, run.run_id, run.task_id, CANCELLED, runner_id, None,
+                               "Cancelled", "cancelled by an operator before it started", now,
+                               run.periodic_task_id)
+            log.info("run %d of task %d cancelled before it started", run.run_id, run.task_id)
+        else:
+            kept.append(run)
+    return kept
+
+
+def give_back(store, runner_id, keep=()):
+    """Give back, unstarted, every run `runner_id` has ``running`` but those in `keep`
+    (lifecycle.release_runs_of, run by run). Returns how many went back."""
+    keep = set(keep)
+
+    def step():
+        ids = [r.id for r in runs_of_runner_query(store, runner_id) if r.id not in keep]
+        return sum(release_runs_of(store, runner_id, only=i) for i in ids)
+    return store.write(step)
+
+
+# -- a runner's batch --------------------------------------------------------------------------
+
+class Batch:
+    """The runs one runner has claimed and not started (`claimed`), and the successes it
+    has not written yet (`done`). The runner's main thread calls `next` before each run,
+    `keep` after it and `close` when it stops; a flusher thread writes the successes that
+    have waited `interval` while a handler runs. `lock` is held by whoever writes."""
+
+    def __init__(self, store, runner_id, size, interval):
+        self.store, self.runner_id = store, runner_id
+        self.size, self.interval = size, interval
+        self.claimed = deque()
+        self.done = []
+        self.first_done_at = None       # monotonic time the oldest of `done` finished
+        self.checked_at = None          # when `claimed` was last read from the database
+        self.lock = threading.Condition()
+        self.closed = False
+        self.thread = None
+
+    def start(self):
+        self.thread = threading.Thread(target=self._flusher, name="flusher", daemon=True)
+        self.thread.start()
+
+    # -- the main thread
+
+    def next(self, queues, now, limit):
+        """The next run to start, or None when no run waits (the successes are written
+        either way). Successes due are written first, together with a re-read of the claimed
+        runs when it is older than `interval`, or with the next claim when none is left."""
+        with self.lock:
+            while True:
+                if self.claimed:
+                    if self._due() or time.monotonic() - self.checked_at >= self.interval:
+                        self._write(now, check=True)
+                    if self.claimed:
+                        return self.claimed.popleft()
+                    continue
+                self._write(now, claim=(queues, min(limit, self.size)))
+                return self.claimed.popleft() if self.claimed else None
+
+    def keep(self, claimed, outcome, now, elapsed, handler, context):
+        """Buffer a success of a plain task (True), written by `next` or the flusher;
+        anything else (False) the caller ends at once."""
+        if outcome.status != SUCCESS or outcome.exc is not None \
+                or claimed.periodic_task_id is not None:
+            return False
+        with self.lock:
+            if not self.done:
+                self.first_done_at = time.monotonic()
+                self.lock.notify()
+            self.done.append(Done(claimed, outcome, now, elapsed, handler, context))
+        return True
+
+    def give_back_lost_claims(self):
+        """After the connection dropped during a flush or a claim: whether it committed is
+        unknown, so every run ``running`` under this runner that it neither holds claimed nor
+        has a success waiting for goes back to the queue."""
+        with self.lock:
+            keep = [r.run_id for r in self.claimed] + [d.claimed.run_id for d in self.done]
+            count = give_back(self.store, self.runner_id, keep)
+        if count:
+            log.warning("gave back %d run(s) claimed as the connection was lost", count)
+
+    def close(self, now):
+        """The runner stops: write the successes, give back the runs not started. Returns
+        how many were given back."""
+        with self.lock:
+            self.closed = True
+            self.lock.notify()
+            if self.done:
+                self._write(now)
+            count = 0
+            if self.claimed:
+                count = give_back(self.store, self.runner_id)
+                self.claimed.clear()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+        return count
+
+    def close_through(self, with_database, now, reason):
+        """close(), through an outage as the end of a single run is (`with_database`: the
+        runner's); an error is logged, never raised: the runner is exiting anyway."""
+        try:
+            count = with_database(lambda: self.close(now), reconnected=self.give_back_lost_claims)
+        except Exception:
+            log.exception("runner %d could not write its batch", self.runner_id)
+            return
+        if count:
+            log.info("%d claimed run(s) given back unstarted: %s", count, reason)
+
+    # -- writing
+
+    def _due(self):
+        return bool(self.done) and (len(self.done) >= self.size or
+                                    time.monotonic() - self.first_done_at >= self.interval)
+
+    def _write(self, now, check=False, claim=None):
+        """With the lock held: in one write transaction, the successes waiting, the claimed
+        runs re-read (`check`) or the next claim (`claim`: queues, how many); then each
+        success is logged as stored, or as discarded when it had been timed out."""
+        done, store = self.done, self.store
+
+        def step():
+            ended = end_successes(store, self.runner_id, done) if done else set()
+            if check:
+                kept = still_claimed(store, self.runner_id, list(self.claimed), now)
+            elif claim is not None:
+                kept = claim_many(store, self.runner_id, claim[0], now, claim[1])
+            else:
+                kept = None
+            return ended, kept
+        ended, kept = store.write(step)
+        if kept is not None:
+            self.claimed = deque(kept)
+            self.checked_at = time.monotonic()
+        self.done, self.first_done_at = [], None
+        if len(ended) < len(done):
+            ended |= ended_by(store, self.runner_id, [d.claimed.run_id for d in done
+                                                      if d.claimed.run_id not in ended])
+        if ended:
+            store.wake_waiters()
+        for d in done:
+            if d.claimed.run_id in ended:
+                outcomes.after_run(store, d.claimed, d.outcome, d.elapsed, d.handler, d.context)
+            else:
+                log.warning("run %d of task %d finished success in %.3fs, but it had been ended "
+                            "meanwhile (timeout); its outcome is discarded", d.claimed.run_id,
+                            d.claimed.task_id, d.elapsed)
+
+    def _flusher(self):
+        """Write the successes that waited `interval` while the main thread is in a handler.
+        A failure (an outage) is logged once and left to the next try or the main thread."""
+        failing = False
+        with self.lock:
+            while not self.closed:
+                if not self.done:
+                    self.lock.wait()
+                    continue
+                delay = self.first_done_at + self.interval - time.monotonic()
+                if delay > 0:
+                    self.lock.wait(delay)
+                    continue
+                try:
+                    self._write(self.done[-1].finished_on)
+                    failing = False
+                except (pw.DatabaseError, pw.InterfaceError) as exc:
+                    if not failing:
+                        log.warning("writing %d finished run(s) failed: %s; the runner tries "
+                                    "again", len(self.done), outage.first_line(exc))
+                        failing = True
+                    outage.close_quietly(self.store.db)
+                    self.lock.wait(outage.RECONNECT_DELAY)
+                except Exception:     # never let it die: the main thread would still flush
+                    log.exception("writing finished runs failed")
+                    self.lock.wait(outage.RECONNECT_DELAY)
+        outage.close_quietly(self.store.db)
