@@ -15,7 +15,7 @@ import time
 
 from bench import common
 from bench.common import OverseerProcess, finish_times, median, rates, ratio, stop, wait_until
-from bench.systems import Huey, Procrastinate, Taskrunner, measure
+from bench.systems import Huey, Procrastinate, Taskrunner, marks_count, measure
 
 
 class Batched(Taskrunner):
@@ -47,20 +47,12 @@ class QuietHuey(Huey):
                              "bench.huey_app.huey", "-k", "process", "-w", str(workers), "-q"],
                             "huey.log", env=self._env(ctx))
         try:
-            wait_until(lambda: _lines(marks) >= n, timeout, "Huey to run %d tasks" % n,
+            wait_until(lambda: marks_count(marks) >= n, timeout, "Huey to run %d tasks" % n,
                        interval=0.2, procs=[proc])
         finally:
             stop(proc)
         with open(marks) as fh:
             return rates(launched, sorted(float(line) for line in fh))
-
-
-def _lines(path):
-    try:
-        with open(path, "rb") as fh:
-            return fh.read().count(b"\n")
-    except FileNotFoundError:
-        return 0
 
 
 class AnalyzedProcrastinate(Procrastinate):

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import common  # noqa: E402
 from bench.common import create_database, drop_url, finish_times, median, query, rates  # noqa: E402
-from bench.systems import Huey  # noqa: E402
+from bench.systems import Huey, marks_count  # noqa: E402
 
 SLEEP_HANDLER = "contention_sleep.Sleep"
 # Written to the work directory, the runners' working directory (on their sys.path with
@@ -138,21 +138,12 @@ class HueyPeer(Huey):
         launched = time.time()
         proc = common.spawn(argv, "huey.log", env=env)
         try:
-            common.wait_until(lambda: _lines(marks) >= n, timeout, "Huey to run %d tasks" % n,
+            common.wait_until(lambda: marks_count(marks) >= n, timeout, "Huey to run %d tasks" % n,
                               interval=0.2, procs=[proc])
         finally:
             common.stop(proc)
         with open(marks) as fh:
             return rates(launched, sorted(float(line) for line in fh))
-
-
-
-def _lines(path):
-    try:
-        with open(path, "rb") as fh:
-            return fh.read().count(b"\n")
-    except FileNotFoundError:
-        return 0
 
 
 def main(argv=None):

@@ -37,7 +37,7 @@ from collections import deque, namedtuple
 import peewee as pw
 
 from . import outage, outcomes
-from .lifecycle import (SUCCESS_BY_PARAM, ClaimedRun, end_in_transaction, release_runs_of,
+from .lifecycle import (ClaimedRun, end_in_transaction, end_success, release_runs_of,
                         runs_of_runner_query)
 from .models import CANCELLED, RUNNING, SUCCESS
 
@@ -140,14 +140,8 @@ def end_successes(store, runner_id, done):
                                  [d.finished_on for d in done],
                                  [d.outcome.results for d in done], runner_id)).fetchall()
         return {row[0] for row in rows}
-    end_one, end_task = SUCCESS_BY_PARAM[store.db.param]
-    ended = set()
-    for d in done:
-        run, now = d.claimed, d.finished_on
-        if sql(end_one, (now, now, d.outcome.results, run.run_id, runner_id)).rowcount > 0:
-            sql(end_task, (now, now, run.task_id))
-            ended.add(run.run_id)
-    return ended
+    return {d.claimed.run_id for d in done if end_success(
+        store, d.claimed.run_id, d.claimed.task_id, runner_id, d.outcome.results, d.finished_on)}
 
 
 def ended_by(store, runner_id, run_ids):

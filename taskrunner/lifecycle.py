@@ -1,12 +1,10 @@
 """The run lifecycle — rules 1 to 4: creating runs (rule 3), claiming them (rule 2), ending
-them (rule 4) and aggregating each task after its run, timing runs out, giving runs back,
-and the operator's retry and cancel.
+them (rule 4), aggregating each task after its run, timing runs out, giving runs back.
 
 Rule 1 (one live run per task) is the unique index on ``task_runs.active_task_id``; every
-function here that changes more than one row runs in one write transaction of the store
-and says in its docstring which race it closes. Bookkeeping that others need when a run
-ends (a periodic task's last status) is a hook registered with `on_outcome`, so this module
-imports none of them.
+function here that changes more than one row runs in one write transaction of the store and
+says which race it closes. What others do when a run ends (a periodic task's last status)
+is a hook registered with `on_outcome`, so this module imports none of them.
 """
 import logging
 import random
@@ -24,13 +22,11 @@ log = logging.getLogger("taskrunner.lifecycle")
 ClaimedRun = namedtuple("ClaimedRun", "run_id task_id attempt handler data max_runtime "
                                       "periodic_task_id started_on")
 
-# Claiming and successfully finishing happen once per job, so they are plain SQL: building
-# them with peewee costs more than the database work. On PostgreSQL each is one statement of
-# data-modifying CTEs, and a runner that goes on working finishes its run and claims the
-# next in one statement too (one round trip, one commit per job). SQLite uses UPDATE ...
-# RETURNING; MySQL, which has none, a locking SELECT of the run joined to its task.
-# Each claims from one queue, reading the task_runs_claim index (queue, priority DESC,
-# scheduled_on, id) in order; a runner serving several queues tries them in turn.
+# Claiming and finishing happen once per job: plain SQL (peewee's query building costs more
+# than the database work). PostgreSQL: one statement of data-modifying CTEs each, and a busy
+# runner's end and next claim in one (one round trip and commit per job). SQLite: UPDATE ...
+# RETURNING; MySQL: a locking SELECT of the run joined to its task. Each claims from one
+# queue along task_runs_claim (queue, priority DESC, scheduled_on, id); queues in turn.
 PG_CLAIM_CTES = """
     next AS (
         SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = %s
@@ -74,8 +70,7 @@ SUCCESS_STATEMENTS = ("""
     WHERE id = ? AND status = 'running' AND runner_id = ?""", """
     UPDATE task_queue SET last_status = 'success', runs_failed = 0, next_run_on = NULL,
         finished_on = ?, active_key = NULL, updated_on = ? WHERE id = ?""")
-# MySQL's (InnoDB leaves an index alone when the value stays the same).
-MYSQL_SUCCESS = tuple(s.replace("?", "%s") for s in SUCCESS_STATEMENTS)
+MYSQL_SUCCESS = tuple(s.replace("?", "%s") for s in SUCCESS_STATEMENTS)  # InnoDB keeps same values' index
 # SQLite rewrites each index of a SET column even unchanged (a WAL page each): columns NULL for
 # most runs are cleared apart when RETURNING shows a value (not IS NOT NULL: 3.40 gets it wrong).
 SQLITE_SUCCESS = (
@@ -371,17 +366,7 @@ def end_in_transaction(store, run_id, task_id, status, runner_id, results, error
     runs again, or for a failure the earliest time of its retry (crash_grace)."""
     Run = store.Run
     if status == SUCCESS and runner_id is not None:
-        # The hot path, as plain SQL with the same conditions.
-        if store.backend == "postgresql":
-            ended = store.db.execute_sql(PG_SUCCESS, (
-                now, now, results, run_id, runner_id, now, now)).fetchone()[0] > 0
-        elif store.is_sqlite:
-            ended = _sqlite_success(store.db.execute_sql, run_id, task_id, runner_id, results, now)
-        else:
-            end_one, end_task = MYSQL_SUCCESS
-            ended = store.db.execute_sql(end_one, (now, now, results, run_id, runner_id)).rowcount > 0
-            if ended:
-                store.db.execute_sql(end_task, (now, now, task_id))
+        ended = end_success(store, run_id, task_id, runner_id, results, now)
         if ended and periodic_task_id is not None:
             _outcome(store, periodic_task_id, status, now)
         return ended
@@ -410,6 +395,21 @@ def end_in_transaction(store, run_id, task_id, status, runner_id, results, error
         _aggregate(store, task_id, status, error_code, error_message, now, periodic_task_id,
                    not_before=retry_at)
     return True
+
+
+def end_success(store, run_id, task_id, runner_id, results, now):
+    """Inside the caller's transaction: a runner's success of its run, as plain SQL with
+    end_in_transaction's conditions (the hot path; batches.py ends many with it). Returns
+    whether it ended the run; a periodic task's outcome is the caller's."""
+    sql = store.db.execute_sql
+    if store.backend == "postgresql":
+        return sql(PG_SUCCESS, (now, now, results, run_id, runner_id, now, now)).fetchone()[0] > 0
+    if store.is_sqlite:
+        return _sqlite_success(sql, run_id, task_id, runner_id, results, now)
+    ended = sql(MYSQL_SUCCESS[0], (now, now, results, run_id, runner_id)).rowcount > 0
+    if ended:
+        sql(MYSQL_SUCCESS[1], (now, now, task_id))
+    return ended
 
 
 def _sqlite_success(sql, run_id, task_id, runner_id, results, now):
