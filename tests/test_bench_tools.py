@@ -48,7 +48,9 @@ def test_cpu_of_a_tree_counts_live_and_reaped_children():
         deadline = time.monotonic() + 60
         while sum(live.cpu_times()[:2]) < 0.3 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert tree_seconds([proc.pid]) >= 0.6
+        # 0.6 s burnt; /proc counts in clock ticks, so a little less may show. Without the
+        # reaped child it would be about 0.3.
+        assert tree_seconds([proc.pid]) >= 0.5
     finally:
         proc.stdin.close()
         proc.wait(30)
