@@ -9,7 +9,6 @@ machine slows every side alike; the ratios are medians of the per-round ratios.
         --json bench/results/2026-11-23-batch.json
 """
 import argparse
-import json
 import sys
 import time
 
@@ -144,9 +143,7 @@ def main(argv=None):
                     print("  median %-22s %s" % (name, row), flush=True)
     finally:
         common.cleanup()
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
+    common.write_json(args.json, result)
     return 0
 
 

@@ -475,6 +475,13 @@ def fmt(value):
     return str(value)
 
 
+def write_json(path, report):
+    """Write a bench's report to `path` (its --json), if one was given."""
+    if path:
+        with open(path, "w") as fh:
+            json.dump(report, fh, indent=2, default=str)
+
+
 def print_table(title, headers, rows, note=None):
     rows = [[fmt(v) for v in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]

@@ -12,7 +12,6 @@ Then serves the dashboard on a thread and times each page over HTTP, R times (me
 worst). Exit 0 when every page ran; the 300 ms target is reported, not enforced.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -171,9 +170,7 @@ def main(argv=None):
             common.drop_url(url)
     finally:
         common.cleanup()
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=2)
+    common.write_json(args.json, report)
     return 0
 
 

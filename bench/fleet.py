@@ -458,9 +458,7 @@ def main(argv=None):
     finally:
         common.cleanup()
         report["meta"]["elapsed_s"] = round(time.monotonic() - started, 1)
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(report, fh, indent=2, default=str)
+        common.write_json(args.json, report)
     return 1 if failed else 0
 
 

@@ -12,7 +12,6 @@ statements that make up most of it.
         --json bench/results/2026-11-23-idle-cost.json
 """
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -190,9 +189,7 @@ def main(argv=None):
               "seconds": args.seconds, "warmup": args.warmup, "trees": trees,
               "server": "PostgreSQL %s (throwaway cluster, pg_stat_statements)" % cluster.version,
               "summary": summary, "ratio_other_over_this": ratio, "runs": results}
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=2)
+    common.write_json(args.json, report)
     return 0
 
 

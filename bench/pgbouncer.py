@@ -177,9 +177,7 @@ def main(argv=None):
     finally:
         common.cleanup()
     report["load_average_at_end"] = os.getloadavg()
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=2)
+    common.write_json(args.json, report)
     return 0
 
 

@@ -234,9 +234,7 @@ def main(argv=None):
         failed = True
     finally:
         common.cleanup()
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(report, fh, indent=2, default=str)
+        common.write_json(args.json, report)
     return 1 if failed else 0
 
 

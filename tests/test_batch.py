@@ -92,7 +92,7 @@ def test_a_success_is_written_within_flush_interval_while_the_batch_goes_on(data
 
     open_gate(tmp_path)
     wait_for(lambda: runs_of(held)[0].status == SUCCESS, message="the second success")
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGTERM)   # the group, as a terminal or supervisord
     assert procs.wait(proc, EXIT_TIMEOUT) == 0, procs.logs()
     assert sorted(t for t, _, _ in read_records(log)) == sorted([first, held])
     queue.close()
@@ -121,7 +121,7 @@ def test_term_with_a_full_batch_writes_the_successes_and_gives_back_the_rest(dat
     assert shown["claimed"] in (11, 12), shown
     assert re.search(r"\+1[01] claimed", taskrunner("status", config=config).stdout)
 
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGTERM)   # the group, as a terminal or supervisord
     open_gate(tmp_path)
     assert procs.wait(proc, EXIT_TIMEOUT) == 0, procs.logs()
 
@@ -165,7 +165,7 @@ def test_a_claimed_run_taken_away_before_it_starts_is_never_started(how, databas
     open_gate(tmp_path)
     wait_for(lambda: Task.get_by_id(victim).finished_on is not None, timeout=30,
              message="the victim's task to end")
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGTERM)   # the group, as a terminal or supervisord
     assert procs.wait(proc, EXIT_TIMEOUT) == 0, procs.logs()
 
     executed = [run for _, run, _ in read_records(log)]
@@ -216,7 +216,7 @@ def test_batched_runners_keep_a_concurrency_key_limit(database, procs, tmp_path)
     wait_for(lambda: all(Task.get_by_id(t).last_status == SUCCESS for t in keyed),
              timeout=90, message="every keyed task to succeed")
     for proc in runners:
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)   # the group, as a terminal or supervisord
     for proc in runners:
         assert procs.wait(proc, EXIT_TIMEOUT) == 0, procs.logs()
 
@@ -258,7 +258,7 @@ def test_kill_9_of_a_batched_runner_reexecutes_at_most_the_runs_it_held(database
     assert procs.wait(rescuer, 180) == 0, procs.logs([rescuer])
     wait_for(lambda: not Task.select().where(Task.finished_on.is_null()).exists(),
              timeout=120, message="every task to end")
-    other.send_signal(signal.SIGTERM)
+    os.killpg(other.pid, signal.SIGTERM)   # the group, as a terminal or supervisord
     assert procs.wait(other, EXIT_TIMEOUT) == 0, procs.logs([other])
 
     assert {Task.get_by_id(t).last_status for t in task_ids} == {SUCCESS}
