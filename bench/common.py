@@ -378,7 +378,8 @@ class OverseerProcess:
     def runner_processes(self):
         import psutil
         try:
-            return psutil.Process(self.proc.pid).children()
+            return [child for child in psutil.Process(self.proc.pid).children()
+                    if child.name() != "tr-hub"]    # the wake-up hub is not a runner
         except psutil.NoSuchProcess:
             return []
 

@@ -9,15 +9,18 @@ or of one no idle runner serves, wakes `COUNT` runners of each group of queues s
 
 On PostgreSQL the hub also LISTENs, on a direct connection of its own (``listen_url``), for
 the news of other hosts (and of transactions that added tasks with ``connection=``); news
-from its own origin already came as a datagram. That connection never crosses a fork: the
-overseer drops it before forking (`before_fork`) and it is opened again in the overseer
-only, with a backoff after a failure, which is logged once per outage. Everything here is
-best-effort: an error costs the runners at most ``poll_interval``.
+from its own origin already came as a datagram. After a failure it connects again with a
+backoff, and the outage is logged once. Everything here is best-effort: an error costs the
+runners at most ``poll_interval``.
+
+The overseer runs the hub in a process of its own (`HubProcess`), so that waking a runner
+never waits for the overseer's database work.
 """
 import errno
 import logging
 import os
 import select
+import signal
 import socket
 import time
 
@@ -109,14 +112,7 @@ class Hub:
             except OSError:
                 pass
             self._close_socket()
-        self.before_fork()
-
-    def in_child(self):
-        """In a forked runner: drop the inherited socket (the parent keeps its own)."""
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-        self.connection = None
+        self._drop_connection()
 
     # -- waiting ----------------------------------------------------------------------------
 
@@ -225,7 +221,7 @@ class Hub:
                 if sender != self.origin:
                     self.wake(count, queue)
         except (psycopg.Error, OSError) as exc:
-            self.before_fork()
+            self._drop_connection()
             self._lost(exc)
 
     def _lost(self, exc):
@@ -237,14 +233,97 @@ class Hub:
         self.next_connect = time.monotonic() + self.backoff
         self.backoff = min(self.backoff * 2, MAX_BACKOFF)
 
-    def before_fork(self):
-        """Close the LISTEN connection (a child must not inherit it); reopened later."""
+    def _drop_connection(self):
+        """Close the LISTEN connection; `_ensure_listening` opens it again."""
         if self.connection is not None:
             try:
                 self.connection.close()
             except Exception:
                 log.debug("closing the LISTEN connection failed", exc_info=True)
             self.connection = None
+
+
+class HubProcess:
+    """The hub in a process of its own (``tr-hub``), forked and kept by the overseer, so a
+    wake-up never waits behind the overseer's database work (a check of 200 runners takes
+    tens of milliseconds) and its LISTEN connection never meets a fork: the hub process
+    forks nothing, and opens that connection itself. It lives in its own process group
+    (a group signal reaches the overseer, which stops it after its runners) and dies with
+    the overseer. The overseer's side: `due`, `started`, `exited`, `restart`, `stop`; the
+    hub's side: `serve`."""
+
+    RESTART_DELAY = 1.0         # after an exit, the next start waits this long
+    STOP_WAIT = 2.0             # then KILL
+
+    def __init__(self, directory, configured=(), listen_url=""):
+        self.hub = Hub(directory, configured, listen_url)
+        self.pid = None
+        self.next_start = 0.0
+
+    def due(self, now):
+        """Whether the overseer should fork the hub now."""
+        return self.pid is None and now >= self.next_start
+
+    def started(self, pid):
+        self.pid = pid
+
+    def exited(self, pid, code, now, stopping=False):
+        """The overseer reaped `pid`: True when it was the hub (started again later)."""
+        if pid != self.pid:
+            return False
+        self.pid = None
+        self.next_start = now + self.RESTART_DELAY
+        if code != 0 and not stopping:
+            log.warning("wake-up hub pid %d exited with %s; starting it again", pid,
+                        "signal %d" % -code if code < 0 else "exit code %d" % code)
+        return True
+
+    def restart(self, configured):
+        """After a reload: the queues configured may have changed; the next start is now."""
+        self.stop()
+        self.hub.configured = frozenset(configured)
+        self.next_start = 0.0
+
+    def stop(self):
+        """TERM the hub and wait for it (KILL after STOP_WAIT); its name is removed."""
+        if self.pid is None:
+            return
+        pid, self.pid = self.pid, None
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + self.STOP_WAIT
+        while True:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    return
+            except ChildProcessError:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("wake-up hub pid %d did not stop: killing it", pid)
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return
+            time.sleep(0.01)
+
+    def serve(self, check_interval):
+        """In the forked hub process: serve until a signal; every `check_interval` bind the
+        hub socket again if it is free (a hub of another overseer of this host and database
+        may hold it). Returns the exit code."""
+        wake_r, wake_w = os.pipe()
+        for fd in (wake_r, wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, lambda signum, frame: None)
+        try:
+            while True:
+                self.hub.take()
+                if self.hub.sleep(wake_r, check_interval):
+                    return 0
+        finally:
+            self.hub.close()
 
 
 def _answers(path):

@@ -12,13 +12,15 @@ are stopped by the runners executing them (rule 8, see runner.py).
 Every decision is made in `tick(now)` with the monotonic clock passed in (tests inject it);
 `run()` only sets up, ticks and sleeps. Signal handlers only record: TERM/INT graceful stop
 (a second: fast), QUIT immediate, HUP reload and replace the runners, TTIN/TTOU one runner
-more/less. No database connection crosses a fork. An outage is logged once and waited out;
+more/less. No database connection crosses a fork. The wake-up hub runs in a child process
+of its own (hub.py), started before the runners and again if it dies. An outage is logged once and waited out;
 heartbeats are judged only heartbeat_timeout after it (`db_back_at`, Store.writable_since).
 """
 import contextlib
 import logging
 import os
 import random
+import select
 import signal
 import time
 
@@ -29,7 +31,7 @@ from . import leadership, liveness, maintenance, periodic, wakeup
 from .config import Config
 from .db import is_disconnect
 from .errors import ConfigError, InputError, RunnerLimitReached
-from .hub import Hub
+from .hub import HubProcess
 from .models import DEFAULT_QUEUE, OVERSEER, utcnow
 from .store import Store
 
@@ -88,8 +90,8 @@ class Overseer:
         self.db_lost_at = None        # tick time of the first failure of an outage
         self.db_back_at = None        # UTC of the attempt that found the database back
         self._wake_r = self._wake_w = None
-        self.hub = Hub(self.store.wakeup_directory, config.queues,
-                       wakeup.listen_url(config.database))
+        self.hub = HubProcess(self.store.wakeup_directory, config.queues,
+                              wakeup.listen_url(config.database))
 
     # -- signals ------------------------------------------------------------------------
 
@@ -107,13 +109,11 @@ class Overseer:
             self.signals.append(signum)
 
     def _sleep(self, timeout):
-        """Until a signal or `timeout`, the hub waking runners meanwhile (hub.py)."""
-        if timeout > 0 and self.hub.sleep(self._wake_r, timeout):
-            try:
+        """Until a signal or `timeout`."""
+        if timeout > 0 and select.select([self._wake_r], [], [], timeout)[0]:
+            with contextlib.suppress(BlockingIOError):
                 while os.read(self._wake_r, 512):
                     pass
-            except BlockingIOError:
-                pass
 
     def handle_term(self):
         """Graceful stop; a second one stops fast."""
@@ -127,17 +127,11 @@ class Overseer:
     def handle_hup(self):
         try:
             config = Config.load(self.config_path, self.database_url)
-        except ConfigError as exc:
-            log.error("reload failed, keeping the current config: %s", exc)
-            return
-        if config.database.url != self.config.database.url:
-            log.error("reload refused: [database] url cannot change while running; "
-                      "keeping the current config")
-            return
-        try:
+            if config.database.url != self.config.database.url:
+                raise ConfigError("[database] url cannot change while running")
             periodic.check_periodic_handlers(config)
             periodic.sync_definitions(self.store, config, import_handlers=False)
-        except (InputError, pw.DatabaseError) as exc:
+        except (ConfigError, InputError, pw.DatabaseError) as exc:
             # A database hiccup during a reload must not stop the overseer either.
             log.error("reload failed, keeping the current config: %s", exc)
             return
@@ -146,7 +140,7 @@ class Overseer:
         self.config = self.store.config = config
         self.num_runners = config.runner.limit
         self.groups = config.queue_groups()
-        self.hub.configured = frozenset(config.queues)
+        self.hub.restart(config.queues)
         for child in self.children.values():
             self._retire(child)
 
@@ -205,49 +199,60 @@ class Overseer:
             self._signal(child.pid, signal.SIGUSR1)
 
     def spawn_runner(self, serving=(DEFAULT_QUEUE,)):
-        # No connection may cross the fork: the child would share the socket.
-        self.store.close()
-        self.hub.before_fork()
         jitter = random.randint(0, max(1, self.config.runner.max_runs // 10)) \
             if self.config.runner.max_runs else 0
         self.spawning = serving       # what the child serves
+        pid = self._fork(lambda: self.run_child(jitter), "runner")
+        self.children[pid] = Child(pid, self.now, serving)
+        log.debug("spawned runner pid %d for queues %s", pid, ",".join(serving))
+        return pid
+
+    def start_hub(self):
+        """Fork the wake-up hub (hub.py) unless it runs; it forks nothing itself."""
+        if not self.stopping and self.hub.due(self.now):
+            self.hub.started(self._fork(lambda: self.hub.serve(
+                self.config.overseer.check_interval), "wake-up hub", "tr-hub"))
+
+    def _fork(self, body, what, name=None):
+        """Fork a child running `body()` (which returns its exit code; it never returns into
+        the overseer's loop); returns its pid. No connection crosses the fork. The child
+        undoes the overseer's signal handling and gets its own process group: KILL takes a
+        handler's subprocesses along, and a signal to the overseer's group (supervisord,
+        Ctrl-C) reaches the child only through the overseer, once."""
+        self.store.close()
         pid = os.fork()
         if pid:
-            self.children[pid] = Child(pid, self.now, serving)
-            log.debug("spawned runner pid %d for queues %s", pid, ",".join(serving))
             return pid
-        os._exit(self.run_child(jitter))
-
-    def run_child(self, jitter):
-        """The body of a forked child: a runner; returns its exit code."""
         code = 1
         try:
-            for name in self.SIGNALS:
-                signal.signal(getattr(signal, name), signal.SIG_DFL)
+            for sig in self.SIGNALS:
+                signal.signal(getattr(signal, sig), signal.SIG_DFL)
             signal.set_wakeup_fd(-1)
             for fd in (self._wake_r, self._wake_w):
                 if fd is not None:
                     os.close(fd)
-            self.hub.in_child()
             liveness.die_with_parent(signal.SIGTERM)
-            # Its own process group: KILL takes the handler's subprocesses along, and a
-            # signal to the overseer's group (supervisord, Ctrl-C) reaches runners only
-            # through the overseer, once.
             os.setpgid(0, 0)
-            from .runner import Worker
-            worker = Worker(Store(self.config), parent_pid=self.pid, parent_id=self.row_id,
-                            serving=self.spawning)
-            try:
-                worker.work(max_runs=(self.config.runner.max_runs + jitter) or None)
-                code = 0
-            except RunnerLimitReached as exc:
-                log.info("runner not started: %s", exc)
-                code = self.EXIT_LIMIT
-        except BaseException:  # the child must never return into the overseer's loop
-            log.exception("runner crashed")
+            if name:
+                liveness.name_process(name)
+            code = body()
+        except BaseException:
+            log.exception("%s crashed", what)
         finally:
             logging.shutdown()
-        return code
+        os._exit(code)
+
+    def run_child(self, jitter):
+        """The body of a forked runner; returns its exit code."""
+        from .runner import Worker
+        worker = Worker(Store(self.config), parent_pid=self.pid, parent_id=self.row_id,
+                        serving=self.spawning)
+        try:
+            worker.work(max_runs=(self.config.runner.max_runs + jitter) or None)
+            return 0
+        except RunnerLimitReached as exc:
+            log.info("runner not started: %s", exc)
+            return self.EXIT_LIMIT
 
     def reap_runners(self):
         while True:
@@ -257,18 +262,19 @@ class Overseer:
                 return
             if pid == 0:
                 return
+            code = os.waitstatus_to_exitcode(status)
             child = self.children.pop(pid, None)
             if child is None:
+                self.hub.exited(pid, code, self.now, bool(self.stopping))
                 continue
-            code = os.waitstatus_to_exitcode(status)
             self._account_exit(child, code, self._registered(pid))
             # Rows of runners that died without retiring are marked at once, not at the
             # next check (rule 7); a run this overseer's stop killed is handed back.
             reason = "exited with %s" % _describe_exit(code)
             if child.killed_by_stop:
                 reason = "killed by the overseer's stop (%s)" % child.killed_by_stop
-            self._guarded(lambda: self._mark_child_dead(pid, reason,
-                                                        stopped=bool(child.killed_by_stop)))
+            self._guarded(lambda: liveness.mark_child_dead(
+                self.store, self.row_id, pid, reason, stopped=bool(child.killed_by_stop)))
             # Its run may need a retry run now, not one check_interval later.
             self.next_check = 0.0
 
@@ -306,9 +312,6 @@ class Overseer:
                     self.next_spawn_at = max(self.next_spawn_at, self.now + self.CRASH_RESPAWN)
             if lived >= self.START_WINDOW or code == 0 or registered:
                 self.start_failures = 0
-
-    def _mark_child_dead(self, pid, reason, stopped=False):
-        liveness.mark_child_dead(self.store, self.row_id, pid, reason, stopped=stopped)
 
     def manage_runners(self):
         """Keep the wanted number of runners of each queue group, within each queue's limit
@@ -425,14 +428,13 @@ class Overseer:
             return None
         if now >= self.next_check:
             self.next_check = now + self.config.overseer.check_interval
-            self.hub.take()     # bound before the first runner starts; taken over if freed
             self._guarded(self.check)
         if not self.stopping and now >= self.next_periodic:
             # Planned again by a run that succeeds; after a database error, the next try is
             # one check_interval away, not at once.
             self.next_periodic = now + self.config.overseer.check_interval
             self._guarded(self.run_periodic)
-        self.hub.sleep(None, 0)         # wake-ups that came during the database work
+        self.start_hub()                # before the first runner; again if it died
         self._guarded(self.manage_runners)
         wake = self.next_check if self.stopping else min(self.next_check, self.next_periodic)
         return max(0.0, min(wake - now, 1.0))
@@ -456,10 +458,8 @@ class Overseer:
             self._close_quietly()
 
     def _close_quietly(self):
-        try:
+        with contextlib.suppress(pw.DatabaseError):
             self.store.close()
-        except pw.DatabaseError:
-            pass
 
     def _stopped(self):
         """During a stop: True once every child is gone; KILL them at the deadline."""
@@ -480,13 +480,13 @@ class Overseer:
         for pid in list(self.children):
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-            self._guarded(lambda: self._mark_child_dead(pid, "killed at overseer stop",
-                                                        stopped=True))
+            self._guarded(lambda: liveness.mark_child_dead(
+                self.store, self.row_id, pid, "killed at overseer stop", stopped=True))
         self.children.clear()
         if self.row_id is not None:      # retiring the row frees its lease (liveness)
             self._guarded(lambda: liveness.retire(self.store, self.row_id,
                                                   self.exit_reason or "stopped"))
-        self.hub.close()
+        self.hub.stop()
         (log.error if self.exit_reason else log.info)(
             "overseer %s", "exiting: %s" % self.exit_reason if self.exit_reason else "stopped")
 

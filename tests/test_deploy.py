@@ -172,7 +172,7 @@ class Supervisord:
     def runners(self, overseer_pid):
         try:
             return {child.pid for child in psutil.Process(overseer_pid).children()
-                    if child.status() != psutil.STATUS_ZOMBIE}
+                    if child.status() != psutil.STATUS_ZOMBIE and child.name() != "tr-hub"}
         except psutil.NoSuchProcess:
             return set()
 

@@ -121,7 +121,8 @@ def is_gone(pid):
 
 
 def children_of(pid, zombies=False):
-    """The overseer's children (its runners); without zombies unless asked."""
+    """The overseer's runners (its children but the wake-up hub, ``tr-hub``); without
+    zombies unless asked."""
     try:
         kids = psutil.Process(pid).children()
     except psutil.NoSuchProcess:
@@ -129,11 +130,22 @@ def children_of(pid, zombies=False):
     out = []
     for kid in kids:
         try:
-            if zombies or kid.status() != psutil.STATUS_ZOMBIE:
+            if (zombies or kid.status() != psutil.STATUS_ZOMBIE) and kid.name() != HUB:
                 out.append(kid)
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+HUB = "tr-hub"      # the wake-up hub's process name (hub.py)
+
+
+def hub_of(pid):
+    """The overseer's wake-up hub process, or None."""
+    try:
+        return next((kid for kid in psutil.Process(pid).children() if kid.name() == HUB), None)
+    except psutil.NoSuchProcess:
+        return None
 
 
 def zombies_of(pid):

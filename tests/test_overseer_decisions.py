@@ -60,6 +60,7 @@ def make_overseer(sqlite_db, tmp_path):
         return ov
     yield make
     for ov in made:
+        ov.hub.stop()
         for pid in list(ov.children):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -169,5 +170,6 @@ def test_after_losing_the_database_no_heartbeat_is_judged_for_heartbeat_timeout(
         ov.tick(t0 + 2)
         assert Runner.get_by_id(row.id).status == TIMEOUT
     finally:
+        ov.hub.stop()
         ov.store.close()
         database.drop()

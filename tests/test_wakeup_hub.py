@@ -1,17 +1,22 @@
 """The wake-up hub (hub.py): a new task wakes as many idle runners as it has runs, not all;
 only the overseer LISTENs on PostgreSQL, so busy runners hold no notifications; without a
 hub (its overseer killed) enqueuers and standalone runners fall back to the runners'
-sockets; news from another host reaches the hub through its LISTEN."""
+sockets; news from another host reaches the hub through its LISTEN. The hub is a process of
+its own: it wakes runners while the overseer is busy, it is started again when it dies, and
+its LISTEN connection outlives the overseer's forks."""
 import os
 import re
 import signal
+import socket
 import subprocess
 import tempfile
 import time
 
+import psutil
 import pytest
 
 from conftest import Database, spawn, stop_process, wait_for
+from test_overseer import hub_of
 from sample_handlers import read_records
 from taskrunner import TaskQueue, wakeup
 from taskrunner.config import Config
@@ -126,7 +131,11 @@ def test_with_the_hub_killed_enqueuers_and_standalone_runners_fall_back(sqlite_d
                  message="the standalone runner too")
         log = str(tmp_path / "records")
         _run_one_by_one(queue, log, 2)
-        stop_process(overseer, signal.SIGKILL)    # its hub socket stays behind, dead
+        # Overseer and hub killed at once: the hub's socket stays behind, dead.
+        os.kill(overseer.pid, signal.SIGSTOP)     # so it does not start the hub again
+        hub = hub_of(overseer.pid)
+        os.kill(hub.pid, signal.SIGKILL)
+        stop_process(overseer, signal.SIGKILL)
         wait_for(lambda: Runner.select().where(Runner.status == RUNNING).count() <= 2,
                  message="the overseer's runner to go with it")
         assert os.path.exists(os.path.join(queue.store.wakeup_directory, wakeup.HUB))
@@ -245,3 +254,95 @@ def test_pooler_and_listen_url_are_checked_and_decide_who_listens():
     assert who(pooler="pgbouncer", listen_url="postgresql://direct/db") == (
         "postgresql://direct/db", "")
     assert wakeup.listen_url(Config.from_dict({}).database) == ""
+
+
+def _hub_backends(database):
+    """Backend pids of the hub's LISTEN connections."""
+    with database.admin.cursor() as cur:
+        cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND query = %s "
+                    "AND application_name = %s",
+                    (database.name, "LISTEN %s" % wakeup.CHANNEL, "taskrunner-hub"))
+        return [row[0] for row in cur.fetchall()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_wake_up_does_not_wait_for_the_overseer(database_sp, tmp_path, short_dir):
+    """The overseer may be busy with its database work (a check of 200 runners takes tens of
+    milliseconds, an outage seconds): here it is stopped outright, and a new task is still
+    picked up at once (the runners poll every 60 s)."""
+    queue = database_sp.queue(runner={"wakeup_dir": short_dir})
+    overseer, _ = _start_overseer(database_sp, tmp_path, short_dir, limit=2)
+    log = str(tmp_path / "records")
+    try:
+        _run_one_by_one(queue, log, 1)
+        os.kill(overseer.pid, signal.SIGSTOP)
+        _run_one_by_one(queue, log, 3)
+    finally:
+        os.kill(overseer.pid, signal.SIGCONT)
+        stop_process(overseer, signal.SIGTERM)
+        queue.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_dead_hub_is_started_again_and_gone_after_a_group_stop(sqlite_db, tmp_path, short_dir):
+    queue = sqlite_db.queue(runner={"wakeup_dir": short_dir})
+    overseer, log_path = _start_overseer(sqlite_db, tmp_path, short_dir, limit=2)
+    path = os.path.join(queue.store.wakeup_directory, wakeup.HUB)
+    log = str(tmp_path / "records")
+    try:
+        first = wait_for(lambda: hub_of(overseer.pid), message="the hub process")
+        assert first.name() == "tr-hub" and os.getpgid(first.pid) == first.pid
+        os.kill(first.pid, signal.SIGKILL)
+        second = wait_for(lambda: (hub_of(overseer.pid) or first).pid != first.pid
+                          and hub_of(overseer.pid), timeout=20, message="a new hub")
+        wait_for(lambda: _answers(path), message="the new hub to bind its socket")
+        _run_one_by_one(queue, log, 3)
+        assert "wake-up hub pid %d exited with signal 9" % first.pid in log_path.read_text()
+        # A supervisor's stop signals the overseer's group; the hub, in a group of its own,
+        # is stopped by the overseer after its runners, and removes its socket.
+        os.killpg(overseer.pid, signal.SIGTERM)
+        assert overseer.wait(timeout=30) == 0
+        wait_for(lambda: not psutil.pid_exists(second.pid) or
+                 psutil.Process(second.pid).status() == psutil.STATUS_ZOMBIE,
+                 message="the hub to exit")
+        assert not os.path.exists(path)
+    finally:
+        stop_process(overseer, signal.SIGKILL)
+        queue.close()
+
+
+def _answers(path):
+    """Whether a live process holds the datagram socket `path`."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_hubs_listen_connection_outlives_runner_spawns(tmp_path, short_dir, request):
+    """Forking a runner used to close the hub's LISTEN connection (it lived in the overseer),
+    so each spawn cost a reconnect and a gap in which another host's news was missed."""
+    database = Database("postgresql", tmp_path)
+    request.addfinalizer(database.drop)
+    database.queue().close()
+    overseer, _ = _start_overseer(database, tmp_path, short_dir, limit=2)
+    try:
+        [listening] = wait_for(lambda: _hub_backends(database), message="the hub to LISTEN")
+        for _ in range(3):          # a runner killed is replaced: a fork each time
+            before = {r.pid for r in Runner.select().where(
+                (Runner.status == RUNNING) & (Runner.kind == "runner"))}
+            os.killpg(sorted(before)[0], signal.SIGKILL)
+            wait_for(lambda: {r.pid for r in Runner.select().where(
+                (Runner.status == RUNNING) & (Runner.kind == "runner"))} - before,
+                timeout=30, message="a new runner")
+        assert _hub_backends(database) == [listening]
+    finally:
+        stop_process(overseer, signal.SIGTERM)
