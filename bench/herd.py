@@ -115,6 +115,7 @@ def measure(url, runners, tasks, label):
             "woken_max": max(woken), "runs_claimed_per_task": claimed / tasks,
             "pickup_p50_ms": 1000 * common.percentile(pickups, 50),
             "pickup_p99_ms": 1000 * common.percentile(pickups, 99),
+            "pickup_max_ms": 1000 * max(pickups),
             "add_task_p50_ms": 1000 * common.percentile(adds, 50),
             "add_task_p99_ms": 1000 * common.percentile(adds, 99)}
 
@@ -172,7 +173,7 @@ def main():
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--runners", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--tasks", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--tasks", type=int, help="tasks per case (default: the scenario's)")
     parser.add_argument("--label", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -189,6 +190,9 @@ def main():
     try:
         if args.small:
             wanted = [(name, (backend, 10, 5)) for name, (backend, _, _) in wanted]
+        elif args.tasks:
+            wanted = [(name, (backend, runners, args.tasks))
+                      for name, (backend, runners, _) in wanted]
         for name, (backend, runners, tasks) in wanted:
             for round_ in range(args.rounds):
                 # Alternate which version goes first, round after round.
@@ -212,7 +216,7 @@ def main():
     if args.small:
         wanted = [(name, (backend, 10, 5)) for name, (backend, _, _) in wanted]
     keys = ("woken_per_task", "runs_claimed_per_task", "pickup_p50_ms", "pickup_p99_ms",
-            "add_task_p50_ms")
+            "pickup_max_ms", "add_task_p50_ms")
     rows = []
     for name, (backend, runners, tasks) in wanted:
         for version, _ in versions:

@@ -81,6 +81,7 @@ class Overseer:
         self.stop_deadline = None
         self.start_failures = 0
         self.next_spawn_at = 0.0
+        self.next_manage = 0.0        # manage_runners: at once after a change, else per check
         self.exit_code = self.EXIT_OK
         self.exit_reason = None
         self.next_check = 0.0
@@ -103,8 +104,7 @@ class Overseer:
         for name in self.SIGNALS:
             signal.signal(getattr(signal, name), self._on_signal)
 
-    def _on_signal(self, signum, frame):
-        # Record only; the main loop acts. SIGCHLD just wakes the loop to reap.
+    def _on_signal(self, signum, frame):  # record only; SIGCHLD just wakes the loop to reap
         if signum != signal.SIGCHLD:
             self.signals.append(signum)
 
@@ -141,16 +141,17 @@ class Overseer:
         self.num_runners = config.runner.limit
         self.groups = config.queue_groups()
         self.hub.restart(config.queues)
+        self.next_manage = 0.0
         for child in self.children.values():
             self._retire(child)
 
-    def handle_ttin(self):
-        self.num_runners = min(self.num_runners + 1, self.config.runner.limit)
+    def handle_ttin(self, change=1):
+        self.num_runners = max(0, min(self.num_runners + change, self.config.runner.limit))
+        self.next_manage = 0.0
         log.info("runners wanted: %d", self.num_runners)
 
     def handle_ttou(self):
-        self.num_runners = max(self.num_runners - 1, 0)
-        log.info("runners wanted: %d", self.num_runners)
+        self.handle_ttin(-1)
 
     def _begin_stop(self):
         if self.stopping is None:
@@ -171,10 +172,8 @@ class Overseer:
     # -- children -----------------------------------------------------------------------
 
     def _signal(self, pid, sig):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
     def _kill(self, child, why):
         """KILL a child with its process group: the handler's own subprocesses go too."""
@@ -276,7 +275,7 @@ class Overseer:
             self._guarded(lambda: liveness.mark_child_dead(
                 self.store, self.row_id, pid, reason, stopped=bool(child.killed_by_stop)))
             # Its run may need a retry run now, not one check_interval later.
-            self.next_check = 0.0
+            self.next_check = self.next_manage = 0.0
 
     def _registered(self, pid):
         """Did this child register its runner row? (False when the database cannot say.)"""
@@ -315,7 +314,12 @@ class Overseer:
 
     def manage_runners(self):
         """Keep the wanted number of runners of each queue group, within each queue's limit
-        and the host's (rule 5): runners started by others (supervisord, cron) count."""
+        and the host's (rule 5): runners started by others (supervisord, cron) count. At once
+        after a change (a child gone, a reload, TTIN/TTOU), else once per check_interval: an
+        idle host does not ask the database for its slots at every tick."""
+        if self.now < self.next_manage:
+            return
+        self.next_manage = self.now + self.config.overseer.check_interval
         wanted = self._wanted()
         for group in set(wanted) | {c.serving for c in self.children.values()}:
             active = [c for c in self.children.values()
@@ -324,6 +328,7 @@ class Overseer:
             for child in sorted(active, key=lambda c: c.started)[:max(0, surplus)]:
                 self._retire(child)
         if self.stopping or self.now < self.next_spawn_at:
+            self.next_manage = min(self.next_manage, self.next_spawn_at)
             return
         # Retiring children still hold their slots: count them until they are gone.
         room = min(self.num_runners, self.config.runner.limit
@@ -336,8 +341,8 @@ class Overseer:
 
     def _wanted(self):
         """{queues: runners wanted}: each configured queue's limit less the runners of this
-        host that others started for it; then ``default`` — all within num_runners."""
-        # While stopping nothing is spawned: no need to ask the database.
+        host that others started for it; then ``default`` — all within num_runners (while
+        stopping, nothing is spawned: the database is not asked)."""
         others = {} if self.stopping else liveness.others_serving(self.store, self.row_id)
         budget, wanted = self.num_runners, {}
         for group, count in self.groups.items():
@@ -351,8 +356,6 @@ class Overseer:
         """Once per check_interval: this host's runners, our heartbeat; while holding the
         maintenance lease, the fleet's part too (other hosts' runners, overdue and missing runs,
         stale periodic marks, planning the periodic scheduler). A stopping overseer lets go."""
-        # Runs timed out here are stopped by the runners executing them (rule 8), wherever
-        # they are; a runner too hung to do so is found by its heartbeat and killed.
         if self.db_lost_at is not None:
             # If this pass gets through, the database is back as of now: heartbeats and
             # progress count from then (Store.writable_since).
@@ -405,10 +408,7 @@ class Overseer:
         self._setup_signals()
         self.prepare()
         try:
-            while True:
-                delay = self.tick(time.monotonic())
-                if delay is None:
-                    break
+            while (delay := self.tick(time.monotonic())) is not None:
                 self._sleep(delay)
         finally:
             self.shutdown()

@@ -173,3 +173,26 @@ def test_after_losing_the_database_no_heartbeat_is_judged_for_heartbeat_timeout(
         ov.hub.stop()
         ov.store.close()
         database.drop()
+
+
+def test_an_idle_host_asks_the_database_for_its_slots_once_per_check_not_per_tick(
+        make_overseer):
+    """Between checks an overseer whose runners are all up asks the database nothing (it
+    used to count the host's other runners at every tick, about twice a second per host);
+    a change — a child gone, TTOU — is acted on at the next tick, not at the next check."""
+    ov = make_overseer("stubborn", check_interval=30)
+    t0 = 100.0
+    ov.tick(t0)
+    tick_until(ov, t0, lambda: len(lines(ov.log, "up")) == 2, "both children up")
+    statements = []
+    ov.store.db.connection().set_trace_callback(statements.append)
+    for step in range(1, 20):
+        ov.tick(t0 + step * 0.5)
+    assert statements == []
+    victim = next(iter(ov.children))
+    os.kill(victim, signal.SIGKILL)            # a runner dies: replaced at the next tick
+    tick_until(ov, t0 + 10, lambda: victim not in ov.children and len(ov.children) == 2,
+               "the replacement")
+    ov.signals.append(signal.SIGTTOU)          # one runner fewer: one retired at once
+    ov.tick(t0 + 10.5)
+    tick_until(ov, t0 + 10.5, lambda: len(lines(ov.log, "TERM")) == 1, "one runner retired")
