@@ -62,6 +62,7 @@ class Overseer:
     START_WINDOW = 5.0           # a runner dying sooner than this after its start "failed to start"
     MAX_START_BACKOFF = 30.0
     CRASH_RESPAWN = 0.2          # a registered runner that crashed soon: the next one waits
+    RECOUNT = 10                 # check_intervals between counts of others' runners
 
     def __init__(self, config, config_path=None, database_url=None):
         self.config = config
@@ -314,12 +315,12 @@ class Overseer:
 
     def manage_runners(self):
         """Keep the wanted number of runners of each queue group, within each queue's limit
-        and the host's (rule 5): runners started by others (supervisord, cron) count. At once
-        after a change (a child gone, a reload, TTIN/TTOU), else once per check_interval: an
-        idle host does not ask the database for its slots at every tick."""
+        and the host's (rule 5): runners started by others (supervisord, cron) count, and are
+        counted at once after a change (a child gone, a reload, TTIN/TTOU), else every RECOUNT
+        checks (a runner refuses to register past the limit anyway)."""
         if self.now < self.next_manage:
             return
-        self.next_manage = self.now + self.config.overseer.check_interval
+        self.next_manage = self.now + self.RECOUNT * self.config.overseer.check_interval
         wanted = self._wanted()
         for group in set(wanted) | {c.serving for c in self.children.values()}:
             active = [c for c in self.children.values()
@@ -341,8 +342,7 @@ class Overseer:
 
     def _wanted(self):
         """{queues: runners wanted}: each configured queue's limit less the runners of this
-        host that others started for it; then ``default`` — all within num_runners (while
-        stopping, nothing is spawned: the database is not asked)."""
+        host that others started for it; then ``default`` — all within num_runners."""
         others = {} if self.stopping else liveness.others_serving(self.store, self.row_id)
         budget, wanted = self.num_runners, {}
         for group, count in self.groups.items():
