@@ -346,3 +346,33 @@ def test_the_hubs_listen_connection_outlives_runner_spawns(tmp_path, short_dir, 
         assert _hub_backends(database) == [listening]
     finally:
         stop_process(overseer, signal.SIGTERM)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_reload_starts_a_new_hub_with_the_new_queues(sqlite_db, tmp_path, short_dir):
+    """HUP may change the queues configured (whom a task of a queue wakes): the old hub is
+    stopped, a new one started, and the new runners are woken through it."""
+    queue = sqlite_db.queue(runner={"wakeup_dir": short_dir})
+    overseer, log_path = _start_overseer(sqlite_db, tmp_path, short_dir, limit=2)
+    log = str(tmp_path / "records")
+    try:
+        first = wait_for(lambda: hub_of(overseer.pid), message="the hub process")
+        config = tmp_path / "c.toml"
+        config.write_text(config.read_text() + '[queues.mail]\nlimit = 1\n')
+        os.kill(overseer.pid, signal.SIGHUP)
+        second = wait_for(lambda: (hub_of(overseer.pid) or first).pid != first.pid
+                          and hub_of(overseer.pid), timeout=20, message="a new hub")
+        assert not psutil.pid_exists(first.pid)          # stopped and reaped
+        wait_for(lambda: "config reloaded" in log_path.read_text(), message="the reload")
+        path = os.path.join(queue.store.wakeup_directory, wakeup.HUB)
+        wait_for(lambda: _answers(path), message="the new hub to bind its socket")
+        for n in range(1, 4):
+            started = time.monotonic()
+            queue.add_task("sample_handlers.Record", data={"log": log}, queue="mail")
+            wait_for(lambda: len(read_records(log)) == n, timeout=10, message="mail task %d" % n)
+            assert time.monotonic() - started < 5
+        assert second.is_running()
+    finally:
+        stop_process(overseer, signal.SIGTERM)
+        queue.close()
