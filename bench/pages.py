@@ -105,7 +105,8 @@ def measure(adds=300, jobs=300, page_size=None):
         claimed = claimed_next
     size = store.db.execute_sql("PRAGMA page_size").fetchone()[0]
     queue.close()
-    return {"page_size": size, "adds": adds, "add_pages": round(sum(map(len, add_commits)) / len(add_commits), 2),
+    return {"page_size": size, "adds": adds,
+            "add_pages": round(sum(map(len, add_commits)) / len(add_commits), 2),
             "add_by_btree": by_btree(add_commits), "jobs": len(job_commits),
             "job_pages": round(sum(map(len, job_commits)) / len(job_commits), 2),
             "job_by_btree": by_btree(job_commits)}
