@@ -152,20 +152,21 @@ def insert_task(store, row):
     return task_id
 
 
-_INSERT_SQL = {}      # (backend, table, columns) -> INSERT statement
+_INSERT_SQL = {}      # (backend, table, columns) -> (INSERT statement, the columns' fields)
 
 
 def _insert_row_sql(store, model, row):
     """INSERT one row (a dict of field names) through the store's connection, errors raised
     as peewee's (a unique key's IntegrityError); returns its id."""
     key = (store.backend, model._meta.table_name, tuple(row))
-    sql = _INSERT_SQL.get(key)
-    fields = [model._meta.fields[name] for name in row]
-    if sql is None:
-        sql = _INSERT_SQL[key] = "INSERT INTO %s (%s) VALUES (%s)%s" % (
+    known = _INSERT_SQL.get(key)
+    if known is None:
+        fields = [model._meta.fields[name] for name in row]
+        known = _INSERT_SQL[key] = ("INSERT INTO %s (%s) VALUES (%s)%s" % (
             model._meta.table_name, ", ".join(f.column_name for f in fields),
             ", ".join([store.db.param] * len(fields)),
-            " RETURNING id" if store.backend == "postgresql" else "")
+            " RETURNING id" if store.backend == "postgresql" else ""), fields)
+    sql, fields = known
     cursor = store.db.execute_sql(sql, _values(store.backend, [
         f.db_value(value) for f, value in zip(fields, row.values())]))
     return cursor.fetchone()[0] if store.backend == "postgresql" else cursor.lastrowid

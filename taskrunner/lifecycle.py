@@ -227,11 +227,11 @@ def _claim_from(store, runner_id, queue, now):
         row = sql(PG_CLAIM, (queue, runner_id, now, now, now)).fetchone()
         return None if row is None else ClaimedRun(*row, now)
     if store.is_sqlite:
-        claim_run, claim_task = SQLITE_CLAIM
-        run = sql(claim_run, (runner_id, now, now, queue)).fetchone()
+        (claim_run, claim_task), stamp = SQLITE_CLAIM, now.isoformat(" ")   # bound as text once
+        run = sql(claim_run, (runner_id, stamp, stamp, queue)).fetchone()
         if run is None:
             return None
-        task = sql(claim_task, (now, run[1])).fetchone()
+        task = sql(claim_task, (stamp, run[1])).fetchone()
         return ClaimedRun(*run, *task, now)
     row = sql(MYSQL_CLAIM, (queue,)).fetchone()
     if row is None:
@@ -405,19 +405,19 @@ def end_success(store, run_id, task_id, runner_id, results, now):
     if store.backend == "postgresql":
         return sql(PG_SUCCESS, (now, now, results, run_id, runner_id, now, now)).fetchone()[0] > 0
     if store.is_sqlite:
-        return _sqlite_success(sql, run_id, task_id, runner_id, results, now)
+        return _sqlite_success(sql, run_id, task_id, runner_id, results, now.isoformat(" "))
     ended = sql(MYSQL_SUCCESS[0], (now, now, results, run_id, runner_id)).rowcount > 0
     if ended:
         sql(MYSQL_SUCCESS[1], (now, now, task_id))
     return ended
 
 
-def _sqlite_success(sql, run_id, task_id, runner_id, results, now):
+def _sqlite_success(sql, run_id, task_id, runner_id, results, at):
     end_run, clear_slot, end_task, clear_keys = SQLITE_SUCCESS
-    slot = sql(end_run, (now, now, results, run_id, runner_id)).fetchone()
+    slot = sql(end_run, (at, at, results, run_id, runner_id)).fetchone()
     if slot is not None and slot[0] is not None:
         sql(clear_slot, (run_id,))
-    if slot is not None and sql(end_task, (now, now, task_id)).fetchone() not in (None, (None,)):
+    if slot is not None and sql(end_task, (at, at, task_id)).fetchone() not in (None, (None,)):
         sql(clear_keys, (task_id,))
     return slot is not None
 

@@ -22,15 +22,34 @@ from .migrations import migrate, pending
 from .models import bind_models, utcnow
 
 
+# The page size of a new SQLite database. A durable commit writes and syncs every page it
+# changes, whole: a job's end-and-claim changes about 8 b-tree pages, an add_task 9, each by a
+# few dozen bytes, so smaller pages write less (37 KB per job with 4,096-byte pages, 17 KB
+# with 2,048) and the commit returns sooner. 1,024 saves a little more, but a row of task
+# data then overflows sooner and each b-tree gets deeper.
+SQLITE_PAGE_SIZE = 2048
+
+
 def _create_private(path):
-    """Create a missing SQLite file readable by its owner only; SQLite gives its -wal and
-    -shm files the database file's permissions. Anything else is SQLite's to report."""
+    """Create a missing SQLite file readable by its owner only (SQLite gives its -wal and
+    -shm files the database file's permissions), with SQLITE_PAGE_SIZE: set before its
+    first page is written, since a database in WAL mode keeps the page size it has.
+    Anything else is SQLite's to report."""
     if not path or path == ":memory:" or path.startswith("file:"):
         return
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError:
-        pass
+        return
+    try:
+        conn = sqlite3.connect(path)
+        try:
+            conn.execute("PRAGMA page_size = %d" % SQLITE_PAGE_SIZE)
+            conn.execute("PRAGMA journal_mode = wal")
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        pass       # another process got there first: the file keeps what it made
 
 
 class Store:

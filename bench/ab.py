@@ -1,0 +1,94 @@
+"""Two source trees of taskrunner side by side with the peer: ``python -m bench.ab --base DIR``
+drains the same no-op backlog with `taskrunner overseer` from DIR (e.g. an unpacked
+``git archive`` of main) and from this checkout, and with Huey (SQLite) — alternating,
+the order rotated every round — and reports the median of the per-round ratios, as
+bench/compare.py does for configurations of one tree. Each side's schema is made by its own
+``init-db`` (a migration of one tree does not reach the other); the backlog is the same
+set-based INSERT for both.
+"""
+import argparse
+import os
+import sys
+
+from bench import common
+from bench.backlog import add_backlog
+from bench.common import OverseerProcess, create_database, spawn, wait_until
+from bench.compare import cell_of, measure_rounds
+from bench.systems import Floor, Huey, Job, Taskrunner
+
+
+def tree_env(root):
+    """The children's environment with taskrunner imported from `root`."""
+    env = common.child_env()
+    env["PYTHONPATH"] = root + os.pathsep + env["PYTHONPATH"]
+    return env
+
+
+class TreeOverseer(OverseerProcess):
+    def __init__(self, root, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.root = root
+
+    def start(self):
+        import time
+        self.launched = time.time()
+        self.proc = spawn([sys.executable, "-m", "taskrunner", "--config", self.config,
+                           "overseer"], self.label + ".log", env=tree_env(self.root))
+        return self
+
+
+class TaskrunnerAt(Taskrunner):
+    """taskrunner from the source tree `root`, named `name`."""
+
+    def __init__(self, name, root):
+        super().__init__()
+        self.name, self.root = name, root
+
+    def prepare(self, backend, job):
+        url = create_database(backend, "ab")
+        proc = spawn([sys.executable, "-m", "taskrunner", "--database", url, "init-db"],
+                     "ab-init.log", env=tree_env(self.root))
+        wait_until(lambda: proc.poll() is not None, 120, "init-db", procs=())
+        if proc.returncode:
+            raise RuntimeError("init-db of %s failed (log: %s)" % (self.root, common.workdir()))
+        add_backlog(url, job.n)
+        return url
+
+    def start(self, url, job, label="throughput"):
+        sections = common.merge_sections({"log": {"level": job.log_level}}, self.sections)
+        return TreeOverseer(self.root, url, job.workers, self.name.replace(" ", "-"),
+                            **sections).start()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="the other source tree (its root)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tasks", type=int, default=5000)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--floor", action="store_true", help="the raw-SQL floor too")
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    job = Job(args.tasks, args.workers, args.log_level)
+    systems = [Huey(), TaskrunnerAt("taskrunner base", os.path.abspath(args.base)),
+               TaskrunnerAt("taskrunner", common.ROOT)] + ([Floor()] if args.floor else [])
+    try:
+        runs = measure_rounds("sqlite", [(job, s) for s in systems], args.rounds)
+        cell = cell_of(job, {name: v for (_, name), v in runs.items()}, args.rounds)
+    finally:
+        common.cleanup()
+    cell["load_average"] = os.getloadavg()
+    for name, entry in cell["systems"].items():
+        print("%-18s jobs/s %s  / huey %s" % (name, entry["jobs_per_s"],
+                                              entry.get("over_peer", {}).get("jobs_per_s")))
+    base, new = (cell["systems"][n]["runs"] for n in ("taskrunner base", "taskrunner"))
+    per_round = [common.ratio(b["jobs_per_s"], a["jobs_per_s"]) for a, b in zip(base, new)]
+    cell["branch_over_base"] = per_round
+    print("taskrunner / base per round:", per_round, "load", cell["load_average"])
+    common.write_json(args.json, cell)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
