@@ -1,6 +1,7 @@
 """Two source trees of taskrunner side by side with the peer: ``python -m bench.ab --base DIR``
 drains the same no-op backlog with `taskrunner overseer` from DIR (e.g. an unpacked
-``git archive`` of main) and from this checkout, and with Huey (SQLite) — alternating,
+``git archive`` of main) and from this checkout, and with the peer (Huey on SQLite,
+Procrastinate on PostgreSQL with ``--db postgresql``) — alternating,
 the order rotated every round — and reports the median of the per-round ratios, as
 bench/compare.py does for configurations of one tree. Each side's schema is made by its own
 ``init-db`` (a migration of one tree does not reach the other); the backlog is the same
@@ -14,7 +15,7 @@ from bench import common
 from bench.backlog import add_backlog
 from bench.common import OverseerProcess, create_database, spawn, wait_until
 from bench.compare import cell_of, measure_rounds
-from bench.systems import Floor, Huey, Job, Taskrunner
+from bench.systems import Floor, Huey, Job, Procrastinate, Taskrunner
 
 
 def tree_env(root):
@@ -68,20 +69,22 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--floor", action="store_true", help="the raw-SQL floor too")
+    parser.add_argument("--db", default="sqlite", choices=("sqlite", "postgresql"))
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     job = Job(args.tasks, args.workers, args.log_level)
-    systems = [Huey(), TaskrunnerAt("taskrunner base", os.path.abspath(args.base)),
+    peer = Huey() if args.db == "sqlite" else Procrastinate()
+    systems = [peer, TaskrunnerAt("taskrunner base", os.path.abspath(args.base)),
                TaskrunnerAt("taskrunner", common.ROOT)] + ([Floor()] if args.floor else [])
     try:
-        runs = measure_rounds("sqlite", [(job, s) for s in systems], args.rounds)
+        runs = measure_rounds(args.db, [(job, s) for s in systems], args.rounds)
         cell = cell_of(job, {name: v for (_, name), v in runs.items()}, args.rounds)
     finally:
         common.cleanup()
     cell["load_average"] = os.getloadavg()
     for name, entry in cell["systems"].items():
-        print("%-18s jobs/s %s  / huey %s" % (name, entry["jobs_per_s"],
-                                              entry.get("over_peer", {}).get("jobs_per_s")))
+        print("%-18s jobs/s %s  / %s %s" % (name, entry["jobs_per_s"], peer.name,
+                                            entry.get("over_peer", {}).get("jobs_per_s")))
     base, new = (cell["systems"][n]["runs"] for n in ("taskrunner base", "taskrunner"))
     per_round = [common.ratio(b["jobs_per_s"], a["jobs_per_s"]) for a, b in zip(base, new)]
     cell["branch_over_base"] = per_round

@@ -6,7 +6,8 @@ Per run, one transaction, as a busy taskrunner runner does (the first claim has 
   finish — mark the previous run success (conditional on it still being this runner's
            running run, active_task_id cleared) and update its task (last_status,
            finished_on, next_run_on, active_key, runs_failed);
-  claim  — take the next scheduled run exclusively (SQLite: BEGIN IMMEDIATE; PostgreSQL
+  claim  — take the next scheduled run of the queue (in the claim index's order)
+           exclusively (SQLite: BEGIN IMMEDIATE; PostgreSQL
            and MySQL: FOR UPDATE SKIP LOCKED), mark it and its task running (runner,
            started_on) and read the task's handler and data.
 Each database gets its cheapest form: on PostgreSQL the whole cycle is one statement of
@@ -24,7 +25,7 @@ from datetime import datetime, timezone
 
 from bench.common import backend_of, connect
 
-NEXT = ("SELECT id FROM task_runs WHERE status = 'scheduled' "
+NEXT = ("SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = 'default' "
         "ORDER BY priority DESC, scheduled_on, id LIMIT 1")
 RUN_STARTED = "UPDATE task_runs SET status = 'running', runner_id = {p}, started_on = {p}, updated_on = {p}"
 TASK_STARTED = "UPDATE task_queue SET last_status = 'running', updated_on = {p}"
@@ -37,7 +38,8 @@ TASK_DONE = ("UPDATE task_queue SET last_status = 'success', finished_on = {p}, 
 SQLITE_CLAIM = (RUN_STARTED + " WHERE id = (" + NEXT + ") RETURNING id, task_id",
                 TASK_STARTED + " WHERE id = {p} RETURNING handler, data")
 MYSQL_CLAIM = ("SELECT r.id, r.task_id, t.handler, t.data FROM task_runs r "
-               "JOIN task_queue t ON t.id = r.task_id WHERE r.status = 'scheduled' "
+               "JOIN task_queue t ON t.id = r.task_id "
+               "WHERE r.status = 'scheduled' AND r.queue = 'default' "
                "ORDER BY r.priority DESC, r.scheduled_on, r.id LIMIT 1 FOR UPDATE SKIP LOCKED",
                RUN_STARTED + " WHERE id = {p}", TASK_STARTED + " WHERE id = {p}")
 # PostgreSQL: finish (when there is a previous run) and claim in one statement.
