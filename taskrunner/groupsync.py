@@ -38,9 +38,9 @@ the commit and is shared, but always before anyone acts on the commit):
   and the WAL header when the WAL starts again (so an old frame can never pass for a new one).
   A commit checkpointed before its sync is therefore durable in the database file.
 - The WAL file is deleted only by the last connection's close, after a full checkpoint;
-  while the committer's connection is open (it just committed) the file stays. A descriptor
-  of a WAL deleted meanwhile (the store reconnected) is noticed (no links left) and the WAL
-  opened again; when there is no WAL file at all, the database file is synced instead.
+  while the committer's connection is open (it just committed) the file stays. The WAL is
+  opened again for each new connection of the store (the file may be a new one); when
+  there is no WAL file at all, the database file is synced instead.
 - SQLite pads a synced commit to a sector boundary only without power-safe overwrite, which
   SQLite assumes on Unix by default: there FULL writes the same bytes as NORMAL.
 What differs: between COMMIT and the sync (a fraction of a millisecond) another connection
@@ -94,7 +94,7 @@ class GroupSync:
         self._thread = threading.local()
         self._threads = threading.Lock()
         self._opened = False
-        self._fd = self._wal = self._map = None
+        self._fd = self._wal = self._map = self._wal_of = None
         _instances.add(self)
 
     def _forget(self):
@@ -106,7 +106,7 @@ class GroupSync:
                     pass
         self._threads = threading.Lock()
         self._opened = False
-        self._fd = self._wal = self._map = None
+        self._fd = self._wal = self._map = self._wal_of = None
 
     def _open(self):
         self._opened = True
@@ -168,12 +168,15 @@ class GroupSync:
     def _set(self, index, value):
         _WORD.pack_into(self._map, index * _WORD.size, value)
 
-    def commit_done(self):
-        """Right after this process's COMMIT returned: return once the WAL is durable up to
-        it (waiting for, or doing, the fdatasync that covers it). An fdatasync that fails
-        raises: the commit's durability is unknown, as FULL's failing COMMIT would say.
-        Without the shared file (gone since, in a forked child), it syncs alone."""
+    def commit_done(self, connection):
+        """Right after `connection` (this process's, open) committed: return once the WAL is
+        durable up to that commit (waiting for, or doing, the fdatasync that covers it). An
+        fdatasync that fails raises: the commit's durability is unknown, as FULL's failing
+        COMMIT would say. Without the shared file (in a forked child that cannot open it),
+        it syncs alone."""
         with self._threads:
+            if connection is not self._wal_of:
+                self._reopen_wal(connection)
             if not self.available:
                 self._fdatasync()
                 return
@@ -202,22 +205,32 @@ class GroupSync:
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
-    def _fdatasync(self):
-        """Sync the WAL file (opened again if the one open was deleted); without a WAL file,
-        the database file, where a checkpoint put everything."""
-        if self._wal is not None and os.fstat(self._wal).st_nlink == 0:
+    def _reopen_wal(self, connection):
+        """A connection opened since the WAL was: the file may be another one (the last
+        connection's close deletes the WAL; while one is open it stays, so checking once per
+        connection is enough — an fstat before each fdatasync costs as much as a third of
+        it here)."""
+        if self._wal is not None:
             os.close(self._wal)
             self._wal = None
+        self._wal_of = connection
+        try:
+            self._wal = os.open(self.wal_path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            pass
+
+    def _fdatasync(self):
+        """Sync the WAL file; without one, the database file, where the checkpoint that
+        deleted the WAL put everything."""
         if self._wal is None:
+            self._reopen_wal(self._wal_of)
+        if self._wal is None:
+            fd = os.open(self.database, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                self._wal = os.open(self.wal_path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                fd = os.open(self.database, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                return
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return
         try:
             os.fdatasync(self._wal)
         except OSError as exc:

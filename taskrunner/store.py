@@ -195,7 +195,7 @@ class Store:
     def _made_durable(self, changes_before):
         """After a commit of this store's: with group sync, return once it is durable."""
         if self.group_sync is not None and self._changes() != changes_before:
-            self.group_sync.commit_done()
+            self.group_sync.commit_done(self.db.connection())
 
     def wake_after_commit(self, count=None, queue=None):
         """Inside a write transaction: it makes `count` runs claimable in `queue` (None:
