@@ -187,7 +187,8 @@ class Store:
 
     def _changes(self):
         """Rows this connection changed since it opened (a commit that changed none wrote
-        nothing to sync: an idle runner's empty claim costs no fdatasync)."""
+        nothing to sync: an idle runner's empty claim costs no fdatasync; DDL is not
+        counted, and a runner's store runs none)."""
         if self.group_sync is None:
             return None
         return self.db.connection().total_changes
