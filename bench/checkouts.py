@@ -12,9 +12,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import common  # noqa: E402
-from bench.backlog import queue_backlog  # noqa: E402
-from bench.common import (OverseerProcess, create_database, drop_url, finish_times,  # noqa: E402
+from bench import common
+from bench.backlog import queue_backlog
+from bench.common import (OverseerProcess, create_database, drop_url, finish_times,
                           median, rates)
 
 

@@ -23,7 +23,7 @@ class SyncedAtStart(TaskHandler):
 
     def handle(self, run):
         sync = run.queue.store.group_sync
-        written, synced, flushes = sync.counters()
+        written, synced, _ = sync.counters()
         _append(run.data["log"], {"task": run.task_id, "pid": os.getpid(),
                                   "ticket": sync.last_ticket, "synced": synced,
                                   "written": written})
