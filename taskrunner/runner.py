@@ -95,8 +95,7 @@ class Worker:
         self.lease = None             # standalone: the maintenance lease (leadership.py)
         self._handlers = {}
         self.rss = None
-        self._wake_r = self._wake_w = None
-        self._listener = self._pg_listener = None
+        self._wake_r = self._wake_w = self._listener = self._pg_listener = None
         self.heartbeat = Heartbeat(self)
         self.batch = None             # a batches.Batch with [runner] batch > 1
 
@@ -394,6 +393,8 @@ class Worker:
         max_runs = self.max_runs = max_runs if max_runs is not None else self.config.runner.max_runs
         if self.install_signals:
             self._setup_signals()
+        if self.memory_limit:       # a process of its own (not run_pending's): group sync
+            self.store.use_group_sync()
         row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id,
                                 take_slot=self.memory_limit, serving=self.serving)
         self.runner_id = row.id

@@ -17,6 +17,7 @@ from . import wakeup
 from .config import Config
 from .db import backend_of, check_connection, open_database, retry_transaction
 from .errors import SchemaBehind
+from .groupsync import GroupSync
 from .hostlock import HostLock
 from .migrations import migrate, pending
 from .models import bind_models, utcnow
@@ -63,6 +64,7 @@ class Store:
         self.is_sqlite = self.backend == "sqlite"
         self.db = open_database(config.database, ephemeral)
         self.host_lock = None
+        self.group_sync = None
         if self.is_sqlite:
             _create_private(self.db.database)
             if self.db.database != ":memory:":
@@ -139,8 +141,8 @@ class Store:
 
     def write(self, fn):
         """Run ``fn()`` in a write transaction, again after a deadlock or a busy database;
-        after the outermost one commits, wake idle runners for the runs ``fn`` made
-        claimable (`wake_after_commit`)."""
+        after the outermost one commits (and, with `use_group_sync`, is durable), wake idle
+        runners for the runs ``fn`` made claimable (`wake_after_commit`)."""
         state = self._writes
         depth = getattr(state, "depth", 0)
         state.depth = depth + 1
@@ -150,12 +152,16 @@ class Store:
                 state.news = []
             return fn()
         # SQLite: the host's writers take turns on the host lock, outermost writes only (a
-        # transaction opened outside the store already holds SQLite's lock).
-        lock = self.host_lock if depth == 0 and not self.db.in_transaction() else None
+        # transaction opened outside the store already holds SQLite's lock, and commits it).
+        own = depth == 0 and not self.db.in_transaction()
+        lock = self.host_lock if own else None
+        changes = self._changes() if own else None
         try:
             result = retry_transaction(self.db, attempt, lock=lock)
         finally:
             state.depth = depth
+        if own:
+            self._made_durable(changes)
         if depth == 0 and getattr(state, "news", None):
             news, state.news = state.news, []
             for count, queue in news:
@@ -164,10 +170,52 @@ class Store:
 
     def host_turn(self):
         """Around a single write statement outside `write` (a heartbeat, progress): SQLite's
-        host lock, so that it too waits its turn without sleeping in the busy handler."""
+        host lock, so that it too waits its turn without sleeping in the busy handler (and,
+        with `use_group_sync`, the statement is durable when the block is left)."""
         if self.host_lock is None or self.db.in_transaction():
             return contextlib.nullcontext()
-        return self.host_lock
+        if self.group_sync is None:
+            return self.host_lock
+        return self._synced_turn()
+
+    @contextlib.contextmanager
+    def _synced_turn(self):
+        changes = self._changes()
+        with self.host_lock:
+            yield
+        self._made_durable(changes)
+
+    def use_group_sync(self):
+        """A runner's store in SQLite's durable mode ("full"): commit without SQLite's sync
+        and share one fdatasync of the WAL with the host's other runners before acting on a
+        commit (groupsync.py). Stays off for "normal" and "off", for a database not in WAL
+        mode, and without the shared file (SQLite then syncs each commit, as before).
+        Returns whether it is on."""
+        if (self.host_lock is None or self.group_sync is not None
+                or self.config.database.sqlite_synchronous != "full"
+                or self.db.database.startswith("file:")):
+            return self.group_sync is not None
+        sync = GroupSync(self.db.database)
+        if not sync.available:
+            return False
+        if self.db.execute_sql("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            return False
+        self.db.pragma("synchronous", "normal", permanent=True)
+        self.group_sync = sync
+        return True
+
+    def _changes(self):
+        """Rows this connection changed since it opened (a commit that changed none wrote
+        nothing to sync: an idle runner's empty claim costs no fdatasync; DDL is not
+        counted, and a runner's store runs none)."""
+        if self.group_sync is None:
+            return None
+        return self.db.connection().total_changes
+
+    def _made_durable(self, changes_before):
+        """After a commit of this store's: with group sync, return once it is durable."""
+        if self.group_sync is not None and self._changes() != changes_before:
+            self.group_sync.commit_done(self.db.connection())
 
     def wake_after_commit(self, count=None, queue=None):
         """Inside a write transaction: it makes `count` runs claimable in `queue` (None:
