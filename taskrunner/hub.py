@@ -67,7 +67,7 @@ class Hub:
                 pass
             log.info("wake-up hub %s lost (taken over or removed): binding again", self.path)
             self._close_socket()
-        if _answers(self.path):
+        if answers(self.path):
             return False
         mode = wakeup.mode_of(self.directory)
         temporary = os.path.join(self.directory, ".hub.%d" % os.getpid())
@@ -326,7 +326,7 @@ class HubProcess:
             self.hub.close()
 
 
-def _answers(path):
+def answers(path):
     """Whether a live process holds the socket `path`."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:

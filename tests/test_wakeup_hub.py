@@ -7,7 +7,6 @@ its LISTEN connection outlives the overseer's forks."""
 import os
 import re
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,6 +18,7 @@ from conftest import Database, spawn, stop_process, wait_for
 from test_overseer import hub_of
 from sample_handlers import read_records
 from taskrunner import TaskQueue, wakeup
+from taskrunner.hub import answers
 from taskrunner.config import Config
 from taskrunner.models import RUNNING, SUCCESS, Runner, Task
 
@@ -297,7 +297,7 @@ def test_a_dead_hub_is_started_again_and_gone_after_a_group_stop(sqlite_db, tmp_
         os.kill(first.pid, signal.SIGKILL)
         second = wait_for(lambda: (hub_of(overseer.pid) or first).pid != first.pid
                           and hub_of(overseer.pid), timeout=20, message="a new hub")
-        wait_for(lambda: _answers(path), message="the new hub to bind its socket")
+        wait_for(lambda: answers(path), message="the new hub to bind its socket")
         _run_one_by_one(queue, log, 3)
         assert "wake-up hub pid %d exited with signal 9" % first.pid in log_path.read_text()
         # A supervisor's stop signals the overseer's group; the hub, in a group of its own,
@@ -311,18 +311,6 @@ def test_a_dead_hub_is_started_again_and_gone_after_a_group_stop(sqlite_db, tmp_
     finally:
         stop_process(overseer, signal.SIGKILL)
         queue.close()
-
-
-def _answers(path):
-    """Whether a live process holds the datagram socket `path`."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        probe.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
 
 
 @pytest.mark.slow
@@ -366,7 +354,7 @@ def test_a_reload_starts_a_new_hub_with_the_new_queues(sqlite_db, tmp_path, shor
         assert not psutil.pid_exists(first.pid)          # stopped and reaped
         wait_for(lambda: "config reloaded" in log_path.read_text(), message="the reload")
         path = os.path.join(queue.store.wakeup_directory, wakeup.HUB)
-        wait_for(lambda: _answers(path), message="the new hub to bind its socket")
+        wait_for(lambda: answers(path), message="the new hub to bind its socket")
         for n in range(1, 4):
             started = time.monotonic()
             queue.add_task("sample_handlers.Record", data={"log": log}, queue="mail")
