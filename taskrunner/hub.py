@@ -307,10 +307,11 @@ class HubProcess:
                 return
             time.sleep(0.01)
 
-    def serve(self, check_interval):
-        """In the forked hub process: serve until a signal; every `check_interval` bind the
-        hub socket again if it is free (a hub of another overseer of this host and database
-        may hold it). Returns the exit code."""
+    def serve(self, check_interval, parent):
+        """In the forked hub process: serve until a signal, or until the overseer `parent`
+        (a pid) is gone — the kernel's death signal may have been set too late, after it
+        died; every `check_interval` bind the hub socket again if it is free (a hub of
+        another overseer of this host and database may hold it). Returns the exit code."""
         wake_r, wake_w = os.pipe()
         for fd in (wake_r, wake_w):
             os.set_blocking(fd, False)
@@ -318,10 +319,12 @@ class HubProcess:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, lambda signum, frame: None)
         try:
-            while True:
+            while os.getppid() == parent:
                 self.hub.take()
                 if self.hub.sleep(wake_r, check_interval):
                     return 0
+            log.info("wake-up hub exiting: overseer %d is gone", parent)
+            return 0
         finally:
             self.hub.close()
 

@@ -211,7 +211,7 @@ class Overseer:
         """Fork the wake-up hub (hub.py) unless it runs; it forks nothing itself."""
         if not self.stopping and self.hub.due(self.now):
             self.hub.started(self._fork(lambda: self.hub.serve(
-                self.config.overseer.check_interval), "wake-up hub", "tr-hub"))
+                self.config.overseer.check_interval, self.pid), "wake-up hub", "tr-hub"))
 
     def _fork(self, body, what, name=None):
         """Fork a child running `body()` (which returns its exit code; it never returns into

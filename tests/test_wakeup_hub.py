@@ -364,3 +364,22 @@ def test_a_reload_starts_a_new_hub_with_the_new_queues(sqlite_db, tmp_path, shor
     finally:
         stop_process(overseer, signal.SIGTERM)
         queue.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_hub_dies_with_its_overseer(sqlite_db, tmp_path, short_dir):
+    """kill -9 of the overseer alone (its hub leads a process group of its own, so the
+    signal does not reach it): the hub exits all the same and leaves no process behind."""
+    queue = sqlite_db.queue(runner={"wakeup_dir": short_dir})
+    overseer, _ = _start_overseer(sqlite_db, tmp_path, short_dir, limit=1)
+    try:
+        hub = wait_for(lambda: hub_of(overseer.pid), message="the hub process")
+        os.kill(overseer.pid, signal.SIGKILL)
+        overseer.wait(timeout=10)
+        wait_for(lambda: not psutil.pid_exists(hub.pid) or
+                 psutil.Process(hub.pid).status() == psutil.STATUS_ZOMBIE,
+                 timeout=15, message="the hub to exit after its overseer")
+    finally:
+        stop_process(overseer, signal.SIGKILL)
+        queue.close()
