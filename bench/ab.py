@@ -66,30 +66,35 @@ def main(argv=None):
     parser.add_argument("--base", required=True, help="the other source tree (its root)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tasks", type=int, default=5000)
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workers", default="1", help="W, or a list: 1,2,8")
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--floor", action="store_true", help="the raw-SQL floor too")
     parser.add_argument("--db", default="sqlite", choices=("sqlite", "postgresql"))
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    job = Job(args.tasks, args.workers, args.log_level)
     peer = Huey() if args.db == "sqlite" else Procrastinate()
     systems = [peer, TaskrunnerAt("taskrunner base", os.path.abspath(args.base)),
                TaskrunnerAt("taskrunner", common.ROOT)] + ([Floor()] if args.floor else [])
+    cells = []
     try:
-        runs = measure_rounds(args.db, [(job, s) for s in systems], args.rounds)
-        cell = cell_of(job, {name: v for (_, name), v in runs.items()}, args.rounds)
+        for workers in [int(w) for w in args.workers.split(",")]:
+            job = Job(args.tasks, workers, args.log_level)
+            runs = measure_rounds(args.db, [(job, s) for s in systems], args.rounds)
+            cell = cell_of(job, {name: v for (_, name), v in runs.items()}, args.rounds)
+            cell["load_average"] = os.getloadavg()
+            base, new = (cell["systems"][n]["runs"] for n in ("taskrunner base", "taskrunner"))
+            cell["branch_over_base"] = [common.ratio(b["jobs_per_s"], a["jobs_per_s"])
+                                        for a, b in zip(base, new)]
+            cells.append(cell)
+            for name, entry in cell["systems"].items():
+                print("W=%d %-18s jobs/s %s  / %s %s" % (
+                    workers, name, entry["jobs_per_s"], peer.name,
+                    entry.get("over_peer", {}).get("jobs_per_s")))
+            print("W=%d taskrunner / base per round: %s, load %s" % (
+                workers, cell["branch_over_base"], cell["load_average"]), flush=True)
     finally:
         common.cleanup()
-    cell["load_average"] = os.getloadavg()
-    for name, entry in cell["systems"].items():
-        print("%-18s jobs/s %s  / %s %s" % (name, entry["jobs_per_s"], peer.name,
-                                            entry.get("over_peer", {}).get("jobs_per_s")))
-    base, new = (cell["systems"][n]["runs"] for n in ("taskrunner base", "taskrunner"))
-    per_round = [common.ratio(b["jobs_per_s"], a["jobs_per_s"]) for a, b in zip(base, new)]
-    cell["branch_over_base"] = per_round
-    print("taskrunner / base per round:", per_round, "load", cell["load_average"])
-    common.write_json(args.json, cell)
+    common.write_json(args.json, cells[0] if len(cells) == 1 else cells)
     return 0
 
 

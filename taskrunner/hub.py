@@ -117,23 +117,20 @@ class Hub:
     # -- waiting ----------------------------------------------------------------------------
 
     def sources(self):
-        """What the overseer's sleep selects on besides its signal pipe."""
+        """What `sleep` selects on besides the hub process's signal pipe."""
         self._ensure_listening()
         return [s for s in (self.sock, self.connection) if s is not None]
 
     def sleep(self, fd, timeout):
-        """Serve wake-ups for up to `timeout` seconds (0: what is there now); True as soon
-        as `fd` (the overseer's signal pipe, or None) is readable."""
+        """Serve wake-ups for up to `timeout` seconds; True as soon as `fd` (the hub
+        process's signal pipe) is readable."""
         deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            sources = self.sources() + ([fd] if fd is not None else [])
-            ready = select.select(sources, [], [], max(0.0, left))[0] if sources else []
-            if fd is not None and fd in ready:
+        while (left := deadline - time.monotonic()) > 0:
+            ready = select.select(self.sources() + [fd], [], [], left)[0]
+            if fd in ready:
                 return True
             self.serve(ready)
-            if left <= 0 or not ready and time.monotonic() >= deadline:
-                return False
+        return False
 
     def serve(self, ready):
         """Handle what `ready` (a subset of `sources()`) has to say."""

@@ -374,12 +374,16 @@ def others_running(store, parent_id):
 def name_process(name):
     """Show `name` (its first 15 bytes) as this process's name in ``ps -o comm``, ``top``
     and ``pgrep``, so the overseer and each runner are told apart. Linux's /proc/self/comm;
-    elsewhere, or if it cannot be written, nothing changes."""
+    elsewhere, or if it cannot be written, nothing changes. Returns the name it had (None
+    where it cannot be read)."""
     try:
-        with open("/proc/self/comm", "w") as comm:
+        with open("/proc/self/comm", "r+") as comm:
+            previous = comm.read().rstrip("\n")
+            comm.seek(0)
             comm.write(name[:15])
+        return previous
     except OSError:
-        pass
+        return None
 
 
 def others_serving(store, parent_id):

@@ -12,9 +12,9 @@ are stopped by the runners executing them (rule 8, see runner.py).
 Every decision is made in `tick(now)` with the monotonic clock passed in (tests inject it);
 `run()` only sets up, ticks and sleeps. Signal handlers only record: TERM/INT graceful stop
 (a second: fast), QUIT immediate, HUP reload and replace the runners, TTIN/TTOU one runner
-more/less. No database connection crosses a fork. The wake-up hub runs in a child process
-of its own (hub.py), started before the runners and again if it dies. An outage is logged once and waited out;
-heartbeats are judged only heartbeat_timeout after it (`db_back_at`, Store.writable_since).
+more/less. No database connection crosses a fork; the wake-up hub is a child (hub.py). An
+outage is logged once and waited out; heartbeats are judged only heartbeat_timeout after it
+(`db_back_at`, Store.writable_since).
 """
 import contextlib
 import logging
@@ -214,14 +214,16 @@ class Overseer:
                 self.config.overseer.check_interval, self.pid), "wake-up hub", "tr-hub"))
 
     def _fork(self, body, what, name=None):
-        """Fork a child running `body()` (which returns its exit code; it never returns into
-        the overseer's loop); returns its pid. No connection crosses the fork. The child
-        undoes the overseer's signal handling and gets its own process group: KILL takes a
-        handler's subprocesses along, and a signal to the overseer's group (supervisord,
-        Ctrl-C) reaches the child only through the overseer, once."""
+        """Fork a child running `body()` (its exit code; it never returns into the loop);
+        returns its pid. No connection crosses the fork. The child has its own process group:
+        KILL takes a handler's subprocesses along, and a signal to the overseer's group
+        (supervisord, Ctrl-C) reaches the child only through the overseer, once."""
         self.store.close()
+        previous = liveness.name_process(name) if name else None   # the child is born named
         pid = os.fork()
         if pid:
+            if previous:
+                liveness.name_process(previous)
             return pid
         code = 1
         try:
@@ -233,8 +235,6 @@ class Overseer:
                     os.close(fd)
             liveness.die_with_parent(signal.SIGTERM)
             os.setpgid(0, 0)
-            if name:
-                liveness.name_process(name)
             code = body()
         except BaseException:
             log.exception("%s crashed", what)

@@ -256,6 +256,21 @@ def test_pooler_and_listen_url_are_checked_and_decide_who_listens():
     assert wakeup.listen_url(Config.from_dict({}).database) == ""
 
 
+def _another_hub(overseer, first):
+    """The overseer's hub process once it is another one than `first`."""
+    def other():
+        hub = hub_of(overseer.pid)
+        return hub if hub is not None and hub.pid != first.pid else None
+    return wait_for(other, timeout=20, message="a new hub")
+
+
+def _exited(pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _hub_backends(database):
     """Backend pids of the hub's LISTEN connections."""
     with database.admin.cursor() as cur:
@@ -295,8 +310,7 @@ def test_a_dead_hub_is_started_again_and_gone_after_a_group_stop(sqlite_db, tmp_
         first = wait_for(lambda: hub_of(overseer.pid), message="the hub process")
         assert first.name() == "tr-hub" and os.getpgid(first.pid) == first.pid
         os.kill(first.pid, signal.SIGKILL)
-        second = wait_for(lambda: (hub_of(overseer.pid) or first).pid != first.pid
-                          and hub_of(overseer.pid), timeout=20, message="a new hub")
+        second = _another_hub(overseer, first)
         wait_for(lambda: answers(path), message="the new hub to bind its socket")
         _run_one_by_one(queue, log, 3)
         assert "wake-up hub pid %d exited with signal 9" % first.pid in log_path.read_text()
@@ -304,9 +318,7 @@ def test_a_dead_hub_is_started_again_and_gone_after_a_group_stop(sqlite_db, tmp_
         # is stopped by the overseer after its runners, and removes its socket.
         os.killpg(overseer.pid, signal.SIGTERM)
         assert overseer.wait(timeout=30) == 0
-        wait_for(lambda: not psutil.pid_exists(second.pid) or
-                 psutil.Process(second.pid).status() == psutil.STATUS_ZOMBIE,
-                 message="the hub to exit")
+        wait_for(lambda: _exited(second.pid), message="the hub to exit")
         assert not os.path.exists(path)
     finally:
         stop_process(overseer, signal.SIGKILL)
@@ -349,8 +361,7 @@ def test_a_reload_starts_a_new_hub_with_the_new_queues(sqlite_db, tmp_path, shor
         config = tmp_path / "c.toml"
         config.write_text(config.read_text() + '[queues.mail]\nlimit = 1\n')
         os.kill(overseer.pid, signal.SIGHUP)
-        second = wait_for(lambda: (hub_of(overseer.pid) or first).pid != first.pid
-                          and hub_of(overseer.pid), timeout=20, message="a new hub")
+        second = _another_hub(overseer, first)
         assert not psutil.pid_exists(first.pid)          # stopped and reaped
         wait_for(lambda: "config reloaded" in log_path.read_text(), message="the reload")
         path = os.path.join(queue.store.wakeup_directory, wakeup.HUB)
@@ -377,9 +388,8 @@ def test_the_hub_dies_with_its_overseer(sqlite_db, tmp_path, short_dir):
         hub = wait_for(lambda: hub_of(overseer.pid), message="the hub process")
         os.kill(overseer.pid, signal.SIGKILL)
         overseer.wait(timeout=10)
-        wait_for(lambda: not psutil.pid_exists(hub.pid) or
-                 psutil.Process(hub.pid).status() == psutil.STATUS_ZOMBIE,
-                 timeout=15, message="the hub to exit after its overseer")
+        wait_for(lambda: _exited(hub.pid), timeout=15,
+                 message="the hub to exit after its overseer")
     finally:
         stop_process(overseer, signal.SIGKILL)
         queue.close()
