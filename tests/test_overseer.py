@@ -736,8 +736,10 @@ def test_chaos_kill_9_runners_every_quarter_second_loses_no_task(batch, database
                                                                  tmp_path):
     """A random runner SIGKILLed every 0.25 s while the queue is being worked (30 kills, or
     until no task is left): nothing lost, no run executed twice, the limit never exceeded;
-    with batched acknowledgements too (a run then holds its runner's batch)."""
-    queue = database_sp.queue()
+    with batched acknowledgements too (a run then holds its runner's batch). The tasks are
+    added with the overseer's retries (a task keeps the max_retries it was added with): with
+    the default 5, a task claimed into five victims' batches was given up."""
+    queue = database_sp.queue(task={"max_retries": 50, "retry_backoff": 0})
     log = str(tmp_path / "records")
     task_ids = queue.add_tasks([{"handler": "sample_handlers.Record",
                                  "data": {"log": log, "sleep": 0.02}} for _ in range(1000)])
