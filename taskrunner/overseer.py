@@ -33,6 +33,7 @@ from .db import is_disconnect
 from .errors import ConfigError, InputError, RunnerLimitReached
 from .hub import HubProcess
 from .models import DEFAULT_QUEUE, OVERSEER, utcnow
+from .runner import Worker
 from .store import Store
 
 log = logging.getLogger("taskrunner.overseer")
@@ -244,7 +245,6 @@ class Overseer:
 
     def run_child(self, jitter):
         """The body of a forked runner; returns its exit code."""
-        from .runner import Worker
         worker = Worker(Store(self.config), parent_pid=self.pid, parent_id=self.row_id,
                         serving=self.spawning)
         try:
