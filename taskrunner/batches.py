@@ -24,8 +24,11 @@ What the rules become:
   started are re-read at most `flush_interval` before each start: a run timed out or handed
   elsewhere is skipped, one an operator cancelled is ended ``cancelled`` without running.
 - A crash (kill -9) re-executes at most the unflushed successes and the claimed runs: all of
-  them are ``running`` under the dead runner, and become ``timeout`` (RunnerDied) like the
-  run of any dead runner, each counted as a failed run of its task.
+  them are ``running`` under the dead runner. The run executing and the unflushed successes
+  become ``timeout`` (RunnerDied) like the run of any dead runner, each counted as a failed
+  run of its task; the claimed runs it had not started are handed back uncounted
+  (``requeued`` / NotStarted) when the runner dies on the host that marks it, which reads
+  them from the runner's claim file (claimfile.py), else counted as crashed too.
 Every run the runner holds is ``running``, with started_on the time of its claim (run_timeout
 and max_runtime count from there); `status` shows how many a runner holds (reads.py).
 """
@@ -36,7 +39,7 @@ from collections import deque, namedtuple
 
 import peewee as pw
 
-from . import outage, outcomes
+from . import claimfile, outage, outcomes
 from .lifecycle import (ClaimedRun, end_in_transaction, end_success, release_runs_of,
                         runs_of_runner_query)
 from .models import CANCELLED, RUNNING, SUCCESS
@@ -205,8 +208,10 @@ class Batch:
         self.lock = threading.Condition()
         self.closed = False
         self.thread = None
+        self.file = None              # claimfile.ClaimFile: what it holds, for its death
 
     def start(self):
+        self.file = claimfile.ClaimFile(self.store.wakeup_directory, self.runner_id, self.size)
         self.thread = threading.Thread(target=self._flusher, name="flusher", daemon=True)
         self.thread.start()
 
@@ -222,10 +227,17 @@ class Batch:
                     if self._due() or time.monotonic() - self.checked_at >= self.interval:
                         self._write(now, check=True)
                     if self.claimed:
-                        return self.claimed.popleft()
+                        return self._starting()
                     continue
                 self._write(now, claim=(queues, min(limit, self.size)))
-                return self.claimed.popleft() if self.claimed else None
+                return self._starting() if self.claimed else None
+
+    def _starting(self):
+        """The next claimed run, taken off the claim file before it starts."""
+        run = self.claimed.popleft()
+        if self.file is not None:
+            self.file.publish(r.run_id for r in self.claimed)
+        return run
 
     def keep(self, claimed, outcome, now, elapsed, handler, context):
         """Buffer a success of a plain task (True), written by `next` or the flusher;
@@ -262,6 +274,8 @@ class Batch:
             if self.claimed:
                 count = give_back(self.store, self.runner_id)
                 self.claimed.clear()
+            if self.file is not None:       # kept while runs it holds are not given back
+                self.file.remove()
         if self.thread is not None:
             self.thread.join(timeout=5)
         return count

@@ -20,10 +20,11 @@ from datetime import timedelta
 import peewee as pw
 import psutil
 
+from . import claimfile
 from .errors import RunnerLimitReached
 from .lifecycle import end_in_transaction, runs_of_runner_query
-from .models import (CRASHED, ERROR, OVERSEER, REQUEUED, RUNNER, RUNNING, SUCCESS, TIMEOUT,
-                     run_status_is, utcnow)
+from .models import (CRASHED, ERROR, NOT_STARTED, OVERSEER, REQUEUED, RUNNER, RUNNING, SUCCESS,
+                     TIMEOUT, run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.liveness")
 
@@ -215,25 +216,41 @@ def retire(store, runner_id, reason, now=None):
                        "runner %d exited: %s" % (runner_id, reason), now)
 
 
-def mark_runner_dead(store, runner_id, reason, now=None, retry_at=None):
+def mark_runner_dead(store, runner_id, reason, now=None, retry_at=None, unstarted=()):
     """Runner → ``timeout``, and every run it had ``running`` → ``timeout`` (a crash,
     ``RunnerDied``) with its task aggregated as after any failed run, retried not before
-    `retry_at`. Race closed: two processes noticing the same death — the runner update is
-    conditional on ``running``, and each run's end is conditional too (rule 4), so each run
-    is counted as failed once."""
+    `retry_at` — but those of `unstarted` (a batched runner's claimed runs it had not started,
+    from its claim file: claimfile.py), which are handed back uncounted (``requeued`` /
+    ``NotStarted``). Race closed: two processes noticing the same death — the runner update
+    is conditional on ``running``, and each run's end is conditional too (rule 4), so each
+    run is counted as failed once."""
+    handed_back = []
     if not _end_runner(store, runner_id, TIMEOUT, reason, TIMEOUT, CRASHED,
-                       "runner %d died: %s" % (runner_id, reason), now, retry_at):
+                       "runner %d died: %s" % (runner_id, reason), now, retry_at,
+                       unstarted, handed_back):
         return False
-    log.warning("runner %d marked timeout: %s", runner_id, reason)
+    log.warning("runner %d marked timeout: %s%s", runner_id, reason,
+                "; %d claimed run(s) it had not started handed back" % len(handed_back)
+                if handed_back else "")
     return True
 
 
+def mark_runner_of_this_host_dead(store, runner_id, reason, now=None, retry_at=None):
+    """mark_runner_dead() of a runner that died on this host: the claimed runs its claim file
+    lists as not started are handed back uncounted; the file is removed."""
+    marked = mark_runner_dead(store, runner_id, reason, now, retry_at,
+                              claimfile.unstarted(store.wakeup_directory, runner_id))
+    claimfile.discard(store.wakeup_directory, runner_id)    # kept if the marking failed
+    return marked
+
+
 def _end_runner(store, runner_id, status, reason, run_status, error_code, error_message, now,
-                retry_at=None):
-    """The runner row → `status` and its running runs → `run_status`, in one transaction: a
-    process dying half-way must not leave the runner ended with runs still ``running`` (no
-    check would visit them again). A lease it held is free at once (leadership.py): a host
-    that restarts its overseer after a crash takes the fleet's maintenance back at once."""
+                retry_at=None, unstarted=(), handed_back=None):
+    """The runner row → `status` and its running runs → `run_status` (those of `unstarted`:
+    handed back, their ids appended to `handed_back`), in one transaction: a process dying
+    half-way must not leave the runner ended with runs still ``running`` (no check would visit
+    them again). A lease it held is free at once (leadership.py): a host that restarts its
+    overseer after a crash takes the fleet's maintenance back at once."""
     Runner = store.Runner
     now = now or utcnow()
 
@@ -245,7 +262,16 @@ def _end_runner(store, runner_id, status, reason, run_status, error_code, error_
         store.RunnerQueue.delete().where(store.RunnerQueue.runner_id == runner_id).execute()
         store.Lease.update(holder_id=None, holder_kind=None, host=None).where(
             store.Lease.holder_id == runner_id).execute()
+        if handed_back is not None:
+            handed_back.clear()     # a transaction tried again starts afresh
         for run in list(runs_of_runner_query(store, runner_id)):
+            if run.id in unstarted and end_in_transaction(
+                    store, run.id, run.task_id, REQUEUED, runner_id, None, NOT_STARTED,
+                    "handed back unstarted: runner %d died (%s) before starting it"
+                    % (runner_id, reason), now):
+                if handed_back is not None:
+                    handed_back.append(run.id)
+                continue
             end_in_transaction(store, run.id, run.task_id, run_status, runner_id, None,
                                error_code, error_message, now, retry_at=retry_at)
         return True
@@ -309,11 +335,13 @@ def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, own_chi
     for row in rows:
         reason = dead_reason(row, host, current_boot, bool(row.stale) and not just_back,
                              timeout)
-        if reason and row.host == host and row.pid in own_children and "hung" not in reason:
+        if not reason or (row.host == host and row.pid in own_children
+                          and "hung" not in reason):
             continue
-        if reason and "hung" in reason:
+        if "hung" in reason:
             kill_hung(row)
-        if reason and mark_runner_dead(store, row.id, reason, now, retry_at):
+        mark = mark_runner_of_this_host_dead if row.host == host else mark_runner_dead
+        if mark(store, row.id, reason, now, retry_at):
             dead.append(row.id)
     if other_hosts:
         end_orphaned_runs(store, now, retry_at)
@@ -356,10 +384,13 @@ def mark_child_dead(store, parent_id, pid, reason, now=None, stopped=False):
     rows = list(Runner.select(Runner.id).where(
         (Runner.parent_id == parent_id) & (Runner.pid == pid) & (Runner.status == RUNNING)))
     if stopped:
-        return [row.id for row in rows if _end_runner(
+        marked = [row.id for row in rows if _end_runner(
             store, row.id, TIMEOUT, reason, REQUEUED, "Stopped",
             "handed back: its runner was %s" % reason, now)]
-    return [row.id for row in rows if mark_runner_dead(store, row.id, reason, now)]
+        for row in rows:
+            claimfile.discard(store.wakeup_directory, row.id)
+        return marked
+    return [row.id for row in rows if mark_runner_of_this_host_dead(store, row.id, reason, now)]
 
 
 def others_running(store, parent_id):

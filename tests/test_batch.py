@@ -18,8 +18,9 @@ import pytest
 
 from conftest import START_TIMEOUT, runs_of, taskrunner, wait_for, wait_started
 from sample_handlers import read_records
-from taskrunner import lifecycle
-from taskrunner.models import CANCELLED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner, Task
+from taskrunner import claimfile, lifecycle
+from taskrunner.models import (CANCELLED, REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
+                               Runner, Task)
 
 EXIT_TIMEOUT = 60.0
 
@@ -183,6 +184,102 @@ def test_a_claimed_run_taken_away_before_it_starts_is_never_started(how, databas
     queue.close()
 
 
+# -- a batched runner's death: the runs it had not started ----------------------------------------
+
+def held_by_a_gated_runner(database, procs, tmp_path, how):
+    """A batched runner (standalone, or an overseer's child) executing the gate with six
+    runs claimed behind it: (queue, log, the gate's task, the six tasks, the runner's row,
+    the process to kill, the config, the overseer or None)."""
+    queue = database.queue()
+    log = str(tmp_path / "records")
+    gate = gate_task(queue, tmp_path, log, priority=5)
+    held = queue.add_tasks([{"handler": "sample_handlers.Record", "data": {"log": log}}
+                            for _ in range(6)])
+    config = batch_config(database, tmp_path, flush_interval=1,
+                          extra="limit = 1" if how == "overseer" else "")
+    overseer = procs.spawn(how, config=config)
+    wait_started(log)
+    [row] = wait_for(lambda: list(Runner.select().where(
+        (Runner.kind == "runner") & (Runner.status == RUNNING))), timeout=START_TIMEOUT,
+        message="the runner's row")
+    assert {r.status for t in held for r in runs_of(t)} == {RUNNING}
+    assert {r.runner_id for t in [gate] + held for r in runs_of(t)} == {row.id}, \
+        "not claimed together"
+    return queue, log, gate, held, row, config, overseer if how == "overseer" else None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["runner", "overseer"])
+def test_kill_9_of_a_batched_runner_hands_back_the_runs_it_had_not_started_uncounted(
+        how, database, procs, tmp_path):
+    """Its host learns which claimed runs it never started (its claim file): those go back
+    to the queue (requeued / NotStarted, not a failure); the one executing is a crash."""
+    queue, log, gate, held, row, config, overseer = held_by_a_gated_runner(
+        database, procs, tmp_path, how)
+    path = os.path.join(claimfile.directory(queue.store.wakeup_directory), str(row.id))
+    assert os.path.exists(path), "no claim file"
+    os.kill(row.pid, signal.SIGKILL)
+    if overseer is None:
+        wait_for(lambda: not psutil_pid_exists(row.pid), message="the runner to be gone")
+        # This host's sweep (its PID is gone), as a cron run-event or an overseer does.
+        taskrunner("run-event", "task-queue:OnProcess", config=config, check=True)
+    else:
+        # Its overseer reaps it and marks it at once.
+        wait_for(lambda: Runner.get_by_id(row.id).status == TIMEOUT, timeout=30,
+                 message="the overseer to mark its dead child")
+    assert Runner.get_by_id(row.id).status == TIMEOUT
+    [crashed] = runs_of(gate)[:1]
+    assert (crashed.status, crashed.error_code) == (TIMEOUT, "RunnerDied")
+    assert Task.get_by_id(gate).runs_failed == 1
+    for task_id in held:
+        first = runs_of(task_id)[0]
+        assert (first.status, first.error_code) == (REQUEUED, "NotStarted"), \
+            "a claimed run that never started was counted as a crash"
+        assert Task.get_by_id(task_id).runs_failed == 0
+    assert not os.path.exists(path), "the claim file was left behind"
+
+    open_gate(tmp_path)
+    if overseer is None:
+        rescuer = procs.spawn("runner", "--burst", config=config)
+        assert procs.wait(rescuer, EXIT_TIMEOUT) == 0, procs.logs([rescuer])
+    wait_for(lambda: {Task.get_by_id(t).last_status for t in [gate] + held} == {SUCCESS},
+             timeout=60, message="every task to succeed")
+    executed = [t for t, _, _ in read_records(log)]
+    assert sorted(executed) == sorted([gate] + held), "a held task ran twice or not at all"
+    if overseer is not None:
+        os.killpg(overseer.pid, signal.SIGTERM)   # the group, as supervisord
+        assert procs.wait(overseer, EXIT_TIMEOUT) == 0, procs.logs([overseer])
+    queue.close()
+
+
+def psutil_pid_exists(pid):
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_claim_file_lists_what_was_published_last_and_is_read_whole(tmp_path):
+    """The reader sees the runs held before the next start, and nothing of a list the
+    writer was killed publishing (a count of 0 comes first)."""
+    base = str(tmp_path / "wakeup")
+    claims = claimfile.ClaimFile(base, 7, 4)
+    assert claimfile.unstarted(base, 7) == set()
+    claims.publish([11, 12, 13, 14, 15])        # at most the batch: the first 4
+    assert claimfile.unstarted(base, 7) == {11, 12, 13, 14}
+    claims.publish([13, 14])
+    assert claimfile.unstarted(base, 7) == {13, 14}
+    assert oct(os.stat(claims.path).st_mode & 0o777) == oct(0o600)
+    with open(claims.path, "r+b") as fh:         # killed after zeroing the count
+        fh.write(bytes(8))
+    assert claimfile.unstarted(base, 7) == set()
+    assert claimfile.unstarted(base, 8) == set(), "another runner's file"
+    claims.remove()
+    assert not os.path.exists(claims.path)
+    assert not os.path.exists(claimfile.directory(base)), "the empty directory was left"
+
+
 # -- rule 2 and rule 5 within a batch ----------------------------------------------------------
 
 @pytest.mark.timeout(120)
@@ -266,10 +363,13 @@ def test_kill_9_of_a_batched_runner_reexecutes_at_most_the_runs_it_held(database
     assert sorted(success) == sorted(task_ids), "a task has no or two successful runs"
     lost = list(Run.select().where((Run.runner_id == victim_row.id) & (Run.status != SUCCESS)))
     assert len(lost) <= 16, "the victim held %d runs" % len(lost)
-    assert {(r.status, r.error_code) for r in lost} <= {(TIMEOUT, "RunnerDied")}
+    assert {(r.status, r.error_code) for r in lost} <= {(TIMEOUT, "RunnerDied"),
+                                                        (REQUEUED, "NotStarted")}
     records = read_records(log)
     runs = [run for _, run, _ in records]
     assert len(runs) == len(set(runs)), "a run was executed twice"
+    assert not {r.id for r in lost if r.status == REQUEUED} & set(runs), \
+        "a run handed back as not started had been executed"
     executed = [t for t, _, _ in records]
     twice = {t for t in executed if executed.count(t) > 1}
     assert twice <= {r.task_id for r in lost}, "a task ran twice that the victim did not hold"

@@ -14,7 +14,8 @@ LEVELS = {
     "errors": 1.0, "timespan": 1.0, "models": 1.0, "migrations": 1.0, "calendar": 1.0,
     "config": 1.1, "handler": 1.1, "handlers": 1.2, "timers": 1.1, "logs": 1.0,
     "periodic_definitions": 1.2,
-    "db": 2.0, "hostlock": 2.0, "groupsync": 2.0, "wakeup": 2.0, "store": 2.1, "outage": 2.1, "hub": 2.1,
+    "db": 2.0, "hostlock": 2.0, "groupsync": 2.0, "wakeup": 2.0, "claimfile": 2.05,
+    "store": 2.1, "outage": 2.1, "hub": 2.1,
     "concurrency": 2.9,        # concurrency-key slots: a rule the run lifecycle builds on
     "lifecycle": 3.0, "enqueue": 3.0,
     "leadership": 3.15, "liveness": 3.1, "rotation": 3.1, "reads": 3.1, "control": 3.1, "queues": 3.1, "summaries": 3.2,

@@ -1,0 +1,135 @@
+"""The runs a batched runner holds claimed and has not started, kept where whoever finds the
+runner dead on its host can read them: those runs go back to the queue unstarted and
+uncounted, instead of each counting as a crashed run of its task.
+
+A batched runner (``[runner] batch`` > 1, batches.py) claims up to `batch` runs at once. In
+the database all of them are ``running`` under it, and which of them it has started is not
+stored there: that would cost the write per run a batch saves. So the runner keeps the list
+in a file of its own, ``<wake-up directory>-claimed/<runner id>`` (owner-only, 0600, like the
+wake-up sockets), mapped into its memory: it publishes the runs it holds before it starts
+each one, without the one it is starting. A death (kill -9 included) leaves the file as it
+was, so the runs listed never started. Whoever marks the runner dead on this host (its
+overseer reaping it, a sweep finding its PID gone) reads the file (`unstarted`) and removes
+it (`discard`); the runner removes it when it exits by itself, having given its claimed runs
+back. A runner that dies on another host, or that could not write the file, has every run it
+held counted as crashed, as before; so does a run it was about to start when it died.
+
+Layout: native 8-byte words, the count and then the run ids. Publishing sets the count to 0,
+writes the ids, then the count: a runner killed half-way leaves a count of 0 or the whole
+list, never ids it did not hold. Runs listed but no longer ``running`` under the runner (its
+batch was checked, or ended) are left alone by the reader (liveness.py), whose update is
+conditional like every end of a run (rule 4).
+"""
+import logging
+import mmap
+import os
+import struct
+
+from .wakeup import mode_of
+
+log = logging.getLogger("taskrunner.runner")
+_reported = set()
+
+SUFFIX = "-claimed"
+_WORD = struct.Struct("Q")
+
+
+def directory(wakeup_directory):
+    """The claimed-runs directory of a database, beside its wake-up directory."""
+    return wakeup_directory + SUFFIX
+
+
+def _path(wakeup_directory, runner_id):
+    return os.path.join(directory(wakeup_directory), str(int(runner_id)))
+
+
+class ClaimFile:
+    """The writer's side, in the runner's process: `publish` the runs it holds and has not
+    started; `remove` when it exits by itself. Without a file (a directory it may not write)
+    it does nothing, and the runner's death counts as before."""
+
+    def __init__(self, wakeup_directory, runner_id, size):
+        self.path = _path(wakeup_directory, runner_id)
+        self._fd = self._map = None
+        self._size = size
+        parent = os.path.dirname(self.path)
+        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            for attempt in range(3):
+                try:
+                    os.mkdir(parent, mode_of(parent))
+                except FileExistsError:
+                    pass
+                try:
+                    fd = os.open(self.path, flags, 0o600)
+                    break
+                except FileNotFoundError:
+                    if attempt == 2:      # removed under us by a last file leaving, thrice
+                        raise
+        except OSError as exc:
+            return _unavailable(parent, exc)
+        try:
+            # Zeros written, not a hole: a store into a mapped hole on a full disk is SIGBUS.
+            os.pwrite(fd, bytes(_WORD.size * (1 + size)), 0)
+            self._map = mmap.mmap(fd, _WORD.size * (1 + size), mmap.MAP_SHARED,
+                                  mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            os.close(fd)
+            os.unlink(self.path)
+            return _unavailable(parent, exc)
+        self._fd = fd
+
+    def publish(self, run_ids):
+        """The runs held now, claimed and not started (at most `size` of them)."""
+        if self._map is None:
+            return
+        ids = list(run_ids)[:self._size]
+        _WORD.pack_into(self._map, 0, 0)
+        struct.pack_into("%dQ" % len(ids), self._map, _WORD.size, *ids)
+        _WORD.pack_into(self._map, 0, len(ids))
+
+    def remove(self):
+        """The runner exits by itself: nothing it held is left unstarted."""
+        if self._map is None:
+            return
+        self._map.close()
+        os.close(self._fd)
+        self._map = self._fd = None
+        _unlink(self.path)
+
+
+def _unavailable(parent, exc):
+    if parent not in _reported:
+        _reported.add(parent)
+        log.warning("no file for the runs a batched runner holds (%s: %s): if it dies, each "
+                    "run it held counts as crashed", parent, exc.strerror or exc)
+
+
+def unstarted(wakeup_directory, runner_id):
+    """The runs the dead runner `runner_id` of this host held claimed and had not started:
+    a set of run ids, empty without a file (or with one that cannot be read)."""
+    try:
+        with open(_path(wakeup_directory, runner_id), "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return set()
+    if len(data) < _WORD.size:
+        return set()
+    count = _WORD.unpack_from(data, 0)[0]
+    if (1 + count) * _WORD.size > len(data):
+        return set()
+    return set(struct.unpack_from("%dQ" % count, data, _WORD.size))
+
+
+def discard(wakeup_directory, runner_id):
+    """Remove the file of a runner marked dead (its runs were dealt with)."""
+    _unlink(_path(wakeup_directory, runner_id))
+
+
+def _unlink(path):
+    """Remove a claim file, and the directory when that was its last file."""
+    try:
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass
