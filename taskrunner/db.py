@@ -384,12 +384,15 @@ def is_disconnect(exc):
     return _kind(exc) == "disconnect"
 
 
-def retry_transaction(db, fn, attempts=8, lock=None):
+def retry_transaction(db, fn, attempts=8, lock=None, single_statement=False):
     """Run ``fn`` in a write transaction, again after a deadlock or a busy database. `lock`:
     a context manager held around each attempt's transaction, not around the wait between
-    attempts (SQLite's host lock)."""
+    attempts (SQLite's host lock). `single_statement`: ``fn`` runs one statement, which is
+    its own transaction outside a transaction block (no BEGIN and COMMIT round trips)."""
     for attempt in range(attempts):
         try:
+            if single_statement:
+                return fn()
             if lock is None:
                 with db.atomic():
                     return fn()

@@ -233,6 +233,13 @@ class Store:
         transaction already holds the only lock."""
         return query if self.is_sqlite else query.for_update()
 
+    def statement(self, fn):
+        """PostgreSQL, outside a transaction: ``fn()`` runs one statement, its own transaction
+        (one round trip instead of BEGIN, the statement and COMMIT), again after a deadlock
+        or a serialization failure, as `write` does. It NOTIFYs other hosts itself if it
+        must (`notifies`); this host's runners are the caller's to wake."""
+        return retry_transaction(self.db, fn, single_statement=True)
+
     def write_and_wake(self, fn, wake, queue=None):
         """write(fn), waking idle runners when ``wake(result)`` says it made runs claimable
         in `queue` (None: unknown): a number of runs, or True when it cannot tell."""

@@ -2,6 +2,7 @@
 claim order and exclusivity (rule 2), run creation and backoff (rule 3), conditional ends
 (rule 4), retry, cancel, unique keys and rotation. Time is injected, never slept."""
 import json
+import logging
 import sys
 import threading
 from datetime import timedelta
@@ -674,3 +675,69 @@ def test_data_and_results_up_to_max_data_size_are_stored_whole(queue, runner_id)
     results = json.dumps({"echo": data})
     assert lifecycle.end_run(queue.store, claimed.run_id, task_id, SUCCESS, runner_id=runner_id, results=results)
     assert Run.get_by_id(claimed.run_id).results == results
+
+
+# -- add_task on PostgreSQL: one round trip -----------------------------------------------------
+
+class _Statements(logging.Handler):
+    """The statements peewee sends from this thread (its DEBUG log of each query; the suite
+    prepares the next databases in a thread of its own), while attached."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.sent = []
+        self.thread = threading.get_ident()
+
+    def emit(self, record):
+        if record.thread == self.thread:
+            self.sent.append(record.getMessage())
+
+    def __enter__(self):
+        logger = logging.getLogger("peewee")
+        self.level, self.sent = logger.level, []
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logger = logging.getLogger("peewee")
+        logger.removeHandler(self)
+        logger.setLevel(self.level)
+
+
+def test_add_task_on_postgresql_is_one_statement_that_also_wakes_other_hosts(tmp_path, request):
+    """What a web request queueing work waits for: the task, its first run and the NOTIFY
+    to other hosts' hubs in one statement (one round trip; BEGIN, two INSERTs, the NOTIFY and
+    COMMIT before), with the same rows and news as before."""
+    import psycopg
+    from taskrunner import wakeup
+    from taskrunner.models import utcnow as task_now
+    database = Database("postgresql", tmp_path)
+    request.addfinalizer(database.drop)
+    direct_only(database, "no LISTEN through the pooler")
+    queue = database.queue()
+    queue.add_task(ECHO)                       # the queue's row, once per queue and process
+    with psycopg.connect(database.url.replace("postgresql://", "postgres://"),
+                         autocommit=True) as other_host:
+        other_host.execute("LISTEN %s" % wakeup.CHANNEL)
+        with _Statements() as statements:
+            due = queue.add_task(ECHO, data={"n": 1}, priority=3)
+            later = queue.add_task(ECHO, scheduled_on=utc(task_now()) + timedelta(hours=1))
+        assert len(statements.sent) == 2, statements.sent
+        [news] = [wakeup.parse_news(n.payload) for n in other_host.notifies(timeout=5,
+                                                                            stop_after=1)]
+        assert news[:2] == (1, "default")
+        assert not list(other_host.notifies(timeout=0.2)), "a task not due woke other hosts"
+
+    task = Task.get_by_id(due)
+    [run] = runs_of(due)
+    assert (run.status, run.attempt, run.active_task_id, run.priority, run.queue,
+            run.scheduled_on, run.created_on) == (SCHEDULED, 1, due, 3, task.queue,
+                                                  task.scheduled_on, task.queued_on)
+    assert (task.last_status, task.run_count, task.data) == (SCHEDULED, 1, '{"n":1}')
+    assert runs_of(later) == [] and Task.get_by_id(later).next_run_on is not None
+    with pytest.raises(pw.IntegrityError):     # rule 1 still holds for the run it made
+        Run.create(task_id=due, active_task_id=due, attempt=2, status=SCHEDULED,
+                   queue=task.queue, priority=0, scheduled_on=task.scheduled_on,
+                   created_on=task.queued_on, updated_on=task.queued_on, percent_completed=0)
+    queue.close()
