@@ -26,9 +26,10 @@ What the rules become:
 - A crash (kill -9) re-executes at most the unflushed successes and the claimed runs: all of
   them are ``running`` under the dead runner. The run executing and the unflushed successes
   become ``timeout`` (RunnerDied) like the run of any dead runner, each counted as a failed
-  run of its task; the claimed runs it had not started are handed back uncounted
-  (``requeued`` / NotStarted) when the runner dies on the host that marks it, which reads
-  them from the runner's claim file (claimfile.py), else counted as crashed too.
+  run of its task; the claimed runs it had not started go back to the queue unstarted (as
+  a stopping runner gives them back: not a failure, not a new attempt) when the runner's
+  death is noticed on its own host, which reads them from its claim file (claimfile.py);
+  else they count as crashed too.
 Every run the runner holds is ``running``, with started_on the time of its claim (run_timeout
 and max_runtime count from there); `status` shows how many a runner holds (reads.py).
 """

@@ -22,9 +22,9 @@ import psutil
 
 from . import claimfile
 from .errors import RunnerLimitReached
-from .lifecycle import end_in_transaction, runs_of_runner_query
-from .models import (CRASHED, ERROR, NOT_STARTED, OVERSEER, REQUEUED, RUNNER, RUNNING, SUCCESS,
-                     TIMEOUT, run_status_is, utcnow)
+from .lifecycle import end_in_transaction, release_runs_of, runs_of_runner_query
+from .models import (CRASHED, ERROR, OVERSEER, REQUEUED, RUNNER, RUNNING, SUCCESS, TIMEOUT,
+                     run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.liveness")
 
@@ -220,24 +220,24 @@ def mark_runner_dead(store, runner_id, reason, now=None, retry_at=None, unstarte
     """Runner → ``timeout``, and every run it had ``running`` → ``timeout`` (a crash,
     ``RunnerDied``) with its task aggregated as after any failed run, retried not before
     `retry_at` — but those of `unstarted` (a batched runner's claimed runs it had not started,
-    from its claim file: claimfile.py), which are handed back uncounted (``requeued`` /
-    ``NotStarted``). Race closed: two processes noticing the same death — the runner update
+    from its claim file: claimfile.py), which go back to the queue unstarted, as a stopping
+    runner gives back its claimed runs (not a failure, not a new attempt). Race closed: two processes noticing the same death — the runner update
     is conditional on ``running``, and each run's end is conditional too (rule 4), so each
     run is counted as failed once."""
-    handed_back = []
+    given_back = []
     if not _end_runner(store, runner_id, TIMEOUT, reason, TIMEOUT, CRASHED,
                        "runner %d died: %s" % (runner_id, reason), now, retry_at,
-                       unstarted, handed_back):
+                       unstarted, given_back):
         return False
     log.warning("runner %d marked timeout: %s%s", runner_id, reason,
-                "; %d claimed run(s) it had not started handed back" % len(handed_back)
-                if handed_back else "")
+                "; %d claimed run(s) it had not started given back" % len(given_back)
+                if given_back else "")
     return True
 
 
 def mark_runner_of_this_host_dead(store, runner_id, reason, now=None, retry_at=None):
     """mark_runner_dead() of a runner that died on this host: the claimed runs its claim file
-    lists as not started are handed back uncounted; the file is removed."""
+    lists as not started go back to the queue unstarted; the file is removed."""
     marked = mark_runner_dead(store, runner_id, reason, now, retry_at,
                               claimfile.unstarted(store.wakeup_directory, runner_id))
     claimfile.discard(store.wakeup_directory, runner_id)    # kept if the marking failed
@@ -245,9 +245,9 @@ def mark_runner_of_this_host_dead(store, runner_id, reason, now=None, retry_at=N
 
 
 def _end_runner(store, runner_id, status, reason, run_status, error_code, error_message, now,
-                retry_at=None, unstarted=(), handed_back=None):
+                retry_at=None, unstarted=(), given_back=None):
     """The runner row → `status` and its running runs → `run_status` (those of `unstarted`:
-    handed back, their ids appended to `handed_back`), in one transaction: a process dying
+    given back unstarted, their ids appended to `given_back`), in one transaction: a process dying
     half-way must not leave the runner ended with runs still ``running`` (no check would visit
     them again). A lease it held is free at once (leadership.py): a host that restarts its
     overseer after a crash takes the fleet's maintenance back at once."""
@@ -262,15 +262,12 @@ def _end_runner(store, runner_id, status, reason, run_status, error_code, error_
         store.RunnerQueue.delete().where(store.RunnerQueue.runner_id == runner_id).execute()
         store.Lease.update(holder_id=None, holder_kind=None, host=None).where(
             store.Lease.holder_id == runner_id).execute()
-        if handed_back is not None:
-            handed_back.clear()     # a transaction tried again starts afresh
+        if given_back is not None:
+            given_back.clear()      # a transaction tried again starts afresh
         for run in list(runs_of_runner_query(store, runner_id)):
-            if run.id in unstarted and end_in_transaction(
-                    store, run.id, run.task_id, REQUEUED, runner_id, None, NOT_STARTED,
-                    "handed back unstarted: runner %d died (%s) before starting it"
-                    % (runner_id, reason), now):
-                if handed_back is not None:
-                    handed_back.append(run.id)
+            if run.id in unstarted and release_runs_of(store, runner_id, only=run.id, now=now):
+                if given_back is not None:
+                    given_back.append(run.id)
                 continue
             end_in_transaction(store, run.id, run.task_id, run_status, runner_id, None,
                                error_code, error_message, now, retry_at=retry_at)

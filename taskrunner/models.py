@@ -26,8 +26,6 @@ REQUEUED = "requeued"
 RUN_FINAL = (SUCCESS, ERROR, TIMEOUT, CANCELLED, REQUEUED)
 # error_code of a run whose runner process died under it: a crash, counted apart.
 CRASHED = "RunnerDied"
-# A run a batched runner held claimed and had not started when it died: handed back.
-NOT_STARTED = "NotStarted"
 FAILED = (ERROR, TIMEOUT)
 # How much of a failed run's traceback is kept: its end, where the error is.
 TRACEBACK_LIMIT = 65536

@@ -19,8 +19,7 @@ import pytest
 from conftest import START_TIMEOUT, runs_of, taskrunner, wait_for, wait_started
 from sample_handlers import read_records
 from taskrunner import claimfile, lifecycle
-from taskrunner.models import (CANCELLED, REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
-                               Runner, Task)
+from taskrunner.models import CANCELLED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner, Task
 
 EXIT_TIMEOUT = 60.0
 
@@ -213,7 +212,8 @@ def held_by_a_gated_runner(database, procs, tmp_path, how):
 def test_kill_9_of_a_batched_runner_hands_back_the_runs_it_had_not_started_uncounted(
         how, database, procs, tmp_path):
     """Its host learns which claimed runs it never started (its claim file): those go back
-    to the queue (requeued / NotStarted, not a failure); the one executing is a crash."""
+    to the queue unstarted (not a failure, not a second attempt); the one executing is a
+    crash."""
     queue, log, gate, held, row, config, overseer = held_by_a_gated_runner(
         database, procs, tmp_path, how)
     path = os.path.join(claimfile.directory(queue.store.wakeup_directory), str(row.id))
@@ -232,9 +232,12 @@ def test_kill_9_of_a_batched_runner_hands_back_the_runs_it_had_not_started_uncou
     assert (crashed.status, crashed.error_code) == (TIMEOUT, "RunnerDied")
     assert Task.get_by_id(gate).runs_failed == 1
     for task_id in held:
-        first = runs_of(task_id)[0]
-        assert (first.status, first.error_code) == (REQUEUED, "NotStarted"), \
+        runs = runs_of(task_id)
+        assert [(r.attempt, r.error_code) for r in runs] == [(1, None)], \
             "a claimed run that never started was counted as a crash"
+        [run] = runs
+        assert run.runner_id != row.id
+        assert run.status in (SCHEDULED, RUNNING)     # the overseer's next runner may hold it
         assert Task.get_by_id(task_id).runs_failed == 0
     assert not os.path.exists(path), "the claim file was left behind"
 
@@ -246,6 +249,7 @@ def test_kill_9_of_a_batched_runner_hands_back_the_runs_it_had_not_started_uncou
              timeout=60, message="every task to succeed")
     executed = [t for t, _, _ in read_records(log)]
     assert sorted(executed) == sorted([gate] + held), "a held task ran twice or not at all"
+    assert all(len(runs_of(t)) == 1 for t in held)
     if overseer is not None:
         os.killpg(overseer.pid, signal.SIGTERM)   # the group, as supervisord
         assert procs.wait(overseer, EXIT_TIMEOUT) == 0, procs.logs([overseer])
@@ -363,13 +367,10 @@ def test_kill_9_of_a_batched_runner_reexecutes_at_most_the_runs_it_held(database
     assert sorted(success) == sorted(task_ids), "a task has no or two successful runs"
     lost = list(Run.select().where((Run.runner_id == victim_row.id) & (Run.status != SUCCESS)))
     assert len(lost) <= 16, "the victim held %d runs" % len(lost)
-    assert {(r.status, r.error_code) for r in lost} <= {(TIMEOUT, "RunnerDied"),
-                                                        (REQUEUED, "NotStarted")}
+    assert {(r.status, r.error_code) for r in lost} <= {(TIMEOUT, "RunnerDied")}
     records = read_records(log)
     runs = [run for _, run, _ in records]
     assert len(runs) == len(set(runs)), "a run was executed twice"
-    assert not {r.id for r in lost if r.status == REQUEUED} & set(runs), \
-        "a run handed back as not started had been executed"
     executed = [t for t, _, _ in records]
     twice = {t for t in executed if executed.count(t) > 1}
     assert twice <= {r.task_id for r in lost}, "a task ran twice that the victim did not hold"
