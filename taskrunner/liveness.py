@@ -221,9 +221,9 @@ def mark_runner_dead(store, runner_id, reason, now=None, retry_at=None, unstarte
     ``RunnerDied``) with its task aggregated as after any failed run, retried not before
     `retry_at` — but those of `unstarted` (a batched runner's claimed runs it had not started,
     from its claim file: claimfile.py), which go back to the queue unstarted, as a stopping
-    runner gives back its claimed runs (not a failure, not a new attempt). Race closed: two processes noticing the same death — the runner update
-    is conditional on ``running``, and each run's end is conditional too (rule 4), so each
-    run is counted as failed once."""
+    runner gives back its claimed runs (not a failure, not a new attempt). Race closed: two
+    processes noticing the same death — the runner update is conditional on ``running``, and
+    each run's end is conditional too (rule 4), so each run is counted as failed once."""
     given_back = []
     if not _end_runner(store, runner_id, TIMEOUT, reason, TIMEOUT, CRASHED,
                        "runner %d died: %s" % (runner_id, reason), now, retry_at,
@@ -247,9 +247,9 @@ def mark_runner_of_this_host_dead(store, runner_id, reason, now=None, retry_at=N
 def _end_runner(store, runner_id, status, reason, run_status, error_code, error_message, now,
                 retry_at=None, unstarted=(), given_back=None):
     """The runner row → `status` and its running runs → `run_status` (those of `unstarted`:
-    given back unstarted, their ids appended to `given_back`), in one transaction: a process dying
-    half-way must not leave the runner ended with runs still ``running`` (no check would visit
-    them again). A lease it held is free at once (leadership.py): a host that restarts its
+    given back unstarted, their ids appended to `given_back`), in one transaction: a process
+    dying half-way must not leave the runner ended with runs still ``running`` (no check would
+    visit them again). A lease it held is free at once (leadership.py): a host that restarts its
     overseer after a crash takes the fleet's maintenance back at once."""
     Runner = store.Runner
     now = now or utcnow()
