@@ -689,7 +689,9 @@ class _Statements(logging.Handler):
         self.thread = threading.get_ident()
 
     def emit(self, record):
-        if record.thread == self.thread:
+        # Handlers run in the logging thread (record.thread is None once a CLI call in this
+        # process set logging.logThreads off).
+        if threading.get_ident() == self.thread:
             self.sent.append(record.getMessage())
 
     def __enter__(self):
