@@ -195,12 +195,13 @@ def test_live_progress_bar_moves_while_a_real_runner_works(browser, site, procs,
     assert console_errors(browser) == []
 
 
-def notice(browser):
-    """The page's notice, or "" while the page that has one is still loading (a click's
-    POST and redirect take a moment: finding the element at once would fail, not wait)."""
+def notice(browser, selector=".notice"):
+    """The page's notice (or the element of `selector`), or "" while the page that has one
+    is still loading (a click's POST and redirect take a moment: finding the element at once
+    would fail, not wait)."""
     from selenium.common.exceptions import WebDriverException
     try:
-        found = browser.find_elements("css selector", ".notice")
+        found = browser.find_elements("css selector", selector)
         return found[0].text if found else ""
     except WebDriverException:      # the old page went away while it was read
         return ""
@@ -236,7 +237,8 @@ def test_retry_cancel_and_bulk_actions_change_the_database(browser, site):
     # Bulk: cancel every scheduled Echo task, after a confirmation page.
     browser.get(site.url + "/tasks?status=scheduled&handler=taskrunner.handlers.Echo")
     browser.find_element("xpath", "//button[text()='Cancel all…']").click()
-    text = browser.find_element("css selector", ".confirm").text
+    # The click submits a form: the confirmation is the next page, not this one.
+    text = wait_for(lambda: notice(browser, ".confirm"), message="the confirmation page")
     assert "Cancel 1 task(s)" in text and "status scheduled" in text
     assert queue.get_task(ids["due"]).status == "scheduled"      # nothing done yet
     browser.find_element("xpath", "//button[starts-with(text(), 'Yes, cancel')]").click()
