@@ -293,6 +293,17 @@ def dead_reason(row, host, current_boot, stale, heartbeat_timeout):
     return None
 
 
+def process_ended(store, host, pid, created):
+    """Whether the process `pid` of `host` (another host's, created at `created`) is known to
+    be gone: it registered, and every row it has is ended (it retired, or a sweep marked it
+    dead by its heartbeat's age). A process without a row is not known either way."""
+    Runner = store.Runner
+    rows = [r for r in Runner.select(Runner.status, Runner.pid_create_time).where(
+        (Runner.host == host) & (Runner.pid == pid))
+        if r.pid_create_time is not None and abs(r.pid_create_time - created) < 0.01]
+    return bool(rows) and all(r.status != RUNNING for r in rows)
+
+
 def kill_hung(row):
     """KILL a hung runner of this host, with its process group when it leads one (an
     overseer's child: the handler's subprocesses go too). Its PID was checked just now."""

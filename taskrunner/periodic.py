@@ -170,17 +170,26 @@ class PeriodicScheduler:
         self.worker = "%s:%d:%.3f" % (liveness.host_id(store), pid, liveness.create_time(pid))
 
     def clear_stale_marks(self, now=None):
-        """Marks of schedulers that died (same host: their PID is gone) or older than
-        STALE_MARK. A mark lives for one short transaction, so these are leftovers."""
+        """Marks of schedulers that died — on this host, their PID is gone; on another, their
+        runner row has ended (a sweep found their heartbeat too old, or they retired) — or
+        older than STALE_MARK. A mark lives for one short transaction, so these are
+        leftovers: a holder killed between its mark and its submission would otherwise hold
+        that periodic task back for STALE_MARK after the next holder took over. Clearing the
+        mark of a scheduler that still lives costs nothing but its due time: its submission
+        is conditional on its mark (rule 9)."""
         PeriodicTask = self.store.PeriodicTask
         now = now or utcnow()
         cleared = PeriodicTask.update(worker=None, marked=None).where(
             PeriodicTask.marked < now - self.STALE_MARK).execute()
         host = liveness.host_id(self.store)
         for row in PeriodicTask.select(PeriodicTask.id, PeriodicTask.worker).where(
-                PeriodicTask.worker.startswith(host + ":")):
-            _, pid, created = row.worker.rsplit(":", 2)
-            if not liveness.process_alive(int(pid), float(created)):
+                PeriodicTask.worker.is_null(False)):
+            worker_host, pid, created = row.worker.rsplit(":", 2)
+            if worker_host == host:
+                gone = not liveness.process_alive(int(pid), float(created))
+            else:
+                gone = liveness.process_ended(self.store, worker_host, int(pid), float(created))
+            if gone:
                 cleared += PeriodicTask.update(worker=None, marked=None).where(
                     (PeriodicTask.id == row.id) & (PeriodicTask.worker == row.worker)).execute()
         if cleared:

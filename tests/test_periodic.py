@@ -1010,3 +1010,29 @@ def test_a_refused_periodic_add_creates_no_database(tmp_path):
     usage_error(taskrunner("periodic", "add", "n", ECHO, "every 5 fortnights",
                            url="sqlite:///%s" % path), "invalid timer")
     assert not path.exists()
+
+
+def test_the_mark_of_a_holder_killed_on_another_host_is_cleared_once_its_row_has_ended(
+        sqlite_db):
+    """A lease holder killed between its mark and its submission: the next holder, on
+    another host, clears the mark as soon as the dead holder's row is marked dead (by its
+    heartbeat's age), not STALE_MARK later, so the periodic task goes on."""
+    from taskrunner import liveness
+    queue = sqlite_db.queue()
+    due_now(queue, "orphaned")
+    dead = Runner.create(host="host-b", boot_id="b", pid=4242, pid_create_time=1234.5,
+                         kind="overseer", started_on=utcnow(), heartbeat_on=utcnow(),
+                         status="running")
+    worker = "host-b:4242:1234.500"
+    PeriodicTask.update(worker=worker, marked=utcnow()).where(
+        PeriodicTask.name == "orphaned").execute()
+    scheduler = PeriodicScheduler(queue.store)
+    assert scheduler.clear_stale_marks() == 0, "the mark of a live holder was cleared"
+    assert row("orphaned").worker == worker
+
+    assert liveness.mark_runner_dead(queue.store, dead.id, "no heartbeat from host-b")
+    assert scheduler.clear_stale_marks() == 1
+    assert row("orphaned").worker is None
+    assert scheduler.next_due() is not None
+    assert len(scheduler.run_pending()["submitted"]) == 1
+    queue.close()
