@@ -234,11 +234,10 @@ class Batch:
                 return self._starting() if self.claimed else None
 
     def _starting(self):
-        """The next claimed run, taken off the claim file before it starts."""
-        run = self.claimed.popleft()
+        """The next claimed run, counted started in the claim file before it starts."""
         if self.file is not None:
-            self.file.publish(r.run_id for r in self.claimed)
-        return run
+            self.file.starting()
+        return self.claimed.popleft()
 
     def keep(self, claimed, outcome, now, elapsed, handler, context):
         """Buffer a success of a plain task (True), written by `next` or the flusher;
@@ -317,6 +316,8 @@ class Batch:
         if kept is not None:
             self.claimed = deque(kept)
             self.checked_at = time.monotonic()
+            if self.file is not None:
+                self.file.publish(r.run_id for r in self.claimed)
         self.done, self.first_done_at = [], None
         if len(ended) < len(done):
             ended |= ended_by(store, self.runner_id, [d.claimed.run_id for d in done

@@ -6,17 +6,18 @@ A batched runner (``[runner] batch`` > 1, batches.py) claims up to `batch` runs 
 the database all of them are ``running`` under it, and which of them it has started is not
 stored there: that would cost the write per run a batch saves. So the runner keeps the list
 in a file of its own, ``<wake-up directory>-claimed/<runner id>`` (owner-only, 0600, like the
-wake-up sockets), mapped into its memory: it publishes the runs it holds before it starts
-each one, without the one it is starting. A death (kill -9 included) leaves the file as it
+wake-up sockets), mapped into its memory: it publishes the runs it holds, in the order it
+will start them, when it claims or re-reads them, and counts one more started before it
+starts each (one word written: nothing on the hot path but a store to memory). A death (kill -9 included) leaves the file as it
 was, so the runs listed never started. Whoever marks the runner dead on this host (its
 overseer reaping it, a sweep finding its PID gone) reads the file (`unstarted`) and removes
 it (`discard`); the runner removes it when it exits by itself, having given its claimed runs
 back. A runner that dies on another host, or that could not write the file, has every run it
 held counted as crashed, as before; so does a run it was about to start when it died.
 
-Layout: native 8-byte words, the count and then the run ids. Publishing sets the count to 0,
-writes the ids, then the count: a runner killed half-way leaves a count of 0 or the whole
-list, never ids it did not hold. Runs listed but no longer ``running`` under the runner (its
+Layout: native 8-byte words — the count, how many of them were started, then the run ids.
+Publishing sets the count to 0, the started to 0, writes the ids, then the count: a runner
+killed half-way leaves a count of 0 or the whole list, never ids it did not hold. Runs listed but no longer ``running`` under the runner (its
 batch was checked, or ended) are left alone by the reader (liveness.py), whose update is
 conditional like every end of a run (rule 4).
 """
@@ -32,6 +33,7 @@ _reported = set()
 
 SUFFIX = "-claimed"
 _WORD = struct.Struct("Q")
+_COUNT, _STARTED, _IDS = 0, 1, 2       # word offsets: count, how many started, the ids
 
 
 def directory(wakeup_directory):
@@ -44,14 +46,15 @@ def _path(wakeup_directory, runner_id):
 
 
 class ClaimFile:
-    """The writer's side, in the runner's process: `publish` the runs it holds and has not
-    started; `remove` when it exits by itself. Without a file (a directory it may not write)
+    """The writer's side, in the runner's process: `publish` the runs it holds, in the order
+    it starts them; `starting` before it starts the next; `remove` when it exits by itself. Without a file (a directory it may not write)
     it does nothing, and the runner's death counts as before."""
 
     def __init__(self, wakeup_directory, runner_id, size):
         self.path = _path(wakeup_directory, runner_id)
         self._fd = self._map = None
         self._size = size
+        self._started = 0
         parent = os.path.dirname(self.path)
         flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
         try:
@@ -70,8 +73,8 @@ class ClaimFile:
             return _unavailable(parent, exc)
         try:
             # Zeros written, not a hole: a store into a mapped hole on a full disk is SIGBUS.
-            os.pwrite(fd, bytes(_WORD.size * (1 + size)), 0)
-            self._map = mmap.mmap(fd, _WORD.size * (1 + size), mmap.MAP_SHARED,
+            os.pwrite(fd, bytes(_WORD.size * (_IDS + size)), 0)
+            self._map = mmap.mmap(fd, _WORD.size * (_IDS + size), mmap.MAP_SHARED,
                                   mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as exc:
             os.close(fd)
@@ -80,13 +83,23 @@ class ClaimFile:
         self._fd = fd
 
     def publish(self, run_ids):
-        """The runs held now, claimed and not started (at most `size` of them)."""
+        """The runs held now, claimed and not started (at most `size` of them), in the order
+        they will start."""
         if self._map is None:
             return
         ids = list(run_ids)[:self._size]
-        _WORD.pack_into(self._map, 0, 0)
-        struct.pack_into("%dQ" % len(ids), self._map, _WORD.size, *ids)
-        _WORD.pack_into(self._map, 0, len(ids))
+        _WORD.pack_into(self._map, _COUNT, 0)
+        self._started = 0
+        _WORD.pack_into(self._map, _STARTED * _WORD.size, 0)
+        struct.pack_into("%dQ" % len(ids), self._map, _IDS * _WORD.size, *ids)
+        _WORD.pack_into(self._map, _COUNT, len(ids))
+
+    def starting(self):
+        """The next of the runs published starts now."""
+        if self._map is None:
+            return
+        self._started += 1
+        _WORD.pack_into(self._map, _STARTED * _WORD.size, self._started)
 
     def remove(self):
         """The runner exits by itself: nothing it held is left unstarted."""
@@ -113,12 +126,12 @@ def unstarted(wakeup_directory, runner_id):
             data = fh.read()
     except OSError:
         return set()
-    if len(data) < _WORD.size:
+    if len(data) < _IDS * _WORD.size:
         return set()
-    count = _WORD.unpack_from(data, 0)[0]
-    if (1 + count) * _WORD.size > len(data):
+    count, started = struct.unpack_from("2Q", data, 0)
+    if (_IDS + count) * _WORD.size > len(data) or started > count:
         return set()
-    return set(struct.unpack_from("%dQ" % count, data, _WORD.size))
+    return set(struct.unpack_from("%dQ" % count, data, _IDS * _WORD.size)[started:])
 
 
 def discard(wakeup_directory, runner_id):

@@ -14,7 +14,7 @@ from .config import check_queue_name
 from .errors import InputError, StateError, check_text
 from .handler import check_handler_path, encode_data, load_handler
 from .models import DEFAULT_QUEUE, SCHEDULED, utcnow
-from .wakeup import CHANNEL, news
+from .wakeup import NOTIFY_SQL, notify_params
 from .timespan import MAX_SPAN
 
 MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
@@ -161,15 +161,23 @@ def _insert_row_sql(store, model, row):
     key = (store.backend, model._meta.table_name, tuple(row))
     known = _INSERT_SQL.get(key)
     if known is None:
-        fields = [model._meta.fields[name] for name in row]
+        fields, columns, marks = _columns(model, row, store.db.param)
         known = _INSERT_SQL[key] = ("INSERT INTO %s (%s) VALUES (%s)%s" % (
-            model._meta.table_name, ", ".join(f.column_name for f in fields),
-            ", ".join([store.db.param] * len(fields)),
+            model._meta.table_name, columns, marks,
             " RETURNING id" if store.backend == "postgresql" else ""), fields)
     sql, fields = known
-    cursor = store.db.execute_sql(sql, _values(store.backend, [
-        f.db_value(value) for f, value in zip(fields, row.values())]))
+    cursor = store.db.execute_sql(sql, _values(store.backend, _db_values(fields, row.values())))
     return cursor.fetchone()[0] if store.backend == "postgresql" else cursor.lastrowid
+
+
+def _columns(model, names, param):
+    """The fields of `names` in `model`, their column list and as many placeholders."""
+    fields = [model._meta.fields[name] for name in names]
+    return fields, ", ".join(f.column_name for f in fields), ", ".join([param] * len(fields))
+
+
+def _db_values(fields, values):
+    return [f.db_value(value) for f, value in zip(fields, values)]
 
 
 _ONE_STATEMENT = {}     # (columns, due, notify) -> (the statement, the task's and run's fields)
@@ -183,32 +191,29 @@ def _insert_in_one_statement(store, row):
     completion, and the NOTIFY is read by the final SELECT, so all happen or none."""
     due = is_due(row)
     notify = due and store.notifies       # a task not due yet wakes nobody
+    # The run's columns but the two the CTE fills with the task's id.
+    run = {name: value for name, value in first_run(None, row).items()
+           if name not in ("task_id", "active_task_id")} if due else {}
     key = (tuple(row), due, notify)
     known = _ONE_STATEMENT.get(key)
-    run = first_run(0, row)
-    run_names = [name for name in run if name not in ("task_id", "active_task_id")]
     if known is None:
         Task, Run = store.Task, store.Run
-        task_fields = [Task._meta.fields[name] for name in row]
-        run_fields = [Run._meta.fields[name] for name in run_names]
+        task_fields, columns, marks = _columns(Task, row, "%s")
         sql = "WITH task AS (INSERT INTO %s (%s) VALUES (%s) RETURNING id)" % (
-            Task._meta.table_name, ", ".join(f.column_name for f in task_fields),
-            ", ".join(["%s"] * len(task_fields)))
+            Task._meta.table_name, columns, marks)
+        run_fields, columns, marks = _columns(Run, run, "%s")
         if due:
-            sql += (", run AS (INSERT INTO %s (%s, %s, %s) SELECT id, id, %s FROM task)" % (
+            sql += ", run AS (INSERT INTO %s (%s, %s, %s) SELECT id, id, %s FROM task)" % (
                 Run._meta.table_name, Run.task_id.column_name, Run.active_task_id.column_name,
-                ", ".join(f.column_name for f in run_fields),
-                ", ".join(["%s"] * len(run_fields))))
+                columns, marks)
         if notify:
-            sql += ", news AS (SELECT pg_notify(%s, %s) AS sent)"
+            sql += ", news AS (%s AS sent)" % NOTIFY_SQL
         sql += " SELECT id FROM task" + (" CROSS JOIN news" if notify else "")
         known = _ONE_STATEMENT[key] = (sql, task_fields, run_fields)
     sql, task_fields, run_fields = known
-    params = [f.db_value(value) for f, value in zip(task_fields, row.values())]
-    if due:
-        params += [f.db_value(run[name]) for f, name in zip(run_fields, run_names)]
+    params = _db_values(task_fields, row.values()) + _db_values(run_fields, run.values())
     if notify:
-        params += [CHANNEL, news(1, row["queue"], store.origin)]
+        params += notify_params(1, row["queue"], store.origin)
     return store.db.execute_sql(sql, params).fetchone()[0]
 
 
@@ -395,7 +400,7 @@ def add_in_transaction(store, connection, rows):
         if store.notifies:
             # Every hub acts on these, this host's too: the caller may not call wake().
             for queue, count in due_by_queue(rows).items():
-                cursor.execute("SELECT pg_notify(%s, %s)", (CHANNEL, news(count, queue)))
+                cursor.execute(NOTIFY_SQL, notify_params(count, queue))
     finally:
         cursor.close()
     return ids

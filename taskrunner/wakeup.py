@@ -353,10 +353,18 @@ def listen_url(database, standalone=False):
     return database.listen_url or database.url
 
 
+# PostgreSQL's NOTIFY of news, as a statement (or a CTE's body); its parameters: notify_params.
+NOTIFY_SQL = "SELECT pg_notify(%s, %s)"
+
+
+def notify_params(count=None, queue=None, sender=""):
+    return (CHANNEL, news(count, queue, sender))
+
+
 def notify_in_transaction(db, count=None, queue=None, sender=""):
     """PostgreSQL: NOTIFY the hubs and standalone runners of every host, delivered when the
     transaction commits."""
-    db.execute_sql("SELECT pg_notify(%s, %s)", (CHANNEL, news(count, queue, sender)))
+    db.execute_sql(NOTIFY_SQL, notify_params(count, queue, sender))
 
 
 class PostgresListener:

@@ -188,7 +188,7 @@ def test_a_claimed_run_taken_away_before_it_starts_is_never_started(how, databas
 def held_by_a_gated_runner(database, procs, tmp_path, how):
     """A batched runner (standalone, or an overseer's child) executing the gate with six
     runs claimed behind it: (queue, log, the gate's task, the six tasks, the runner's row,
-    the process to kill, the config, the overseer or None)."""
+    the config, the process started: `how`, "runner" or "overseer")."""
     queue = database.queue()
     log = str(tmp_path / "records")
     gate = gate_task(queue, tmp_path, log, priority=5)
@@ -204,7 +204,7 @@ def held_by_a_gated_runner(database, procs, tmp_path, how):
     assert {r.status for t in held for r in runs_of(t)} == {RUNNING}
     assert {r.runner_id for t in [gate] + held for r in runs_of(t)} == {row.id}, \
         "not claimed together"
-    return queue, log, gate, held, row, config, overseer if how == "overseer" else None
+    return queue, log, gate, held, row, config, overseer
 
 
 @pytest.mark.timeout(120)
@@ -214,13 +214,13 @@ def test_kill_9_of_a_batched_runner_hands_back_the_runs_it_had_not_started_uncou
     """Its host learns which claimed runs it never started (its claim file): those go back
     to the queue unstarted (not a failure, not a second attempt); the one executing is a
     crash."""
-    queue, log, gate, held, row, config, overseer = held_by_a_gated_runner(
+    queue, log, gate, held, row, config, proc = held_by_a_gated_runner(
         database, procs, tmp_path, how)
     path = os.path.join(claimfile.directory(queue.store.wakeup_directory), str(row.id))
     assert os.path.exists(path), "no claim file"
     os.kill(row.pid, signal.SIGKILL)
-    if overseer is None:
-        wait_for(lambda: not psutil_pid_exists(row.pid), message="the runner to be gone")
+    if how == "runner":
+        assert procs.wait(proc) == -signal.SIGKILL
         # This host's sweep (its PID is gone), as a cron run-event or an overseer does.
         taskrunner("run-event", "task-queue:OnProcess", config=config, check=True)
     else:
@@ -242,7 +242,7 @@ def test_kill_9_of_a_batched_runner_hands_back_the_runs_it_had_not_started_uncou
     assert not os.path.exists(path), "the claim file was left behind"
 
     open_gate(tmp_path)
-    if overseer is None:
+    if how == "runner":
         rescuer = procs.spawn("runner", "--burst", config=config)
         assert procs.wait(rescuer, EXIT_TIMEOUT) == 0, procs.logs([rescuer])
     wait_for(lambda: {Task.get_by_id(t).last_status for t in [gate] + held} == {SUCCESS},
@@ -250,18 +250,10 @@ def test_kill_9_of_a_batched_runner_hands_back_the_runs_it_had_not_started_uncou
     executed = [t for t, _, _ in read_records(log)]
     assert sorted(executed) == sorted([gate] + held), "a held task ran twice or not at all"
     assert all(len(runs_of(t)) == 1 for t in held)
-    if overseer is not None:
-        os.killpg(overseer.pid, signal.SIGTERM)   # the group, as supervisord
-        assert procs.wait(overseer, EXIT_TIMEOUT) == 0, procs.logs([overseer])
+    if how == "overseer":
+        os.killpg(proc.pid, signal.SIGTERM)   # the group, as supervisord
+        assert procs.wait(proc, EXIT_TIMEOUT) == 0, procs.logs([proc])
     queue.close()
-
-
-def psutil_pid_exists(pid):
-    import psutil
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_a_claim_file_lists_what_was_published_last_and_is_read_whole(tmp_path):
@@ -273,6 +265,10 @@ def test_a_claim_file_lists_what_was_published_last_and_is_read_whole(tmp_path):
     claims.publish([11, 12, 13, 14, 15])        # at most the batch: the first 4
     assert claimfile.unstarted(base, 7) == {11, 12, 13, 14}
     claims.publish([13, 14])
+    assert claimfile.unstarted(base, 7) == {13, 14}
+    claims.starting()                            # 13 starts: only 14 is left unstarted
+    assert claimfile.unstarted(base, 7) == {14}
+    claims.publish([13, 14])                     # published again: none started
     assert claimfile.unstarted(base, 7) == {13, 14}
     assert oct(os.stat(claims.path).st_mode & 0o777) == oct(0o600)
     with open(claims.path, "r+b") as fh:         # killed after zeroing the count
