@@ -64,7 +64,8 @@ FROM task_queue"""
 
 def fill(url, n):
     """The history, in bulk; returns seconds taken."""
-    from taskrunner import TaskQueue, periodic
+    from taskrunner import TaskQueue
+    from taskrunner.periodic import scheduler as periodic
     started = time.monotonic()
     queue = TaskQueue(url, migrate=True)
     for k in range(1, 11):
@@ -100,7 +101,7 @@ def fill(url, n):
 def pages(url):
     """The paths to time: every page, its filters and live parts, and /metrics."""
     from taskrunner import TaskQueue
-    from taskrunner.summaries import find_tasks
+    from taskrunner.reads.summaries import find_tasks
     queue = TaskQueue(url)
     newest = find_tasks(queue.store, limit=1).tasks[0].id
     queue.close()

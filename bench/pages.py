@@ -71,8 +71,9 @@ def measure(adds=300, jobs=300, page_size=None):
     """Pages per add_task commit and per runner end-and-claim commit, by b-tree. Each
     commit's pages are named right after it (pages change hands as indexes grow and shrink).
     `page_size`: the database's (None: what a new taskrunner database gets)."""
-    from taskrunner import TaskQueue, lifecycle
-    from taskrunner.models import SUCCESS
+    from taskrunner import TaskQueue
+    from taskrunner.runs import lifecycle
+    from taskrunner.store.models import SUCCESS
     path = os.path.join(tempfile.mkdtemp(prefix="trpages-"), "pages.db")
     if page_size is not None:
         with sqlite3.connect(path) as conn:

@@ -140,8 +140,8 @@ def _footprint(main, runners):
 def _drain_worker(url, runner_id, count, barrier):
     """One process of the claim/finish loop as a busy runner runs it: taskrunner's own
     claim(), then end_run_and_claim() (end_run() for the last)."""
-    from taskrunner.lifecycle import claim, end_run, end_run_and_claim
-    from taskrunner.models import SUCCESS
+    from taskrunner.runs.lifecycle import claim, end_run, end_run_and_claim
+    from taskrunner.store.models import SUCCESS
     queue = make_queue(url, migrate=False)
     store = queue.store
     barrier.wait(60)

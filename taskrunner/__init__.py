@@ -13,13 +13,14 @@ from .handler import RunContext, TaskHandler
 
 if TYPE_CHECKING:
     from .config import Config
-    from .queue import TaskQueue
-    from .reads import PeriodicTaskInfo, RunInfo, RunnerInfo, TaskInfo, TaskOutcome
+    from .api import TaskQueue
+    from .reads.records import PeriodicTaskInfo, RunInfo, RunnerInfo, TaskInfo, TaskOutcome
 
 __version__ = "0.1.0"
 
-_LAZY = {"TaskQueue": "queue", "Config": "config", "TaskInfo": "reads", "RunInfo": "reads",
-         "RunnerInfo": "reads", "PeriodicTaskInfo": "reads", "TaskOutcome": "reads"}
+_LAZY = {"TaskQueue": "api", "Config": "config", "TaskInfo": "reads.records",
+         "RunInfo": "reads.records", "RunnerInfo": "reads.records",
+         "PeriodicTaskInfo": "reads.records", "TaskOutcome": "reads.records"}
 
 __all__ = ["TaskQueue", "TaskHandler", "RunContext", "TaskError", "Retry", "Config", "TaskInfo",
            "RunInfo", "RunnerInfo", "PeriodicTaskInfo", "TaskRunnerError", "InputError",

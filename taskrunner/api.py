@@ -7,15 +7,17 @@ import time
 from datetime import datetime
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
-from . import (concurrency, control, enqueue, lifecycle, maintenance, queues, reads, rotation,
-               wakeup)
-from . import periodic  # noqa: F401 - registers the periodic tasks' outcome hook
+from .runs import concurrency, control, enqueue, lifecycle, queues, rotation
+from .fleet import maintenance
+from .reads import records as reads
+from .host import wakeup
+from .periodic import scheduler as periodic
 from .config import Config
-from .db import SCHEMES
+from .store.db import SCHEMES
 from .errors import InputError, WaitTimeout
-from .models import as_utc, utcnow
-from .reads import QueueInfo, RunInfo, TaskInfo, TaskOutcome
-from .store import Store
+from .store.models import as_utc, utcnow
+from .reads.records import QueueInfo, RunInfo, TaskInfo, TaskOutcome
+from .store.bound import Store
 
 # TaskQueue.wait reads the task at least this often (seconds): the bound on seeing an end
 # that no wake-up reported (another host, a runner that died).
@@ -211,7 +213,7 @@ class TaskQueue:
         so a test takes a task through its retries without sleeping:
         ``run_pending(now=t0)``, then ``run_pending(now=t0 + timedelta(hours=1))``. With
         `now`, dead runners and overdue runs are left alone (their clocks are real)."""
-        from .runner import Worker
+        from .runner.process import Worker
         clock = None
         if now is not None:
             if now.tzinfo is None:
@@ -223,7 +225,8 @@ class TaskQueue:
                 maintenance.process_queue(self.store)
             else:
                 lifecycle.create_missing_runs(self.store, clock)
-            worker = Worker(self.store, install_signals=False, memory_limit=False, clock=clock)
+            worker = Worker(self.store, install_signals=False, memory_limit=False, clock=clock,
+                            facade=lambda store: self)
             ran = int(worker.work(burst=True, max_runs=None if max_runs is None
                                   else max_runs - done))
             done += ran

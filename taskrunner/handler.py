@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 from .errors import HandlerError
 
 if TYPE_CHECKING:
-    from .queue import TaskQueue
-    from .reads import TaskInfo
+    from .api import TaskQueue
+    from .reads.records import TaskInfo
 
 # Progress is part of the runner's conversation with the database: its warnings go there.
 log = logging.getLogger("taskrunner.runner")

@@ -26,8 +26,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from taskrunner import Config, TaskQueue, claimfile, wakeup
-from taskrunner.models import MODELS, Run
+from taskrunner import Config, TaskQueue
+from taskrunner.host import claimfile, wakeup
+from taskrunner.store.models import MODELS, Run
 
 from sample_handlers import read_records
 
@@ -329,7 +330,7 @@ def _in_process(argv):
     import contextlib
     import io
     import traceback
-    from taskrunner.cli import main
+    from taskrunner.cli.main import main
     out, err = io.StringIO(), io.StringIO()
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level

@@ -6,7 +6,7 @@ import os
 import signal
 
 from taskrunner import TaskHandler
-from taskrunner.groupsync import SUFFIX
+from taskrunner.host.groupsync import SUFFIX
 
 
 def _append(path, record):

@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from taskrunner import InputError, RunInfo, SchemaBehind, TaskInfo, TaskQueue
-from taskrunner.reads import PeriodicTaskInfo, RunnerInfo
+from taskrunner.reads.records import PeriodicTaskInfo, RunnerInfo
 
 from conftest import REPO_DIR, TESTS_DIR, Database, ok, process_env, taskrunner
 

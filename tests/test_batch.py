@@ -18,8 +18,10 @@ import pytest
 
 from conftest import START_TIMEOUT, runs_of, taskrunner, wait_for, wait_started
 from sample_handlers import read_records
-from taskrunner import claimfile, lifecycle
-from taskrunner.models import CANCELLED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner, Task
+from taskrunner.host import claimfile
+from taskrunner.runs import lifecycle
+from taskrunner.store.models import (CANCELLED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner,
+                                     Task)
 
 EXIT_TIMEOUT = 60.0
 

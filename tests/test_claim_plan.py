@@ -5,11 +5,12 @@ The reads of live runs (scheduled, running) use indexes that hold live runs only
 history does not slow them either. (The speed itself is measured by bench/, not here.)"""
 import pytest
 
-from taskrunner import lifecycle
-from taskrunner import liveness, queues
-from taskrunner.models import Run, utcnow
-from taskrunner.lifecycle import (MYSQL_CLAIM, PG_CLAIM, PG_SUCCESS_AND_CLAIM, SQLITE_CLAIM,
-                                  SUCCESS_STATEMENTS)
+from taskrunner.runs import lifecycle
+from taskrunner.fleet import liveness
+from taskrunner.runs import queues
+from taskrunner.store.models import Run, utcnow
+from taskrunner.runs.lifecycle import (MYSQL_CLAIM, PG_CLAIM, PG_SUCCESS_AND_CLAIM, SQLITE_CLAIM,
+                                       SUCCESS_STATEMENTS)
 
 
 def _plans(queue, backend, name="default"):

@@ -8,9 +8,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from taskrunner import lifecycle
+from taskrunner.runs import lifecycle
 from taskrunner import TaskQueue
-from taskrunner.models import RUNNING, SCHEDULED, SUCCESS
+from taskrunner.store.models import RUNNING, SCHEDULED, SUCCESS
 
 from conftest import REPO_DIR, TESTS_DIR, ok, runs_of, spawn, stop_process, taskrunner, usage_error, wait_for
 

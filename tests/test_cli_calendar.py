@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import pytest
 
 from taskrunner.calendar import parse_calendar, render_analyze
-from taskrunner.periodic import parse_timer
+from taskrunner.periodic.scheduler import parse_timer
 
 from conftest import databases_required, ok, process_env, taskrunner, usage_error
 

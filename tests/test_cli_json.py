@@ -7,10 +7,11 @@ from datetime import timedelta, timezone
 import pytest
 
 from conftest import Database, ok, taskrunner, wait_for
-from taskrunner import lifecycle, liveness
-from taskrunner.models import (RUNNING, SCHEDULED, SUCCESS, TIMEOUT, PeriodicTask, Queue, Run,
-                               Runner, Task, utcnow)
-from taskrunner.periodic import add_periodic
+from taskrunner.runs import lifecycle
+from taskrunner.fleet import liveness
+from taskrunner.store.models import (RUNNING, SCHEDULED, SUCCESS, TIMEOUT, PeriodicTask, Queue,
+                                     Run, Runner, Task, utcnow)
+from taskrunner.periodic.scheduler import add_periodic
 
 ECHO = "taskrunner.handlers.Echo"
 
@@ -203,7 +204,7 @@ def _commands(parser, prefix=()):
 
 
 def test_every_command_that_prints_a_summary_takes_json():
-    from taskrunner.cli import build_parser
+    from taskrunner.cli.main import build_parser
     commands = dict(_commands(build_parser()))
     assert ("queue", "pause") in commands and ("periodic", "list") in commands
     lacking = [" ".join(words) for words, parser in commands.items()

@@ -6,8 +6,10 @@ from collections import Counter
 import pytest
 
 from conftest import START_TIMEOUT, taskrunner, usage_error, wait_for
-from taskrunner import InputError, lifecycle, liveness
-from taskrunner.models import RUNNING, SUCCESS, Run, Task
+from taskrunner import InputError
+from taskrunner.runs import lifecycle
+from taskrunner.fleet import liveness
+from taskrunner.store.models import RUNNING, SUCCESS, Run, Task
 
 ECHO = "taskrunner.handlers.Echo"
 

@@ -12,8 +12,8 @@ pytest.importorskip("prometheus_client")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from taskrunner import summaries  # noqa: E402
-from taskrunner.models import utcnow  # noqa: E402
+from taskrunner.reads import summaries
+from taskrunner.store.models import utcnow
 from taskrunner.web.auth import hash_password  # noqa: E402
 
 from conftest import REPO_DIR, ok, process_env, taskrunner, usage_error, utc  # noqa: E402
@@ -38,7 +38,7 @@ def history(queue):
 
 def periodic_submission(queue):
     """A periodic task 'every-minute' that has submitted one task; its id in a list."""
-    from taskrunner import periodic
+    from taskrunner.periodic import scheduler as periodic
     periodic.add_periodic(queue.store, "every-minute", "taskrunner.handlers.Echo", "every 1min")
     result = periodic.PeriodicScheduler(queue.store).run_pending(
         now=utcnow() + timedelta(minutes=2))
@@ -106,8 +106,9 @@ def test_metrics_command_prints_the_exposition_format(database):
 
 
 def test_cli_runner_and_overseer_do_not_import_the_dashboard_stack():
-    code = ("import sys, taskrunner.cli, taskrunner.runner, taskrunner.overseer, taskrunner.queue;"
-            "from taskrunner.cli import build_parser; build_parser();"
+    code = ("import sys, taskrunner.cli.main, taskrunner.runner.process,"
+            " taskrunner.overseer.overseer, taskrunner.api;"
+            "from taskrunner.cli.main import build_parser; build_parser();"
             "print(sorted(m for m in sys.modules if m.startswith(('taskrunner.web',"
             " 'prometheus_client', 'wsgiref', 'selenium'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -270,7 +271,8 @@ def test_task_page_shows_the_full_traceback_of_each_failed_run(sqlite_db):
 
 def running_run(queue, serving=None):
     """A task whose run a runner row of this process claimed: (task id, run id, runner id)."""
-    from taskrunner import lifecycle, liveness
+    from taskrunner.runs import lifecycle
+    from taskrunner.fleet import liveness
     task_id = queue.add_task("taskrunner.handlers.Echo", {"x": 1})
     runner_id = liveness.register(queue.store, serving=serving).id
     claimed = lifecycle.claim(queue.store, runner_id)
@@ -280,7 +282,7 @@ def running_run(queue, serving=None):
 
 def test_a_running_tasks_live_results_and_a_cancel_that_asks_it_to_stop(sqlite_db):
     import json
-    from taskrunner import lifecycle
+    from taskrunner.runs import lifecycle
     queue = sqlite_db.queue()
     task_id, run_id, runner_id = running_run(queue)
     assert lifecycle.report_progress(queue.store, run_id, runner_id, percent=40,
@@ -331,7 +333,8 @@ def test_failures_page_shows_the_latest_traceback(sqlite_db):
 
 
 def test_periodic_page_shows_statistics_subject_group_and_zone(sqlite_db):
-    from taskrunner import periodic, reads
+    from taskrunner.periodic import scheduler as periodic
+    from taskrunner.reads import records as reads
     queue = sqlite_db.queue()
     periodic.add_periodic(queue.store, "nightly", "taskrunner.handlers.Echo", "*-*-* 02:00",
                           group="reports", subject="The <nightly> report")
@@ -360,7 +363,7 @@ def test_periodic_page_shows_statistics_subject_group_and_zone(sqlite_db):
 
 
 def test_runners_page_marks_a_runner_winding_down_and_shows_its_queues(sqlite_db):
-    from taskrunner import liveness
+    from taskrunner.fleet import liveness
     queue = sqlite_db.queue()
     task_id, run_id, runner_id = running_run(queue, serving=["default", "mail"])
     served = Served(queue.store)
@@ -378,7 +381,7 @@ def test_runners_page_marks_a_runner_winding_down_and_shows_its_queues(sqlite_db
 
 
 def test_overview_shows_each_queue_and_pause_resume_change_the_database(sqlite_db):
-    from taskrunner import reads
+    from taskrunner.reads import records as reads
     queue = sqlite_db.queue()
     queue.add_task("taskrunner.handlers.Echo", queue="mail")
     queue.add_task("taskrunner.handlers.Echo")

@@ -11,7 +11,7 @@ pytest.importorskip("prometheus_client")
 
 from datetime import timedelta  # noqa: E402
 
-from taskrunner.models import utcnow  # noqa: E402
+from taskrunner.store.models import utcnow
 
 from conftest import databases_required, wait_for  # noqa: E402
 from dashboard_helpers import Served  # noqa: E402
@@ -87,7 +87,7 @@ def by_css(driver, selector):
 def test_every_page_loads_without_console_errors(browser, site, tmp_path):
     queue = site.queue
     ids = history(queue)
-    from taskrunner import periodic
+    from taskrunner.periodic import scheduler as periodic
     periodic.add_periodic(queue.store, "nightly-report", "taskrunner.handlers.Echo", "*-*-* 02:00",
                           group="reports", subject="The nightly sales report")
     periodic.add_periodic(queue.store, "every-5-min", "taskrunner.handlers.Echo", "every 5min",
@@ -245,7 +245,8 @@ def test_retry_cancel_and_bulk_actions_change_the_database(browser, site):
     wait_for(lambda: "1 task(s) done" in notice(browser))
     assert queue.get_task(ids["due"]).status == "cancelled"
 
-    from taskrunner import periodic, reads
+    from taskrunner.periodic import scheduler as periodic
+    from taskrunner.reads import records as reads
     periodic.add_periodic(queue.store, "nightly", "taskrunner.handlers.Echo", "*-*-* 02:00")
     browser.get(site.url + "/periodic")
     browser.find_element("xpath", "//button[text()='Disable']").click()

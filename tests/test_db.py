@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from taskrunner import TaskQueue
-from taskrunner.db import MINIMUM_VERSIONS, check_version, mask_url, parse_mysql_version, \
-    redact, server_version
+from taskrunner.store.db import (MINIMUM_VERSIONS, check_version, mask_url, parse_mysql_version,
+                                 redact, server_version)
 from taskrunner.errors import ConfigError
 
 from conftest import Database, taskrunner

@@ -21,9 +21,9 @@ import peewee as pw
 import pytest
 
 from taskrunner import Config, TaskHandler
-from taskrunner.db import driver_error, is_disconnect, is_transient, open_database, \
-    retry_transaction
-from taskrunner.models import SUCCESS
+from taskrunner.store.db import (driver_error, is_disconnect, is_transient, open_database,
+                                 retry_transaction)
+from taskrunner.store.models import SUCCESS
 
 from conftest import Database, direct_only, wait_for
 from servers import free_port

@@ -38,7 +38,7 @@ import warnings
 import pytest
 
 from taskrunner import TaskQueue
-from taskrunner.models import RUNNER, SUCCESS, TIMEOUT
+from taskrunner.store.models import RUNNER, SUCCESS, TIMEOUT
 
 from conftest import START_TIMEOUT, databases_required, spawn, wait_for
 from servers import free_port

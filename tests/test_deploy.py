@@ -31,7 +31,7 @@ import pytest
 from conftest import REPO_DIR, START_TIMEOUT, TESTS_DIR, wait_for
 from sample_handlers import read_records
 from taskrunner.config import Config
-from taskrunner.models import RUN_FINAL, RUNNING, SUCCESS, Run
+from taskrunner.store.models import RUN_FINAL, RUNNING, SUCCESS, Run
 
 pytest.importorskip("supervisor", reason="supervisord is in the test extra: pip install '.[test]'")
 

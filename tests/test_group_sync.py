@@ -11,9 +11,9 @@ import pytest
 
 from conftest import START_TIMEOUT, wait_for
 from sample_handlers import read_records
-from taskrunner.groupsync import SUFFIX, GroupSync
-from taskrunner.models import RUNNER, SUCCESS, Run, Runner, utcnow
-from taskrunner.store import Store
+from taskrunner.host.groupsync import SUFFIX, GroupSync
+from taskrunner.store.models import RUNNER, SUCCESS, Run, Runner, utcnow
+from taskrunner.store.bound import Store
 
 SYNCED_AT_START = "sync_handlers.SyncedAtStart"
 HOLD = "sync_handlers.HoldSyncLocks"

@@ -5,9 +5,9 @@ import sys
 
 from conftest import process_env
 
-from taskrunner import liveness
+from taskrunner.fleet import liveness
 from taskrunner.config import Config
-from taskrunner.store import Store
+from taskrunner.store.bound import Store
 
 
 def test_host_id_is_configurable(sqlite_db):

@@ -17,9 +17,9 @@ import pytest
 from peewee import fn
 
 from conftest import START_TIMEOUT, wait_for
-from taskrunner.hostlock import SUFFIX, HostLock
-from taskrunner.models import RUNNER, SUCCESS, Run, Runner, Task
-from taskrunner.queue import TaskQueue
+from taskrunner.host.hostlock import SUFFIX, HostLock
+from taskrunner.store.models import RUNNER, SUCCESS, Run, Runner, Task
+from taskrunner.api import TaskQueue
 
 ECHO = "taskrunner.handlers.Echo"
 

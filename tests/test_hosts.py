@@ -25,8 +25,8 @@ from conftest import databases_required, process_env, read_records, wait_for
 from bench import hostnet
 from taskrunner import TaskQueue
 from taskrunner.config import Config
-from taskrunner.liveness import default_host_id
-from taskrunner.models import CRASHED, OVERSEER, RUNNER, RUNNING, SUCCESS, TIMEOUT
+from taskrunner.fleet.liveness import default_host_id
+from taskrunner.store.models import CRASHED, OVERSEER, RUNNER, RUNNING, SUCCESS, TIMEOUT
 
 HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, CHECK_INTERVAL = 0.3, 3.0, 0.5
 MACHINE_SLACK = 3.0  # two shared cores: processes get scheduled late

@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from conftest import Database, runs_of, spawn, taskrunner, wait_for
-from taskrunner import leadership, liveness
-from taskrunner.models import OVERSEER, RUNNER, RUNNING, SUCCESS, PeriodicTask, Runner
+from taskrunner.fleet import leadership, liveness
+from taskrunner.store.models import OVERSEER, RUNNER, RUNNING, SUCCESS, PeriodicTask, Runner
 
 MACHINE_SLACK = 4.0     # a shared two-core machine: processes may wait that long for a CPU
 

@@ -21,11 +21,11 @@ import pytest
 from conftest import (START_TIMEOUT, Database, direct_only, runs_of, spawn, utc, wait_for,
                       wait_started)
 from sample_handlers import read_records
-from taskrunner import liveness
-from taskrunner.liveness import boot_id, create_time
-from taskrunner.liveness import default_host_id as hostname
-from taskrunner.models import (OVERSEER, REQUEUED, RUNNER, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
-                               Runner, Task, utcnow)
+from taskrunner.fleet import liveness
+from taskrunner.fleet.liveness import boot_id, create_time
+from taskrunner.fleet.liveness import default_host_id as hostname
+from taskrunner.store.models import (OVERSEER, REQUEUED, RUNNER, RUNNING, SCHEDULED, SUCCESS,
+                                     TIMEOUT, Run, Runner, Task, utcnow)
 
 EXIT_TIMEOUT = 30.0
 CHECK_INTERVAL = 1.0

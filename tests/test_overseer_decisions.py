@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import pytest
 
-from taskrunner.models import RUNNING, TIMEOUT, Runner, utcnow
-from taskrunner.overseer import Overseer
+from taskrunner.store.models import RUNNING, TIMEOUT, Runner, utcnow
+from taskrunner.overseer.overseer import Overseer
 
 from conftest import Database, direct_only, wait_for
 

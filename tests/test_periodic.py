@@ -21,11 +21,10 @@ import pytest
 
 from conftest import ok, runs_of, taskrunner, usage_error, wait_for
 from taskrunner import Config, InputError
-from taskrunner.liveness import default_host_id as hostname
-from taskrunner.models import (CANCELLED, ERROR, SUCCESS, PeriodicTask, Runner, Task,
-                               utcnow)
-from taskrunner.periodic import (BUILTIN_ROTATION, PeriodicScheduler, add_periodic, parse_timer,
-                                 set_enabled, sync_definitions)
+from taskrunner.fleet.liveness import default_host_id as hostname
+from taskrunner.store.models import CANCELLED, ERROR, SUCCESS, PeriodicTask, Runner, Task, utcnow
+from taskrunner.periodic.scheduler import (BUILTIN_ROTATION, PeriodicScheduler, add_periodic,
+                                           parse_timer, set_enabled, sync_definitions)
 
 ECHO = "taskrunner.handlers.Echo"
 T0 = datetime(2024, 1, 1, 12, 0, 0)
@@ -625,7 +624,7 @@ def test_cli_periodic_add_and_list_show_the_schedule_and_the_outcomes(sqlite_db)
         assert header in table[0]
     [line] = [l for l in table if l.startswith("failing ")]
     # Tables show compact local times; --json keeps ISO 8601 UTC.
-    from taskrunner.cli_runs import when
+    from taskrunner.cli.runs import when
     assert "every 1h" in line and " error " in line and when(failing["last_run"]) in line
     assert when(failing["nextrun"]) in line
     assert json.loads(ok(taskrunner("periodic", "list", "--owner", "alice", "--json",
@@ -1017,7 +1016,7 @@ def test_the_mark_of_a_holder_killed_on_another_host_is_cleared_once_its_row_has
     """A lease holder killed between its mark and its submission: the next holder, on
     another host, clears the mark as soon as the dead holder's row is marked dead (by its
     heartbeat's age), not STALE_MARK later, so the periodic task goes on."""
-    from taskrunner import liveness
+    from taskrunner.fleet import liveness
     queue = sqlite_db.queue()
     due_now(queue, "orphaned")
     dead = Runner.create(host="host-b", boot_id="b", pid=4242, pid_create_time=1234.5,

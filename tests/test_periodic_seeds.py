@@ -14,10 +14,10 @@ import pytest
 
 from conftest import ok, taskrunner, usage_error, wait_for
 from taskrunner import InputError
-from taskrunner.lifecycle import claim, end_run, timeout_overdue_runs
-from taskrunner.models import CANCELLED, SUCCESS, TIMEOUT, PeriodicTask, Run, Task, utcnow
-from taskrunner.periodic import (PeriodicScheduler, add_periodic, allow_start, remove_owned,
-                                 set_enabled_owned, sync_definitions)
+from taskrunner.runs.lifecycle import claim, end_run, timeout_overdue_runs
+from taskrunner.store.models import CANCELLED, SUCCESS, TIMEOUT, PeriodicTask, Run, Task, utcnow
+from taskrunner.periodic.scheduler import (PeriodicScheduler, add_periodic, allow_start,
+                                           remove_owned, set_enabled_owned, sync_definitions)
 
 ECHO = "taskrunner.handlers.Echo"
 T0 = datetime(2024, 1, 1, 12, 0, 0)

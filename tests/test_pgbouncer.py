@@ -24,8 +24,8 @@ from conftest import SERVERS, Database, START_TIMEOUT, databases_required, spawn
 from sample_handlers import read_records
 from servers import PgBouncer, pgbouncer_available
 from taskrunner import Config, TaskQueue
-from taskrunner.models import RUNNER, RUNNING, SUCCESS
-from taskrunner.runner import Worker
+from taskrunner.store.models import RUNNER, RUNNING, SUCCESS
+from taskrunner.runner.process import Worker
 
 RECORD = "sample_handlers.Record"
 

@@ -11,14 +11,14 @@ import peewee as pw
 import psutil
 import pytest
 
-from taskrunner import enqueue, lifecycle, rotation
+from taskrunner.runs import enqueue, lifecycle, rotation
 from taskrunner import HandlerError, InputError, StateError, TaskNotFound
-from taskrunner import liveness
-from taskrunner.models import (CANCELLED, ERROR, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
-                               Runner, Task, utcnow)
-from taskrunner.lifecycle import retry_delay
-from taskrunner.liveness import ResidentSize
-from taskrunner.runner import Worker
+from taskrunner.fleet import liveness
+from taskrunner.store.models import (CANCELLED, ERROR, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
+                                     Runner, Task, utcnow)
+from taskrunner.runs.lifecycle import retry_delay
+from taskrunner.fleet.liveness import ResidentSize
+from taskrunner.runner.process import Worker
 
 from conftest import Database, direct_only, runs_of, utc
 
@@ -712,8 +712,8 @@ def test_add_task_on_postgresql_is_one_statement_that_also_wakes_other_hosts(tmp
     to other hosts' hubs in one statement (one round trip; BEGIN, two INSERTs, the NOTIFY and
     COMMIT before), with the same rows and news as before."""
     import psycopg
-    from taskrunner import wakeup
-    from taskrunner.models import utcnow as task_now
+    from taskrunner.host import wakeup
+    from taskrunner.store.models import utcnow as task_now
     database = Database("postgresql", tmp_path)
     request.addfinalizer(database.drop)
     direct_only(database, "no LISTEN through the pooler")

@@ -9,10 +9,11 @@ import pytest
 
 from conftest import START_TIMEOUT, taskrunner, wait_for
 from sample_handlers import read_records
-from taskrunner import Config, liveness
+from taskrunner import Config
+from taskrunner.fleet import liveness
 from taskrunner.errors import RunnerLimitReached
-from taskrunner.models import RUNNER, RUNNING, Run, Runner, RunnerQueue
-from taskrunner.store import Store
+from taskrunner.store.models import RUNNER, RUNNING, Run, Runner, RunnerQueue
+from taskrunner.store.bound import Store
 from test_overseer import Overseers, overseer_toml
 
 REPORTS = "[queues.reports]\nlimit = %d\n"

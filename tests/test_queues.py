@@ -4,10 +4,12 @@ within a queue, and migration 0009 puts existing tasks in ``default``."""
 import pytest
 from playhouse.migrations import Runner as MigrationRunner
 
-from taskrunner import Config, InputError, lifecycle, liveness
-from taskrunner.migrations import DIRECTORY, HISTORY_TABLE
-from taskrunner.models import Run, Task
-from taskrunner.store import Store
+from taskrunner import Config, InputError
+from taskrunner.runs import lifecycle
+from taskrunner.fleet import liveness
+from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
+from taskrunner.store.models import Run, Task
+from taskrunner.store.bound import Store
 
 from conftest import ALL_BACKENDS, Database, taskrunner, usage_error
 
@@ -74,7 +76,7 @@ def test_a_runner_claims_only_from_its_queues_fifo_within_priority(database):
 
 
 def test_a_periodic_task_submits_into_its_queue(sqlite_db, tmp_path):
-    from taskrunner import periodic
+    from taskrunner.periodic import scheduler as periodic
     queue = sqlite_db.queue()
     taskrunner("periodic", "add", "nightly", ECHO, "every 1s", "--queue", "reports",
                url=sqlite_db.url, check=True)
@@ -83,13 +85,13 @@ def test_a_periodic_task_submits_into_its_queue(sqlite_db, tmp_path):
     config = sqlite_db.write_config(tmp_path / "c.toml", '[[periodic]]\nname = "cfg"\n'
                                     'handler = "%s"\ntimer = "every 1s"\nqueue = "etl"\n' % ECHO)
     taskrunner("run-event", "periodic-task:OnProcess", config=config, check=True)
-    from taskrunner.models import PeriodicTask
+    from taskrunner.store.models import PeriodicTask
     rows = {p.name: p.queue for p in PeriodicTask.select()}
     assert (rows["nightly"], rows["by-handler"], rows["cfg"]) == ("reports", "reports", "etl")
     listed = taskrunner("periodic", "list", "--json", url=sqlite_db.url, check=True).stdout
     assert '"queue": "etl"' in listed
     from datetime import timedelta
-    from taskrunner.models import utcnow
+    from taskrunner.store.models import utcnow
     scheduler = periodic.PeriodicScheduler(queue.store)
     scheduler.run_pending(now=utcnow() + timedelta(seconds=5))
     submitted = {t.periodic_task_id: t.queue for t in Task.select()}
@@ -144,7 +146,7 @@ def test_the_overseer_keeps_each_queue_limit_and_default_gets_the_rest():
 
 
 def test_runners_of_default_serve_every_queue_not_configured(sqlite_db):
-    from taskrunner import queues
+    from taskrunner.runs import queues
     queue = sqlite_db.queue(queues={"reports": {"limit": 1}, "etl": {"limit": 1, "priority": 9}})
     for name in ("reports", "etl", "misc", "zz"):
         queue.add_task(ECHO, queue=name)

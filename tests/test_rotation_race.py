@@ -12,8 +12,10 @@ from datetime import timedelta
 import pytest
 from conftest import Database, direct_only, wait_for
 
-from taskrunner import TaskQueue, control, lifecycle, liveness, rotation
-from taskrunner.models import ERROR, SCHEDULED, utcnow
+from taskrunner import TaskQueue
+from taskrunner.runs import control, lifecycle, rotation
+from taskrunner.fleet import liveness
+from taskrunner.store.models import ERROR, SCHEDULED, utcnow
 
 ECHO = "taskrunner.handlers.Echo"
 

@@ -1,4 +1,4 @@
-from taskrunner.models import SUCCESS
+from taskrunner.store.models import SUCCESS
 
 
 def test_a_task_is_done_in_process(queue):

@@ -8,10 +8,11 @@ many adds and runs."""
 import os
 import sqlite3
 
-from taskrunner import TaskQueue, rotation
-from taskrunner.models import utcnow
-from taskrunner.runner import Worker
-from taskrunner.store import Store
+from taskrunner import TaskQueue
+from taskrunner.runs import rotation
+from taskrunner.store.models import utcnow
+from taskrunner.runner.process import Worker
+from taskrunner.store.bound import Store
 
 ECHO = "taskrunner.handlers.Echo"
 

@@ -8,10 +8,11 @@ import time
 
 import pytest
 
-from taskrunner import lifecycle, liveness
-from taskrunner.runner import Worker
-from taskrunner.models import (REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner, Task,
-                               utcnow)
+from taskrunner.runs import lifecycle
+from taskrunner.fleet import liveness
+from taskrunner.runner.process import Worker
+from taskrunner.store.models import (REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner,
+                                     Task, utcnow)
 
 from conftest import (REPO_DIR, START_TIMEOUT, TESTS_DIR, Database, ok, runs_of, spawn, taskrunner,
                       wait_for, wait_started)
@@ -346,10 +347,10 @@ def test_a_periodic_task_that_cannot_be_submitted_does_not_stop_the_overseer(tmp
     database = Database("postgresql", tmp_path)
     try:
         queue = database.queue()
-        from taskrunner.periodic import add_periodic
+        from taskrunner.periodic.scheduler import add_periodic
         add_periodic(queue.store, "fine", "taskrunner.handlers.Echo", "every 1s")
         add_periodic(queue.store, "x" * 200, "taskrunner.handlers.Echo", "every 1s")
-        from taskrunner.models import PeriodicTask
+        from taskrunner.store.models import PeriodicTask
         PeriodicTask.update(name="y" * 250).where(PeriodicTask.name == "x" * 200).execute()
         config = database.write_config(tmp_path / "c.toml", "[runner]\nlimit = 1\n")
         proc = procs.spawn("overseer", config=config, name="overseer")
@@ -368,7 +369,7 @@ def test_a_periodic_task_that_cannot_be_submitted_does_not_stop_the_overseer(tmp
 
 def test_a_periodic_name_too_long_for_its_derived_values_is_refused(sqlite_db):
     from taskrunner import InputError
-    from taskrunner.periodic import MAX_NAME, add_periodic
+    from taskrunner.periodic.scheduler import MAX_NAME, add_periodic
     queue = sqlite_db.queue()
     with pytest.raises(InputError, match="longer than %d" % MAX_NAME):
         add_periodic(queue.store, "n" * (MAX_NAME + 1), "taskrunner.handlers.Echo", "daily")

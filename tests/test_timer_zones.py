@@ -9,7 +9,7 @@ from datetime import datetime
 
 from conftest import process_env, taskrunner, usage_error
 
-from taskrunner.models import PeriodicTask
+from taskrunner.store.models import PeriodicTask
 
 ECHO = "taskrunner.handlers.Echo"
 ZONES = ("UTC", "Europe/Berlin", "America/New_York")

@@ -11,7 +11,7 @@ import pytest
 from conftest import START_TIMEOUT, wait_for
 from sample_handlers import read_records
 from taskrunner import InputError
-from taskrunner.models import RUNNING, Runner, Task
+from taskrunner.store.models import RUNNING, Runner, Task
 from test_runner_processes import waiting_in_select
 
 ORDERS = "CREATE TABLE orders (id INTEGER PRIMARY KEY, note VARCHAR(50))"

@@ -11,8 +11,8 @@ from datetime import timedelta
 
 import pytest
 
-from taskrunner import liveness
-from taskrunner.models import utcnow
+from taskrunner.fleet import liveness
+from taskrunner.store.models import utcnow
 
 from conftest import START_TIMEOUT, ok, taskrunner, utc, wait_for
 from visibility_handlers import BREAK_ENV, read_lines
@@ -290,14 +290,14 @@ def test_async_handler_is_stopped_by_max_runtime_like_a_sync_one(sqlite_db, tmp_
 def _crash_one_run(queue):
     """A run whose runner process died: claimed by a registered runner, which is then
     declared dead (what the overseer does for a kill -9)."""
-    from taskrunner import lifecycle
+    from taskrunner.runs import lifecycle
     runner = liveness.register(queue.store, take_slot=False)
     assert lifecycle.claim(queue.store, runner.id) is not None
     assert liveness.mark_runner_dead(queue.store, runner.id, "killed in a test")
 
 
 def test_run_statistics_per_handler_count_crashes_apart(database):
-    from taskrunner import reads
+    from taskrunner.reads import records as reads
     queue = database.queue()
     echo = "taskrunner.handlers.Echo"
     for n in range(2):
@@ -331,7 +331,7 @@ def test_run_statistics_per_handler_count_crashes_apart(database):
 
 
 def test_statistics_of_a_periodic_task_in_periodic_list(database):
-    from taskrunner import periodic
+    from taskrunner.periodic import scheduler as periodic
     queue = database.queue()
     periodic.add_periodic(queue.store, "hourly", H + "KeyFails", "every 1h", max_retries=1,
                           now=utcnow() - timedelta(hours=1, seconds=1))
@@ -445,7 +445,7 @@ def test_tasks_filters_offset_all_and_showing_n_of_m(database):
 
 
 def enqueue_at(queue, handler, when, **options):
-    from taskrunner import enqueue
+    from taskrunner.runs import enqueue
     return enqueue.add_task(queue.store, handler, scheduled_on=utc(when), now=when, **options)
 
 
@@ -552,7 +552,7 @@ def test_runner_process_is_named_apart_in_ps(sqlite_db, tmp_path, procs):
 
 
 def test_a_cancelled_run_whose_runner_dies_ends_its_task_cancelled_not_retried(queue):
-    from taskrunner import lifecycle
+    from taskrunner.runs import lifecycle
     task_id = queue.add_task("taskrunner.handlers.Echo", max_retries=5)
     runner = liveness.register(queue.store, take_slot=False)
     claimed = lifecycle.claim(queue.store, runner.id)

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import direct_only, spawn, stop_process, wait_for
 from sample_handlers import read_records
-from taskrunner import wakeup
-from taskrunner.models import RUNNING, Runner
+from taskrunner.host import wakeup
+from taskrunner.store.models import RUNNING, Runner
 
 
 def _idle_runner(database, tmp_path):

@@ -14,9 +14,10 @@ import uuid
 import pytest
 from conftest import Database, process_env, spawn, stop_process, wait_for
 
-from taskrunner import TaskQueue, wakeup
+from taskrunner import TaskQueue
+from taskrunner.host import wakeup
 from taskrunner.config import Config
-from taskrunner.models import RUNNING, SUCCESS, Runner, Task
+from taskrunner.store.models import RUNNING, SUCCESS, Runner, Task
 
 ECHO = "taskrunner.handlers.Echo"
 
@@ -159,7 +160,7 @@ def shared_base():
 BECOME = """
 import os, sys, logging, select, socket
 import psycopg, psycopg.pq, psycopg.types, peewee, psutil
-import taskrunner, taskrunner.cli, taskrunner.runner, taskrunner.handlers, taskrunner.queue
+import taskrunner, taskrunner.cli.main, taskrunner.runner.process, taskrunner.handlers, taskrunner.api
 from taskrunner import TaskQueue
 from taskrunner.config import Config
 os.setgroups([])
@@ -183,7 +184,7 @@ print(queue.add_task("taskrunner.handlers.Echo"), queue.add_task("taskrunner.han
 """
 
 RUNNER = """
-sys.exit(taskrunner.cli.main(sys.argv[1:]))
+sys.exit(taskrunner.cli.main.main(sys.argv[1:]))
 """
 
 

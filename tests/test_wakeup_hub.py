@@ -17,10 +17,11 @@ import pytest
 from conftest import Database, spawn, stop_process, wait_for
 from test_overseer import hub_of
 from sample_handlers import read_records
-from taskrunner import TaskQueue, wakeup
-from taskrunner.hub import answers
+from taskrunner import TaskQueue
+from taskrunner.host import wakeup
+from taskrunner.host.hub import answers
 from taskrunner.config import Config
-from taskrunner.models import RUNNING, SUCCESS, Runner, Task
+from taskrunner.store.models import RUNNING, SUCCESS, Runner, Task
 
 WOKEN = re.compile(r"runner (\d+) woken")
 LOOK = '"t1"."paused", EXISTS('       # an idle runner's look for work (queues.claim_order)

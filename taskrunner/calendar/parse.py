@@ -5,18 +5,8 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta, timezone
 
-from .fields import (
-    DAY_NAMES,
-    EPOCH,
-    MAX_YEAR,
-    MIN_YEAR,
-    USEC,
-    CalendarError,
-    Chain,
-    Range,
-    Spec,
-    lower,
-)
+from .fields import (DAY_NAMES, EPOCH, MAX_YEAR, MIN_YEAR, USEC, CalendarError, Chain, Range, Spec,
+                     lower)
 from .render import spec_to_string
 from .search import CalendarEvent
 from .zones import UTC, Zone, local_zone, named_zone

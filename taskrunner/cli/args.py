@@ -7,7 +7,7 @@ import math
 import re
 from datetime import datetime, timezone
 
-from .errors import InputError
+from ..errors import InputError
 
 
 # Characters that end a line for a terminal or for str.splitlines().
@@ -79,12 +79,12 @@ def print_table(headers, rows):
 
 
 def open_queue(args):
-    from .queue import TaskQueue
+    from ..api import TaskQueue
     return TaskQueue(args.loaded_config, migrate=True)
 
 
 def masked_url(queue):
-    from .db import mask_url
+    from ..store.db import mask_url
     return mask_url(queue.config.database.url)
 
 
@@ -93,7 +93,7 @@ def print_json(value):
 
 
 def queue_name(text):
-    from .config import check_queue_name
+    from ..config import check_queue_name
     try:
         return check_queue_name(text)
     except InputError as exc:
@@ -101,7 +101,7 @@ def queue_name(text):
 
 
 def queue_list(text):
-    from .config import parse_queue_list
+    from ..config import parse_queue_list
     try:
         return parse_queue_list(text)
     except InputError as exc:

@@ -7,9 +7,9 @@ import itertools
 import sys
 from datetime import datetime, timedelta, timezone
 
-from .calendar import CalendarError, iter_analyze, iter_json, parse_calendar
-from .errors import InputError
-from .timespan import parse_every
+from ..calendar import CalendarError, iter_analyze, iter_json, parse_calendar
+from ..errors import InputError
+from ..timespan import parse_every
 
 MAX_ITERATIONS = 10 ** 9
 

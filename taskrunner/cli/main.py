@@ -10,18 +10,17 @@ import os
 import sys
 from datetime import datetime, timedelta, timezone
 
-from . import cli_runs
-from .cli_args import (iso_time, json_arg, masked_url, one_line, open_queue, positive_int,
-                       print_json, print_table, queue_list, queue_name, seconds_arg,
-                       task_id_arg)
-from .cli_calendar import MAX_ITERATIONS, cmd_calendar, iterations
-from .cli_periodic import add_periodic_parser
-from .cli_runs import when
-from .config import Config
-from .errors import InputError
-from .cli_queues import add_queue_command, print_queues
-from .handler import encode_data, load_handler
-from .logs import setup_logging
+from . import runs as cli_runs
+from .args import (iso_time, json_arg, masked_url, one_line, open_queue, positive_int, print_json,
+                   print_table, queue_list, queue_name, seconds_arg, task_id_arg)
+from .calendar import MAX_ITERATIONS, cmd_calendar, iterations
+from .periodic import add_periodic_parser
+from .runs import when
+from ..config import Config
+from ..errors import InputError
+from .queues import add_queue_command, print_queues
+from ..handler import encode_data, load_handler
+from ..logs import setup_logging
 
 log = logging.getLogger("taskrunner.cli")
 
@@ -64,7 +63,7 @@ def cmd_add(args):
             scheduled_on = datetime.now(timezone.utc) + timedelta(seconds=args.delay)
         except OverflowError:
             raise InputError("--in %g seconds is too far in the future" % args.delay) from None
-    from .enqueue import add_task_created
+    from ..runs.enqueue import add_task_created
     task_id, created = add_task_created(
         open_queue(args).store, args.handler, data=args.data, scheduled_on=scheduled_on,
         max_retries=args.max_retries, priority=args.priority, run_timeout=args.timeout,
@@ -78,13 +77,14 @@ def cmd_add(args):
 
 
 def cmd_runner(args):
-    from .runner import run_runner
-    return run_runner(open_queue(args).store, burst=args.burst, max_runs=args.max_runs,
-                      serving=args.queue)
+    from ..runner.process import run_runner
+    queue = open_queue(args)
+    return run_runner(queue.store, burst=args.burst, max_runs=args.max_runs,
+                      serving=args.queue, facade=lambda store: queue)
 
 
 def cmd_overseer(args):
-    from .overseer import run_overseer
+    from ..overseer.overseer import run_overseer
     return run_overseer(args.loaded_config, args.config, args.database)
 
 
@@ -101,7 +101,7 @@ def cmd_run_event(args):
     elif args.event == "task-queue:OnRotate":
         result = {"deleted": queue.rotate()}
     elif args.event == "periodic-task:OnProcess":
-        from . import periodic
+        from ..periodic import scheduler as periodic
         periodic.sync_definitions(queue.store)
         scheduler = periodic.PeriodicScheduler(queue.store)
         scheduler.clear_stale_marks()
@@ -109,16 +109,18 @@ def cmd_run_event(args):
         log.info("periodic tasks: %d submitted, %d skipped", len(result["submitted"]),
                  len(result["skipped"]))
     else:
-        from .runner import run_runner
+        from ..runner.process import run_runner
         result = {}
-        code = run_runner(queue.store, refuse_quietly=True, serving=args.queue, report=result)
+        code = run_runner(queue.store, refuse_quietly=True, serving=args.queue, report=result,
+                          facade=lambda store: queue)
     if args.json:
         print_json(dict(event=args.event, **result))
     return code
 
 
 def cmd_status(args):
-    from . import leadership, reads
+    from ..fleet import leadership
+    from ..reads import records as reads
     queue = open_queue(args)
     leases = leadership.leases(queue.store)
     rows = [r.to_json() for r in reads.running_runners(queue.store)]
@@ -169,7 +171,7 @@ def run_column(runner):
 def cmd_tasks(args):
     queue = open_queue(args)
     filters = cli_runs.task_filters(args)
-    from . import reads
+    from ..reads import records as reads
     tasks = [t.to_json() for t in reads.list_tasks(
         queue.store, limit=None if args.all else args.limit, offset=args.offset, **filters)]
     if args.json:
@@ -234,7 +236,8 @@ def cmd_rotate(args):
 
 
 def cmd_check(args):
-    from . import periodic, reads
+    from ..periodic import scheduler as periodic
+    from ..reads import records as reads
     # Everything the overseer would refuse, before the database is even opened.
     periodic.validate_definitions(args.loaded_config)
     queue = open_queue(args)
@@ -250,17 +253,17 @@ def cmd_check(args):
 
 
 def cmd_dashboard(args):
-    from .web import require_prometheus_client
+    from ..web import require_prometheus_client
     if args.hash_password:
-        from .web.auth import hash_password
+        from ..web.auth import hash_password
         password = sys.stdin.readline().rstrip("\n")
         if not password:
             raise InputError("--hash-password reads the password from standard input; got none")
         print(hash_password(password))
         return EXIT_OK
     require_prometheus_client()
-    from .web.app import serve
-    from .web.auth import Guard, parse_bind
+    from ..web.app import serve
+    from ..web.auth import Guard, parse_bind
     config = args.loaded_config.dashboard
     # Refuse a bad or unauthenticated bind before touching the database.
     Guard(config).check_bind(parse_bind(args.bind or config.bind)[0])
@@ -269,9 +272,9 @@ def cmd_dashboard(args):
 
 
 def cmd_metrics(args):
-    from .web import require_prometheus_client
+    from ..web import require_prometheus_client
     require_prometheus_client()
-    from .web.metrics import exposition
+    from ..web.metrics import exposition
     sys.stdout.write(exposition(open_queue(args).store).decode())
 
 
@@ -389,7 +392,7 @@ def _redactor(url):
     """Masks the database URL's secrets in log lines (tracebacks included), whatever quoted
     them: a driver's message, a handler's exception."""
     def redact(text):
-        from .db import redact as redact_url  # only once a line is logged: no peewee before
+        from ..store.db import redact as redact_url
         return redact_url(text, url)
     return redact
 
@@ -436,7 +439,7 @@ def main(argv=None):
         peewee = sys.modules.get("peewee")   # loaded only by commands that use a database
         if peewee is None or not isinstance(exc, peewee.DatabaseError):
             raise
-        from .db import describe_error
+        from ..store.db import describe_error
         print("taskrunner: database error: %s"
               % one_line(describe_error(exc, args.loaded_config.database.url)), file=sys.stderr)
         return EXIT_FAILURE

@@ -1,14 +1,15 @@
 """``taskrunner periodic``: add, list, enable, disable and remove periodic tasks — one by
 name, or every one of an owner at once."""
-from .cli_args import json_arg, open_queue, print_json, print_table, queue_name
-from .cli_runs import STATS_HEADERS, stats_cells, when
-from .errors import InputError
+from .args import json_arg, open_queue, print_json, print_table, queue_name
+from .runs import STATS_HEADERS, stats_cells, when
+from ..errors import InputError
 
 _past = {"enable": "enabled", "disable": "disabled", "remove": "removed"}
 
 
 def cmd_periodic(args):
-    from . import periodic, reads
+    from ..periodic import scheduler as periodic
+    from ..reads import records as reads
     if args.action in _past and (args.all == (args.name is not None) or
                                  (args.all and not args.owner)):
         raise InputError("periodic %s: give a NAME, or --owner WHO --all" % args.action)

@@ -1,9 +1,9 @@
 """``taskrunner queue pause|resume|list``, and the queues part of ``status``."""
-from .cli_args import open_queue, print_json, print_table, queue_name
+from .args import open_queue, print_json, print_table, queue_name
 
 
 def cmd_queue(args):
-    from . import reads
+    from ..reads import records as reads
     queue = open_queue(args)
     try:
         if args.action == "list":

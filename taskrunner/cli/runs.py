@@ -83,7 +83,7 @@ def stats_table(key_header, stats_by_key):
 
 def wait(queue, task_id, timeout, as_json):
     """``taskrunner wait``: block until the task is final; print its outcome; exit code."""
-    from .errors import WaitTimeout
+    from ..errors import WaitTimeout
     try:
         outcome = queue.wait(task_id, timeout=timeout)
     except WaitTimeout as exc:
@@ -144,8 +144,9 @@ def bulk(queue, verb, args):
     named ones that match). One id and no filter: the single-task verb (its refusal is the
     command's error, exit 2). Else each task in turn; prints how many were changed and why
     the others were not (exit 0). ``--json``: what was done, as one object."""
-    from . import control, reads
-    from .errors import InputError, StateError
+    from ..runs import control
+    from ..reads import records as reads
+    from ..errors import InputError, StateError
     filters = task_filters(args)
     if not args.ids and not filters:
         raise InputError("%s: give task ids, or filters (--status, --handler, --since, "

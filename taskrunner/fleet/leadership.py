@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 import peewee as pw
 
 from .liveness import host_id
-from .models import OVERSEER
+from ..store.models import OVERSEER
 
 log = logging.getLogger("taskrunner.leadership")
 

@@ -20,11 +20,11 @@ from datetime import timedelta
 import peewee as pw
 import psutil
 
-from . import claimfile
-from .errors import RunnerLimitReached
-from .lifecycle import end_in_transaction, release_runs_of, runs_of_runner_query
-from .models import (CRASHED, ERROR, OVERSEER, REQUEUED, RUNNER, RUNNING, SUCCESS, TIMEOUT,
-                     run_status_is, utcnow)
+from ..host import claimfile
+from ..errors import RunnerLimitReached
+from ..runs.lifecycle import end_in_transaction, release_runs_of, runs_of_runner_query
+from ..store.models import (CRASHED, ERROR, OVERSEER, REQUEUED, RUNNER, RUNNING, SUCCESS, TIMEOUT,
+                            run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.liveness")
 

@@ -8,9 +8,9 @@ clock, that the lease is still held; every caller still sweeps its own host's ru
 """
 import logging
 
-from .lifecycle import create_missing_runs, timeout_overdue_runs
+from ..runs.lifecycle import create_missing_runs, timeout_overdue_runs
 from .liveness import refresh_runners
-from .models import utcnow
+from ..store.models import utcnow
 
 log = logging.getLogger("taskrunner.maintenance")
 

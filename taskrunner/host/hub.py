@@ -25,7 +25,7 @@ import socket
 import time
 
 from . import wakeup
-from .db import redact
+from ..store.db import redact
 
 log = logging.getLogger("taskrunner.hub")
 

@@ -27,14 +27,17 @@ import time
 import peewee as pw
 import psutil
 
-from . import leadership, liveness, maintenance, periodic, wakeup
-from .config import Config
-from .db import is_disconnect
-from .errors import ConfigError, InputError, RunnerLimitReached
-from .hub import HubProcess
-from .models import DEFAULT_QUEUE, OVERSEER, utcnow
-from .runner import Worker
-from .store import Store
+from ..fleet import leadership, liveness, maintenance
+from ..periodic import scheduler as periodic
+from ..host import wakeup
+from ..config import Config
+from ..store.db import is_disconnect
+from ..errors import ConfigError, InputError, RunnerLimitReached
+from ..host.hub import HubProcess
+from ..store.models import DEFAULT_QUEUE, OVERSEER, utcnow
+from ..api import TaskQueue
+from ..runner.process import Worker
+from ..store.bound import Store
 
 log = logging.getLogger("taskrunner.overseer")
 
@@ -246,7 +249,7 @@ class Overseer:
     def run_child(self, jitter):
         """The body of a forked runner; returns its exit code."""
         worker = Worker(Store(self.config), parent_pid=self.pid, parent_id=self.row_id,
-                        serving=self.spawning)
+                        serving=self.spawning, facade=TaskQueue)
         try:
             worker.work(max_runs=(self.config.runner.max_runs + jitter) or None)
             return 0

@@ -3,12 +3,12 @@ tables — validated into row values before anything is stored: name, handler, t
 zone it was defined in), data, catch-up, the Nuntium options (timebox, tolerance) and
 Docspell's subject and group. `taskrunner check` and the overseer's sync validate the config
 the same way."""
-from .config import check_queue_name
-from .errors import InputError, check_text
-from .handler import check_handler_path, check_handlers_in_child, encode_data, load_handler
-from .models import DEFAULT_QUEUE
+from ..config import check_queue_name
+from ..errors import InputError, check_text
+from ..handler import check_handler_path, check_handlers_in_child, encode_data, load_handler
+from ..store.models import DEFAULT_QUEUE
 from .timers import IntervalTimer, parse_timer, timer_zone
-from .timespan import parse_timespan
+from ..timespan import parse_timespan
 
 CATCH_UP = ("once", "skip")
 RESERVED_PREFIX = "taskrunner."

@@ -22,14 +22,14 @@ from datetime import timedelta, timezone
 
 import peewee as pw
 
-from . import lifecycle, liveness
-from .enqueue import add_task
-from .errors import InputError, StateError, check_text
-from .handler import load_handler
-from .models import CANCELLED, CRASHED, DEFAULT_QUEUE, SUCCESS, utcnow
-from .periodic_definitions import (  # noqa: F401 (part of periodic's API)
-    BUILTIN_ROTATION, CATCH_UP, MAX_NAME, RESERVED_PREFIX, check_periodic,
-    check_periodic_handlers, definition, first_due, validate_definitions)
+from ..runs import lifecycle
+from ..fleet import liveness
+from ..runs.enqueue import add_task
+from ..errors import InputError, StateError, check_text
+from ..handler import load_handler
+from ..store.models import CANCELLED, CRASHED, DEFAULT_QUEUE, SUCCESS, utcnow
+from .definitions import (BUILTIN_ROTATION, CATCH_UP, MAX_NAME, RESERVED_PREFIX, check_periodic,
+                          check_periodic_handlers, definition, first_due, validate_definitions)
 from .timers import parse_timer
 
 log = logging.getLogger("taskrunner.periodic")

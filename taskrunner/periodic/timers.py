@@ -10,10 +10,10 @@ import math
 import re
 from datetime import timedelta, timezone
 
-from .calendar import CalendarError, parse_calendar
-from .calendar.zones import local_zone, named_zone
-from .errors import InputError
-from .timespan import parse_timespan
+from ..calendar import CalendarError, parse_calendar
+from ..calendar.zones import local_zone, named_zone
+from ..errors import InputError
+from ..timespan import parse_timespan
 
 
 class IntervalTimer:

@@ -13,8 +13,8 @@ from typing import Any, Dict, List, Optional
 
 import peewee as pw
 
-from .errors import InputError, TaskNotFound, check_text
-from .models import CRASHED, FAILED, RUN_STATUSES, RUNNING, SCHEDULED, SUCCESS, run_status_is
+from ..errors import InputError, TaskNotFound, check_text
+from ..store.models import CRASHED, FAILED, RUN_STATUSES, RUNNING, SCHEDULED, SUCCESS, run_status_is
 
 TASK_FILTERS = RUN_STATUSES + ("given-up",)
 STOPPING = "stopping"       # the state of a running runner that is winding down its run

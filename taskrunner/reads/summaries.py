@@ -15,10 +15,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import peewee as pw
 
-from .errors import InputError
-from .models import (CANCELLED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT,
-                     as_utc, run_status_is, utcnow)
-from .reads import TaskInfo, aware, task_info
+from ..errors import InputError
+from ..store.models import (CANCELLED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, as_utc,
+                            run_status_is, utcnow)
+from .records import TaskInfo, aware, task_info
 
 # What the dashboard's status filter offers: the task statuses, and two views of failure.
 STATUS_FILTERS = (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED, ERROR,

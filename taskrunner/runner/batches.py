@@ -40,10 +40,12 @@ from collections import deque, namedtuple
 
 import peewee as pw
 
-from . import claimfile, outage, outcomes
-from .lifecycle import (ClaimedRun, end_in_transaction, end_success, release_runs_of,
-                        runs_of_runner_query)
-from .models import CANCELLED, RUNNING, SUCCESS
+from ..host import claimfile
+from ..store import outage
+from . import outcomes
+from ..runs.lifecycle import (ClaimedRun, end_in_transaction, end_success, release_runs_of,
+                              runs_of_runner_query)
+from ..store.models import CANCELLED, RUNNING, SUCCESS
 
 log = logging.getLogger("taskrunner.runner")
 

@@ -13,8 +13,10 @@ import time
 
 import peewee as pw
 
-from . import lifecycle, liveness, outage
-from .models import TIMEOUT, utcnow
+from ..runs import lifecycle
+from ..fleet import liveness
+from ..store import outage
+from ..store.models import TIMEOUT, utcnow
 
 log = logging.getLogger("taskrunner.runner")
 

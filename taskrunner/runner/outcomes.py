@@ -9,10 +9,10 @@ import traceback as tb
 from datetime import timedelta
 from typing import Any, NamedTuple, Optional
 
-from . import reads
-from .errors import Retry, TaskError
-from .logs import run_fields
-from .models import ERROR, FAILED, REQUEUED, TIMEOUT
+from ..reads import records as reads
+from ..errors import Retry, TaskError
+from ..logs import run_fields
+from ..store.models import ERROR, FAILED, REQUEUED, TIMEOUT
 
 log = logging.getLogger("taskrunner.runner")
 

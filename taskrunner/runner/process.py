@@ -25,12 +25,16 @@ import time
 from datetime import timedelta, timezone
 
 
-from . import (batches, leadership, lifecycle, liveness, maintenance, outage, outcomes, periodic,
-               queues, wakeup)
-from .errors import HandlerError, RunnerLimitReached
-from .handler import RunContext, load_handler
+from . import batches, outcomes
+from ..fleet import leadership, liveness, maintenance
+from ..runs import lifecycle, queues
+from ..store import outage
+from ..periodic import scheduler as periodic
+from ..host import wakeup
+from ..errors import HandlerError, RunnerLimitReached
+from ..handler import RunContext, load_handler
 from .heartbeat import Heartbeat
-from .models import CANCELLED, DEFAULT_QUEUE, RUNNER, SUCCESS, utcnow
+from ..store.models import CANCELLED, DEFAULT_QUEUE, RUNNER, SUCCESS, utcnow
 from .outcomes import Interrupted
 
 log = logging.getLogger("taskrunner.runner")
@@ -61,8 +65,12 @@ class Worker:
     TELL_AGAIN = 0.05         # seconds before telling a lagging hub again that it is idle
 
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
-                 memory_limit=True, clock=None, serving=None):
+                 memory_limit=True, clock=None, serving=None, facade=None):
         self.store = store
+        # Builds the handle a handler sees as ``run.queue`` from this runner's store (the
+        # user's facade, `TaskQueue`): passed in by whoever starts the runner, so the runner
+        # never imports the facade that imports it (run_pending).
+        self.facade = facade
         # The queues it serves (None: all); `claim_order` is re-read every check_interval.
         self.serving = tuple(serving) if serving is not None else None
         self.claim_order, self._order_read_at = (), None
@@ -160,10 +168,10 @@ class Worker:
     # -- heartbeat ----------------------------------------------------------------------
 
     def _queue_facade(self):
-        """The `TaskQueue` a handler sees as ``run.queue``, on this runner's store."""
-        if self._facade is None:
-            from .queue import TaskQueue
-            self._facade = TaskQueue(self.store)
+        """The `TaskQueue` a handler sees as ``run.queue``, on this runner's store (None
+        when the runner was started without one)."""
+        if self._facade is None and self.facade is not None:
+            self._facade = self.facade(self.store)
         return self._facade
 
     def now(self):
@@ -478,12 +486,13 @@ class Worker:
 
 
 def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=(DEFAULT_QUEUE,),
-               report=None):
+               report=None, facade=None):
     """Entry point of ``taskrunner runner`` and ``run-event task-runner:OnProcess``, serving
     the queues `serving`; returns the exit code. At the host's limit (or a queue's): exit 1,
     or 0 with `refuse_quietly` (cron use). `report`, a dict, receives ``runs`` (executed)
-    and ``refused`` (why the runner did not start, or None)."""
-    worker = Worker(store, serving=serving)
+    and ``refused`` (why the runner did not start, or None). `facade` builds the handlers'
+    ``run.queue`` from the store."""
+    worker = Worker(store, serving=serving, facade=facade)
     report = {} if report is None else report
     report.update(runs=0, refused=None)
     try:

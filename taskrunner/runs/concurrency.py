@@ -10,7 +10,7 @@ slot. A slot is held from the run's creation, so ``scheduled`` runs count too.
 """
 import peewee as pw
 
-from .models import SCHEDULED
+from ..store.models import SCHEDULED
 
 
 def has_waiting(store):

@@ -4,9 +4,9 @@ which race it closes.
 """
 import peewee as pw
 
-from .errors import StateError, TaskNotFound
+from ..errors import StateError, TaskNotFound
 from .lifecycle import create_missing_runs
-from .models import CANCELLED, FAILED, RUNNING, SCHEDULED, utcnow
+from ..store.models import CANCELLED, FAILED, RUNNING, SCHEDULED, utcnow
 
 
 def _locked_task(store, task_id):

@@ -10,12 +10,12 @@ from datetime import datetime, timezone
 
 import peewee as pw
 
-from .config import check_queue_name
-from .errors import InputError, StateError, check_text
-from .handler import check_handler_path, encode_data, load_handler
-from .models import DEFAULT_QUEUE, SCHEDULED, utcnow
-from .wakeup import NOTIFY_SQL, notify_params
-from .timespan import MAX_SPAN
+from ..config import check_queue_name
+from ..errors import InputError, StateError, check_text
+from ..handler import check_handler_path, encode_data, load_handler
+from ..store.models import DEFAULT_QUEUE, SCHEDULED, utcnow
+from ..host.wakeup import NOTIFY_SQL, notify_params
+from ..timespan import MAX_SPAN
 
 MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
 BULK_ROWS = 500         # rows per INSERT: within every database's limit on bound parameters

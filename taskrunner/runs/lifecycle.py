@@ -14,8 +14,8 @@ from datetime import timedelta
 import peewee as pw
 
 from .concurrency import create_keyed_runs, release_waiting
-from .models import (CANCELLED, CRASHED, DEFAULT_QUEUE, FAILED, REQUEUED, RUNNING, SCHEDULED,
-                     SUCCESS, TIMEOUT, TRACEBACK_LIMIT, run_status_is, utcnow)
+from ..store.models import (CANCELLED, CRASHED, DEFAULT_QUEUE, FAILED, REQUEUED, RUNNING,
+                            SCHEDULED, SUCCESS, TIMEOUT, TRACEBACK_LIMIT, run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.lifecycle")
 

@@ -10,8 +10,8 @@ Pausing is stored in ``task_queues``: runners on every host re-read it every
 """
 import peewee as pw
 
-from .config import check_queue_name
-from .models import DEFAULT_QUEUE, SCHEDULED, run_status_is, utcnow
+from ..config import check_queue_name
+from ..store.models import DEFAULT_QUEUE, SCHEDULED, run_status_is, utcnow
 
 
 def queue_rows_query(store, with_work=False):

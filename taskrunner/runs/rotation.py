@@ -4,7 +4,7 @@ backlog never holds one long transaction."""
 import logging
 from datetime import timedelta
 
-from .models import CANCELLED, FAILED, RUNNING, SUCCESS
+from ..store.models import CANCELLED, FAILED, RUNNING, SUCCESS
 
 log = logging.getLogger("taskrunner.rotation")
 

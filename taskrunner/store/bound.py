@@ -13,12 +13,12 @@ from datetime import timedelta
 
 import peewee as pw
 
-from . import wakeup
-from .config import Config
+from ..host import wakeup
+from ..config import Config
 from .db import backend_of, check_connection, open_database, retry_transaction
-from .errors import SchemaBehind
-from .groupsync import GroupSync
-from .hostlock import HostLock
+from ..errors import SchemaBehind
+from ..host.groupsync import GroupSync
+from ..host.hostlock import HostLock
 from .migrations import migrate, pending
 from .models import bind_models, utcnow
 

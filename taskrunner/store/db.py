@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlsplit
 import peewee
 from playhouse import db_url
 
-from .errors import ConfigError, DatabaseUnavailable
+from ..errors import ConfigError, DatabaseUnavailable
 
 SCHEMES = {
     "sqlite": "sqlite",

@@ -1,5 +1,5 @@
 """One model per table. The schema itself is created by the numbered migrations in
-`taskrunner/migrations/`; these models are how the code reads and writes it.
+`taskrunner/store/migrations/`; these models are how the code reads and writes it.
 
 The classes here are unbound templates: each `Store` binds its own subclasses to its own
 database (`bind_models`), so two queues in one process never share a binding.

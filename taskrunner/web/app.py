@@ -17,7 +17,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from .. import control, periodic, queues, summaries
+from ..runs import control, queues
+from ..periodic import scheduler as periodic
+from ..reads import summaries
 from ..errors import InputError, StateError, TaskNotFound
 from . import pages
 from .assets import CSS, JS

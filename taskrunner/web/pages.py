@@ -8,10 +8,10 @@ from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any, Dict, Mapping, Optional
 
-from .. import reads, summaries
+from ..reads import records as reads, summaries
 from ..errors import InputError
-from .html import (ago, csrf_form, e, minute_chart, pretty, progress, query, short, span,
-                   status, status_bar, table, when)
+from .html import (ago, csrf_form, e, minute_chart, pretty, progress, query, short, span, status,
+                   status_bar, table, when)
 from .html import now as utcnow
 
 PAGE_SIZE = 50

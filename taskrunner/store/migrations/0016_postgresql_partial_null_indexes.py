@@ -15,7 +15,7 @@ import importlib
 
 from peewee import PostgresqlDatabase
 
-SQLITE = importlib.import_module("taskrunner.migrations.0014_sqlite_partial_null_indexes")
+SQLITE = importlib.import_module("taskrunner.store.migrations.0014_sqlite_partial_null_indexes")
 PARTIAL = SQLITE.PARTIAL + (
     # The run that holds its task's one live slot (rule 1): NULL once the run has ended.
     ("task_runs_active_task_id", "UNIQUE INDEX %s ON task_runs (active_task_id)",

@@ -1,0 +1,2 @@
+"""The overseer: the supervised parent that forks, watches and replaces runners
+(`overseer`)."""
