@@ -330,7 +330,7 @@ def _in_process(argv):
     import contextlib
     import io
     import traceback
-    from taskrunner.cli.main import main
+    from taskrunner.cli import main
     out, err = io.StringIO(), io.StringIO()
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level

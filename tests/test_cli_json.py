@@ -204,7 +204,7 @@ def _commands(parser, prefix=()):
 
 
 def test_every_command_that_prints_a_summary_takes_json():
-    from taskrunner.cli.main import build_parser
+    from taskrunner.cli.commands import build_parser
     commands = dict(_commands(build_parser()))
     assert ("queue", "pause") in commands and ("periodic", "list") in commands
     lacking = [" ".join(words) for words, parser in commands.items()

@@ -259,7 +259,7 @@ def test_killed_runner_and_its_run_become_timeout_and_the_task_runs_again(databa
 # every process is ready, so all of them register at the same moment.
 BARRIER = """
 import os, sys
-import taskrunner.cli.main, taskrunner.api, taskrunner.runner.process, taskrunner.fleet.liveness
+import taskrunner.cli, taskrunner.api, taskrunner.runner.process, taskrunner.fleet.liveness
 for driver in ("psycopg", "pymysql"):
     try:
         __import__(driver)
@@ -270,7 +270,7 @@ fd = os.open(ready, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 os.write(fd, b"%d\\n" % os.getpid())
 os.close(fd)
 os.close(os.open(fifo, os.O_RDONLY))
-sys.exit(taskrunner.cli.main.main(sys.argv[3:]))
+sys.exit(taskrunner.cli.main(sys.argv[3:]))
 """
 
 

@@ -160,7 +160,7 @@ def shared_base():
 BECOME = """
 import os, sys, logging, select, socket
 import psycopg, psycopg.pq, psycopg.types, peewee, psutil
-import taskrunner, taskrunner.cli.main, taskrunner.runner.process, taskrunner.handlers, taskrunner.api
+import taskrunner, taskrunner.cli, taskrunner.runner.process, taskrunner.handlers, taskrunner.api
 from taskrunner import TaskQueue
 from taskrunner.config import Config
 os.setgroups([])
@@ -184,7 +184,7 @@ print(queue.add_task("taskrunner.handlers.Echo"), queue.add_task("taskrunner.han
 """
 
 RUNNER = """
-sys.exit(taskrunner.cli.main.main(sys.argv[1:]))
+sys.exit(taskrunner.cli.main(sys.argv[1:]))
 """
 
 
