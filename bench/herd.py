@@ -18,7 +18,7 @@ alternation, R rounds each, every process of a version importing that version's 
 (PYTHONPATH). Scenarios: ``herd`` 100 runners on SQLite and on PostgreSQL; ``latency`` 200
 runners on PostgreSQL; ``enqueue`` 8 runners on SQLite and on PostgreSQL. PostgreSQL with
 more than 100 runners uses a throwaway cluster (max_connections 450, made with
-tests/test_db_restart.py's PostgresCluster); `enqueue` on PostgreSQL uses the shared server
+tests/servers.py's PostgresCluster); `enqueue` on PostgreSQL uses the shared server
 (BENCH_POSTGRES_URL).
 """
 import argparse
@@ -149,7 +149,7 @@ def _run_child(version_root, url, runners, tasks, label):
 def _cluster():
     """A throwaway PostgreSQL cluster that takes 450 connections."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from test_db_restart import PostgresCluster
+    from servers import PostgresCluster
     cluster = PostgresCluster()
     try:
         conf = "/etc/postgresql/%s/%s/conf.d/herd.conf" % (cluster.version, cluster.name)

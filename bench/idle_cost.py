@@ -27,8 +27,8 @@ from bench import common  # noqa: E402
 
 
 def make_cluster(max_connections):
-    """A cluster of its own with pg_stat_statements (tests/test_db_restart.py's helper)."""
-    from test_db_restart import PostgresCluster
+    """A cluster of its own with pg_stat_statements (tests/servers.py's helper)."""
+    from servers import PostgresCluster
     cluster = PostgresCluster()
     try:
         conf = "/etc/postgresql/%s/%s/conf.d/idle-cost.conf" % (cluster.version, cluster.name)

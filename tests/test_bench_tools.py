@@ -80,3 +80,28 @@ def test_bench_refuses_bad_options_without_a_traceback(argv, message):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_bench_imports_no_test_module_and_its_server_harness_needs_no_pytest():
+    """bench/ runs where only the bench extra is installed: the throwaway servers it borrows
+    (tests/servers.py) import without pytest, and no bench module imports a test module
+    (a test module imports pytest and conftest)."""
+    import ast
+    for name in sorted(os.listdir(os.path.join(ROOT, "bench"))):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(ROOT, "bench", name)) as fh:
+            tree = ast.parse(fh.read())
+        for node in ast.walk(tree):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for module in modules:
+                assert not module.startswith(("test_", "conftest")), \
+                    "bench/%s:%d imports %s" % (name, node.lineno, module)
+    code = ("import sys; sys.modules['pytest'] = None\n"
+            "sys.path.insert(0, %r)\n"
+            "from servers import MariaDBInstance, PgBouncer, PostgresCluster, ServerMissing\n"
+            % os.path.join(ROOT, "tests"))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr

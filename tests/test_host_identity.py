@@ -26,7 +26,7 @@ def test_host_id_is_configurable(sqlite_db):
 MIGRATE = """
 import sys
 from taskrunner.config import Config
-from taskrunner.store import Store
+from taskrunner.store.bound import Store
 print(Store(Config.load(database_url=sys.argv[1])).migrate())
 """
 
