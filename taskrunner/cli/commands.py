@@ -369,7 +369,7 @@ def build_parser():
     add_periodic_parser(command, _Parser)
 
     p = command("dashboard", cmd_dashboard, "serve the web dashboard and /metrics "
-                                            "(pip install 'taskrunner[web]')")
+                                            "(pip install 'taskrunner-db[web]')")
     p.add_argument("--bind", metavar="HOST:PORT",
                    help="listen here (default: [dashboard] bind, 127.0.0.1:8411)")
     p.add_argument("--read-only", action="store_true", help="serve the pages without actions")
