@@ -157,3 +157,19 @@ def test_install_messages_name_this_distribution(tmp_path):
     for page in PAGES:
         text = open(os.path.join(REPO_DIR, page), encoding="utf-8").read()
         assert not re.search(r"pip install '?taskrunner\[", text), page
+
+
+def test_layout_sections_name_every_package():
+    """The README's and the architecture page's Layout tables follow the package."""
+    package = os.path.join(REPO_DIR, "taskrunner")
+    names = {name for name in os.listdir(package)
+             if os.path.isfile(os.path.join(package, name, "__init__.py"))}
+    names |= {name[:-3] for name in os.listdir(package)
+              if name.endswith(".py") and not name.startswith("__")}
+    for page, heading in (("README.md", "## Layout"),
+                          ("docs/explanation/architecture.md", "## Layout")):
+        text = open(os.path.join(REPO_DIR, page), encoding="utf-8").read()
+        section = text[text.index(heading):]
+        section = section[:section.find("\n## ", 1)]
+        missing = sorted(n for n in names if not re.search(r"`%s[/`]" % n, section))
+        assert not missing, "%s's Layout does not name %s" % (page, missing)
