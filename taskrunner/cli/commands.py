@@ -160,7 +160,7 @@ def cmd_status(args):
 
 def run_column(runner):
     """The run a runner executes; with a batch, how many more it holds (claimed, or ended
-    and not written yet: see README "Batched acknowledgements")."""
+    and not written yet: see docs/explanation/guarantees.md, "Batched acknowledgements")."""
     if not runner["run_id"]:
         return "-"
     more = runner.get("claimed", 1) - 1
