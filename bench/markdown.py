@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's tables against the peers, in Markdown, from the JSON of bench/run.py:
+"""The performance page's tables against the peers, in Markdown, from the JSON of bench/run.py:
 
     python bench/markdown.py bench/results/2026-11-23-peers-main.json
 

@@ -319,3 +319,141 @@ def _queues(given, source, host_limit):
                           % (source, total, host_limit,
                              "" if not spare else " less one runner for the default queue"))
     return queues
+
+
+# What each key means, in words: the configuration reference (docs/reference/configuration.md)
+# is generated from SCHEMA, QUEUE_SCHEMA and these, as gunicorn's settings page is from its
+# settings; tests/test_docs.py fails when a key has no description.
+DESCRIPTIONS = {
+    ("database", "url"):
+        "`sqlite:///relative/path`, `sqlite:////absolute/path`, "
+        "`postgresql://user:password@host:5432/db` or `mysql://user:password@host:3306/db`. "
+        "`--database` and `$TASKRUNNER_DATABASE_URL` override it.",
+    ("database", "sqlite_synchronous"):
+        "SQLite only. `full`: durable commits (a committed task survives power loss; a host's "
+        "runners share one sync of the WAL); `normal`: the last commits may be lost on power "
+        "loss, faster; `off`.",
+    ("database", "busy_timeout"):
+        "SQLite only: how long to wait for another program's write lock before failing (this "
+        "host's taskrunner processes take turns on `<database>-hostlock` first).",
+    ("database", "pooler"):
+        "PostgreSQL only. `pgbouncer` when `url` goes through PgBouncer in transaction pooling "
+        "mode: no server-side prepared statements and no LISTEN on `url`. `\"\"`: a direct "
+        "connection.",
+    ("database", "listen_url"):
+        "PostgreSQL only: a direct URL of the same database (not through the pooler) on which "
+        "each host's overseer LISTENs for wake-ups from other hosts. `\"\"`: LISTEN on `url`, "
+        "or with a pooler not at all.",
+    ("runner", "limit"):
+        "Runners that may run at once on one host, however they were started (overseer "
+        "children, supervisord `numprocs`, cron `run-event`).",
+    ("runner", "poll_interval"):
+        "Longest an idle runner waits before looking for work again.",
+    ("runner", "memory_limit"):
+        "MB of RSS after which a runner exits after its current run (and is replaced).",
+    ("runner", "max_runs"):
+        "Runs after which a runner exits; 0 = never (the overseer adds a random 0-10 %, so "
+        "runners do not all recycle at once).",
+    ("runner", "heartbeat_interval"):
+        "How often a runner refreshes its heartbeat (and RSS); must be shorter than "
+        "`[overseer] heartbeat_timeout`.",
+    ("runner", "batch"):
+        "Runs a busy runner claims in one transaction, their successes committed together "
+        "(batched acknowledgements; at most 1000). 1 = one run at a time.",
+    ("runner", "flush_interval"):
+        "With `batch` > 1: the longest a success waits before it is committed (at most 1s). A "
+        "crash re-executes the successes not committed yet.",
+    ("runner", "host_id"):
+        "This host's identity in `task_runners`; a PID is judged only on the host that "
+        "recorded it. `\"\"`: the hostname, plus `/pidns:INODE` inside a PID namespace of "
+        "its own (a container).",
+    ("runner", "wakeup_dir"):
+        "Where idle runners' wake-up sockets live. `\"\"`: `$TASKRUNNER_WAKEUP_DIR`, else "
+        "`$XDG_RUNTIME_DIR`, else the temporary directory.",
+    ("task", "run_timeout"):
+        "Default for a task: a run with no update (heartbeat, progress) for this long is "
+        "timed out.",
+    ("task", "max_retries"):
+        "Default for a task: consecutive failed runs after which it is given up.",
+    ("task", "max_data_size"):
+        "Largest task data, in bytes of JSON.",
+    ("task", "retry_backoff"):
+        "Backoff after the n-th consecutive failure: `retry_backoff * 2^(n-1)`, with jitter "
+        "(between half and all of it); a task may set its own.",
+    ("task", "retry_backoff_max"):
+        "The backoff's cap.",
+    ("handlers", "allow"):
+        "Glob patterns of the handler paths that may be queued and run, e.g. "
+        "`[\"myapp.tasks.*\"]`; checked before anything is imported. Empty: any importable "
+        "`TaskHandler`.",
+    ("rotation", "keep_success"):
+        "Successful tasks (with their runs) are deleted this long after they finished.",
+    ("rotation", "keep_failed"):
+        "Given-up and cancelled tasks are deleted this long after they ended.",
+    ("rotation", "keep_runners"):
+        "Finished runner rows are deleted this long after they finished.",
+    ("rotation", "batch_size"):
+        "Rows deleted per transaction.",
+    ("rotation", "timer"):
+        "When the built-in periodic task `taskrunner.rotate` runs rotation (a calendar event "
+        "or `every SPAN`); `taskrunner periodic disable taskrunner.rotate` turns it off.",
+    ("overseer", "check_interval"):
+        "How often the overseer checks its runners' PIDs and, while it holds the maintenance "
+        "lease, processes the queue for every host.",
+    ("overseer", "heartbeat_timeout"):
+        "A runner whose heartbeat is older than this is dead (on another host; or on this "
+        "host, hung, and then killed), counted from the database's return after an outage.",
+    ("overseer", "graceful_timeout"):
+        "On TERM/INT: how long runners get to finish their current run before KILL.",
+    ("overseer", "kill_grace"):
+        "A runner whose run timed out exits hard if the handler has not returned this long "
+        "after the run was marked `timeout`; also the time from a fast stop to KILL.",
+    ("overseer", "max_start_failures"):
+        "Runners dying before they register this many times in a row: the overseer exits 1.",
+    ("overseer", "crash_grace"):
+        "Runs found crashed when an overseer starts wait this long before their retry, so an "
+        "operator can cancel a crash loop.",
+    ("log", "level"):
+        "`debug`, `info`, `warning` or `error`; `--log-level` overrides it.",
+    ("log", "format"):
+        "`text`, or `json`: one JSON object per line (a run's records with `run_id`, "
+        "`task_id`, `handler`, `status`, `duration`, `error_code`).",
+    ("dashboard", "bind"):
+        "Where `taskrunner dashboard` listens. Any address other than a loopback one needs a "
+        "password (`password_hash` or `password_env`).",
+    ("dashboard", "read_only"):
+        "Serve the pages without the actions (retry, cancel, enable/disable, pause/resume).",
+    ("dashboard", "password_hash"):
+        "HTTP Basic password, hashed: the output of `taskrunner dashboard --hash-password`.",
+    ("dashboard", "password_env"):
+        "Or the name of an environment variable holding the password.",
+}
+
+QUEUE_DESCRIPTIONS = {
+    "limit": "Runners serving this queue at once on one host, however they were started.",
+    "priority": "A runner serving several queues claims from higher ones first.",
+}
+
+# The keys of a [[periodic]] table (periodic.definitions checks them).
+PERIODIC_DESCRIPTIONS = {
+    "name": "Unique name; required. Names starting `taskrunner.` are reserved.",
+    "handler": "Dotted path of the handler; required.",
+    "timer": "Required: a systemd calendar event (`Mon..Fri 07:30 Europe/Berlin`), `every SPAN` "
+             "(a fixed grid) or `after SPAN` (SPAN after the previous task finished).",
+    "data": "The submitted tasks' JSON data; default null.",
+    "priority": "The submitted tasks' priority; default 0.",
+    "enabled": "`false` to define it disabled; default true.",
+    "catch_up": "After downtime: `once` submits one task for the missed due times, `skip` none.",
+    "max_runtime": "Timebox: the `max_runtime` of each submitted task.",
+    "min_spacing": "Drop a task at start if the previous one started less than this ago.",
+    "timebox": "`half`: each task's `max_runtime` is half the interval (`every`/`after` "
+               "timers).",
+    "tolerance": "Drop a task started less than interval - tolerance after the previous start "
+                 "(`every` timers); every due time is then submitted.",
+    "max_retries": "The submitted tasks' `max_retries`; default `[task] max_retries`.",
+    "owner": "Whoever created it: `periodic remove --owner WHO --all` removes all of theirs.",
+    "submitter": "`queued_by` of the submitted tasks; default `periodic:NAME`.",
+    "subject": "What it is for, in words; copied to the tasks it submits.",
+    "group": "The tenant it belongs to; copied to its tasks; `periodic list --group G`.",
+    "queue": "The queue of the submitted tasks; default `default`.",
+}

@@ -160,7 +160,7 @@ def cmd_status(args):
 
 def run_column(runner):
     """The run a runner executes; with a batch, how many more it holds (claimed, or ended
-    and not written yet: see README "Batched acknowledgements")."""
+    and not written yet: see docs/explanation/guarantees.md, "Batched acknowledgements")."""
     if not runner["run_id"]:
         return "-"
     more = runner.get("claimed", 1) - 1
@@ -300,7 +300,7 @@ def build_parser():
         return p
 
     command("init-db", cmd_init_db, "create or upgrade the schema").add_argument(
-        "--json", action="store_true")
+        "--json", action="store_true", help="print JSON")
     p = command("add", cmd_add, "queue a task; prints its id")
     p.add_argument("handler", help="dotted path of a TaskHandler subclass")
     p.add_argument("--data", type=json_arg, default=None, help="task data as JSON")
@@ -336,40 +336,40 @@ def build_parser():
                    help="task-runner:OnProcess: " + QUEUE_HELP)
     p.add_argument("--json", action="store_true", help="print what the event did")
     p = command("status", cmd_status, "runners and task counts")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = command("tasks", cmd_tasks, "list tasks, most recent first")
     cli_runs.add_task_filters(p, iso_time)
     p.add_argument("--limit", type=positive_int, default=100)
     p.add_argument("--offset", type=cli_runs.non_negative_int, default=0,
                    help="skip this many of the most recent")
     p.add_argument("--all", action="store_true", help="every matching task (no --limit)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     for name, func, text in (("show", cmd_show, "one task"), ("runs", cmd_runs, "a task's runs")):
         p = command(name, func, text)
         p.add_argument("id", type=task_id_arg)
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help="print JSON")
     p = command("wait", cmd_wait, "wait until a task is final and print its outcome; exit 0 "
                                   "success, 1 given up or cancelled, 3 timeout")
     p.add_argument("id", type=task_id_arg)
     p.add_argument("--timeout", type=seconds_arg, metavar="SECONDS", help="give up after this long")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     for name, func, text in (("retry", cmd_retry, "re-arm failed or given-up tasks"),
                              ("cancel", cmd_cancel, "cancel tasks (a running one stops "
                                                     "cooperatively)")):
         p = command(name, func, text + ", by id and/or filter")
         p.add_argument("ids", type=task_id_arg, nargs="*", metavar="ID")
         cli_runs.add_task_filters(p, iso_time)
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help="print JSON")
     command("rotate", cmd_rotate, "delete old ended tasks and runner rows").add_argument(
-        "--json", action="store_true")
+        "--json", action="store_true", help="print JSON")
     command("check", cmd_check, "check the config and the database").add_argument(
-        "--json", action="store_true")
+        "--json", action="store_true", help="print JSON")
     add_queue_command(command)
 
     add_periodic_parser(command, _Parser)
 
     p = command("dashboard", cmd_dashboard, "serve the web dashboard and /metrics "
-                                            "(pip install 'taskrunner[web]')")
+                                            "(pip install 'taskrunner-db[web]')")
     p.add_argument("--bind", metavar="HOST:PORT",
                    help="listen here (default: [dashboard] bind, 127.0.0.1:8411)")
     p.add_argument("--read-only", action="store_true", help="serve the pages without actions")
@@ -384,7 +384,7 @@ def build_parser():
     p.add_argument("--base", type=iso_time, help="ISO 8601 base time (default: now)")
     p.add_argument("-n", "--iterations", type=iterations, default=1,
                    help="how many elapses, 0 to %d (default 1)" % MAX_ITERATIONS)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 

@@ -90,11 +90,11 @@ def add_periodic_parser(command, parser_class):
                    "one started less than interval - SPAN ago ('every' timers)")
     a.add_argument("--queue", type=queue_name, metavar="NAME",
                    help="the queue of its tasks (default: the handler's, else 'default')")
-    a.add_argument("--json", action="store_true")
+    a.add_argument("--json", action="store_true", help="print JSON")
     a = actions.add_parser("list", help="list periodic tasks")
     a.add_argument("--owner")
     a.add_argument("--group")
-    a.add_argument("--json", action="store_true")
+    a.add_argument("--json", action="store_true", help="print JSON")
     for action in ("enable", "disable", "remove"):
         a = actions.add_parser(action, help="%s a periodic task, or all of an owner's" % action)
         a.add_argument("name", nargs="?")
@@ -102,4 +102,4 @@ def add_periodic_parser(command, parser_class):
                                        "with --all: whose periodic tasks")
         a.add_argument("--all", action="store_true",
                        help="every periodic task of --owner, in one transaction")
-        a.add_argument("--json", action="store_true")
+        a.add_argument("--json", action="store_true", help="print JSON")

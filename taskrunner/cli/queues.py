@@ -39,9 +39,9 @@ def add_queue_command(command):
                          ("resume", "claim from a paused queue again")):
         a = actions.add_parser(action, help=text, description=text)
         a.add_argument("name", type=queue_name)
-        a.add_argument("--json", action="store_true")
+        a.add_argument("--json", action="store_true", help="print JSON")
     actions.add_parser("list", help="queues: paused, limit, waiting, running, lag"
-                       ).add_argument("--json", action="store_true")
+                       ).add_argument("--json", action="store_true", help="print JSON")
 
 
 def print_queues(queues):

@@ -200,7 +200,7 @@ def _require(module, extra):
     try:
         __import__(module)
     except ImportError:
-        raise ConfigError("the %s driver is not installed: pip install 'taskrunner[%s]'"
+        raise ConfigError("the %s driver is not installed: pip install 'taskrunner-db[%s]'"
                           % (module, extra)) from None
 
 

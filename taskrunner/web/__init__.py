@@ -1,4 +1,4 @@
-"""The web dashboard and the Prometheus metrics (``pip install 'taskrunner[web]'``).
+"""The web dashboard and the Prometheus metrics (``pip install 'taskrunner-db[web]'``).
 
 Only the ``dashboard`` and ``metrics`` commands import this package: the CLI's other
 commands, the runners and the overseer never load it or prometheus-client."""
@@ -11,4 +11,4 @@ def require_prometheus_client() -> None:
         import prometheus_client  # noqa: F401
     except ImportError:
         raise InputError("the dashboard and metrics need prometheus-client: "
-                         "pip install 'taskrunner[web]'") from None
+                         "pip install 'taskrunner-db[web]'") from None
