@@ -20,7 +20,6 @@ import logging
 import os
 import select
 import signal
-import threading
 import time
 from datetime import timedelta, timezone
 
@@ -33,6 +32,7 @@ from ..periodic import scheduler as periodic
 from ..host import wakeup
 from ..errors import HandlerError, RunnerLimitReached
 from ..handler import RunContext, load_handler
+from .current import CurrentRun
 from .heartbeat import Heartbeat
 from ..store.models import CANCELLED, DEFAULT_QUEUE, RUNNER, SUCCESS, utcnow
 from .outcomes import Interrupted
@@ -79,7 +79,6 @@ class Worker:
         self.memory_limit = memory_limit
         # run_pending(now=...): the time claims, ends and backoffs are computed at.
         self.clock = clock
-        self.context = None           # the RunContext of the handler running now
         self.config = store.config
         self._facade = None
         self.install_signals = install_signals
@@ -88,14 +87,9 @@ class Worker:
         self.runner_id = None
         self.stop_reason = None
         self.told_to_stop = None      # monotonic time of the first stop signal
-        self.current = None           # (ClaimedRun, hard deadline as naive UTC or None)
-        # Held while the main thread switches runs, and while the heartbeat thread decides
-        # to abort one: it must never abort the next run for the previous one.
-        self.switch = threading.Lock()
-        self.abort_reason = None
-        self.abort_deadline = None
-        self.cancel_reason = None     # an operator cancelled the running run
-        self.in_handler = False
+        # The run executing, shared with the heartbeat thread (current.py): a new CurrentRun
+        # for each run, so that nothing decided about one run lands on the next.
+        self.current = None
         self.runs_done = 0
         self.max_runs = None
         self.disowned = False
@@ -124,8 +118,11 @@ class Worker:
     def _on_signal(self, signum, frame):
         name = signal.Signals(signum).name
         if name == self.ABORT_SIGNAL:
-            if self.in_handler and self.abort_reason is not None:
-                raise Interrupted(self.abort_reason)
+            # Only the run it was sent for: a signal that comes late finds that run closed,
+            # or the next one with no abort reason.
+            run = self.current
+            if run is not None and run.in_handler and run.abort_reason is not None:
+                raise Interrupted(run.abort_reason)
             return
         now = time.monotonic()
         if name == self.INTERRUPT_SIGNAL:
@@ -143,7 +140,8 @@ class Worker:
         self.stop_reason = self.stop_reason or reason
 
     def _interrupt(self, reason):
-        if self.in_handler:
+        run = self.current
+        if run is not None and run.in_handler:
             raise Interrupted(reason)
 
     def _wait(self, timeout):
@@ -196,14 +194,12 @@ class Worker:
                   claimed.handler, claimed.attempt)
         hard_deadline = claimed.started_on + timedelta(seconds=claimed.max_runtime) \
             if claimed.max_runtime else None
-        with self.switch:
-            self.abort_reason = self.abort_deadline = self.cancel_reason = None
-            self.current = (claimed, hard_deadline)
+        run = self.current = CurrentRun(claimed, hard_deadline)
         try:
-            outcome, handler, context = self._run_handler(claimed)
+            outcome, handler, context = self._run_handler(run)
         finally:
-            with self.switch:
-                self.current = self.context = None
+            run.close()
+            self.current = None
         self.runs_done += 1
         status, now = outcome.status, self.now()
         if self.batch is not None and self.batch.keep(claimed, outcome, now,
@@ -233,9 +229,10 @@ class Worker:
                         status, elapsed)
         return following
 
-    def _run_handler(self, claimed):
-        """Decode the data, load the handler and run it; returns (Outcome, the handler
-        instance or None, the RunContext or None)."""
+    def _run_handler(self, run):
+        """Decode the data, load the handler and run it (`run`, a CurrentRun); returns
+        (Outcome, the handler instance or None, the RunContext or None)."""
+        claimed = run.claimed
         try:
             data = json.loads(claimed.data)
         except ValueError as exc:
@@ -263,14 +260,12 @@ class Worker:
             claimed.run_id, claimed.task_id, claimed.attempt, data, deadline=deadline,
             report=lambda pct, results: lifecycle.report_progress(
                 self.store, claimed.run_id, self.runner_id, pct, results),
-            stopping=lambda: self.told_to_stop is not None or self.abort_reason is not None
-            or self.cancel_reason is not None,
+            stopping=lambda: self.told_to_stop is not None or run.stopping() is not None,
             queue=self._queue_facade())
         handler = cls()
         outcome = outcomes.Outcome(SUCCESS)
         try:
-            self.in_handler = True
-            self.context = context
+            run.enter_handler(context)
             try:
                 coroutine = handler.handle(context)
                 if inspect.iscoroutine(coroutine):
@@ -278,17 +273,17 @@ class Worker:
                     # signal leaves asyncio.run, which cancels the coroutine on its way out.
                     asyncio.run(coroutine)
             finally:
-                self.in_handler = False
+                run.close()      # from here on, what the heartbeat decided is final
         except (Interrupted, Exception, SystemExit) as exc:
             # Interrupted: its run was taken away (rule 8) when an abort reason is set, else
             # a stop; any failure of a runner told to stop hands the run back.
             outcome = outcomes.of_exception(
-                exc, self.now(), aborted=self.abort_reason is not None,
+                exc, self.now(), aborted=run.abort_reason is not None,
                 stopping=self.stop_reason if self.told_to_stop is not None else None)
-        if self.cancel_reason is not None:
+        if run.cancel_reason is not None:
             # However the handler ended, the operator's cancel is the outcome.
             outcome = outcomes.Outcome(CANCELLED, "Cancelled", "%s; the handler ended: %s" % (
-                self.cancel_reason, outcome.message or outcome.status),
+                run.cancel_reason, outcome.message or outcome.status),
                 traceback=outcome.traceback)
         # Progress the database could not take during the run (a restart) is written now,
         # before the outcome; it never reached the handler as an error.
