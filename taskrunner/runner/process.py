@@ -24,7 +24,7 @@ import time
 from datetime import timedelta, timezone
 
 
-from . import batches, outcomes
+from . import batches, outcomes, stops
 from ..fleet import leadership, liveness, maintenance
 from ..runs import lifecycle, queues
 from ..store import outage
@@ -57,7 +57,7 @@ class Worker:
       passed max_runtime; the handler is interrupted and the runner carries on, or exits
       hard when the handler has not returned within kill_grace (rule 8).
     """
-    STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+    STOP_SIGNALS = stops.STOP_SIGNALS
     INTERRUPT_SIGNAL = "SIGUSR1"
     ABORT_SIGNAL = "SIGUSR2"
     REPEAT_WINDOW = 1.0
@@ -65,8 +65,10 @@ class Worker:
     TELL_AGAIN = 0.05         # seconds before telling a lagging hub again that it is idle
 
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
-                 memory_limit=True, clock=None, serving=None, facade=None):
+                 memory_limit=True, clock=None, serving=None, facade=None, held_stops=()):
         self.store = store
+        # Stop signals caught before this runner's handlers were in place (stops.hold).
+        self.held_stops = held_stops
         # Builds the handle a handler sees as ``run.queue`` from this runner's store (the
         # user's facade, `TaskQueue`): passed in by whoever starts the runner, so the runner
         # never imports the facade that imports it (run_pending).
@@ -114,6 +116,9 @@ class Worker:
         for name in ("SIGTTIN", "SIGTTOU"):
             # The overseer's signals; their default action would suspend a runner.
             signal.signal(getattr(signal, name), signal.SIG_IGN)
+        for signum in self.held_stops:
+            self._on_signal(signum, None)
+        self.held_stops = ()
 
     def _on_signal(self, signum, frame):
         name = signal.Signals(signum).name
@@ -396,6 +401,10 @@ class Worker:
         max_runs = self.max_runs = max_runs if max_runs is not None else self.config.runner.max_runs
         if self.install_signals:
             self._setup_signals()
+            if self.told_to_stop is not None:
+                # Stopped while it started (stops.hold): it takes no slot and claims nothing.
+                log.info("runner not started: %s", self.stop_reason)
+                return 0
         if self.memory_limit:       # a process of its own (not run_pending's): group sync
             self.store.use_group_sync()
         row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id,
@@ -481,13 +490,14 @@ class Worker:
 
 
 def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=(DEFAULT_QUEUE,),
-               report=None, facade=None):
+               report=None, facade=None, held_stops=()):
     """Entry point of ``taskrunner runner`` and ``run-event task-runner:OnProcess``, serving
     the queues `serving`; returns the exit code. At the host's limit (or a queue's): exit 1,
     or 0 with `refuse_quietly` (cron use). `report`, a dict, receives ``runs`` (executed)
     and ``refused`` (why the runner did not start, or None). `facade` builds the handlers'
-    ``run.queue`` from the store."""
-    worker = Worker(store, serving=serving, facade=facade)
+    ``run.queue`` from the store; `held_stops`, the stop signals caught while the command
+    started (stops.hold)."""
+    worker = Worker(store, serving=serving, facade=facade, held_stops=held_stops)
     report = {} if report is None else report
     report.update(runs=0, refused=None)
     try:
