@@ -61,8 +61,9 @@ class Heartbeat:
                 stopping = (run.stopping() or w.stop_reason) if run is not None else None
                 if shown_stopping and stopping is None and w.stop_reason is None:
                     stopping = ""            # its stopped run has ended and the runner goes on
-                if time.monotonic() >= beat_at or (run is not None and run.abort_deadline
-                                                   is not None) \
+                # While kill_grace runs out, every turn checks the run (rule 8).
+                closing_in = run is not None and run.abort_deadline is not None
+                if time.monotonic() >= beat_at or closing_in \
                         or (stopping is not None and stopping != shown_stopping):
                     beat_at = time.monotonic() + interval
                     rss = w.rss()
@@ -105,7 +106,7 @@ class Heartbeat:
         claimed, grace = run.claimed, w.config.overseer.kill_grace
         if run.abort_reason is not None:
             if time.monotonic() >= run.abort_deadline:
-                with run.lock:       # held to the end: the handler cannot return meanwhile
+                with run.lock:       # held to the end: the run cannot be closed meanwhile
                     if run.closed:
                         return
                     log.error("run %d of task %d: the handler did not return within "

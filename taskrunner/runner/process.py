@@ -397,7 +397,8 @@ class Worker:
 
     def work(self, burst=False, max_runs=None):
         """Register, then claim and execute until told to stop (or, with burst, until no run
-        is left). Returns the number of runs executed."""
+        is left); told to stop before it registered, it returns at once. Returns the number
+        of runs executed."""
         max_runs = self.max_runs = max_runs if max_runs is not None else self.config.runner.max_runs
         if self.install_signals:
             self._setup_signals()
