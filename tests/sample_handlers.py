@@ -3,6 +3,7 @@
 import os
 import select
 import signal
+import threading
 import time
 
 from taskrunner import TaskError, TaskHandler
@@ -192,6 +193,25 @@ class Steady(TaskHandler):
             record(log, "raised %s %.3f %s" % (line, time.monotonic(), type(exc).__name__))
             raise
         record(log, "end %s %.3f" % (line, time.monotonic()))
+
+
+# In-process tests only: the events of Gated handlers, by name (see gate()).
+GATES = {}
+
+
+def gate(name):
+    """(started, go): a Gated handler named `name` sets `started`, then waits for `go`."""
+    return GATES.setdefault(name, (threading.Event(), threading.Event()))
+
+
+class Gated(TaskHandler):
+    """In-process only: signals that it started, then returns once the test lets it go (at
+    most after 30 s, so that a failing test never hangs)."""
+
+    def handle(self, run):
+        started, go = gate(run.data["name"])
+        started.set()
+        go.wait(30)
 
 
 class Report(Record):

@@ -164,6 +164,48 @@ def test_the_overseers_ttin_and_ttou_leave_a_runner_working(signame, sqlite_db, 
     queue.close()
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command, signame", [
+    (("runner",), "SIGHUP"), (("runner",), "SIGTERM"), (("runner",), "SIGINT"),
+    (("run-event", "task-runner:OnProcess"), "SIGTERM")], ids=lambda v: "-".join(v)
+    if isinstance(v, tuple) else v)
+def test_a_stop_that_reaches_a_starting_runner_is_a_graceful_stop(command, signame, sqlite_db,
+                                                                  procs, tmp_path):
+    """A supervisor's HUP or TERM may reach a runner while it is still starting (reading its
+    config, opening the database): it stops as from any stop — exit 0, claiming nothing —
+    instead of dying of the signal's default action. The runner is held at its start by
+    reading its config from a FIFO that the test fills only after the signal."""
+    queue = sqlite_db.queue()
+    task_id = queue.add_task("sample_handlers.Record", data={"log": str(tmp_path / "records")})
+    text = open(config_file(sqlite_db, tmp_path), "rb").read()
+    fifo = str(tmp_path / "fifo.toml")
+    os.mkfifo(fifo, 0o600)
+    proc = procs.spawn(*command, config=fifo)
+
+    def reading_its_config():
+        if proc.poll() is not None:
+            raise AssertionError("exited %s\n%s" % (proc.returncode, procs.logs([proc])))
+        try:   # ENXIO until the runner opens the FIFO to read its config
+            return (os.open(fifo, os.O_WRONLY | os.O_NONBLOCK),)
+        except OSError:
+            return None
+    [fd] = wait_for(reading_its_config, timeout=START_TIMEOUT, interval=0.01,
+                    message="the runner to read its config")
+    proc.send_signal(getattr(signal, signame))
+    os.set_blocking(fd, True)
+    try:
+        os.write(fd, text)
+    except BrokenPipeError:
+        pass                                      # it died of the signal: the test fails below
+    finally:
+        os.close(fd)
+    assert procs.wait(proc) == 0, procs.logs([proc])
+    assert "not started: received %s" % signame in procs.log(proc)
+    assert [r.status for r in runs_of(task_id)] == [SCHEDULED]
+    assert runner_row(proc.pid) is None
+    queue.close()
+
+
 # -- 3. stops that arrive twice, and interrupting on purpose --------------------------------
 
 def test_a_stop_delivered_twice_at_once_still_finishes_the_run(sqlite_db, procs, tmp_path):

@@ -4,19 +4,23 @@ Real processes and signals; see test_deploy.py for real supervisord."""
 import os
 import signal
 import sys
+import threading
 import time
+import uuid
 
 import pytest
 
 from taskrunner.runs import lifecycle
 from taskrunner.fleet import liveness
+from taskrunner.runner.current import CurrentRun
 from taskrunner.runner.process import Worker
-from taskrunner.store.models import (REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run, Runner,
+from taskrunner.store.models import (CANCELLED, REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
+                                     Runner,
                                      Task, utcnow)
 
 from conftest import (REPO_DIR, START_TIMEOUT, TESTS_DIR, Database, ok, runs_of, spawn, taskrunner,
                       wait_for, wait_started)
-from sample_handlers import read_records
+from sample_handlers import gate, read_records
 from test_overseer import MACHINE_SLACK, Overseers, group_members, is_gone, overseer_toml, wait_up
 
 
@@ -163,14 +167,15 @@ def test_a_run_ending_as_the_heartbeat_checks_it_does_not_get_the_next_run_inter
     worker = Worker(queue.store)
     worker.runner_id = liveness.register(queue.store).id
     first = lifecycle.claim(queue.store, worker.runner_id)
-    worker.current = (first, None)
+    first_run = worker.current = CurrentRun(first)
     asked = lifecycle.taken_away_on
 
     def the_runner_moves_on_meanwhile(store, run_id, runner_id):
+        first_run.close()                               # its handler returned
         ended, following = lifecycle.end_run_and_claim(store, first.run_id, first.task_id,
                                                        SUCCESS, worker.runner_id)
         assert ended and following is not None
-        worker.current = (following, None)
+        worker.current = CurrentRun(following)
         return asked(store, run_id, runner_id)
     monkeypatch.setattr(lifecycle, "taken_away_on", the_runner_moves_on_meanwhile)
     signals = []
@@ -179,7 +184,59 @@ def test_a_run_ending_as_the_heartbeat_checks_it_does_not_get_the_next_run_inter
         worker.heartbeat.watch_current_run()
     finally:
         signal.signal(signal.SIGUSR2, previous)
-    assert (worker.abort_reason, signals) == (None, [])
+    assert (first_run.abort_reason, worker.current.abort_reason, signals) == (None, None, [])
+    queue.close()
+
+
+def test_a_cancel_racing_the_switch_to_the_next_run_never_lands_on_it(database, monkeypatch):
+    """An operator cancels run A as it finishes. The heartbeat reads A "still running,
+    cancel requested" just before the runner ends A by itself and starts B: the switch is
+    made to happen inside that read, with the runner's own execute() in a thread of its own
+    on the real database. The cancel is about A: A ends success (it had finished) or
+    cancelled, and B, which nobody cancelled, ends success. (Seen: B ended `cancelled`.)"""
+    queue = database.queue()
+    name = uuid.uuid4().hex
+    a, b = queue.add_tasks([{"handler": "sample_handlers.Gated", "data": {"name": name + n},
+                             "priority": p} for n, p in (("a", 1), ("b", 0))])
+    (a_started, a_go), (b_started, b_go) = gate(name + "a"), gate(name + "b")
+    worker = Worker(queue.store, memory_limit=False)
+    worker.runner_id = liveness.register(queue.store).id
+    first = lifecycle.claim(queue.store, worker.runner_id)
+    assert first.task_id == a
+
+    def runner():          # the runner's main thread: A, then B claimed with A's end
+        following = worker.execute(first, claim_next=True)
+        assert following is not None and following.task_id == b
+        worker.execute(following)
+    thread = threading.Thread(target=runner, name="runner")
+    thread.start()
+    try:
+        assert a_started.wait(30)
+        queue.cancel(a)
+        asked = lifecycle.taken_away_on
+
+        def the_runner_moves_on_meanwhile(store, run_id, runner_id):
+            answer = asked(store, run_id, runner_id)
+            assert answer == (None, True)            # A: running here, cancel requested
+            a_go.set()
+            assert b_started.wait(30), "the runner did not start B"
+            return answer
+        monkeypatch.setattr(lifecycle, "taken_away_on", the_runner_moves_on_meanwhile)
+        signals = []
+        previous = signal.signal(signal.SIGUSR2, lambda signum, frame: signals.append(signum))
+        try:
+            worker.heartbeat.watch_current_run()
+        finally:
+            signal.signal(signal.SIGUSR2, previous)
+    finally:
+        a_go.set()
+        b_go.set()
+        thread.join(30)
+    assert not thread.is_alive()
+    [run_a], [run_b] = runs_of(a), runs_of(b)
+    assert run_a.status in (SUCCESS, CANCELLED)
+    assert (run_b.status, run_b.error_code, run_b.error_message) == (SUCCESS, None, None)
+    assert signals == []
     queue.close()
 
 

@@ -21,6 +21,7 @@ from ..errors import InputError
 from .queues import add_queue_command, print_queues
 from ..handler import encode_data, load_handler
 from ..logs import setup_logging
+from ..runner import stops
 
 log = logging.getLogger("taskrunner.cli")
 
@@ -80,7 +81,7 @@ def cmd_runner(args):
     from ..runner.process import run_runner
     queue = open_queue(args)
     return run_runner(queue.store, burst=args.burst, max_runs=args.max_runs,
-                      serving=args.queue, facade=lambda store: queue)
+                      serving=args.queue, facade=lambda store: queue, held_stops=args.held_stops)
 
 
 def cmd_overseer(args):
@@ -112,7 +113,7 @@ def cmd_run_event(args):
         from ..runner.process import run_runner
         result = {}
         code = run_runner(queue.store, refuse_quietly=True, serving=args.queue, report=result,
-                          facade=lambda store: queue)
+                          facade=lambda store: queue, held_stops=args.held_stops)
     if args.json:
         print_json(dict(event=args.event, **result))
     return code
@@ -408,6 +409,11 @@ def _not_utf8(argv):
     return None
 
 
+def starts_a_runner(args):
+    return args.func is cmd_runner or (args.func is cmd_run_event
+                                       and args.event == "task-runner:OnProcess")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     position = _not_utf8(argv)
@@ -415,6 +421,9 @@ def main(argv=None):
         print("taskrunner: error: argument %d is not valid UTF-8 text" % position, file=sys.stderr)
         return EXIT_USAGE
     args = build_parser().parse_args(argv)
+    # A runner holds its stop signals before it reads its config or opens the database: a
+    # supervisor's HUP or TERM while it starts is a graceful stop, not death (stops.py).
+    args.held_stops = stops.hold() if starts_a_runner(args) else ()
     try:
         args.loaded_config = Config.load(args.config, args.database)
         setup_logging(args.log_level or args.loaded_config.log.level,

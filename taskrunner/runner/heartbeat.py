@@ -22,10 +22,11 @@ log = logging.getLogger("taskrunner.runner")
 
 
 class Heartbeat:
-    """The heartbeat thread of one runner (`worker`, a runner.Worker): it reads the state
-    the main thread publishes (``current``, the stop and abort reasons) and sets the abort
-    reason and deadline; ``worker.switch`` is held while either side switches or aborts a
-    run."""
+    """The heartbeat thread of one runner (`worker`, a runner.Worker). Of the runner it
+    reads the runner-wide state (its row, its stop reason) and sets only ``disowned`` and
+    ``stop_reason`` when its row is no longer ``running``; what it decides about a run goes
+    to that run's CurrentRun (current.py), the object it examined, never to whichever run
+    the runner executes by then."""
     RESULTS_INTERVAL = 0.5    # how often changed run.results are stored
 
     def __init__(self, worker):
@@ -52,16 +53,17 @@ class Heartbeat:
         wait, beat_at = min(interval, self.RESULTS_INTERVAL), time.monotonic() + interval
         shown_stopping = failing = None
         while not self.stopped.wait(wait):
+            run = w.current
             try:
-                context = w.context
-                if context is not None:
-                    context.flush_results()
+                if run is not None and run.context is not None and not run.closed:
+                    run.context.flush_results()
                 # A run being stopped shows as such (`status`: stopping) until the runner exits.
-                stopping = (w.abort_reason or w.cancel_reason or w.stop_reason) \
-                    if w.current else None
+                stopping = (run.stopping() or w.stop_reason) if run is not None else None
                 if shown_stopping and stopping is None and w.stop_reason is None:
                     stopping = ""            # its stopped run has ended and the runner goes on
-                if time.monotonic() >= beat_at or w.abort_deadline is not None \
+                # While kill_grace runs out, every turn checks the run (rule 8).
+                closing_in = run is not None and run.abort_deadline is not None
+                if time.monotonic() >= beat_at or closing_in \
                         or (stopping is not None and stopping != shown_stopping):
                     beat_at = time.monotonic() + interval
                     rss = w.rss()
@@ -83,7 +85,8 @@ class Heartbeat:
             except Exception:      # never let the heartbeat stop: the runner would be "hung"
                 log.exception("heartbeat failed")
                 outage.close_quietly(w.store.db)
-            deadline = w.abort_deadline
+            run = w.current
+            deadline = run.abort_deadline if run is not None else None
             wait = min(interval, self.RESULTS_INTERVAL) if deadline is None else \
                 max(0.05, min(interval, deadline - time.monotonic()))
         outage.close_quietly(w.store.db)
@@ -92,26 +95,32 @@ class Heartbeat:
         """Rule 8, enforced by the process that executes the run: when the run is no longer
         ``running`` under this runner (timed out by anyone, on any host) or has passed its
         max_runtime, interrupt the handler; if it has not returned after kill_grace, exit
-        hard — two executions of one task never overlap for longer than that."""
+        hard — two executions of one task never overlap for longer than that. A run an
+        operator cancelled gets kill_grace to see should_stop() before it is interrupted.
+        Everything here is about the run read at the start (`run`): the runner may end it
+        and start the next meanwhile, and the next is left alone."""
         w = self.worker
-        current = w.current
-        if current is None or not w.install_signals:
+        run = w.current
+        if run is None or not w.install_signals:
             return
-        claimed, hard_deadline = current
-        if w.cancel_reason is not None and w.abort_reason is None:
-            if time.monotonic() >= w.abort_deadline:     # kill_grace to see should_stop()
-                self.interrupt_run(current, "it was cancelled and still ran after kill_grace")
+        claimed, grace = run.claimed, w.config.overseer.kill_grace
+        if run.abort_reason is not None:
+            if time.monotonic() >= run.abort_deadline:
+                with run.lock:       # held to the end: the run cannot be closed meanwhile
+                    if run.closed:
+                        return
+                    log.error("run %d of task %d: the handler did not return within "
+                              "kill_grace (%gs) after %s; exiting", claimed.run_id,
+                              claimed.task_id, grace, run.abort_reason)
+                    logging.shutdown()
+                    os._exit(w.EXIT_HARD)
             return
-        if w.abort_reason is not None:
-            if w.current is current and time.monotonic() >= w.abort_deadline:
-                log.error("run %d of task %d: the handler did not return within kill_grace "
-                          "(%gs) after %s; exiting", claimed.run_id, claimed.task_id,
-                          w.config.overseer.kill_grace, w.abort_reason)
-                logging.shutdown()
-                os._exit(w.EXIT_HARD)
+        if run.cancel_reason is not None:
+            if time.monotonic() >= run.abort_deadline:     # kill_grace to see should_stop()
+                self.interrupt_run(run, "it was cancelled and still ran after kill_grace")
             return
         now = utcnow()
-        if hard_deadline is not None and now >= hard_deadline:
+        if run.hard_deadline is not None and now >= run.hard_deadline:
             lifecycle.end_run(w.store, claimed.run_id, claimed.task_id, TIMEOUT,
                               runner_id=w.runner_id, error_code="MaxRuntime",
                               error_message="running longer than %gs (max_runtime)"
@@ -124,29 +133,29 @@ class Heartbeat:
                 return
             if ended_on is None:
                 # Cooperative first: should_stop() turns true; interrupted after kill_grace.
-                log.warning("run %d of task %d: cancelled by an operator; stopping it",
-                            claimed.run_id, claimed.task_id)
-                w.cancel_reason = "cancelled by an operator while running"
-                w.abort_deadline = time.monotonic() + w.config.overseer.kill_grace
+                if run.cancel("cancelled by an operator while running", grace):
+                    log.warning("run %d of task %d: cancelled by an operator; stopping it",
+                                claimed.run_id, claimed.task_id)
                 return
             reason = "it was ended by someone else (timed out)"
-        self.interrupt_run(current, reason, ended_on)
+        self.interrupt_run(run, reason, ended_on)
 
-    def interrupt_run(self, current, reason, ended_on=None):
-        """Interrupt the handler (SIGUSR2 to this process); exit hard after kill_grace, counted
-        from `ended_on`, the end of the run, not from noticing it a heartbeat later: its retry
-        may start at once, and two executions of one task must not overlap for longer."""
+    def interrupt_run(self, run, reason, ended_on=None):
+        """Interrupt the handler of `run` (SIGUSR2 to this process) unless it has returned;
+        exit hard after kill_grace, counted from `ended_on`, the end of the run, not from
+        noticing it a heartbeat later: its retry may start at once, and two executions of
+        one task must not overlap for longer."""
         w = self.worker
-        claimed, grace = current[0], w.config.overseer.kill_grace
+        claimed, grace = run.claimed, w.config.overseer.kill_grace
         late = 0.0 if ended_on is None else \
             min(grace, max(0.0, (utcnow() - ended_on).total_seconds()))
-        with w.switch:
-            if w.current is not current:
-                return          # it ended here meanwhile (its own outcome, not a timeout)
-            log.warning("run %d of task %d: interrupting the handler: %s", claimed.run_id,
-                        claimed.task_id, reason)
-            # Aimed a little early (a tenth of kill_grace, at most 0.1 s): exiting takes its
-            # own time on a loaded host, and the promise is the overlap, not the aim.
-            w.abort_deadline = time.monotonic() + grace - late - min(0.1, grace / 10)
-            w.abort_reason = "run %d interrupted: %s" % (claimed.run_id, reason)
-            os.kill(os.getpid(), getattr(signal, w.ABORT_SIGNAL))
+        # Aimed a little early (a tenth of kill_grace, at most 0.1 s): exiting takes its
+        # own time on a loaded host, and the promise is the overlap, not the aim.
+        deadline = time.monotonic() + grace - late - min(0.1, grace / 10)
+        if not run.abort("run %d interrupted: %s" % (claimed.run_id, reason), deadline):
+            return          # it ended here meanwhile (its own outcome, not a timeout)
+        log.warning("run %d of task %d: interrupting the handler: %s", claimed.run_id,
+                    claimed.task_id, reason)
+        # Sent after the lock: the signal handler interrupts only a handler still running
+        # with an abort reason of its own run (Worker._on_signal).
+        os.kill(os.getpid(), getattr(signal, w.ABORT_SIGNAL))

@@ -20,12 +20,11 @@ import logging
 import os
 import select
 import signal
-import threading
 import time
 from datetime import timedelta, timezone
 
 
-from . import batches, outcomes
+from . import batches, outcomes, stops
 from ..fleet import leadership, liveness, maintenance
 from ..runs import lifecycle, queues
 from ..store import outage
@@ -33,6 +32,7 @@ from ..periodic import scheduler as periodic
 from ..host import wakeup
 from ..errors import HandlerError, RunnerLimitReached
 from ..handler import RunContext, load_handler
+from .current import CurrentRun
 from .heartbeat import Heartbeat
 from ..store.models import CANCELLED, DEFAULT_QUEUE, RUNNER, SUCCESS, utcnow
 from .outcomes import Interrupted
@@ -57,7 +57,7 @@ class Worker:
       passed max_runtime; the handler is interrupted and the runner carries on, or exits
       hard when the handler has not returned within kill_grace (rule 8).
     """
-    STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+    STOP_SIGNALS = stops.STOP_SIGNALS
     INTERRUPT_SIGNAL = "SIGUSR1"
     ABORT_SIGNAL = "SIGUSR2"
     REPEAT_WINDOW = 1.0
@@ -65,8 +65,10 @@ class Worker:
     TELL_AGAIN = 0.05         # seconds before telling a lagging hub again that it is idle
 
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
-                 memory_limit=True, clock=None, serving=None, facade=None):
+                 memory_limit=True, clock=None, serving=None, facade=None, held_stops=()):
         self.store = store
+        # Stop signals caught before this runner's handlers were in place (stops.hold).
+        self.held_stops = held_stops
         # Builds the handle a handler sees as ``run.queue`` from this runner's store (the
         # user's facade, `TaskQueue`): passed in by whoever starts the runner, so the runner
         # never imports the facade that imports it (run_pending).
@@ -79,7 +81,6 @@ class Worker:
         self.memory_limit = memory_limit
         # run_pending(now=...): the time claims, ends and backoffs are computed at.
         self.clock = clock
-        self.context = None           # the RunContext of the handler running now
         self.config = store.config
         self._facade = None
         self.install_signals = install_signals
@@ -88,14 +89,9 @@ class Worker:
         self.runner_id = None
         self.stop_reason = None
         self.told_to_stop = None      # monotonic time of the first stop signal
-        self.current = None           # (ClaimedRun, hard deadline as naive UTC or None)
-        # Held while the main thread switches runs, and while the heartbeat thread decides
-        # to abort one: it must never abort the next run for the previous one.
-        self.switch = threading.Lock()
-        self.abort_reason = None
-        self.abort_deadline = None
-        self.cancel_reason = None     # an operator cancelled the running run
-        self.in_handler = False
+        # The run executing, shared with the heartbeat thread (current.py): a new CurrentRun
+        # for each run, so that nothing decided about one run lands on the next.
+        self.current = None
         self.runs_done = 0
         self.max_runs = None
         self.disowned = False
@@ -120,12 +116,18 @@ class Worker:
         for name in ("SIGTTIN", "SIGTTOU"):
             # The overseer's signals; their default action would suspend a runner.
             signal.signal(getattr(signal, name), signal.SIG_IGN)
+        for signum in self.held_stops:
+            self._on_signal(signum, None)
+        self.held_stops = ()
 
     def _on_signal(self, signum, frame):
         name = signal.Signals(signum).name
         if name == self.ABORT_SIGNAL:
-            if self.in_handler and self.abort_reason is not None:
-                raise Interrupted(self.abort_reason)
+            # Only the run it was sent for: a signal that comes late finds that run closed,
+            # or the next one with no abort reason.
+            run = self.current
+            if run is not None and run.in_handler and run.abort_reason is not None:
+                raise Interrupted(run.abort_reason)
             return
         now = time.monotonic()
         if name == self.INTERRUPT_SIGNAL:
@@ -143,7 +145,8 @@ class Worker:
         self.stop_reason = self.stop_reason or reason
 
     def _interrupt(self, reason):
-        if self.in_handler:
+        run = self.current
+        if run is not None and run.in_handler:
             raise Interrupted(reason)
 
     def _wait(self, timeout):
@@ -196,14 +199,12 @@ class Worker:
                   claimed.handler, claimed.attempt)
         hard_deadline = claimed.started_on + timedelta(seconds=claimed.max_runtime) \
             if claimed.max_runtime else None
-        with self.switch:
-            self.abort_reason = self.abort_deadline = self.cancel_reason = None
-            self.current = (claimed, hard_deadline)
+        run = self.current = CurrentRun(claimed, hard_deadline)
         try:
-            outcome, handler, context = self._run_handler(claimed)
+            outcome, handler, context = self._run_handler(run)
         finally:
-            with self.switch:
-                self.current = self.context = None
+            run.close()
+            self.current = None
         self.runs_done += 1
         status, now = outcome.status, self.now()
         if self.batch is not None and self.batch.keep(claimed, outcome, now,
@@ -233,9 +234,10 @@ class Worker:
                         status, elapsed)
         return following
 
-    def _run_handler(self, claimed):
-        """Decode the data, load the handler and run it; returns (Outcome, the handler
-        instance or None, the RunContext or None)."""
+    def _run_handler(self, run):
+        """Decode the data, load the handler and run it (`run`, a CurrentRun); returns
+        (Outcome, the handler instance or None, the RunContext or None)."""
+        claimed = run.claimed
         try:
             data = json.loads(claimed.data)
         except ValueError as exc:
@@ -263,14 +265,12 @@ class Worker:
             claimed.run_id, claimed.task_id, claimed.attempt, data, deadline=deadline,
             report=lambda pct, results: lifecycle.report_progress(
                 self.store, claimed.run_id, self.runner_id, pct, results),
-            stopping=lambda: self.told_to_stop is not None or self.abort_reason is not None
-            or self.cancel_reason is not None,
+            stopping=lambda: self.told_to_stop is not None or run.stopping() is not None,
             queue=self._queue_facade())
         handler = cls()
         outcome = outcomes.Outcome(SUCCESS)
         try:
-            self.in_handler = True
-            self.context = context
+            run.enter_handler(context)
             try:
                 coroutine = handler.handle(context)
                 if inspect.iscoroutine(coroutine):
@@ -278,17 +278,17 @@ class Worker:
                     # signal leaves asyncio.run, which cancels the coroutine on its way out.
                     asyncio.run(coroutine)
             finally:
-                self.in_handler = False
+                run.close()      # from here on, what the heartbeat decided is final
         except (Interrupted, Exception, SystemExit) as exc:
             # Interrupted: its run was taken away (rule 8) when an abort reason is set, else
             # a stop; any failure of a runner told to stop hands the run back.
             outcome = outcomes.of_exception(
-                exc, self.now(), aborted=self.abort_reason is not None,
+                exc, self.now(), aborted=run.abort_reason is not None,
                 stopping=self.stop_reason if self.told_to_stop is not None else None)
-        if self.cancel_reason is not None:
+        if run.cancel_reason is not None:
             # However the handler ended, the operator's cancel is the outcome.
             outcome = outcomes.Outcome(CANCELLED, "Cancelled", "%s; the handler ended: %s" % (
-                self.cancel_reason, outcome.message or outcome.status),
+                run.cancel_reason, outcome.message or outcome.status),
                 traceback=outcome.traceback)
         # Progress the database could not take during the run (a restart) is written now,
         # before the outcome; it never reached the handler as an error.
@@ -397,10 +397,15 @@ class Worker:
 
     def work(self, burst=False, max_runs=None):
         """Register, then claim and execute until told to stop (or, with burst, until no run
-        is left). Returns the number of runs executed."""
+        is left); told to stop before it registered, it returns at once. Returns the number
+        of runs executed."""
         max_runs = self.max_runs = max_runs if max_runs is not None else self.config.runner.max_runs
         if self.install_signals:
             self._setup_signals()
+            if self.told_to_stop is not None:
+                # Stopped while it started (stops.hold): it takes no slot and claims nothing.
+                log.info("runner not started: %s", self.stop_reason)
+                return 0
         if self.memory_limit:       # a process of its own (not run_pending's): group sync
             self.store.use_group_sync()
         row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id,
@@ -486,13 +491,14 @@ class Worker:
 
 
 def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=(DEFAULT_QUEUE,),
-               report=None, facade=None):
+               report=None, facade=None, held_stops=()):
     """Entry point of ``taskrunner runner`` and ``run-event task-runner:OnProcess``, serving
     the queues `serving`; returns the exit code. At the host's limit (or a queue's): exit 1,
     or 0 with `refuse_quietly` (cron use). `report`, a dict, receives ``runs`` (executed)
     and ``refused`` (why the runner did not start, or None). `facade` builds the handlers'
-    ``run.queue`` from the store."""
-    worker = Worker(store, serving=serving, facade=facade)
+    ``run.queue`` from the store; `held_stops`, the stop signals caught while the command
+    started (stops.hold)."""
+    worker = Worker(store, serving=serving, facade=facade, held_stops=held_stops)
     report = {} if report is None else report
     report.update(runs=0, refused=None)
     try:
