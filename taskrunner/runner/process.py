@@ -445,10 +445,10 @@ class Worker:
             if self._listener is not None:
                 self._listener.close()
             self.heartbeat.stop()
-            self.rss.close()
             self.stop_reason = self.stop_reason or "an error"
             if not self.disowned:
                 self._retire()
+            self.rss.close()
             log.info("runner %d exiting after %d runs: %s", self.runner_id, self.runs_done,
                      self.stop_reason)
         return self.runs_done
@@ -476,8 +476,9 @@ class Worker:
 
     def _retire(self):
         try:
-            self._with_database(lambda: liveness.retire(self.store, self.runner_id,
-                                                        self.stop_reason), while_stopping=False)
+            self._with_database(lambda: liveness.retire(
+                self.store, self.runner_id, self.stop_reason, rss=self.rss(),
+                runs_done=self.runs_done), while_stopping=False)
         except outage.DatabaseLost:
             # Its row stays `running` until an overseer or a runner of this host finds the
             # PID gone; it holds no run.
