@@ -31,7 +31,7 @@ import pytest
 from conftest import REPO_DIR, START_TIMEOUT, TESTS_DIR, wait_for
 from sample_handlers import read_records
 from taskrunner.config import Config
-from taskrunner.store.models import RUN_FINAL, RUNNING, SUCCESS, Run
+from taskrunner.store.models import RUN_FINAL, RUNNING, SUCCESS, Run, Runner
 
 pytest.importorskip("supervisor", reason="supervisord is in the test extra: pip install '.[test]'")
 
@@ -92,7 +92,8 @@ def socket_dir(tmp_path):
 class Supervisord:
     """Real supervisord on a copy of the shipped supervisord.conf, and supervisorctl."""
 
-    def __init__(self, database, tmp_path):
+    def __init__(self, database, tmp_path, **overrides):
+        """`overrides`: settings of the program section changed for one test."""
         self.queue = database.queue()       # binds Run & co. to the database, for reading
         self.tmp_path = tmp_path
         self.proc = None
@@ -115,7 +116,7 @@ class Supervisord:
                 serverurl="unix://" + os.path.join(sock_dir, "supervisor.sock"),
                 command=command,
                 directory=str(tmp_path),
-                environment='PYTHONPATH="%s"' % pythonpath))
+                environment='PYTHONPATH="%s"' % pythonpath, **overrides))
         self.log_path = tmp_path / "supervisord.log"
 
     def start(self):
@@ -230,8 +231,8 @@ def make_supervisord(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "deploy_handlers", raising=False)
     started = []
 
-    def make(database):
-        supervisor = Supervisord(database, tmp_path)
+    def make(database, **overrides):
+        supervisor = Supervisord(database, tmp_path, **overrides)
         started.append(supervisor)
         return supervisor
     yield make
@@ -357,6 +358,33 @@ def test_signal_hup_replaces_the_runners_without_cutting_the_run_in_flight(
     assert psutil.Process(runner_pid).ppid() == overseer
     supervisor.wait_for(lambda: not (old_runners & supervisor.runners(overseer)),
                         "the runners from before the HUP to exit")
+
+
+@pytest.mark.timeout(120)
+def test_a_kill_after_stopwaitsecs_takes_the_overseer_alone_and_its_runner_finishes_its_run(
+        sqlite_db, make_supervisord):
+    """What the shipped file's comment says happens when supervisord must KILL: its KILL to
+    the overseer's process group reaches the overseer alone; the runner, leading a group of
+    its own, hears of its parent's death (TERM from the kernel), finishes its run and exits.
+    stopwaitsecs = 1 makes supervisord KILL mid-run (the shipped 45 s is above
+    graceful_timeout, so a KILL is the exception)."""
+    supervisor = make_supervisord(sqlite_db, stopwaitsecs=1)
+    overseer = supervisor.start()
+    run = run_in_flight(supervisor)
+    runner = Runner.get_by_id(run.runner_id)
+    assert os.getpgid(runner.pid) == runner.pid != os.getpgid(overseer)
+
+    supervisor.ok("stop", PROGRAM)                # returns once the overseer is gone
+
+    assert "terminated by SIGKILL" in supervisor.log(), supervisor.log()
+    assert not psutil.pid_exists(overseer) or \
+        psutil.Process(overseer).status() == psutil.STATUS_ZOMBIE
+    assert Run.get_by_id(run.id).status == RUNNING, "the KILL must not end the run in flight"
+    assert psutil.pid_exists(runner.pid), "the runner must outlive the overseer's KILL"
+    assert_ran_to_its_end(wait_ended(run, supervisor), "supervisord's KILL", supervisor)
+    supervisor.wait_for(lambda: not supervisor.leftovers(), "the runners to exit")
+    ended = Runner.get_by_id(runner.id)
+    assert ended.status == SUCCESS, (ended.status, ended.exit_reason)
 
 
 # -- contrib/taskrunner.service -------------------------------------------------------------
