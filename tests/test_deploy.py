@@ -223,6 +223,58 @@ def _killpg(pgid):
         pass
 
 
+class SupervisordRunners(Supervisord):
+    """Real supervisord running the shipped file's alternative program, uncommented: plain
+    runners (`run-event task-runner:OnProcess`) with its `numprocs`, in place of the
+    overseer. Only the paths are changed, as for the overseer's program."""
+
+    RUNNER_PROGRAM = "taskrunner-runner"
+
+    def __init__(self, database, tmp_path):
+        super().__init__(database, tmp_path)
+        with open(self.conf) as fh:
+            text = fh.read()
+        head, _, rest = text.partition("[program:%s]" % PROGRAM)
+        block = rest[rest.index(";[program:%s]" % self.RUNNER_PROGRAM):]
+        lines = [line[1:] for line in block.splitlines()
+                 if re.match(r"^;(\[program:|[a-z_]+ = )", line)]
+        program = "\n".join(lines) + "\n"
+        shipped_command = re.search(r"^command = (.*)$", program, re.M).group(1)
+        head_command = "/srv/app/.venv/bin/taskrunner --config /etc/taskrunner.toml "
+        assert shipped_command.startswith(head_command), shipped_command
+        command = "%s -m taskrunner --config %s %s" % (
+            sys.executable, self.config, shipped_command[len(head_command):])
+        pythonpath = os.pathsep.join([str(tmp_path), TESTS_DIR, REPO_DIR])
+        program = with_values(program, command=command, directory=str(tmp_path),
+                              environment='PYTHONPATH="%s"' % pythonpath)
+        self.numprocs = int(re.search(r"^numprocs = (\d+)$", program, re.M).group(1))
+        with open(self.conf, "w") as fh:
+            fh.write(head + program)
+
+    def start(self):
+        env = dict(os.environ)
+        for name in ("PYTHONPATH", "TASKRUNNER_CONFIG", "TASKRUNNER_DATABASE_URL"):
+            env.pop(name, None)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "supervisor.supervisord", "-c", self.conf],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def processes(self):
+        """{process name: (state, pid or None)} of the runner program's processes."""
+        found = {}
+        for line in self.ctl("status").stdout.splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and fields[0].startswith(self.RUNNER_PROGRAM + ":"):
+                match = re.search(r"\bpid (\d+)", line)
+                found[fields[0]] = (fields[1], int(match.group(1)) if match else None)
+        return found
+
+    def spawns(self):
+        return self.log_path.read_text(errors="replace").count(
+            "spawned: '%s_" % self.RUNNER_PROGRAM)
+
+
 @pytest.fixture
 def make_supervisord(tmp_path, monkeypatch):
     # add_task checks here, in the test, that the handler imports; the runners import it
@@ -385,6 +437,58 @@ def test_a_kill_after_stopwaitsecs_takes_the_overseer_alone_and_its_runner_finis
     supervisor.wait_for(lambda: not supervisor.leftovers(), "the runners to exit")
     ended = Runner.get_by_id(runner.id)
     assert ended.status == SUCCESS, (ended.status, ended.exit_reason)
+
+
+@pytest.mark.timeout(180)
+def test_numprocs_above_the_limit_wait_for_a_slot_instead_of_respawning(sqlite_db, tmp_path,
+                                                                      monkeypatch):
+    """The shipped alternative program (plain runners, `numprocs` of them) on a host whose
+    [runner] limit is below numprocs: the runners refused a slot do not exit (supervisord
+    would start them again at once, in a loop: 17 spawns in 25 s for 4 processes and a limit
+    of 2) but wait for one; when a runner stops, one of them takes its slot, and supervisord
+    never starts a process again."""
+    supervisor = SupervisordRunners(sqlite_db, tmp_path)
+    try:
+        limit = Config.load(supervisor.config, environ={}).runner.limit
+        assert supervisor.numprocs > limit
+        supervisor.start()
+        try:
+            supervisor.wait_for(lambda: supervisor.log().count("waiting for a free slot")
+                                == supervisor.numprocs - limit,
+                                "%d runners to wait for a slot" % (supervisor.numprocs - limit),
+                                timeout=90)
+        except AssertionError as exc:
+            raise AssertionError("%d spawns of %d processes; %s" % (
+                supervisor.spawns(), supervisor.numprocs, exc)) from None
+        processes = supervisor.wait_for(
+            lambda: (lambda found: found if len(found) == supervisor.numprocs and all(
+                state == "RUNNING" for state, _ in found.values()) else None)(
+                supervisor.processes()), "every process RUNNING")
+        running = list(Runner.select().where(Runner.status == RUNNING))
+        assert len(running) == limit
+        assert supervisor.spawns() == supervisor.numprocs, supervisor.log()
+
+        # A runner stops: a waiting process takes its slot; supervisord starts nothing.
+        stopped = running[0]
+        name = next(n for n, (_, pid) in processes.items() if pid == stopped.pid)
+        supervisor.ok("stop", name)
+        waiting = {pid for _, pid in processes.values()} - {r.pid for r in running}
+
+        def took_over():
+            rows = list(Runner.select().where(Runner.status == RUNNING))
+            return len(rows) == limit and {r.pid for r in rows} & waiting
+        supervisor.wait_for(took_over, "a waiting runner to take the freed slot", timeout=60)
+        assert Runner.get_by_id(stopped.id).status == SUCCESS
+        assert supervisor.spawns() == supervisor.numprocs, supervisor.log()
+
+        # A waiting runner stops at once when told to.
+        output = supervisor.ok("stop", "all", timeout=60)
+        assert "ERROR" not in output, output
+        assert all(state == "STOPPED" for state, _ in supervisor.processes().values()), \
+            supervisor.processes()
+        assert Runner.select().where(Runner.status == RUNNING).count() == 0
+    finally:
+        supervisor.close()
 
 
 # -- contrib/taskrunner.service -------------------------------------------------------------

@@ -29,11 +29,14 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE, what a shell reports for a process SIGPIPE killed
 QUEUE_HELP = ("the queues this runner serves, comma-separated (default: 'default', which "
               "also serves every queue without a [queues.NAME] table)")
+WAIT_FOR_SLOT_HELP = ("at the host's or a queue's limit, wait for a free slot instead of "
+                      "exiting (supervisord numprocs above the limit: no respawn loop)")
 EVENTS = ("task-queue:OnProcess", "task-runner:OnProcess", "task-queue:OnRotate",
           "periodic-task:OnProcess")
 
 
-RUN_EVENT_OPTIONS = ("--json", "--queue", "--hash-password", "-h", "--help", "--")
+RUN_EVENT_OPTIONS = ("--json", "--queue", "--hash-password", "--wait-for-slot", "-h", "--help",
+                     "--")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -107,7 +110,8 @@ def cmd_runner(args):
     from ..runner.process import run_runner
     queue = open_queue(args)
     return run_runner(queue.store, burst=args.burst, max_runs=args.max_runs,
-                      serving=args.queue, facade=lambda store: queue)
+                      serving=args.queue, facade=lambda store: queue,
+                      wait_for_slot=args.wait_for_slot)
 
 
 def cmd_overseer(args):
@@ -169,7 +173,7 @@ def cmd_run_event(args):
         from ..runner.process import run_runner
         result = {}
         code = run_runner(queue.store, refuse_quietly=True, serving=args.queue, report=result,
-                          facade=lambda store: queue)
+                          facade=lambda store: queue, wait_for_slot=args.wait_for_slot)
     if args.json:
         print_json(dict(event=args.event, **result))
     return code
@@ -385,6 +389,7 @@ def build_parser(hidden=()):
     p.add_argument("--max-runs", type=int, help="exit after this many runs")
     p.add_argument("--queue", type=queue_list, default=("default",), metavar="A,B",
                    help=QUEUE_HELP)
+    p.add_argument("--wait-for-slot", action="store_true", help=WAIT_FOR_SLOT_HELP)
     p = command("run-event", cmd_run_event, "one event, for cron or supervisord")
     p.add_argument("event", nargs="?", choices=EVENTS, metavar="UNIT:EVENT",
                    help=" | ".join(EVENTS))
@@ -396,6 +401,8 @@ def build_parser(hidden=()):
                         "password_hash, and exit")
     p.add_argument("--queue", type=queue_list, default=("default",), metavar="A,B",
                    help="task-runner:OnProcess: " + QUEUE_HELP)
+    p.add_argument("--wait-for-slot", action="store_true",
+                   help="task-runner:OnProcess: " + WAIT_FOR_SLOT_HELP)
     p.add_argument("--json", action="store_true", help="print what the event did")
     p = command("status", cmd_status, "runners and task counts")
     p.add_argument("--json", action="store_true")
