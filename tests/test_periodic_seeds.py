@@ -11,9 +11,13 @@ import logging
 from datetime import datetime, timedelta
 
 import pytest
+from playhouse.migrations import Runner as MigrationRunner
 
-from conftest import ok, taskrunner, usage_error, wait_for
+from conftest import ALL_BACKENDS, Database, ok, taskrunner, usage_error, wait_for
 from taskrunner import InputError
+from taskrunner.config import Config
+from taskrunner.store.bound import Store
+from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
 from taskrunner.runs.lifecycle import claim, end_run, timeout_overdue_runs
 from taskrunner.store.models import CANCELLED, SUCCESS, TIMEOUT, PeriodicTask, Run, Task, utcnow
 from taskrunner.periodic.scheduler import (PeriodicScheduler, add_periodic, allow_start,
@@ -302,16 +306,11 @@ def test_config_entries_and_the_cli_take_anchor_and_timebox_off(database, tmp_pa
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_migration_keeps_the_grid_and_timeboxes_existing_nuntium_tasks(backend, tmp_path):
     """Migration 0017: every existing periodic task keeps counting from its due times
     (anchor "due"); one in Nuntium's mode with neither a timebox nor a max_runtime gets the
     timebox a new one would (interval / 2, its interval being min_spacing + tolerance)."""
-    from playhouse.migrations import Runner as MigrationRunner
-    from conftest import Database
-    from taskrunner.config import Config
-    from taskrunner.store.bound import Store
-    from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
     db = Database(backend, tmp_path, empty=True)
     try:
         store = Store(Config.from_dict({"database": {"url": db.url}}))
@@ -330,8 +329,8 @@ def test_migration_keeps_the_grid_and_timeboxes_existing_nuntium_tasks(backend, 
                 (name, True, ECHO, "null", 0, "every 1min", T0, "once", "api", 0, 0, 0, T0,
                  tolerance, min_spacing, max_runtime, timebox))
         store.migrate()
-        PeriodicTask_ = store.PeriodicTask
-        rows = {r.name: (r.anchor, r.timebox, r.max_runtime) for r in PeriodicTask_.select()}
+        rows = {r.name: (r.anchor, r.timebox, r.max_runtime)
+                for r in store.PeriodicTask.select()}
         assert rows == {"nuntium": ("due", "half", 30.0), "absolute": ("due", None, 10.0),
                         "half": ("due", "half", 30.0), "grid": ("due", None, None)}
         store.close()

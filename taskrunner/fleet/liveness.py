@@ -250,12 +250,12 @@ def mark_runner_of_this_host_dead(store, runner_id, reason, now=None, retry_at=N
 
 def _end_runner(store, runner_id, status, reason, run_status, error_code, error_message, now,
                 retry_at=None, unstarted=(), given_back=None, final=None):
-    """The runner row → `status` (with the columns of `final`) and its running runs →
-    `run_status` (those of `unstarted`:
-    given back unstarted, their ids appended to `given_back`), in one transaction: a process
-    dying half-way must not leave the runner ended with runs still ``running`` (no check would
-    visit them again). A lease it held is free at once (leadership.py): a host that restarts its
-    overseer after a crash takes the fleet's maintenance back at once."""
+    """The runner row → `status` (with the values of `final`) and its running runs →
+    `run_status` (those of `unstarted`: given back unstarted, their ids appended to
+    `given_back`), in one transaction: a process dying half-way must not leave the runner
+    ended with runs still ``running`` (no check would visit them again). A lease it held is
+    free at once (leadership.py): a host that restarts its overseer after a crash takes the
+    fleet's maintenance back at once."""
     Runner = store.Runner
     now = now or utcnow()
 
