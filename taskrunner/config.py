@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 from .errors import ConfigError, InputError
+from .passwords import is_hash
 from .timespan import parse_timespan
 
 if sys.version_info >= (3, 11):
@@ -97,6 +98,15 @@ def _bool(value):
     return value
 
 
+def _password_hash(value):
+    """"" (none) or the output of ``--hash-password``; the text itself is not quoted back: it
+    may be a password written where its hash belongs."""
+    if not isinstance(value, str) or (value and not is_hash(value)):
+        raise ValueError("expected the output of `taskrunner run-event --hash-password` "
+                         "(a pbkdf2_sha256$... hash)")
+    return value
+
+
 def _string_list(value):
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ValueError("expected a list of strings")
@@ -172,6 +182,11 @@ SCHEMA = {
         "password_hash": ("", _string),
         # The name of an environment variable holding the password.
         "password_env": ("", _string),
+    },
+    "run_event": {
+        # In-Portal's `run_event.php EVENT password_here`: when set, every `run-event` must
+        # be given the password after the event. From `taskrunner run-event --hash-password`.
+        "password_hash": ("", _password_hash),
     },
 }
 

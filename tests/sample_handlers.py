@@ -217,3 +217,14 @@ class Gated(TaskHandler):
 class Report(Record):
     """Record, in the queue ``reports`` unless add_task names another."""
     queue = "reports"
+
+
+_HELD = []
+
+
+class Hold(TaskHandler):
+    """Keeps data["mb"] MB of written memory for the rest of the process's life: its RSS
+    grows by that much."""
+
+    def handle(self, run):
+        _HELD.append(b"\x01" * (run.data["mb"] * 1024 * 1024))

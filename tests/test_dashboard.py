@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from taskrunner.reads import summaries
 from taskrunner.store.models import utcnow
-from taskrunner.web.auth import hash_password  # noqa: E402
+from taskrunner.passwords import hash_password  # noqa: E402
 
 from conftest import REPO_DIR, ok, process_env, taskrunner, usage_error, utc  # noqa: E402
 from dashboard_helpers import Served, fetch  # noqa: E402

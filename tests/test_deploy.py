@@ -31,7 +31,7 @@ import pytest
 from conftest import REPO_DIR, START_TIMEOUT, TESTS_DIR, wait_for
 from sample_handlers import read_records
 from taskrunner.config import Config
-from taskrunner.store.models import RUN_FINAL, RUNNING, SUCCESS, Run
+from taskrunner.store.models import RUN_FINAL, RUNNING, SUCCESS, Run, Runner
 
 pytest.importorskip("supervisor", reason="supervisord is in the test extra: pip install '.[test]'")
 
@@ -92,7 +92,8 @@ def socket_dir(tmp_path):
 class Supervisord:
     """Real supervisord on a copy of the shipped supervisord.conf, and supervisorctl."""
 
-    def __init__(self, database, tmp_path):
+    def __init__(self, database, tmp_path, **overrides):
+        """`overrides`: settings of the program section changed for one test."""
         self.queue = database.queue()       # binds Run & co. to the database, for reading
         self.tmp_path = tmp_path
         self.proc = None
@@ -115,7 +116,7 @@ class Supervisord:
                 serverurl="unix://" + os.path.join(sock_dir, "supervisor.sock"),
                 command=command,
                 directory=str(tmp_path),
-                environment='PYTHONPATH="%s"' % pythonpath))
+                environment='PYTHONPATH="%s"' % pythonpath, **overrides))
         self.log_path = tmp_path / "supervisord.log"
 
     def start(self):
@@ -222,6 +223,58 @@ def _killpg(pgid):
         pass
 
 
+class SupervisordRunners(Supervisord):
+    """Real supervisord running the shipped file's alternative program, uncommented: plain
+    runners (`run-event task-runner:OnProcess`) with its `numprocs`, in place of the
+    overseer. Only the paths are changed, as for the overseer's program."""
+
+    RUNNER_PROGRAM = "taskrunner-runner"
+
+    def __init__(self, database, tmp_path):
+        super().__init__(database, tmp_path)
+        with open(self.conf) as fh:
+            text = fh.read()
+        head, _, rest = text.partition("[program:%s]" % PROGRAM)
+        block = rest[rest.index(";[program:%s]" % self.RUNNER_PROGRAM):]
+        lines = [line[1:] for line in block.splitlines()
+                 if re.match(r"^;(\[program:|[a-z_]+ = )", line)]
+        program = "\n".join(lines) + "\n"
+        shipped_command = re.search(r"^command = (.*)$", program, re.M).group(1)
+        head_command = "/srv/app/.venv/bin/taskrunner --config /etc/taskrunner.toml "
+        assert shipped_command.startswith(head_command), shipped_command
+        command = "%s -m taskrunner --config %s %s" % (
+            sys.executable, self.config, shipped_command[len(head_command):])
+        pythonpath = os.pathsep.join([str(tmp_path), TESTS_DIR, REPO_DIR])
+        program = with_values(program, command=command, directory=str(tmp_path),
+                              environment='PYTHONPATH="%s"' % pythonpath)
+        self.numprocs = int(re.search(r"^numprocs = (\d+)$", program, re.M).group(1))
+        with open(self.conf, "w") as fh:
+            fh.write(head + program)
+
+    def start(self):
+        env = dict(os.environ)
+        for name in ("PYTHONPATH", "TASKRUNNER_CONFIG", "TASKRUNNER_DATABASE_URL"):
+            env.pop(name, None)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "supervisor.supervisord", "-c", self.conf],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def processes(self):
+        """{process name: (state, pid or None)} of the runner program's processes."""
+        found = {}
+        for line in self.ctl("status").stdout.splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and fields[0].startswith(self.RUNNER_PROGRAM + ":"):
+                match = re.search(r"\bpid (\d+)", line)
+                found[fields[0]] = (fields[1], int(match.group(1)) if match else None)
+        return found
+
+    def spawns(self):
+        return self.log_path.read_text(errors="replace").count(
+            "spawned: '%s_" % self.RUNNER_PROGRAM)
+
+
 @pytest.fixture
 def make_supervisord(tmp_path, monkeypatch):
     # add_task checks here, in the test, that the handler imports; the runners import it
@@ -230,8 +283,8 @@ def make_supervisord(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "deploy_handlers", raising=False)
     started = []
 
-    def make(database):
-        supervisor = Supervisord(database, tmp_path)
+    def make(database, **overrides):
+        supervisor = Supervisord(database, tmp_path, **overrides)
         started.append(supervisor)
         return supervisor
     yield make
@@ -357,6 +410,85 @@ def test_signal_hup_replaces_the_runners_without_cutting_the_run_in_flight(
     assert psutil.Process(runner_pid).ppid() == overseer
     supervisor.wait_for(lambda: not (old_runners & supervisor.runners(overseer)),
                         "the runners from before the HUP to exit")
+
+
+@pytest.mark.timeout(120)
+def test_a_kill_after_stopwaitsecs_takes_the_overseer_alone_and_its_runner_finishes_its_run(
+        sqlite_db, make_supervisord):
+    """What the shipped file's comment says happens when supervisord must KILL: its KILL to
+    the overseer's process group reaches the overseer alone; the runner, leading a group of
+    its own, hears of its parent's death (TERM from the kernel), finishes its run and exits.
+    stopwaitsecs = 1 makes supervisord KILL mid-run (the shipped 45 s is above
+    graceful_timeout, so a KILL is the exception)."""
+    supervisor = make_supervisord(sqlite_db, stopwaitsecs=1)
+    overseer = supervisor.start()
+    run = run_in_flight(supervisor)
+    runner = Runner.get_by_id(run.runner_id)
+    assert os.getpgid(runner.pid) == runner.pid != os.getpgid(overseer)
+
+    supervisor.ok("stop", PROGRAM)                # returns once the overseer is gone
+
+    assert "terminated by SIGKILL" in supervisor.log(), supervisor.log()
+    assert not psutil.pid_exists(overseer) or \
+        psutil.Process(overseer).status() == psutil.STATUS_ZOMBIE
+    assert Run.get_by_id(run.id).status == RUNNING, "the KILL must not end the run in flight"
+    assert psutil.pid_exists(runner.pid), "the runner must outlive the overseer's KILL"
+    assert_ran_to_its_end(wait_ended(run, supervisor), "supervisord's KILL", supervisor)
+    supervisor.wait_for(lambda: not supervisor.leftovers(), "the runners to exit")
+    ended = Runner.get_by_id(runner.id)
+    assert ended.status == SUCCESS, (ended.status, ended.exit_reason)
+
+
+@pytest.mark.timeout(180)
+def test_numprocs_above_the_limit_wait_for_a_slot_instead_of_respawning(sqlite_db, tmp_path,
+                                                                      monkeypatch):
+    """The shipped alternative program (plain runners, `numprocs` of them) on a host whose
+    [runner] limit is below numprocs: the runners refused a slot do not exit (supervisord
+    would start them again at once, in a loop: 17 spawns in 25 s for 4 processes and a limit
+    of 2) but wait for one; when a runner stops, one of them takes its slot, and supervisord
+    never starts a process again."""
+    supervisor = SupervisordRunners(sqlite_db, tmp_path)
+    try:
+        limit = Config.load(supervisor.config, environ={}).runner.limit
+        assert supervisor.numprocs > limit
+        supervisor.start()
+        try:
+            supervisor.wait_for(lambda: supervisor.log().count("waiting for a free slot")
+                                == supervisor.numprocs - limit,
+                                "%d runners to wait for a slot" % (supervisor.numprocs - limit),
+                                timeout=90)
+        except AssertionError as exc:
+            raise AssertionError("%d spawns of %d processes; %s" % (
+                supervisor.spawns(), supervisor.numprocs, exc)) from None
+        processes = supervisor.wait_for(
+            lambda: (lambda found: found if len(found) == supervisor.numprocs and all(
+                state == "RUNNING" for state, _ in found.values()) else None)(
+                supervisor.processes()), "every process RUNNING")
+        running = list(Runner.select().where(Runner.status == RUNNING))
+        assert len(running) == limit
+        assert supervisor.spawns() == supervisor.numprocs, supervisor.log()
+
+        # A runner stops: a waiting process takes its slot; supervisord starts nothing.
+        stopped = running[0]
+        name = next(n for n, (_, pid) in processes.items() if pid == stopped.pid)
+        supervisor.ok("stop", name)
+        waiting = {pid for _, pid in processes.values()} - {r.pid for r in running}
+
+        def took_over():
+            rows = list(Runner.select().where(Runner.status == RUNNING))
+            return len(rows) == limit and {r.pid for r in rows} & waiting
+        supervisor.wait_for(took_over, "a waiting runner to take the freed slot", timeout=60)
+        assert Runner.get_by_id(stopped.id).status == SUCCESS
+        assert supervisor.spawns() == supervisor.numprocs, supervisor.log()
+
+        # A waiting runner stops at once when told to.
+        output = supervisor.ok("stop", "all", timeout=60)
+        assert "ERROR" not in output, output
+        assert all(state == "STOPPED" for state, _ in supervisor.processes().values()), \
+            supervisor.processes()
+        assert Runner.select().where(Runner.status == RUNNING).count() == 0
+    finally:
+        supervisor.close()
 
 
 # -- contrib/taskrunner.service -------------------------------------------------------------

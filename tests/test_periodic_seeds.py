@@ -11,9 +11,13 @@ import logging
 from datetime import datetime, timedelta
 
 import pytest
+from playhouse.migrations import Runner as MigrationRunner
 
-from conftest import ok, taskrunner, usage_error, wait_for
+from conftest import ALL_BACKENDS, Database, ok, taskrunner, usage_error, wait_for
 from taskrunner import InputError
+from taskrunner.config import Config
+from taskrunner.store.bound import Store
+from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
 from taskrunner.runs.lifecycle import claim, end_run, timeout_overdue_runs
 from taskrunner.store.models import CANCELLED, SUCCESS, TIMEOUT, PeriodicTask, Run, Task, utcnow
 from taskrunner.periodic.scheduler import (PeriodicScheduler, add_periodic, allow_start,
@@ -168,12 +172,18 @@ def mmss(text):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("anchor", ["due", "now"])
 @pytest.mark.parametrize("table", list(NUNTIUM_TABLES))
-def test_nuntium_worked_tables(queue, table, caplog):
+def test_nuntium_worked_tables(queue, table, anchor, caplog):
+    """Each table replayed row by row, with the grid's rule (``anchor = "due"``, the default)
+    and with the seed's own (``anchor = "now"``: nextRun = currentTime + interval): its cron
+    runs on time, so both give its nextRun column. Nuntium's mode (a tolerance) timeboxes
+    every task to interval / 2 without being asked."""
     caplog.set_level(logging.INFO, "taskrunner.periodic")
     store = queue.store
     # Created 30 s before 00:00, so the first due time is the tables' initial nextRun 00:30.
-    add_periodic(store, "A", ECHO, "every 1min", now=at(-30), tolerance="5s", timebox="half")
+    add_periodic(store, "A", ECHO, "every 1min", now=at(-30), tolerance="5s", anchor=anchor)
+    assert (row("A").timebox, row("A").max_runtime, row("A").anchor) == ("half", 30.0, anchor)
     scheduler = PeriodicScheduler(store)
     tasks, running = {}, {}
     for clock, event, next_run, last_run in NUNTIUM_TABLES[table]:
@@ -214,7 +224,126 @@ def test_nuntium_worked_tables(queue, table, caplog):
         assert statuses["A1"] == TIMEOUT
 
 
+# The seed's rule when the cron runs late (every 30 s, but at :15 and :45): Nuntium counts the
+# next run from the moment it enqueued; the grid from the due time. (MM:SS, event, nextRun
+# with anchor "due", nextRun with anchor "now").
+LATE_CRON = [
+    ("00:00", "initial", "00:30", "00:30"),
+    ("00:45", "enqueue A1", "01:30", "01:45"),
+    ("01:15", "cron", "01:30", "01:45"),
+    ("01:45", "enqueue A2", "02:30", "02:45"),
+    ("02:15", "cron", "02:30", "02:45"),
+    ("02:45", "enqueue A3", "03:30", "03:45"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("anchor", ["due", "now"])
+def test_a_late_scheduler_counts_the_next_run_from_the_due_time_or_from_now(queue, anchor):
+    """Interval 60 s, due 00:30, the scheduler runs at 00:45: the next run is 01:30 on the
+    grid (anchor "due", the default), 01:45 by Nuntium's rule (anchor "now")."""
+    store = queue.store
+    add_periodic(store, "A", ECHO, "every 1min", now=at(-30), anchor=anchor)
+    scheduler = PeriodicScheduler(store)
+    for clock, event, on_grid, from_now in LATE_CRON:
+        if event != "initial":
+            submitted = scheduler.run_pending(now=mmss(clock))["submitted"]
+            assert len(submitted) == (1 if event.startswith("enqueue") else 0), (clock, event)
+            # Each task is finished at once: the next due time is never skipped as unfinished.
+            Task.update(finished_on=mmss(clock), last_status=SUCCESS).where(
+                Task.id.in_(submitted)).execute()
+        assert row("A").nextrun == mmss(on_grid if anchor == "due" else from_now), (clock, event)
+
+
+@pytest.mark.timeout(120)
+def test_nuntiums_timebox_is_on_in_its_mode_unless_turned_off(queue):
+    """With a tolerance every task is timeboxed to interval / 2 (the seed: "All tasks should
+    be timeboxed"); ``timebox = "off"`` turns it off, an absolute max_runtime replaces it;
+    without a tolerance nothing changes."""
+    store = queue.store
+    add_periodic(store, "nuntium", ECHO, "every 1min", now=T0, tolerance="5s")
+    add_periodic(store, "untimed", ECHO, "every 1min", now=T0, tolerance="5s", timebox="off")
+    add_periodic(store, "absolute", ECHO, "every 1min", now=T0, tolerance="5s",
+                 max_runtime="10s")
+    add_periodic(store, "grid", ECHO, "every 1min", now=T0)
+    add_periodic(store, "grid-off", ECHO, "every 1min", now=T0, timebox="off")
+    expected = {"nuntium": ("half", 30.0), "untimed": ("off", None), "absolute": (None, 10.0),
+                "grid": (None, None), "grid-off": ("off", None)}
+    assert {name: (row(name).timebox, row(name).max_runtime) for name in expected} == expected
+    submitted = PeriodicScheduler(store).run_pending(now=at(60))["submitted"]
+    assert len(submitted) == len(expected)
+    assert {t.periodic_task_id: t.max_runtime for t in Task.select()} == {
+        row(name).id: runtime for name, (_, runtime) in expected.items()}
+
+
+@pytest.mark.timeout(120)
+def test_config_entries_and_the_cli_take_anchor_and_timebox_off(database, tmp_path):
+    queue = database.queue()
+    config = database.config()
+    config.periodic = [{"name": "poll", "handler": ECHO, "timer": "every 1min",
+                        "tolerance": "5s", "anchor": "now"},
+                       {"name": "poll-off", "handler": ECHO, "timer": "every 1min",
+                        "tolerance": "5s", "timebox": "off"}]
+    sync_definitions(queue.store, config, now=T0)
+    assert (row("poll").anchor, row("poll").timebox, row("poll").max_runtime) == (
+        "now", "half", 30.0)
+    assert (row("poll-off").anchor, row("poll-off").timebox, row("poll-off").max_runtime) == (
+        "due", "off", None)
+    url = database.url
+    ok(taskrunner("periodic", "add", "cli", ECHO, "every 2min", "--tolerance", "10s",
+                  "--anchor", "now", url=url))
+    ok(taskrunner("periodic", "add", "cli-off", ECHO, "every 2min", "--tolerance", "10s",
+                  "--timebox", "off", url=url))
+    listed = {r["name"]: r for r in json.loads(ok(taskrunner("periodic", "list", "--json",
+                                                             url=url)))}
+    assert (listed["cli"]["anchor"], listed["cli"]["timebox"], listed["cli"]["max_runtime"]) \
+        == ("now", "half", 60.0)
+    assert (listed["cli-off"]["anchor"], listed["cli-off"]["timebox"],
+            listed["cli-off"]["max_runtime"]) == ("due", "off", None)
+    usage_error(taskrunner("periodic", "add", "bad", ECHO, "hourly", "--anchor", "now",
+                           url=url), 'anchor "now" needs')
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_migration_keeps_the_grid_and_timeboxes_existing_nuntium_tasks(backend, tmp_path):
+    """Migration 0017: every existing periodic task keeps counting from its due times
+    (anchor "due"); one in Nuntium's mode with neither a timebox nor a max_runtime gets the
+    timebox a new one would (interval / 2, its interval being min_spacing + tolerance)."""
+    db = Database(backend, tmp_path, empty=True)
+    try:
+        store = Store(Config.from_dict({"database": {"url": db.url}}))
+        store.connect()
+        MigrationRunner(store.db, DIRECTORY, table_name=HISTORY_TABLE).up(
+            target="0016_postgresql_partial_null_indexes")
+        param = store.db.param
+        for name, tolerance, min_spacing, max_runtime, timebox in (
+                ("nuntium", 5.0, 55.0, None, None), ("absolute", 5.0, 55.0, 10.0, None),
+                ("half", 5.0, 55.0, 30.0, "half"), ("grid", None, None, None, None)):
+            store.db.execute_sql(
+                "INSERT INTO periodic_tasks (name, enabled, handler, data, priority, timer, "
+                "created, catch_up, source, consecutive_failures, submitted_count, "
+                "skipped_count, updated_on, tolerance, min_spacing, max_runtime, timebox) "
+                "VALUES (%s)" % ", ".join([param] * 17),
+                (name, True, ECHO, "null", 0, "every 1min", T0, "once", "api", 0, 0, 0, T0,
+                 tolerance, min_spacing, max_runtime, timebox))
+        store.migrate()
+        rows = {r.name: (r.anchor, r.timebox, r.max_runtime)
+                for r in store.PeriodicTask.select()}
+        assert rows == {"nuntium": ("due", "half", 30.0), "absolute": ("due", None, 10.0),
+                        "half": ("due", "half", 30.0), "grid": ("due", None, None)}
+        store.close()
+    finally:
+        db.drop()
+
+
 BAD_NUNTIUM = [
+    ("anchor-calendar", dict(timer="hourly", anchor="now"), 'anchor "now" needs'),
+    ("anchor-after", dict(timer="after 1min", anchor="now"), 'anchor "now" needs'),
+    ("anchor-word", dict(timer="every 1min", anchor="later"), "anchor must be"),
+    ("timebox-off-and-max-runtime", dict(timer="every 1min", timebox="off",
+                                         max_runtime="5s"), "not both"),
     ("timebox-calendar", dict(timer="hourly", timebox="half"), "timebox needs"),
     ("timebox-word", dict(timer="every 1min", timebox="third"), "timebox must be"),
     ("timebox-and-max-runtime", dict(timer="every 1min", timebox="half", max_runtime="5s"),

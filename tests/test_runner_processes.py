@@ -470,3 +470,22 @@ def test_runner_exits_after_a_run_that_passes_memory_limit(sqlite_db, procs, tmp
     assert Run.select().where((Run.runner_id == row.id) & (Run.status == SUCCESS)).count() == 1
     assert len(read_records(log)) == 1
     queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_ended_runner_row_keeps_its_final_rss_and_runs_done(sqlite_db, procs, tmp_path):
+    """The row's rss and runs_done are those of the runner's end, not of its last heartbeat
+    (here none after registering: heartbeat_interval is longer than the runner lives)."""
+    queue = sqlite_db.queue()
+    queue.add_tasks([{"handler": "sample_handlers.Hold", "data": {"mb": 40}}
+                     for _ in range(3)])
+    proc = procs.spawn("runner", "--burst", config=config_file(
+        sqlite_db, tmp_path, runner="heartbeat_interval = 50\nmemory_limit = 1000"))
+    assert procs.wait(proc) == 0, procs.logs()
+
+    row = runner_row(proc.pid)
+    assert row.status == SUCCESS
+    assert (row.runs_done, row.exit_reason) == (3, "no work left"), procs.logs()
+    # It exited holding the 120 MB its handlers wrote: more than it had when it registered.
+    assert row.rss > 120 * 1024 * 1024, row.rss
+    queue.close()

@@ -5,6 +5,7 @@ import argparse
 import json
 import math
 import re
+import sys
 from datetime import datetime, timezone
 
 from ..errors import InputError
@@ -86,6 +87,15 @@ def open_queue(args):
 def masked_url(queue):
     from ..store.db import mask_url
     return mask_url(queue.config.database.url)
+
+
+def print_password_hash():
+    """``--hash-password``: the hash of the password on the first line of standard input."""
+    from ..passwords import hash_password
+    password = sys.stdin.readline().rstrip("\n")
+    if not password:
+        raise InputError("--hash-password reads the password from standard input; got none")
+    print(hash_password(password))
 
 
 def print_json(value):

@@ -12,7 +12,8 @@ from datetime import datetime, timedelta, timezone
 
 from . import runs as cli_runs
 from .args import (iso_time, json_arg, masked_url, one_line, open_queue, positive_int, print_json,
-                   print_table, queue_list, queue_name, seconds_arg, task_id_arg)
+                   print_password_hash, print_table, queue_list, queue_name, seconds_arg,
+                   task_id_arg)
 from .calendar import MAX_ITERATIONS, cmd_calendar, iterations
 from .periodic import add_periodic_parser
 from .runs import when
@@ -29,17 +30,46 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE, what a shell reports for a process SIGPIPE killed
 QUEUE_HELP = ("the queues this runner serves, comma-separated (default: 'default', which "
               "also serves every queue without a [queues.NAME] table)")
+WAIT_FOR_SLOT_HELP = ("at the host's or a queue's limit, wait for a free slot instead of "
+                      "exiting (supervisord numprocs above the limit: no respawn loop)")
 EVENTS = ("task-queue:OnProcess", "task-runner:OnProcess", "task-queue:OnRotate",
           "periodic-task:OnProcess")
 
 
+RUN_EVENT_OPTIONS = ("--json", "--queue", "--hash-password", "--wait-for-slot", "-h", "--help",
+                     "--")
+
+
 class _Parser(argparse.ArgumentParser):
+    # Arguments of run-event that may be its password, wherever argparse took them (an
+    # extra argument, an option's explicit value: "-hPASSWORD" quotes "PASSWORD"). With any,
+    # an error quotes none of run-event's arguments.
+    hidden = ()
+
     def error(self, message):
         # One line starting "taskrunner: ", like every other error; exit 2. The usage block
         # is for --help. A subcommand's parser names the command: "taskrunner: error: add: ...".
         command = self.prog.partition(" ")[2]
+        if self.hidden:
+            command, message = "run-event", (
+                "expected UNIT:EVENT (%s), then the password if [run_event] password_hash is "
+                "set (one starting with '-' after '--'); the arguments are not shown: one may "
+                "be the password" % " | ".join(EVENTS))
         self.exit(EXIT_USAGE, "taskrunner: error: %s%s\n"
                   % (command + ": " if command else "", one_line(message)))
+
+
+def _possible_passwords(argv):
+    """The arguments after ``run-event`` that are neither an event nor one of its options,
+    but the first positional one: it stands where the event goes (a mistyped event is quoted
+    back; the password trails it)."""
+    if "run-event" not in argv:
+        return ()
+    after = argv[argv.index("run-event") + 1:]
+    first = next((arg for arg in after if not arg.startswith("-")), None)
+    if first is not None:
+        after.remove(first)
+    return tuple(arg for arg in after if arg not in EVENTS and arg not in RUN_EVENT_OPTIONS)
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -81,7 +111,8 @@ def cmd_runner(args):
     from ..runner.process import run_runner
     queue = open_queue(args)
     return run_runner(queue.store, burst=args.burst, max_runs=args.max_runs,
-                      serving=args.queue, facade=lambda store: queue, held_stops=args.held_stops)
+                      serving=args.queue, facade=lambda store: queue, held_stops=args.held_stops,
+                      wait_for_slot=args.wait_for_slot)
 
 
 def cmd_overseer(args):
@@ -89,8 +120,38 @@ def cmd_overseer(args):
     return run_overseer(args.loaded_config, args.config, args.database)
 
 
+def check_run_event_password(config, password):
+    """In-Portal's ``run_event.php EVENT password_here``: with ``[run_event] password_hash``
+    set, the password must be given and match (compared in constant time); without one, a
+    password given is refused rather than ignored. No message quotes it."""
+    from ..passwords import check_hash
+    stored = config.run_event.password_hash
+    if not stored:
+        if password is not None:
+            raise InputError("run-event: a password was given, but no run-event password is "
+                             "set: put the output of `taskrunner run-event --hash-password` "
+                             "in [run_event] password_hash of %s, or leave the password out"
+                             % config.source)
+        return
+    if password is None:
+        raise InputError("run-event: a password is required ([run_event] password_hash is set "
+                         "in %s): give it after the event" % config.source)
+    if not check_hash(password, stored):
+        raise InputError("run-event: wrong password")
+
+
 def cmd_run_event(args):
     """One event; with --json, what it did as one object (ids and counts)."""
+    if args.hash_password:
+        if args.event is not None or args.password is not None:
+            raise InputError("run-event --hash-password reads the password from standard "
+                             "input and takes no UNIT:EVENT")
+        print_password_hash()
+        return EXIT_OK
+    if args.event is None:
+        raise InputError("run-event: UNIT:EVENT is required: %s" % " | ".join(EVENTS))
+    # Before the database is opened: a refused event changes nothing.
+    check_run_event_password(args.loaded_config, args.password)
     queue = open_queue(args)
     code = EXIT_OK
     if args.event == "task-queue:OnProcess":
@@ -113,7 +174,8 @@ def cmd_run_event(args):
         from ..runner.process import run_runner
         result = {}
         code = run_runner(queue.store, refuse_quietly=True, serving=args.queue, report=result,
-                          facade=lambda store: queue, held_stops=args.held_stops)
+                          facade=lambda store: queue, held_stops=args.held_stops,
+                          wait_for_slot=args.wait_for_slot)
     if args.json:
         print_json(dict(event=args.event, **result))
     return code
@@ -256,11 +318,7 @@ def cmd_check(args):
 def cmd_dashboard(args):
     from ..web import require_prometheus_client
     if args.hash_password:
-        from ..web.auth import hash_password
-        password = sys.stdin.readline().rstrip("\n")
-        if not password:
-            raise InputError("--hash-password reads the password from standard input; got none")
-        print(hash_password(password))
+        print_password_hash()
         return EXIT_OK
     require_prometheus_client()
     from ..web.app import serve
@@ -281,8 +339,10 @@ def cmd_metrics(args):
 
 # -- parser -----------------------------------------------------------------------------
 
-def build_parser():
-    parser = _Parser(prog="taskrunner", description="A durable, database-backed task queue.")
+def build_parser(hidden=()):
+    """The parser; its errors never quote an argument of `hidden` (_possible_passwords)."""
+    parser_class = type("_Parser", (_Parser,), {"hidden": tuple(hidden)})
+    parser = parser_class(prog="taskrunner", description="A durable, database-backed task queue.")
     parser.add_argument("--config", metavar="FILE",
                         help="TOML config file (default: $TASKRUNNER_CONFIG)")
     parser.add_argument("--database", metavar="URL",
@@ -292,7 +352,7 @@ def build_parser():
     parser.add_argument("--version", action="version", version="taskrunner " + __version__)
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                         help="log level on stderr (default: [log] level)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=parser_class)
     sub.required = True
 
     def command(name, func, help_text):
@@ -331,10 +391,20 @@ def build_parser():
     p.add_argument("--max-runs", type=int, help="exit after this many runs")
     p.add_argument("--queue", type=queue_list, default=("default",), metavar="A,B",
                    help=QUEUE_HELP)
+    p.add_argument("--wait-for-slot", action="store_true", help=WAIT_FOR_SLOT_HELP)
     p = command("run-event", cmd_run_event, "one event, for cron or supervisord")
-    p.add_argument("event", choices=EVENTS, metavar="UNIT:EVENT", help=" | ".join(EVENTS))
+    p.add_argument("event", nargs="?", choices=EVENTS, metavar="UNIT:EVENT",
+                   help=" | ".join(EVENTS))
+    p.add_argument("password", nargs="?", metavar="PASSWORD",
+                   help="required when [run_event] password_hash is set, refused otherwise "
+                        "(In-Portal's run_event.php EVENT password_here)")
+    p.add_argument("--hash-password", action="store_true",
+                   help="print the hash of the password read from stdin for [run_event] "
+                        "password_hash, and exit")
     p.add_argument("--queue", type=queue_list, default=("default",), metavar="A,B",
                    help="task-runner:OnProcess: " + QUEUE_HELP)
+    p.add_argument("--wait-for-slot", action="store_true",
+                   help="task-runner:OnProcess: " + WAIT_FOR_SLOT_HELP)
     p.add_argument("--json", action="store_true", help="print what the event did")
     p = command("status", cmd_status, "runners and task counts")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -367,7 +437,7 @@ def build_parser():
         "--json", action="store_true", help="print JSON")
     add_queue_command(command)
 
-    add_periodic_parser(command, _Parser)
+    add_periodic_parser(command, parser_class)
 
     p = command("dashboard", cmd_dashboard, "serve the web dashboard and /metrics "
                                             "(pip install 'taskrunner-db[web]')")
@@ -420,7 +490,7 @@ def main(argv=None):
     if position is not None:
         print("taskrunner: error: argument %d is not valid UTF-8 text" % position, file=sys.stderr)
         return EXIT_USAGE
-    args = build_parser().parse_args(argv)
+    args = build_parser(hidden=_possible_passwords(argv)).parse_args(argv)
     # A runner holds its stop signals before it reads its config or opens the database: a
     # supervisor's HUP or TERM while it starts is a graceful stop, not death (stops.py).
     args.held_stops = stops.hold() if starts_a_runner(args) else ()

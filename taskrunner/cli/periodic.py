@@ -18,7 +18,8 @@ def cmd_periodic(args):
                    "max_runtime": args.max_runtime, "min_spacing": args.min_spacing,
                    "max_retries": args.max_retries, "owner": args.owner,
                    "enabled": not args.disabled, "subject": args.subject, "group": args.group,
-                   "timebox": args.timebox, "tolerance": args.tolerance, "queue": args.queue}
+                   "timebox": args.timebox, "tolerance": args.tolerance, "queue": args.queue,
+                   "anchor": args.anchor}
         # As `add`: a refused definition opens no database (not even to create the schema).
         periodic.check_periodic(args.loaded_config, args.name, args.handler, args.timer,
                                 data=args.data, **options)
@@ -84,10 +85,15 @@ def add_periodic_parser(command, parser_class):
     a.add_argument("--disabled", action="store_true")
     a.add_argument("--subject", help="what it is for, in words")
     a.add_argument("--group", help="the group (tenant) it belongs to")
-    a.add_argument("--timebox", choices=("half",),
-                   help="max_runtime of each task = interval / 2 (interval timers)")
+    a.add_argument("--timebox", choices=("half", "off"),
+                   help="half: max_runtime of each task = interval / 2 (interval timers; the "
+                        "default with --tolerance); off: none")
     a.add_argument("--tolerance", metavar="SPAN", help="drop a task at start if the previous "
                    "one started less than interval - SPAN ago ('every' timers)")
+    a.add_argument("--anchor", choices=("due", "now"),
+                   help="'every' timers: count the next due time from the last due time "
+                        "(due, the default: a fixed grid) or from when the scheduler ran (now: "
+                        "Nuntium)")
     a.add_argument("--queue", type=queue_name, metavar="NAME",
                    help="the queue of its tasks (default: the handler's, else 'default')")
     a.add_argument("--json", action="store_true", help="print JSON")

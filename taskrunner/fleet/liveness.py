@@ -208,12 +208,16 @@ def heartbeat(store, runner_id, rss=None, runs_done=None, stopping=None):
             (Runner.id == runner_id) & (Runner.status == RUNNING)).execute() > 0
 
 
-def retire(store, runner_id, reason, now=None):
+def retire(store, runner_id, reason, now=None, rss=None, runs_done=None):
     """This runner decided to exit: ``success``, and its slot is free. A run it still has
     ``running`` (it is leaving through an error) ends ``error`` / ``RunnerExited`` in the
-    same transaction, so the task is retried instead of waiting for its run_timeout."""
+    same transaction, so the task is retried instead of waiting for its run_timeout. `rss`
+    and `runs_done`, its figures at the end, are written on the row in the same update
+    (otherwise the row keeps those of its last heartbeat)."""
+    final = {key: value for key, value in (("rss", rss), ("runs_done", runs_done))
+             if value is not None}
     return _end_runner(store, runner_id, SUCCESS, reason, ERROR, "RunnerExited",
-                       "runner %d exited: %s" % (runner_id, reason), now)
+                       "runner %d exited: %s" % (runner_id, reason), now, final=final)
 
 
 def mark_runner_dead(store, runner_id, reason, now=None, retry_at=None, unstarted=()):
@@ -245,17 +249,19 @@ def mark_runner_of_this_host_dead(store, runner_id, reason, now=None, retry_at=N
 
 
 def _end_runner(store, runner_id, status, reason, run_status, error_code, error_message, now,
-                retry_at=None, unstarted=(), given_back=None):
-    """The runner row → `status` and its running runs → `run_status` (those of `unstarted`:
-    given back unstarted, their ids appended to `given_back`), in one transaction: a process
-    dying half-way must not leave the runner ended with runs still ``running`` (no check would
-    visit them again). A lease it held is free at once (leadership.py): a host that restarts its
-    overseer after a crash takes the fleet's maintenance back at once."""
+                retry_at=None, unstarted=(), given_back=None, final=None):
+    """The runner row → `status` (with the values of `final`) and its running runs →
+    `run_status` (those of `unstarted`: given back unstarted, their ids appended to
+    `given_back`), in one transaction: a process dying half-way must not leave the runner
+    ended with runs still ``running`` (no check would visit them again). A lease it held is
+    free at once (leadership.py): a host that restarts its overseer after a crash takes the
+    fleet's maintenance back at once."""
     Runner = store.Runner
     now = now or utcnow()
 
     def step():
-        ended = Runner.update(status=status, finished_on=now, slot=None, exit_reason=reason
+        ended = Runner.update(status=status, finished_on=now, slot=None, exit_reason=reason,
+                              **(final or {})
                               ).where((Runner.id == runner_id) & (Runner.status == RUNNING)).execute()
         if not ended:
             return False

@@ -1,6 +1,6 @@
 """Periodic task definitions — from the API, the CLI or the config's ``[[periodic]]``
 tables — validated into row values before anything is stored: name, handler, timer (with the
-zone it was defined in), data, catch-up, the Nuntium options (timebox, tolerance) and
+zone it was defined in), data, catch-up, the Nuntium options (timebox, tolerance, anchor) and
 Docspell's subject and group. `taskrunner check` and the overseer's sync validate the config
 the same way."""
 from ..config import check_queue_name
@@ -11,6 +11,8 @@ from .timers import IntervalTimer, parse_timer, timer_zone
 from ..timespan import parse_timespan
 
 CATCH_UP = ("once", "skip")
+ANCHORS = ("due", "now")
+TIMEBOXES = ("half", "off")
 RESERVED_PREFIX = "taskrunner."
 BUILTIN_ROTATION = RESERVED_PREFIX + "rotate"
 
@@ -27,7 +29,7 @@ def definition(config, spec, where, import_handler=True, builtin=False):
     starting "taskrunner." are taskrunner's own (`builtin`)."""
     known = {"name", "handler", "timer", "data", "priority", "enabled", "catch_up",
              "max_runtime", "min_spacing", "max_retries", "owner", "submitter", "subject",
-             "group", "timebox", "tolerance", "queue"}
+             "group", "timebox", "tolerance", "queue", "anchor"}
     unknown = set(spec) - known
     if unknown:
         raise InputError("%s: unknown key %s" % (where, ", ".join(sorted(unknown))))
@@ -56,13 +58,20 @@ def definition(config, spec, where, import_handler=True, builtin=False):
     catch_up = spec.get("catch_up", "once")
     if catch_up not in CATCH_UP:
         raise InputError("%s: catch_up must be 'once' or 'skip'" % where)
+    anchor = spec.get("anchor") or "due"
+    if anchor not in ANCHORS:
+        raise InputError("%s: anchor must be 'due' (the next due time counts from the last "
+                         "one) or 'now' (from when the scheduler ran: Nuntium)" % where)
+    if anchor == "now" and (not isinstance(timer, IntervalTimer) or timer.after_finish):
+        raise InputError("%s: anchor \"now\" needs an 'every SPAN' timer" % where)
     values = {"name": name, "handler": spec["handler"], "timer": spec["timer"].strip(),
               "data": data,
               "priority": spec.get("priority", 0), "enabled": spec.get("enabled", True),
               "catch_up": catch_up, "owner": spec.get("owner"), "submitter": spec.get("submitter"),
               "max_retries": spec.get("max_retries"), "subject": spec.get("subject"),
               "group_name": spec.get("group"), "timezone": zone,
-              "queue": check_queue_name(spec.get("queue") or DEFAULT_QUEUE, "%s: queue" % where)}
+              "queue": check_queue_name(spec.get("queue") or DEFAULT_QUEUE, "%s: queue" % where),
+              "anchor": anchor}
     if isinstance(values["priority"], bool) or not isinstance(values["priority"], int):
         raise InputError("%s: priority must be an integer" % where)
     if not isinstance(values["enabled"], bool):
@@ -89,18 +98,21 @@ def _nuntium(spec, timer, values, where):
     """Nuntium's timebox and tolerance, tied to an interval timer's span: ``timebox =
     "half"`` is max_runtime = interval / 2, ``tolerance = SPAN`` is min_spacing = interval -
     tolerance (and a due time is submitted even while the previous task is unfinished: the
-    check at start decides, as in Nuntium)."""
+    check at start decides, as in Nuntium). With a tolerance — Nuntium's mode, where "all
+    tasks should be timeboxed to interval / 2" — the timebox is on unless ``timebox = "off"``
+    or an absolute max_runtime is given."""
     timebox, tolerance = spec.get("timebox"), spec.get("tolerance")
     derived = {"timebox": timebox, "tolerance": None}
     interval = getattr(timer, "seconds", None)
     if timebox is not None:
-        if timebox != "half":
-            raise InputError("%s: timebox must be \"half\" (interval / 2); an absolute limit "
-                             "is max_runtime" % where)
-        if interval is None:
-            raise InputError("%s: timebox needs an 'every SPAN' or 'after SPAN' timer" % where)
+        if timebox not in TIMEBOXES:
+            raise InputError("%s: timebox must be \"half\" (interval / 2) or \"off\"; an "
+                             "absolute limit is max_runtime" % where)
         if values["max_runtime"] is not None:
             raise InputError("%s: give timebox or max_runtime, not both" % where)
+    if timebox == "half":
+        if interval is None:
+            raise InputError("%s: timebox needs an 'every SPAN' or 'after SPAN' timer" % where)
         derived["max_runtime"] = interval / 2
     if tolerance is not None:
         try:
@@ -114,6 +126,8 @@ def _nuntium(spec, timer, values, where):
         if tolerance >= interval:
             raise InputError("%s: tolerance must be shorter than the interval" % where)
         derived.update(tolerance=tolerance, min_spacing=interval - tolerance)
+        if timebox is None and values["max_runtime"] is None:
+            derived.update(timebox="half", max_runtime=interval / 2)
     return derived
 
 

@@ -13,7 +13,9 @@ A pass: take the earliest enabled due periodic task; mark it (a conditional upda
 one scheduler wins; the others try the next); then, in one transaction, submit its task
 (or skip this occurrence while the previous task is unfinished), advance nextrun, unmark.
 Missed due times after downtime collapse into one task (catch_up ``once``) or none
-(``skip``: an occurrence more than MISFIRE_GRACE late is dropped).
+(``skip``: an occurrence more than MISFIRE_GRACE late is dropped). An ``every`` timer with
+``anchor = "now"`` counts its next due time from the pass that handled the last one
+(Nuntium), not from that due time.
 """
 import json
 import logging
@@ -30,7 +32,7 @@ from ..handler import load_handler
 from ..store.models import CANCELLED, CRASHED, DEFAULT_QUEUE, SUCCESS, utcnow
 from .definitions import (BUILTIN_ROTATION, CATCH_UP, MAX_NAME, RESERVED_PREFIX, check_periodic,
                           check_periodic_handlers, definition, first_due, validate_definitions)
-from .timers import parse_timer
+from .timers import IntervalTimer, parse_timer
 
 log = logging.getLogger("taskrunner.periodic")
 
@@ -245,7 +247,10 @@ class PeriodicScheduler:
                                 ).where(PeriodicTask.id == row.id).execute()
             return
         following = timer.next_after(due, anchor=due)
-        if following is not None and following <= now:
+        if row.anchor == "now" and isinstance(timer, IntervalTimer) and not timer.after_finish:
+            # Nuntium's nextRun = currentTime + interval: a late pass moves the grid with it.
+            following = timer.next_after(now)
+        elif following is not None and following <= now:
             following = timer.next_after(now, anchor=due)  # missed due times: catch up once
 
         def step():

@@ -197,6 +197,7 @@ class PeriodicTaskInfo(_Record):
     tolerance: Optional[float]
     dropped: int
     queue: str
+    anchor: str
     stats: Optional[RunStats] = None
 
 
@@ -236,7 +237,7 @@ def periodic_info(row: Any, stats: Optional[RunStats] = None) -> PeriodicTaskInf
         catch_up=row.catch_up, max_runtime=row.max_runtime, min_spacing=row.min_spacing,
         owner=row.owner, source=row.source, worker=row.worker, marked=aware(row.marked),
         subject=row.subject, group=row.group_name, timebox=row.timebox, tolerance=row.tolerance,
-        dropped=row.dropped_count, queue=row.queue, stats=stats)
+        dropped=row.dropped_count, queue=row.queue, anchor=row.anchor, stats=stats)
 
 
 # -- queries ------------------------------------------------------------------------------------

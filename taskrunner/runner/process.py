@@ -65,10 +65,13 @@ class Worker:
     TELL_AGAIN = 0.05         # seconds before telling a lagging hub again that it is idle
 
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
-                 memory_limit=True, clock=None, serving=None, facade=None, held_stops=()):
+                 memory_limit=True, clock=None, serving=None, facade=None, held_stops=(),
+                 wait_for_slot=False):
         self.store = store
         # Stop signals caught before this runner's handlers were in place (stops.hold).
         self.held_stops = held_stops
+        # At the host's (or a queue's) limit: wait for a slot rather than exit (_register).
+        self.wait_for_slot = wait_for_slot
         # Builds the handle a handler sees as ``run.queue`` from this runner's store (the
         # user's facade, `TaskQueue`): passed in by whoever starts the runner, so the runner
         # never imports the facade that imports it (run_pending).
@@ -408,8 +411,7 @@ class Worker:
                 return 0
         if self.memory_limit:       # a process of its own (not run_pending's): group sync
             self.store.use_group_sync()
-        row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id,
-                                take_slot=self.memory_limit, serving=self.serving)
+        row = self._register()
         self.runner_id = row.id
         if not burst:
             self._listener = wakeup.open_listener(self.store.wakeup_directory)
@@ -450,13 +452,32 @@ class Worker:
             if self._listener is not None:
                 self._listener.close()
             self.heartbeat.stop()
-            self.rss.close()
             self.stop_reason = self.stop_reason or "an error"
             if not self.disowned:
                 self._retire()
+            self.rss.close()
             log.info("runner %d exiting after %d runs: %s", self.runner_id, self.runs_done,
                      self.stop_reason)
         return self.runs_done
+
+    def _register(self):
+        """The runner row; RunnerLimitReached at the host's (or a queue's) limit — unless
+        `wait_for_slot`: then it waits, holding no slot, and registers as soon as one is
+        free, checking every poll_interval until a stop signal. Supervisord restarts a
+        process that exits however it exits, so `numprocs` above the limit would otherwise
+        respawn the refused ones in a loop; waiting, they are standbys."""
+        waiting = False
+        while True:
+            try:
+                return liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id,
+                                         take_slot=self.memory_limit, serving=self.serving)
+            except RunnerLimitReached as exc:
+                if not self.wait_for_slot or self.stop_reason is not None:
+                    raise
+                if not waiting:
+                    log.info("waiting for a free slot: %s", exc)
+                    waiting = True
+            self._wait(self.config.runner.poll_interval)
 
     def _work_batched(self, burst):
         """work() with [runner] batch > 1 (batches.py): up to `batch` runs claimed at once,
@@ -481,8 +502,9 @@ class Worker:
 
     def _retire(self):
         try:
-            self._with_database(lambda: liveness.retire(self.store, self.runner_id,
-                                                        self.stop_reason), while_stopping=False)
+            self._with_database(lambda: liveness.retire(
+                self.store, self.runner_id, self.stop_reason, rss=self.rss(),
+                runs_done=self.runs_done), while_stopping=False)
         except outage.DatabaseLost:
             # Its row stays `running` until an overseer or a runner of this host finds the
             # PID gone; it holds no run.
@@ -491,14 +513,15 @@ class Worker:
 
 
 def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=(DEFAULT_QUEUE,),
-               report=None, facade=None, held_stops=()):
+               report=None, facade=None, held_stops=(), wait_for_slot=False):
     """Entry point of ``taskrunner runner`` and ``run-event task-runner:OnProcess``, serving
     the queues `serving`; returns the exit code. At the host's limit (or a queue's): exit 1,
-    or 0 with `refuse_quietly` (cron use). `report`, a dict, receives ``runs`` (executed)
-    and ``refused`` (why the runner did not start, or None). `facade` builds the handlers'
-    ``run.queue`` from the store; `held_stops`, the stop signals caught while the command
-    started (stops.hold)."""
-    worker = Worker(store, serving=serving, facade=facade, held_stops=held_stops)
+    or 0 with `refuse_quietly` (cron use) or when stopped while it waited (`wait_for_slot`).
+    `report`, a dict, receives ``runs`` (executed) and ``refused`` (why the runner did not
+    start, or None). `facade` builds the handlers' ``run.queue`` from the store;
+    `held_stops`, the stop signals caught while the command started (stops.hold)."""
+    worker = Worker(store, serving=serving, facade=facade, held_stops=held_stops,
+                    wait_for_slot=wait_for_slot)
     report = {} if report is None else report
     report.update(runs=0, refused=None)
     try:
@@ -507,7 +530,7 @@ def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=
         report["runs"] = worker.work(burst=burst, max_runs=max_runs)
     except RunnerLimitReached as exc:
         report["refused"] = str(exc)
-        if refuse_quietly:
+        if refuse_quietly or worker.stop_reason is not None:
             log.info("not starting: %s", exc)
             return 0
         log.error("not starting: %s", exc)

@@ -205,6 +205,9 @@ class PeriodicTask(BaseModel):
     tolerance = pw.DoubleField(null=True)
     dropped_count = pw.IntegerField(default=0)
     queue = pw.CharField(max_length=64, default=DEFAULT_QUEUE)
+    # What an `every` timer's next due time counts from: "due" (a fixed grid) or "now" (the
+    # scheduler's pass, Nuntium's nextRun = currentTime + interval).
+    anchor = pw.CharField(max_length=8, default="due")
 
     class Meta:
         table_name = "periodic_tasks"

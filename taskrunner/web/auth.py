@@ -1,8 +1,9 @@
 """Who may use the dashboard: where it listens, its password, and the token that makes
 every action a same-site request (CSRF).
 
-The password is HTTP Basic (any user name), configured as a PBKDF2 hash in ``[dashboard]
-password_hash`` or read from the environment variable ``[dashboard] password_env`` names.
+The password is HTTP Basic (any user name), configured as a PBKDF2 hash (passwords.py) in
+``[dashboard] password_hash`` or read from the environment variable ``[dashboard]
+password_env`` names.
 Verifying a PBKDF2 hash costs ~0.1 s, so a header once verified is remembered (by its
 SHA-256) for the life of the process.
 """
@@ -16,27 +17,7 @@ import threading
 from typing import Optional, Tuple
 
 from ..errors import ConfigError, InputError
-
-ITERATIONS = 200_000
-
-
-def hash_password(password: str, salt: Optional[str] = None) -> str:
-    """``pbkdf2_sha256$<iterations>$<salt>$<hex digest>``."""
-    salt = salt or secrets.token_hex(16)
-    digest = hashlib.pbkdf2_hmac("sha256", password.encode(), salt.encode(), ITERATIONS)
-    return "pbkdf2_sha256$%d$%s$%s" % (ITERATIONS, salt, digest.hex())
-
-
-def check_hash(password: str, stored: str) -> bool:
-    try:
-        scheme, iterations, salt, digest = stored.split("$")
-        rounds = int(iterations)
-    except ValueError:
-        return False
-    if scheme != "pbkdf2_sha256":
-        return False
-    given = hashlib.pbkdf2_hmac("sha256", password.encode(), salt.encode(), rounds)
-    return hmac.compare_digest(given.hex(), digest)
+from ..passwords import check_hash, is_hash
 
 
 def parse_bind(text: str) -> Tuple[str, int]:
@@ -70,7 +51,7 @@ class Guard:
             if self.password is None:
                 raise ConfigError("[dashboard] password_env: the environment variable %s is "
                                   "not set" % dashboard_config.password_env)
-        if self.password_hash and not self.password_hash.startswith("pbkdf2_sha256$"):
+        if self.password_hash and not is_hash(self.password_hash):
             raise ConfigError("[dashboard] password_hash: expected the output of "
                               "`taskrunner dashboard --hash-password`")
         self.csrf_token = secrets.token_urlsafe(32)
