@@ -131,8 +131,9 @@ SCHEMA = {
         # success may wait for the others' before it is committed. 1 = one at a time.
         "batch": (1, _int(1, maximum=1000)),
         "flush_interval": (0.005, _flush_interval),
-        # "" = liveness.default_host_id(); wake-ups: "" = $TASKRUNNER_WAKEUP_DIR, then
-        # $XDG_RUNTIME_DIR or the temporary directory (see wakeup.base_directory).
+        # "" = liveness.default_host_id(); wake-ups: "" = $TASKRUNNER_WAKEUP_DIR, else
+        # beside a SQLite file, else $XDG_RUNTIME_DIR or the temporary directory
+        # (see wakeup.directory).
         "host_id": ("", _string),
         "wakeup_dir": ("", _string),
     },

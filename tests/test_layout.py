@@ -19,7 +19,8 @@ LEVELS = {
     "handlers": 1.2, "periodic.definitions": 1.2,
     # 2. one bound database; the same-host machinery
     "store": 2.0, "store.db": 2.0,
-    "host": 2.0, "host.hostlock": 2.0, "host.groupsync": 2.0, "host.wakeup": 2.0,
+    "host": 2.0, "host.hostlock": 2.0, "host.groupsync": 2.0, "host.runtimedir": 2.0,
+    "host.wakeup": 2.0,
     "host.claimfile": 2.05,
     "store.bound": 2.1, "store.outage": 2.1, "host.hub": 2.1,
     # 3. the rules: the run lifecycle and its SQL catalogue, liveness, periodic, reads
