@@ -173,6 +173,9 @@ SCHEMA = {
         "password_hash": ("", _string),
         # The name of an environment variable holding the password.
         "password_env": ("", _string),
+        # Host names (besides IP addresses, localhost names and this host's name) that
+        # requests may name in their Host header: a reverse proxy's, a DNS name of this host.
+        "allowed_hosts": ([], _string_list),
     },
 }
 

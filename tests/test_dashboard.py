@@ -18,6 +18,7 @@ from taskrunner.web.auth import hash_password  # noqa: E402
 
 from conftest import REPO_DIR, ok, process_env, taskrunner, usage_error, utc  # noqa: E402
 from dashboard_helpers import Served, fetch  # noqa: E402
+from local_users import other_user, run_as  # noqa: E402,F401 - other_user: a fixture
 
 
 def history(queue):
@@ -452,3 +453,112 @@ def test_metrics_per_queue(database):
     assert samples[("taskrunner_queue_paused", (("queue", "mail"),))] == 1
     assert samples[("taskrunner_queue_paused", (("queue", "default"),))] == 0
     assert samples[("taskrunner_queue_lag_by_queue_seconds", (("queue", "mail"),))] >= 25
+
+
+# -- who reaches the dashboard; bad input (issue 31) -----------------------------------------
+
+def test_a_request_naming_another_host_is_refused(sqlite_db):
+    """DNS rebinding: a page of rebind.evil.example whose name now resolves to 127.0.0.1
+    sends requests with that Host; they get nothing (no task data, no CSRF token) and can
+    change nothing, while IP addresses, localhost names and [dashboard] allowed_hosts work."""
+    from taskrunner.reads import records as reads
+    queue = sqlite_db.queue()
+    queue.add_task("taskrunner.handlers.Echo", {"secret": "s3"}, queue="mail")
+    served = Served(queue.store, allowed_hosts=["queues.example.com"])
+    port = served.server.server_port
+    evil = {"Host": "rebind.evil.example:%d" % port}
+    try:
+        token = token_of(served)
+        for path in ("/", "/tasks", "/tasks/1", "/api/parts?page=task&id=1", "/metrics"):
+            status, body, _ = fetch(served.url + path, headers=evil)
+            assert status == 403 and "s3" not in body and token not in body, (path, status)
+            assert "rebind.evil.example" in body and "allowed_hosts" in body
+        status, _, _ = fetch(served.url + "/queues/pause", data="csrf=%s&name=mail" % token,
+                             headers=dict(evil, Origin="http://rebind.evil.example:%d" % port))
+        assert status == 403
+        assert not any(q.paused for q in reads.queue_stats(queue.store))
+        for host in ("localhost:%d" % port, "127.0.0.1:%d" % port, "[::1]:%d" % port,
+                     "LOCALHOST.:%d" % port, "queues.example.com", "app.localhost:%d" % port):
+            status, body, _ = fetch(served.url + "/tasks/1", headers={"Host": host})
+            assert status == 200 and "s3" in body, host
+        assert fetch(served.url + "/", headers={"Host": ""})[0] == 403
+    finally:
+        served.stop()
+        queue.close()
+
+
+@pytest.mark.parametrize("path", [
+    "/tasks?before=99999999999999999999999",
+    "/api/parts?page=task&id=99999999999999999999999", "/tasks?since=9999-12-31T23:59-23:00",
+    "/tasks?until=0001-01-01T00:00%2B23:59", "/api/parts?page=task&id=-1"])
+def test_parameters_out_of_range_are_400_never_500(sqlite_db, path):
+    queue = sqlite_db.queue()
+    queue.add_task("taskrunner.handlers.Echo")
+    served = Served(queue.store)
+    try:
+        status, body, _ = fetch(served.url + path)
+        assert status == 400, (status, body[-300:])
+        assert "Traceback" not in body
+    finally:
+        served.stop()
+        queue.close()
+
+
+def test_a_busy_port_is_one_line_and_exit_2(sqlite_db):
+    import socket
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    try:
+        result = taskrunner("dashboard", "--bind", "127.0.0.1:%d" % port, url=sqlite_db.url,
+                            process=True)
+    finally:
+        busy.close()
+    usage_error(result, "cannot listen on 127.0.0.1:%d" % port, "in use")
+
+
+OTHER_USER_FETCH = """
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+seen = {}
+for path, data in json.loads(sys.argv[2]):
+    request = urllib.request.Request(sys.argv[1] + path, data=data.encode() if data else None)
+    try:
+        with opener.open(request, timeout=30) as response:
+            seen[path] = [response.status, response.read().decode()]
+    except urllib.error.HTTPError as exc:
+        seen[path] = [exc.code, exc.read().decode()]
+print(json.dumps(seen))
+"""
+
+
+def test_another_local_user_cannot_read_or_act_through_the_default_dashboard(sqlite_db,
+                                                                            other_user):
+    """The default dashboard (loopback, no password) serves its owner only: another local
+    user gets neither task data (which the 0600 database keeps from them) nor the CSRF
+    token, and cannot pause a queue even with the token."""
+    import json
+    from taskrunner.reads import records as reads
+    queue = sqlite_db.queue()
+    task_id = queue.add_task("taskrunner.handlers.Echo", {"secret": "s3"}, queue="mail")
+    served = Served(queue.store)
+    try:
+        token = token_of(served)
+        assert "s3" in fetch(served.url + "/tasks/%d" % task_id)[1]    # its owner's view
+        asked = [["/", ""], ["/tasks/%d" % task_id, ""], ["/metrics", ""],
+                 ["/api/parts?page=task&id=%d" % task_id, ""],
+                 ["/queues/pause", "csrf=%s&name=mail" % token]]
+        seen = json.loads(run_as(other_user, OTHER_USER_FETCH, served.url,
+                                 json.dumps(asked),
+                                 imports="import json, urllib.error, urllib.request, encodings.idna"
+                                 ).stdout)
+    finally:
+        served.stop()
+    try:
+        for path, (status, body) in seen.items():
+            assert status == 403, (path, status)
+            assert "s3" not in body and token not in body and "mail" not in body, path
+            assert "owner" in body, body
+        assert not any(q.paused for q in reads.queue_stats(queue.store))
+    finally:
+        queue.close()

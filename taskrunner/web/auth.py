@@ -1,5 +1,18 @@
-"""Who may use the dashboard: where it listens, its password, and the token that makes
-every action a same-site request (CSRF).
+"""Who may use the dashboard: the Host its requests name, who sends them, its password, and
+the token that makes every action a same-site request (CSRF).
+
+Host: a request is served only when its Host header names an IP address, a localhost name
+(``localhost``, ``*.localhost``), the name it was bound to, this host's name, or one of
+``[dashboard] allowed_hosts``. A page of another site whose name was made to resolve to this
+address (DNS rebinding) sends its own name, and gets nothing.
+
+Without a password (the default, on loopback only) the dashboard serves its owner: a
+request is served only when the other end of its TCP connection is a socket of the user
+running the dashboard, which Linux says in ``/proc/net/tcp`` (the uid of each socket, as
+identd reads it). Another local user — who cannot read the 0600 database — cannot read
+the dashboard's pages nor act through it; to let others in, set a password. A proxy
+between the browser and the dashboard (an SSH tunnel is fine: its end is the user's own)
+makes the proxy's user the one that counts.
 
 The password is HTTP Basic (any user name), configured as a PBKDF2 hash in ``[dashboard]
 password_hash`` or read from the environment variable ``[dashboard] password_env`` names.
@@ -12,12 +25,16 @@ import hmac
 import ipaddress
 import os
 import secrets
+import socket
+import struct
 import threading
-from typing import Optional, Tuple
+from typing import Any, Iterable, Optional, Tuple
 
 from ..errors import ConfigError, InputError
 
 ITERATIONS = 200_000
+# Each TCP socket of this network namespace, with its uid (see the module's docstring).
+SOCKET_TABLES = {socket.AF_INET: "/proc/net/tcp", socket.AF_INET6: "/proc/net/tcp6"}
 
 
 def hash_password(password: str, salt: Optional[str] = None) -> str:
@@ -58,10 +75,66 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class Guard:
-    """The dashboard's password (if any) and its CSRF token."""
+def host_name(header: str) -> str:
+    """The name (or address) of a Host header, lower case, without its port, brackets or
+    final dot; "" when there is none."""
+    text = header.strip().lower()
+    if text.startswith("["):
+        text = text[1:text.find("]")] if "]" in text else ""
+    elif text.count(":") == 1:
+        text = text.partition(":")[0]
+    return text.rstrip(".")
 
-    def __init__(self, dashboard_config, environ=None):
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
+def _table_address(family: int, address: str, port: int) -> str:
+    """An endpoint as /proc/net/tcp{,6} prints it: the address's 32-bit words in the host's
+    byte order, then the port, in hex."""
+    if family == socket.AF_INET:
+        words = struct.unpack("=I", socket.inet_pton(socket.AF_INET, address))
+    else:
+        words = struct.unpack("=4I", socket.inet_pton(socket.AF_INET6, address))
+    return "%s:%04X" % ("".join("%08X" % word for word in words), port)
+
+
+def peer_uid(connection: Any) -> Optional[int]:
+    """The uid of the socket at the other end of `connection`, a TCP connection from this
+    host (None when it is not one, or the kernel does not say)."""
+    try:
+        ours, theirs = connection.getsockname(), connection.getpeername()
+    except OSError:
+        return None
+    family = connection.family
+    ends = [(family, theirs[0], ours[0])]
+    if family == socket.AF_INET6 and theirs[0].startswith("::ffff:"):
+        # An IPv4 client of a dual-stack socket: its own socket is an IPv4 one.
+        ends.append((socket.AF_INET, theirs[0][7:], ours[0].replace("::ffff:", "")))
+    for table_family, client, server in ends:
+        try:
+            needle = " %s %s " % (_table_address(table_family, client, theirs[1]),
+                                  _table_address(table_family, server, ours[1]))
+            with open(SOCKET_TABLES[table_family]) as fh:
+                table = fh.read()
+        except (OSError, ValueError):
+            continue
+        at = table.find(needle)
+        if at >= 0:
+            fields = table[at:table.find("\n", at)].split()
+            return int(fields[6])        # local, remote, st, queues, timer, retransmits, uid
+    return None
+
+
+class Guard:
+    """The dashboard's password (if any), the Host names it answers and its CSRF token."""
+
+    def __init__(self, dashboard_config, environ=None, bind_host: str = ""):
         environ = os.environ if environ is None else environ
         self.password_hash = dashboard_config.password_hash or None
         self.password = None
@@ -73,19 +146,37 @@ class Guard:
         if self.password_hash and not self.password_hash.startswith("pbkdf2_sha256$"):
             raise ConfigError("[dashboard] password_hash: expected the output of "
                               "`taskrunner dashboard --hash-password`")
+        self.hosts = _host_names([bind_host, socket.gethostname()]
+                                 + list(dashboard_config.allowed_hosts))
+        self.owner = os.geteuid()
         self.csrf_token = secrets.token_urlsafe(32)
-        self._verified = set()
+        self._verified: set = set()
         self._lock = threading.Lock()
+
+    def host_allowed(self, header: Optional[str]) -> bool:
+        """Whether a request whose Host header is `header` may be answered."""
+        name = host_name(header or "")
+        return bool(name) and (name in self.hosts or name == "localhost"
+                               or name.endswith(".localhost") or _is_address(name))
+
+    def peer_allowed(self, uid: Optional[int]) -> bool:
+        """Whether a request from a socket of the user `uid` (None: unknown) may proceed to
+        the password check: anyone when a password is set, else only the owner."""
+        return self.required or uid == self.owner
 
     @property
     def required(self) -> bool:
         return bool(self.password_hash or self.password)
 
     def check_bind(self, host: str) -> None:
-        """A non-loopback address without a password is refused."""
+        """A non-loopback address without a password is refused, and so is a dashboard
+        without a password where the owner of a connection cannot be told (no /proc)."""
         if not is_loopback(host) and not self.required:
             raise InputError("refusing to serve the dashboard on %s without authentication: "
                              "set [dashboard] password_hash or password_env" % host)
+        if not self.required and not os.path.exists(SOCKET_TABLES[socket.AF_INET]):
+            raise InputError("cannot tell this host's users apart (no %s): set [dashboard] "
+                             "password_hash or password_env" % SOCKET_TABLES[socket.AF_INET])
 
     def allows(self, authorization: Optional[str]) -> bool:
         """Whether a request with this Authorization header may proceed."""
@@ -113,3 +204,7 @@ class Guard:
 
     def csrf_ok(self, token: Optional[str]) -> bool:
         return bool(token) and hmac.compare_digest(token.encode(), self.csrf_token.encode())
+
+
+def _host_names(names: Iterable[str]) -> frozenset:
+    return frozenset(name for name in (host_name(n) for n in names if n) if name)

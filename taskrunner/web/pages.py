@@ -15,6 +15,7 @@ from .html import (ago, csrf_form, e, minute_chart, pretty, progress, query, sho
 from .html import now as utcnow
 
 PAGE_SIZE = 50
+LARGEST_ID = 2 ** 63 - 1       # what an id column holds on every database
 
 
 class View:
@@ -36,10 +37,21 @@ def _time_param(params: Mapping[str, str], name: str) -> Optional[datetime]:
         return None
     try:
         value = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
-    except ValueError:
+        # In UTC here, where a time near the calendar's ends cannot be moved there (the
+        # queries compare in UTC).
+        return value.astimezone(timezone.utc) if value.tzinfo \
+            else value.replace(tzinfo=timezone.utc)
+    except (ValueError, OverflowError):
         raise InputError("invalid %s time %r: expected ISO 8601, e.g. 2026-01-31T08:00"
                          % (name, text)) from None
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def id_param(text: str, what: str) -> int:
+    """A task id given in a URL; InputError (400) for anything no task can have."""
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= LARGEST_ID:
+        raise InputError("invalid %s %r: expected a task id" % (what, text[:40]))
+    return int(text)
 
 
 def task_filter(store: Any, params: Mapping[str, str]) -> summaries.TaskFilter:
@@ -208,9 +220,8 @@ def task_row(t: Any) -> list:
 def tasks(view: View, params: Mapping[str, str]) -> str:
     chosen = task_filter(view.store, params)
     before = params.get("before", "").strip()
-    if before and not before.isdigit():
-        raise InputError("invalid before %r: expected a task id" % before)
-    result = summaries.find_tasks(view.store, chosen, int(before) if before else None, PAGE_SIZE)
+    result = summaries.find_tasks(view.store, chosen, id_param(before, "before")
+                                  if before else None, PAGE_SIZE)
     rows = [task_row(t) for t in result.tasks]
     more = ('<a class="older" href="/tasks%s">Older →</a>' % e(query(
         before=result.next_before, **filter_params(params)))) if result.next_before else ""
@@ -384,10 +395,8 @@ def live_parts(view: View, params: Mapping[str, str]) -> Dict[str, str]:
     """The live parts of a page, by element id, for ``/api/parts?page=...``."""
     name = params.get("page", "")
     if name == "task":
-        task_id = params.get("id", "")
-        if not task_id.isdigit():
-            raise InputError("invalid task id %r" % task_id)
-        return {"task-live": task_live(view, params, int(task_id))}
+        task_id = id_param(params.get("id", ""), "task id")
+        return {"task-live": task_live(view, params, task_id)}
     if name not in LIVE:
         raise InputError("no live parts for page %r" % name)
     return {"%s-live" % name: LIVE[name](view, params)}
