@@ -176,6 +176,9 @@ SCHEMA = {
         # Host names (besides IP addresses, localhost names and this host's name) that
         # requests may name in their Host header: a reverse proxy's, a DNS name of this host.
         "allowed_hosts": ([], _string_list),
+        # /metrics and `taskrunner metrics`: queues and periodic tasks with series of their
+        # own besides the configured ones (the busiest); the rest are summed as "(other)".
+        "metrics_series": (100, _int(1)),
     },
 }
 
