@@ -53,6 +53,15 @@ def member(uid, gid):
             return False
 
 
+def _mode_in(base):
+    """(the mode of a runtime directory made in `base`, the gid it is shared with or None):
+    0700, or in a setgid base the base's group bits too."""
+    info = os.stat(base)
+    if info.st_mode & stat.S_ISGID:
+        return 0o700 | (info.st_mode & 0o070), info.st_gid
+    return 0o700, None
+
+
 class RuntimeDir:
     """An open runtime directory, checked (see the module's docstring). `path` is what it
     was opened as, for messages and for other processes to find; `group` is the gid it is
@@ -65,35 +74,30 @@ class RuntimeDir:
     @classmethod
     def open(cls, path, create=False):
         """The directory `path`, made (with `create`) if it is missing. OSError when it
-        cannot be opened: FileNotFoundError when it is missing, RefusedDirectory when it
-        is not safe to use."""
-        parent, name = os.path.split(os.path.abspath(path))
-        # The base is the operator's choice (a symlink in it is theirs): followed.
-        base = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            info = os.fstat(base)
-            shared = bool(info.st_mode & stat.S_ISGID)
-            mode = 0o700 | (info.st_mode & 0o070 if shared else 0)
-            made = False
-            if create:
-                try:
-                    os.mkdir(name, mode, dir_fd=base)
-                    made = True
-                except FileExistsError:
-                    pass
+        cannot be opened: FileNotFoundError when it is missing (one failed open: what a
+        sender pays when nobody listens), RefusedDirectory when it is not safe to use."""
+        base = os.path.dirname(os.path.abspath(path))
+        made = False
+        if create:
+            mode, _ = _mode_in(base)
             try:
-                fd = os.open(name, _DIRECTORY, dir_fd=base)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise RefusedDirectory(exc.errno, "not a directory (a symbolic link?), "
-                                           "refused", path) from None
-                raise
-        finally:
-            os.close(base)
-        directory = cls(fd, path, info.st_gid if shared else None)
+                os.mkdir(path, mode)
+                made = True
+            except FileExistsError:
+                pass
         try:
+            fd = os.open(path, _DIRECTORY)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise RefusedDirectory(exc.errno, "not a directory (a symbolic link?), "
+                                       "refused", path) from None
+            raise
+        directory = cls(fd, path, None)
+        try:
+            # The base is the operator's choice (a symlink to it is theirs): followed.
+            mode, directory.group = _mode_in(base)
             if made:    # the umask must not narrow a shared directory
-                os.chmod(fd, mode | (stat.S_ISGID if shared else 0))
+                os.chmod(fd, mode | (stat.S_ISGID if directory.group is not None else 0))
             directory._check(os.fstat(fd))
         except OSError:
             directory.close()

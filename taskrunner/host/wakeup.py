@@ -35,7 +35,7 @@ empty.
 Whoever waits for a task to end (`TaskQueue.wait`) listens the same way in a directory of
 its own (the database's directory + `ENDED`): a run's end on this host wakes it. Ends on
 other hosts reach it by its bounded poll. With nobody waiting, a run's end costs one
-stat() of a missing directory.
+failed open() of a missing directory.
 """
 import errno
 import hashlib
