@@ -103,6 +103,18 @@ def _string_list(value):
     return list(value)
 
 
+def _words(value):
+    words = _string_list(value)
+    if not all(word.strip() for word in words):
+        raise ValueError("an empty word would match every key")
+    return [word.strip().lower() for word in words]
+
+
+# Task data keys whose values are never shown (masking.py): a key containing one of these.
+SECRET_KEYS = ["password", "passwd", "secret", "token", "api_key", "apikey", "private_key",
+               "authorization", "credential"]
+
+
 # Each [queues.NAME] table: key -> (default, check).
 QUEUE_SCHEMA = {
     "limit": (1, _int(1)),
@@ -143,6 +155,7 @@ SCHEMA = {
         "max_data_size": (1048576, _int(2)),
         "retry_backoff": (10.0, _seconds),
         "retry_backoff_max": (3600.0, _seconds),
+        "secret_keys": (SECRET_KEYS, _words),
     },
     "handlers": {
         "allow": ([], _string_list),
@@ -179,6 +192,10 @@ SCHEMA = {
         # /metrics and `taskrunner metrics`: queues and periodic tasks with series of their
         # own besides the configured ones (the busiest); the rest are summed as "(other)".
         "metrics_series": (100, _int(1)),
+        # A credential for /metrics alone (a scraper that may not see the pages): HTTP Basic,
+        # as password_hash / password_env.
+        "metrics_password_hash": ("", _string),
+        "metrics_password_env": ("", _string),
     },
 }
 

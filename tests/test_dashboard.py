@@ -463,7 +463,7 @@ def test_a_request_naming_another_host_is_refused(sqlite_db):
     change nothing, while IP addresses, localhost names and [dashboard] allowed_hosts work."""
     from taskrunner.reads import records as reads
     queue = sqlite_db.queue()
-    queue.add_task("taskrunner.handlers.Echo", {"secret": "s3"}, queue="mail")
+    queue.add_task("taskrunner.handlers.Echo", {"note": "s3"}, queue="mail")
     served = Served(queue.store, allowed_hosts=["queues.example.com"])
     port = served.server.server_port
     evil = {"Host": "rebind.evil.example:%d" % port}
@@ -519,10 +519,14 @@ def test_a_busy_port_is_one_line_and_exit_2(sqlite_db):
 
 
 OTHER_USER_FETCH = """
+import base64
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 seen = {}
-for path, data in json.loads(sys.argv[2]):
+for path, data, password in json.loads(sys.argv[2]):
     request = urllib.request.Request(sys.argv[1] + path, data=data.encode() if data else None)
+    if password:
+        request.add_header("Authorization", "Basic " + base64.b64encode(
+            b"prometheus:" + password.encode()).decode())
     try:
         with opener.open(request, timeout=30) as response:
             seen[path] = [response.status, response.read().decode()]
@@ -536,18 +540,20 @@ def test_another_local_user_cannot_read_or_act_through_the_default_dashboard(sql
                                                                             other_user):
     """The default dashboard (loopback, no password) serves its owner only: another local
     user gets neither task data (which the 0600 database keeps from them) nor the CSRF
-    token, and cannot pause a queue even with the token."""
+    token, and cannot pause a queue even with the token; with the credential of /metrics
+    alone (a Prometheus running as another user) it scrapes /metrics and nothing else."""
     import json
     from taskrunner.reads import records as reads
     queue = sqlite_db.queue()
-    task_id = queue.add_task("taskrunner.handlers.Echo", {"secret": "s3"}, queue="mail")
-    served = Served(queue.store)
+    task_id = queue.add_task("taskrunner.handlers.Echo", {"note": "s3"}, queue="mail")
+    served = Served(queue.store, metrics_password_hash=hash_password("scrape-pw"))
     try:
         token = token_of(served)
         assert "s3" in fetch(served.url + "/tasks/%d" % task_id)[1]    # its owner's view
-        asked = [["/", ""], ["/tasks/%d" % task_id, ""], ["/metrics", ""],
-                 ["/api/parts?page=task&id=%d" % task_id, ""],
-                 ["/queues/pause", "csrf=%s&name=mail" % token]]
+        asked = [["/", "", ""], ["/tasks/%d" % task_id, "", ""], ["/metrics", "", ""],
+                 ["/api/parts?page=task&id=%d" % task_id, "", ""],
+                 ["/queues/pause", "csrf=%s&name=mail" % token, ""],
+                 ["/tasks", "", "scrape-pw"], ["/metrics?", "", "scrape-pw"]]
         seen = json.loads(run_as(other_user, OTHER_USER_FETCH, served.url,
                                  json.dumps(asked),
                                  imports="import json, urllib.error, urllib.request, encodings.idna"
@@ -555,6 +561,8 @@ def test_another_local_user_cannot_read_or_act_through_the_default_dashboard(sql
     finally:
         served.stop()
     try:
+        status, body = seen.pop("/metrics?")
+        assert status == 200 and 'queue="mail"' in body and "s3" not in body
         for path, (status, body) in seen.items():
             assert status == 403, (path, status)
             assert "s3" not in body and token not in body and "mail" not in body, path
@@ -625,3 +633,73 @@ def test_a_scrape_stays_small_whatever_the_number_of_queue_names(sqlite_db):
     finally:
         queue.close()
     assert len(text) < 100_000 and text.count(b"\n") < 1000, (len(text), text.count(b"\n"))
+
+
+# -- secrets in task data; a credential for /metrics (issue 31) -------------------------------
+
+SECRET_DATA = {"user": "ann", "db_password": "hunter2",
+               "nested": [{"X-Api-Token": "t0k3n"}], "count": 3}
+
+
+def _secret_task(queue):
+    """A task whose data and results hold secrets, run once."""
+    task_id = queue.add_task("taskrunner.handlers.Echo", SECRET_DATA)
+    queue.run_pending()
+    return task_id
+
+
+def _no_secret(text):
+    return "hunter2" not in text and "t0k3n" not in text
+
+
+def test_secret_keys_are_masked_on_the_dashboard(sqlite_db):
+    queue = sqlite_db.queue()
+    task_id = _secret_task(queue)
+    served = Served(queue.store)
+    try:
+        for path in ("/tasks/%d" % task_id, "/api/parts?page=task&id=%d" % task_id):
+            body = fetch(served.url + path)[1]
+            assert _no_secret(body) and "ann" in body and "********" in body, path
+    finally:
+        served.stop()
+    assert queue.get_task(task_id).data == SECRET_DATA       # the API gets it as given
+    queue.close()
+
+
+def test_secret_keys_are_masked_in_the_cli_and_in_log_lines(sqlite_db, tmp_path):
+    import json
+    queue = sqlite_db.queue()
+    task_id = _secret_task(queue)
+    from taskrunner.periodic import scheduler as periodic
+    periodic.add_periodic(queue.store, "nightly", "taskrunner.handlers.Echo", "daily",
+                          data={"token": "t0k3n"})
+    queue.close()
+    for args in (["show", str(task_id)], ["show", str(task_id), "--json"], ["tasks"],
+                 ["tasks", "--json"], ["runs", str(task_id), "--json"],
+                 ["wait", str(task_id), "--json"], ["wait", str(task_id)],
+                 ["periodic", "list", "--json"]):
+        out = ok(taskrunner(*args, url=sqlite_db.url))
+        assert _no_secret(out), args
+    shown = json.loads(ok(taskrunner("show", str(task_id), "--json", url=sqlite_db.url)))
+    assert shown["data"]["db_password"] == "********" and shown["data"]["user"] == "ann"
+    result = taskrunner("--log-level", "debug", "add", "taskrunner.handlers.Echo", "--data",
+                        json.dumps(SECRET_DATA), url=sqlite_db.url)
+    assert result.returncode == 0 and "INSERT INTO task_queue" in result.stderr
+    assert _no_secret(result.stderr), result.stderr
+    config = sqlite_db.write_config(tmp_path / "c.toml", "[task]\nsecret_keys = []\n")
+    assert "hunter2" in ok(taskrunner("show", str(task_id), config=config))
+
+
+def test_metrics_take_a_credential_of_their_own(sqlite_db):
+    queue = sqlite_db.queue()
+    served = Served(queue.store, password_hash=hash_password("pages-pw"),
+                    metrics_password_hash=hash_password("scrape-pw"))
+    try:
+        assert fetch(served.url + "/metrics", password="scrape-pw")[0] == 200
+        assert fetch(served.url + "/metrics", password="pages-pw")[0] == 200
+        assert fetch(served.url + "/metrics")[0] == 401
+        assert fetch(served.url + "/", password="scrape-pw")[0] == 401
+        assert fetch(served.url + "/tasks", password="pages-pw")[0] == 200
+    finally:
+        served.stop()
+        queue.close()

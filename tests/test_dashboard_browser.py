@@ -290,7 +290,7 @@ def test_a_dns_rebinding_page_reads_nothing_and_changes_nothing(browser, site):
     its own Host, and gets a refusal without task data."""
     from taskrunner.reads import records as reads
     queue = site.queue
-    task_id = queue.add_task("taskrunner.handlers.Echo", {"secret": "s3-data"}, queue="mail")
+    task_id = queue.add_task("taskrunner.handlers.Echo", {"note": "s3-data"}, queue="mail")
     browser.get(site.url + "/tasks/%d" % task_id)
     token = browser.find_element("css selector", 'input[name="csrf"]').get_attribute("value")
     assert "s3-data" in browser.find_element("css selector", "main").text

@@ -13,7 +13,7 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # prefix that matches a module gives its layer. Within a layer the modules are ordered too.
 LEVELS = {
     # 1. data and pure logic
-    "errors": 1.0, "timespan": 1.0, "logs": 1.0, "calendar": 1.0,
+    "errors": 1.0, "timespan": 1.0, "logs": 1.0, "calendar": 1.0, "masking": 1.0,
     "store.models": 1.0, "store.migrations": 1.0,
     "config": 1.1, "handler": 1.1, "periodic.timers": 1.1,
     "handlers": 1.2, "periodic.definitions": 1.2,

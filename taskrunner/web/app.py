@@ -90,15 +90,20 @@ class Dashboard:
             return _refused("unknown Host %r: this dashboard answers IP addresses, localhost "
                             "names, its own host's name and [dashboard] allowed_hosts only\n"
                             % (host or "")[:200])
+        method = environ.get("REQUEST_METHOD", "GET")
+        path = environ.get("PATH_INFO", "/")
+        authorization = environ.get("HTTP_AUTHORIZATION")
+        if path == "/metrics" and method in ("GET", "HEAD") \
+                and self.guard.allows_metrics(authorization):
+            return self.get(path, {})
         if not self.guard.peer_allowed(environ.get(PEER_UID)):
             return _refused("this dashboard answers its owner only (the user running it, "
                             "on this host); set [dashboard] password_hash or password_env "
-                            "to let others in\n")
-        if not self.guard.allows(environ.get("HTTP_AUTHORIZATION")):
+                            "to let others in, metrics_password_hash or metrics_password_env "
+                            "for /metrics alone\n")
+        if not self.guard.allows(authorization):
             return ("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="taskrunner"'),
                                          ("Content-Type", "text/plain")], b"password required\n")
-        method = environ.get("REQUEST_METHOD", "GET")
-        path = environ.get("PATH_INFO", "/")
         params = dict(parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True))
         try:
             if method == "POST":

@@ -16,8 +16,10 @@ makes the proxy's user the one that counts.
 
 The password is HTTP Basic (any user name), configured as a PBKDF2 hash in ``[dashboard]
 password_hash`` or read from the environment variable ``[dashboard] password_env`` names.
-Verifying a PBKDF2 hash costs ~0.1 s, so a header once verified is remembered (by its
-SHA-256) for the life of the process.
+``metrics_password_hash`` / ``metrics_password_env`` set one that opens ``/metrics`` alone,
+for a scraper that may not see the pages (from another user, or another host). Verifying a
+PBKDF2 hash costs ~0.1 s, so a header once verified is remembered (by its SHA-256) for the
+life of the process.
 """
 import base64
 import hashlib
@@ -131,27 +133,65 @@ def peer_uid(connection: Any) -> Optional[int]:
     return None
 
 
+class Password:
+    """One HTTP Basic password (any user name): a PBKDF2 hash (``<prefix>password_hash``) or
+    the value of an environment variable (``<prefix>password_env``), or none. A header once
+    verified is remembered by its SHA-256."""
+
+    def __init__(self, dashboard_config, prefix: str, environ) -> None:
+        self.hash = getattr(dashboard_config, prefix + "password_hash") or None
+        self.plain = None
+        variable = getattr(dashboard_config, prefix + "password_env")
+        if variable:
+            self.plain = environ.get(variable) or None
+            if self.plain is None:
+                raise ConfigError("[dashboard] %spassword_env: the environment variable %s is "
+                                  "not set" % (prefix, variable))
+        if self.hash and not self.hash.startswith("pbkdf2_sha256$"):
+            raise ConfigError("[dashboard] %spassword_hash: expected the output of "
+                              "`taskrunner dashboard --hash-password`" % prefix)
+        self._verified: set = set()
+        self._lock = threading.Lock()
+
+    @property
+    def set(self) -> bool:
+        return bool(self.hash or self.plain)
+
+    def matches(self, authorization: Optional[str]) -> bool:
+        """Whether this Authorization header carries the password (False when none is set)."""
+        if not self.set or not authorization or not authorization.startswith("Basic "):
+            return False
+        key = hashlib.sha256(authorization.encode()).digest()
+        with self._lock:
+            if key in self._verified:
+                return True
+        try:
+            decoded = base64.b64decode(authorization[6:], validate=True).decode()
+        except (ValueError, UnicodeDecodeError):
+            return False
+        password = decoded.partition(":")[2]
+        if self.plain is not None:
+            good = hmac.compare_digest(password.encode(), self.plain.encode())
+        else:
+            good = check_hash(password, self.hash or "")
+        if good:
+            with self._lock:
+                self._verified.add(key)
+        return good
+
+
 class Guard:
-    """The dashboard's password (if any), the Host names it answers and its CSRF token."""
+    """The dashboard's password (if any), the one of /metrics alone (if any), the Host names
+    it answers and its CSRF token."""
 
     def __init__(self, dashboard_config, environ=None, bind_host: str = ""):
         environ = os.environ if environ is None else environ
-        self.password_hash = dashboard_config.password_hash or None
-        self.password = None
-        if dashboard_config.password_env:
-            self.password = environ.get(dashboard_config.password_env) or None
-            if self.password is None:
-                raise ConfigError("[dashboard] password_env: the environment variable %s is "
-                                  "not set" % dashboard_config.password_env)
-        if self.password_hash and not self.password_hash.startswith("pbkdf2_sha256$"):
-            raise ConfigError("[dashboard] password_hash: expected the output of "
-                              "`taskrunner dashboard --hash-password`")
+        self.password = Password(dashboard_config, "", environ)
+        self.metrics_password = Password(dashboard_config, "metrics_", environ)
         self.hosts = _host_names([bind_host, socket.gethostname()]
                                  + list(dashboard_config.allowed_hosts))
         self.owner = os.geteuid()
         self.csrf_token = secrets.token_urlsafe(32)
-        self._verified: set = set()
-        self._lock = threading.Lock()
 
     def host_allowed(self, header: Optional[str]) -> bool:
         """Whether a request whose Host header is `header` may be answered."""
@@ -166,7 +206,7 @@ class Guard:
 
     @property
     def required(self) -> bool:
-        return bool(self.password_hash or self.password)
+        return self.password.set
 
     def check_bind(self, host: str) -> None:
         """A non-loopback address without a password is refused, and so is a dashboard
@@ -180,27 +220,11 @@ class Guard:
 
     def allows(self, authorization: Optional[str]) -> bool:
         """Whether a request with this Authorization header may proceed."""
-        if not self.required:
-            return True
-        if not authorization or not authorization.startswith("Basic "):
-            return False
-        key = hashlib.sha256(authorization.encode()).digest()
-        with self._lock:
-            if key in self._verified:
-                return True
-        try:
-            decoded = base64.b64decode(authorization[6:], validate=True).decode()
-        except (ValueError, UnicodeDecodeError):
-            return False
-        password = decoded.partition(":")[2]
-        if self.password is not None:
-            good = hmac.compare_digest(password.encode(), self.password.encode())
-        else:
-            good = check_hash(password, self.password_hash)
-        if good:
-            with self._lock:
-                self._verified.add(key)
-        return good
+        return not self.required or self.password.matches(authorization)
+
+    def allows_metrics(self, authorization: Optional[str]) -> bool:
+        """Whether this Authorization header carries the password of /metrics alone."""
+        return self.metrics_password.matches(authorization)
 
     def csrf_ok(self, token: Optional[str]) -> bool:
         return bool(token) and hmac.compare_digest(token.encode(), self.csrf_token.encode())

@@ -10,6 +10,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from ..reads import records as reads, summaries
 from ..errors import InputError
+from ..masking import masked
 from .html import (ago, csrf_form, e, minute_chart, pretty, progress, query, short, span, status,
                    status_bar, table, when)
 from .html import now as utcnow
@@ -29,6 +30,10 @@ class View:
 
     def action(self, path: str, button: str, fields: Optional[dict] = None, css: str = "") -> str:
         return "" if self.read_only else csrf_form(path, self.csrf, button, fields, css)
+
+    def shown(self, value: Any) -> Any:
+        """Task data or results as a page shows them: secret keys masked (masking.py)."""
+        return masked(value, self.store.config.task.secret_keys)
 
 
 def _time_param(params: Mapping[str, str], name: str) -> Optional[datetime]:
@@ -293,7 +298,7 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
         rows.append([e(r.attempt), e(r.id), status(shown_run), e(r.runner_id),
                      progress(r.percent_completed), when(r.created_on), when(r.started_on),
                      when(r.finished_on), span(r.duration),
-                     pretty(r.results) if r.results is not None else "", error])
+                     pretty(view.shown(r.results)) if r.results is not None else "", error])
     return ('<dl class="facts">%s</dl><h2>Runs</h2>%s%s' % (facts_html, table(
         ["Attempt", "Run", "Status", "Runner", "Progress", "Created", "Started", "Finished",
          "Duration", "Results", "Error"], rows, "no run yet", css="runs"),
@@ -308,7 +313,7 @@ def task(view: View, params: Mapping[str, str], task_id: int) -> str:
     if t.finished_on is None and t.status != "cancelled":
         actions += view.action("/tasks/%d/cancel" % t.id, "Cancel", css="danger")
     return ('<p class="actions">%s</p><div id="task-live" data-live>%s</div><h2>Data</h2>%s'
-            % (actions, task_live(view, params, task_id), pretty(t.data)))
+            % (actions, task_live(view, params, task_id), pretty(view.shown(t.data))))
 
 
 # -- failures and periodic tasks ---------------------------------------------------------------
