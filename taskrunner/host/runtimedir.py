@@ -19,7 +19,6 @@ once, on what was opened, and then used only through that descriptor:
 """
 import errno
 import functools
-import grp
 import os
 import pwd
 import stat
@@ -35,22 +34,15 @@ class RefusedDirectory(OSError):
     """A runtime directory that another user could control: not used."""
 
 
+# Cached for the process's life: a change of a group's members counts from the next start.
 @functools.lru_cache(maxsize=256)
 def member(uid, gid):
     """Whether the user `uid` belongs to the group `gid` (primary or supplementary)."""
     try:
         user = pwd.getpwuid(uid)
-    except KeyError:
-        return False
-    if user.pw_gid == gid:
-        return True
-    try:
         return gid in os.getgrouplist(user.pw_name, user.pw_gid)
-    except OSError:
-        try:
-            return user.pw_name in grp.getgrgid(gid).gr_mem
-        except KeyError:
-            return False
+    except (KeyError, OSError):
+        return False
 
 
 def _mode_in(base):
@@ -184,7 +176,7 @@ class RuntimeDir:
 
     def identity(self):
         """What tells this directory apart from one made again at its path, and when its
-        listing last changed: (device, inode, mtime in ns, mtime in s)."""
+        listing last changed: ((device, inode, mtime in ns), mtime in s)."""
         info = os.fstat(self.fd)
         return (info.st_dev, info.st_ino, info.st_mtime_ns), info.st_mtime
 
