@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 import urllib.request
-from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -117,10 +116,10 @@ def pages(url):
 
 def time_pages(url, repeat):
     from taskrunner import TaskQueue
+    from taskrunner.config import Config
     from taskrunner.web.app import serve
     queue = TaskQueue(url)
-    config = SimpleNamespace(bind="127.0.0.1:0", read_only=False, password_hash="",
-                             password_env="")
+    config = Config.from_dict({"dashboard": {"bind": "127.0.0.1:0"}}).dashboard
     box = {}
     ready = threading.Event()
     thread = threading.Thread(target=serve, args=(queue.store, config), daemon=True,

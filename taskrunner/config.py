@@ -113,6 +113,18 @@ def _string_list(value):
     return list(value)
 
 
+def _words(value):
+    words = _string_list(value)
+    if not all(word.strip() for word in words):
+        raise ValueError("an empty word would match every key")
+    return [word.strip().lower() for word in words]
+
+
+# Task data keys whose values are never shown (masking.py): a key containing one of these.
+SECRET_KEYS = ["password", "passwd", "secret", "token", "api_key", "apikey", "private_key",
+               "authorization", "credential"]
+
+
 # Each [queues.NAME] table: key -> (default, check).
 QUEUE_SCHEMA = {
     "limit": (1, _int(1)),
@@ -141,8 +153,9 @@ SCHEMA = {
         # success may wait for the others' before it is committed. 1 = one at a time.
         "batch": (1, _int(1, maximum=1000)),
         "flush_interval": (0.005, _flush_interval),
-        # "" = liveness.default_host_id(); wake-ups: "" = $TASKRUNNER_WAKEUP_DIR, then
-        # $XDG_RUNTIME_DIR or the temporary directory (see wakeup.base_directory).
+        # "" = liveness.default_host_id(); wake-ups: "" = $TASKRUNNER_WAKEUP_DIR, else
+        # beside a SQLite file, else $XDG_RUNTIME_DIR or the temporary directory
+        # (see wakeup.directory).
         "host_id": ("", _string),
         "wakeup_dir": ("", _string),
     },
@@ -152,6 +165,7 @@ SCHEMA = {
         "max_data_size": (1048576, _int(2)),
         "retry_backoff": (10.0, _seconds),
         "retry_backoff_max": (3600.0, _seconds),
+        "secret_keys": (SECRET_KEYS, _words),
     },
     "handlers": {
         "allow": ([], _string_list),
@@ -182,6 +196,16 @@ SCHEMA = {
         "password_hash": ("", _string),
         # The name of an environment variable holding the password.
         "password_env": ("", _string),
+        # Host names (besides IP addresses, localhost names and this host's name) that
+        # requests may name in their Host header: a reverse proxy's, a DNS name of this host.
+        "allowed_hosts": ([], _string_list),
+        # /metrics and `taskrunner metrics`: queues and periodic tasks with series of their
+        # own besides the configured ones (the busiest); the rest are summed as "(other)".
+        "metrics_series": (100, _int(1)),
+        # A credential for /metrics alone (a scraper that may not see the pages): HTTP Basic,
+        # as password_hash / password_env.
+        "metrics_password_hash": ("", _string),
+        "metrics_password_env": ("", _string),
     },
     "run_event": {
         # In-Portal's `run_event.php EVENT password_here`: when set, every `run-event` must
@@ -383,7 +407,8 @@ DESCRIPTIONS = {
         "recorded it. `\"\"`: the hostname, plus `/pidns:INODE` inside a PID namespace of "
         "its own (a container).",
     ("runner", "wakeup_dir"):
-        "Where idle runners' wake-up sockets live. `\"\"`: `$TASKRUNNER_WAKEUP_DIR`, else "
+        "Where idle runners' wake-up sockets live. `\"\"`: `$TASKRUNNER_WAKEUP_DIR`, else a "
+        "SQLite database's beside its file (`<database>-wakeup`), a server database's in "
         "`$XDG_RUNTIME_DIR`, else the temporary directory.",
     ("task", "run_timeout"):
         "Default for a task: a run with no update (heartbeat, progress) for this long is "
@@ -442,6 +467,24 @@ DESCRIPTIONS = {
         "HTTP Basic password, hashed: the output of `taskrunner dashboard --hash-password`.",
     ("dashboard", "password_env"):
         "Or the name of an environment variable holding the password.",
+    ("dashboard", "allowed_hosts"):
+        "Host names the dashboard answers besides IP addresses, localhost names, the bind "
+        "name and this host's name (say, a reverse proxy's); any other Host gets 403 (DNS "
+        "rebinding).",
+    ("dashboard", "metrics_series"):
+        "Queues and periodic tasks with `/metrics` series of their own besides the configured "
+        "ones (the busiest first); the rest are summed as `(other)`.",
+    ("dashboard", "metrics_password_hash"):
+        "A password that opens `/metrics` alone (HTTP Basic, hashed as `password_hash`), for a "
+        "scraper running as another user or on another host.",
+    ("dashboard", "metrics_password_env"):
+        "Or the name of an environment variable holding the `/metrics` password.",
+    ("task", "secret_keys"):
+        "Words that mark a key of task data or results as secret: its value is shown masked "
+        "on the dashboard, in the CLI's output and in logs (`[]` shows everything).",
+    ("run_event", "password_hash"):
+        "In-Portal's `run_event.php EVENT password`: when set, every `run-event` requires the "
+        "password (the output of `taskrunner run-event --hash-password`).",
 }
 
 QUEUE_DESCRIPTIONS = {
@@ -462,7 +505,9 @@ PERIODIC_DESCRIPTIONS = {
     "max_runtime": "Timebox: the `max_runtime` of each submitted task.",
     "min_spacing": "Drop a task at start if the previous one started less than this ago.",
     "timebox": "`half`: each task's `max_runtime` is half the interval (`every`/`after` "
-               "timers).",
+               "timers); the default with `tolerance` (Nuntium's mode); `off` turns it off.",
+    "anchor": "`due` (default): the next due time counts from the last one; `now` (`every` "
+              "timers): from the moment the scheduler submitted (Nuntium's nextRun).",
     "tolerance": "Drop a task started less than interval - tolerance after the previous start "
                  "(`every` timers); every due time is then submitted.",
     "max_retries": "The submitted tasks' `max_retries`; default `[task] max_retries`.",

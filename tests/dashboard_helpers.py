@@ -4,8 +4,8 @@ import base64
 import threading
 import urllib.error
 import urllib.request
-from types import SimpleNamespace
 
+from taskrunner.config import Config
 from taskrunner.web.app import serve
 
 
@@ -13,9 +13,7 @@ class Served:
     """`serve()` on a thread; ``url``; stopped by `stop()`."""
 
     def __init__(self, store, bind="127.0.0.1:0", **dashboard):
-        settings = dict(bind=bind, read_only=False, password_hash="", password_env="")
-        settings.update(dashboard)
-        self.config = SimpleNamespace(**settings)
+        self.config = Config.from_dict({"dashboard": dict(dashboard, bind=bind)}).dashboard
         ready = threading.Event()
         self.server = None
         self.error = None

@@ -18,6 +18,7 @@ from taskrunner.passwords import hash_password  # noqa: E402
 
 from conftest import REPO_DIR, ok, process_env, taskrunner, usage_error, utc  # noqa: E402
 from dashboard_helpers import Served, fetch  # noqa: E402
+from local_users import other_user, run_as  # noqa: E402,F401 - other_user: a fixture
 
 
 def history(queue):
@@ -452,3 +453,253 @@ def test_metrics_per_queue(database):
     assert samples[("taskrunner_queue_paused", (("queue", "mail"),))] == 1
     assert samples[("taskrunner_queue_paused", (("queue", "default"),))] == 0
     assert samples[("taskrunner_queue_lag_by_queue_seconds", (("queue", "mail"),))] >= 25
+
+
+# -- who reaches the dashboard; bad input (issue 31) -----------------------------------------
+
+def test_a_request_naming_another_host_is_refused(sqlite_db):
+    """DNS rebinding: a page of rebind.evil.example whose name now resolves to 127.0.0.1
+    sends requests with that Host; they get nothing (no task data, no CSRF token) and can
+    change nothing, while IP addresses, localhost names and [dashboard] allowed_hosts work."""
+    from taskrunner.reads import records as reads
+    queue = sqlite_db.queue()
+    queue.add_task("taskrunner.handlers.Echo", {"note": "s3"}, queue="mail")
+    served = Served(queue.store, allowed_hosts=["queues.example.com"])
+    port = served.server.server_port
+    evil = {"Host": "rebind.evil.example:%d" % port}
+    try:
+        token = token_of(served)
+        for path in ("/", "/tasks", "/tasks/1", "/api/parts?page=task&id=1", "/metrics"):
+            status, body, _ = fetch(served.url + path, headers=evil)
+            assert status == 403 and "s3" not in body and token not in body, (path, status)
+            assert "rebind.evil.example" in body and "allowed_hosts" in body
+        status, _, _ = fetch(served.url + "/queues/pause", data="csrf=%s&name=mail" % token,
+                             headers=dict(evil, Origin="http://rebind.evil.example:%d" % port))
+        assert status == 403
+        assert not any(q.paused for q in reads.queue_stats(queue.store))
+        for host in ("localhost:%d" % port, "127.0.0.1:%d" % port, "[::1]:%d" % port,
+                     "LOCALHOST.:%d" % port, "queues.example.com", "app.localhost:%d" % port):
+            status, body, _ = fetch(served.url + "/tasks/1", headers={"Host": host})
+            assert status == 200 and "s3" in body, host
+        assert fetch(served.url + "/", headers={"Host": ""})[0] == 403
+    finally:
+        served.stop()
+        queue.close()
+
+
+@pytest.mark.parametrize("path", [
+    "/tasks?before=99999999999999999999999",
+    "/api/parts?page=task&id=99999999999999999999999", "/tasks?since=9999-12-31T23:59-23:00",
+    "/tasks?until=0001-01-01T00:00%2B23:59", "/api/parts?page=task&id=-1"])
+def test_parameters_out_of_range_are_400_never_500(sqlite_db, path):
+    queue = sqlite_db.queue()
+    queue.add_task("taskrunner.handlers.Echo")
+    served = Served(queue.store)
+    try:
+        status, body, _ = fetch(served.url + path)
+        assert status == 400, (status, body[-300:])
+        assert "Traceback" not in body
+    finally:
+        served.stop()
+        queue.close()
+
+
+def test_a_busy_port_is_one_line_and_exit_2(sqlite_db):
+    import socket
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    try:
+        result = taskrunner("dashboard", "--bind", "127.0.0.1:%d" % port, url=sqlite_db.url,
+                            process=True)
+    finally:
+        busy.close()
+    usage_error(result, "cannot listen on 127.0.0.1:%d" % port, "in use")
+
+
+OTHER_USER_FETCH = """
+import base64
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+seen = {}
+for path, data, password in json.loads(sys.argv[2]):
+    request = urllib.request.Request(sys.argv[1] + path, data=data.encode() if data else None)
+    if password:
+        request.add_header("Authorization", "Basic " + base64.b64encode(
+            b"prometheus:" + password.encode()).decode())
+    try:
+        with opener.open(request, timeout=30) as response:
+            seen[path] = [response.status, response.read().decode()]
+    except urllib.error.HTTPError as exc:
+        seen[path] = [exc.code, exc.read().decode()]
+print(json.dumps(seen))
+"""
+
+
+def test_another_local_user_cannot_read_or_act_through_the_default_dashboard(sqlite_db,
+                                                                            other_user):
+    """The default dashboard (loopback, no password) serves its owner only: another local
+    user gets neither task data (which the 0600 database keeps from them) nor the CSRF
+    token, and cannot pause a queue even with the token; with the credential of /metrics
+    alone (a Prometheus running as another user) it scrapes /metrics and nothing else."""
+    import json
+    from taskrunner.reads import records as reads
+    queue = sqlite_db.queue()
+    task_id = queue.add_task("taskrunner.handlers.Echo", {"note": "s3"}, queue="mail")
+    served = Served(queue.store, metrics_password_hash=hash_password("scrape-pw"))
+    try:
+        token = token_of(served)
+        assert "s3" in fetch(served.url + "/tasks/%d" % task_id)[1]    # its owner's view
+        asked = [["/", "", ""], ["/tasks/%d" % task_id, "", ""], ["/metrics", "", ""],
+                 ["/api/parts?page=task&id=%d" % task_id, "", ""],
+                 ["/queues/pause", "csrf=%s&name=mail" % token, ""],
+                 ["/tasks", "", "scrape-pw"], ["/metrics?", "", "scrape-pw"]]
+        seen = json.loads(run_as(other_user, OTHER_USER_FETCH, served.url,
+                                 json.dumps(asked),
+                                 imports="import json, urllib.error, urllib.request, encodings.idna"
+                                 ).stdout)
+    finally:
+        served.stop()
+    try:
+        status, body = seen.pop("/metrics?")
+        assert status == 200 and 'queue="mail"' in body and "s3" not in body
+        for path, (status, body) in seen.items():
+            assert status == 403, (path, status)
+            assert "s3" not in body and token not in body and "mail" not in body, path
+            assert "owner" in body, body
+        assert not any(q.paused for q in reads.queue_stats(queue.store))
+    finally:
+        queue.close()
+
+
+def _samples(text):
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_metrics_name_the_configured_and_the_busiest_queues_and_sum_the_rest(database):
+    """Whoever adds tasks picks the queue names: the per-queue series are the configured
+    queues and the `metrics_series` busiest, the rest summed as "(other)"; the periodic
+    tasks likewise (those failing most in a row, then the soonest due)."""
+    from taskrunner.periodic import scheduler as periodic
+    from taskrunner.web.metrics import exposition
+    queue = database.queue(dashboard={"metrics_series": 20}, queues={"mail": {"limit": 1}})
+    try:
+        queue.add_tasks([{"handler": "taskrunner.handlers.Echo", "queue": "q%03d" % n}
+                         for n in range(300) for _ in range(3 if n % 7 == 0 else 1)])
+        queue.pause_queue("q000")
+        queue.pause_queue("q001")
+        for n in range(60):
+            periodic.add_periodic(queue.store, "p%02d" % n, "taskrunner.handlers.Echo",
+                                  "every %dmin" % (n + 1))
+        Periodic = queue.store.PeriodicTask
+        Periodic.update(consecutive_failures=3).where(Periodic.name == "p44").execute()
+        periodic.set_enabled(queue.store, "p59", False)
+        samples = _samples(exposition(queue.store).decode())
+    finally:
+        queue.close()
+    named = {dict(labels)["queue"] for name, labels in samples
+             if name == "taskrunner_queue_scheduled"}
+    busiest = {"q%03d" % n for n in range(0, 300, 7)}
+    assert named == {"default", "mail", "(other)"} | set(sorted(busiest)[:20])
+
+    def queue_value(family, name):
+        return samples[("taskrunner_queue_" + family, (("queue", name),))]
+    assert queue_value("scheduled", "q000") == 3 and queue_value("scheduled", "mail") == 0
+    assert queue_value("scheduled", "(other)") == 300 + 2 * len(busiest) - 3 * 20
+    assert queue_value("paused", "q000") == 1 and queue_value("paused", "(other)") == 1
+    assert queue_value("running", "(other)") == 0
+    names = {dict(labels)["name"] for name, labels in samples
+             if name == "taskrunner_periodic_enabled"}
+    # p44 fails; then the soonest due: the shortest intervals.
+    assert names == {"p44", "(other)"} | {"p%02d" % n for n in range(19)}
+    assert samples[("taskrunner_periodic_consecutive_failures", (("name", "p44"),))] == 3
+    assert samples[("taskrunner_periodic_enabled", (("name", "(other)"),))] == 39
+    assert samples[("taskrunner_periodic_consecutive_failures", (("name", "(other)"),))] == 0
+    assert 0 < samples[("taskrunner_periodic_seconds_until_due", (("name", "(other)"),))] \
+        <= 20 * 60
+
+
+def test_a_scrape_stays_small_whatever_the_number_of_queue_names(sqlite_db):
+    """2,000 queue names and 1,000 periodic tasks (bench/metrics_cardinality.py scrapes 20,000
+    and 10,000: 39 KB, 744 lines, 0.10 s): the default cap names 100 of each and the scrape
+    does not grow with them."""
+    from bench.metrics_cardinality import fill
+    from taskrunner.web.metrics import exposition
+    queue = sqlite_db.queue()
+    try:
+        fill(queue, 2000, 1000)
+        text = exposition(queue.store)
+    finally:
+        queue.close()
+    assert len(text) < 100_000 and text.count(b"\n") < 1000, (len(text), text.count(b"\n"))
+
+
+# -- secrets in task data; a credential for /metrics (issue 31) -------------------------------
+
+SECRET_DATA = {"user": "ann", "db_password": "hunter2",
+               "nested": [{"X-Api-Token": "t0k3n"}], "count": 3}
+
+
+def _secret_task(queue):
+    """A task whose data and results hold secrets, run once."""
+    task_id = queue.add_task("taskrunner.handlers.Echo", SECRET_DATA)
+    queue.run_pending()
+    return task_id
+
+
+def _no_secret(text):
+    return "hunter2" not in text and "t0k3n" not in text
+
+
+def test_secret_keys_are_masked_on_the_dashboard(sqlite_db):
+    queue = sqlite_db.queue()
+    task_id = _secret_task(queue)
+    served = Served(queue.store)
+    try:
+        for path in ("/tasks/%d" % task_id, "/api/parts?page=task&id=%d" % task_id):
+            body = fetch(served.url + path)[1]
+            assert _no_secret(body) and "ann" in body and "********" in body, path
+    finally:
+        served.stop()
+    assert queue.get_task(task_id).data == SECRET_DATA       # the API gets it as given
+    queue.close()
+
+
+def test_secret_keys_are_masked_in_the_cli_and_in_log_lines(sqlite_db, tmp_path):
+    import json
+    queue = sqlite_db.queue()
+    task_id = _secret_task(queue)
+    from taskrunner.periodic import scheduler as periodic
+    periodic.add_periodic(queue.store, "nightly", "taskrunner.handlers.Echo", "daily",
+                          data={"token": "t0k3n"})
+    queue.close()
+    for args in (["show", str(task_id)], ["show", str(task_id), "--json"], ["tasks"],
+                 ["tasks", "--json"], ["runs", str(task_id), "--json"],
+                 ["wait", str(task_id), "--json"], ["wait", str(task_id)],
+                 ["periodic", "list", "--json"]):
+        out = ok(taskrunner(*args, url=sqlite_db.url))
+        assert _no_secret(out), args
+    shown = json.loads(ok(taskrunner("show", str(task_id), "--json", url=sqlite_db.url)))
+    assert shown["data"]["db_password"] == "********" and shown["data"]["user"] == "ann"
+    result = taskrunner("--log-level", "debug", "add", "taskrunner.handlers.Echo", "--data",
+                        json.dumps(SECRET_DATA), url=sqlite_db.url)
+    assert result.returncode == 0 and "INSERT INTO task_queue" in result.stderr
+    assert _no_secret(result.stderr), result.stderr
+    config = sqlite_db.write_config(tmp_path / "c.toml", "[task]\nsecret_keys = []\n")
+    assert "hunter2" in ok(taskrunner("show", str(task_id), config=config))
+
+
+def test_metrics_take_a_credential_of_their_own(sqlite_db):
+    queue = sqlite_db.queue()
+    served = Served(queue.store, password_hash=hash_password("pages-pw"),
+                    metrics_password_hash=hash_password("scrape-pw"))
+    try:
+        assert fetch(served.url + "/metrics", password="scrape-pw")[0] == 200
+        assert fetch(served.url + "/metrics", password="pages-pw")[0] == 200
+        assert fetch(served.url + "/metrics")[0] == 401
+        assert fetch(served.url + "/", password="scrape-pw")[0] == 401
+        assert fetch(served.url + "/tasks", password="pages-pw")[0] == 200
+    finally:
+        served.stop()
+        queue.close()

@@ -18,6 +18,7 @@ from dashboard_helpers import Served  # noqa: E402
 from test_dashboard import history  # noqa: E402
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+REBOUND = "rebind.evil.example"
 PAGES = {"overview": "/", "runners": "/runners", "tasks": "/tasks", "failures": "/failures",
          "periodic": "/periodic"}
 
@@ -45,7 +46,10 @@ def browser():
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                     "--disable-gpu", "--window-size=1400,1000", "--no-proxy-server"):
+                     "--disable-gpu", "--window-size=1400,1000", "--no-proxy-server",
+                     # A DNS rebinding attack's end state: the attacker's name resolves to
+                     # this host's loopback address.
+                     "--host-resolver-rules=MAP %s 127.0.0.1" % REBOUND):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -278,3 +282,30 @@ def test_a_post_without_the_csrf_token_is_refused(browser, site):
         ".then(function (r) { done(r.status); });" % ids["failed"])
     assert status == 403
     assert site.queue.get_task(ids["failed"]).status == "error"
+
+
+def test_a_dns_rebinding_page_reads_nothing_and_changes_nothing(browser, site):
+    """A page of rebind.evil.example, whose name now resolves to 127.0.0.1, loads the
+    dashboard's pages and posts with a CSRF token (one it stole, even): every request names
+    its own Host, and gets a refusal without task data."""
+    from taskrunner.reads import records as reads
+    queue = site.queue
+    task_id = queue.add_task("taskrunner.handlers.Echo", {"note": "s3-data"}, queue="mail")
+    browser.get(site.url + "/tasks/%d" % task_id)
+    token = browser.find_element("css selector", 'input[name="csrf"]').get_attribute("value")
+    assert "s3-data" in browser.find_element("css selector", "main").text
+
+    evil = site.url.replace("127.0.0.1", REBOUND)
+    browser.get(evil + "/tasks/%d" % task_id)
+    text = browser.find_element("css selector", "body").text
+    assert "unknown Host" in text and "s3-data" not in text and token not in browser.page_source
+    answers = browser.execute_async_script(
+        "var done = arguments[arguments.length - 1];"
+        "Promise.all([fetch('/api/parts?page=task&id=%d').then(function (r) {"
+        "  return r.text().then(function (t) { return [r.status, t]; }); }),"
+        " fetch('/queues/pause', {method: 'POST', body: new URLSearchParams("
+        "  {csrf: '%s', name: 'mail'})}).then(function (r) { return [r.status, ''] })])"
+        ".then(done);" % (task_id, token))
+    assert [status for status, _ in answers] == [403, 403], answers
+    assert "s3-data" not in answers[0][1]
+    assert not any(q.paused for q in reads.queue_stats(queue.store))

@@ -14,12 +14,14 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LEVELS = {
     # 1. data and pure logic
     "errors": 1.0, "timespan": 1.0, "logs": 1.0, "calendar": 1.0, "passwords": 1.0,
+    "masking": 1.0,
     "store.models": 1.0, "store.migrations": 1.0,
     "config": 1.1, "handler": 1.1, "periodic.timers": 1.1,
     "handlers": 1.2, "periodic.definitions": 1.2,
     # 2. one bound database; the same-host machinery
     "store": 2.0, "store.db": 2.0,
-    "host": 2.0, "host.hostlock": 2.0, "host.groupsync": 2.0, "host.wakeup": 2.0,
+    "host": 2.0, "host.hostlock": 2.0, "host.groupsync": 2.0, "host.runtimedir": 2.0,
+    "host.wakeup": 2.0,
     "host.claimfile": 2.05,
     "store.bound": 2.1, "store.outage": 2.1, "host.hub": 2.1,
     # 3. the rules: the run lifecycle and its SQL catalogue, liveness, periodic, reads

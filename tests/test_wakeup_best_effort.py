@@ -2,17 +2,15 @@
 (another user's, a stale one) never reaches add_task nor stops a runner; one database spelled
 two ways is one channel; directories are private, configurable and cleaned up."""
 import os
-import pwd
 import select
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
-import uuid
 
 import pytest
-from conftest import Database, process_env, spawn, stop_process, wait_for
+from conftest import Database, spawn, stop_process, wait_for
+from local_users import as_user, other_user  # noqa: F401 - other_user: a fixture
 
 from taskrunner import TaskQueue
 from taskrunner.host import wakeup
@@ -110,6 +108,27 @@ def test_the_directory_comes_from_the_environment_then_the_config(tmp_path, monk
     queue.close()
 
 
+def test_without_a_setting_a_sqlite_databases_directory_is_beside_its_file(tmp_path,
+                                                                         monkeypatch):
+    """Where only who may write the database's directory can plant anything; a server's
+    goes to $XDG_RUNTIME_DIR (the user's own), else the temporary directory."""
+    monkeypatch.delenv("TASKRUNNER_WAKEUP_DIR", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "runtime"))
+    queue = _queue("sqlite:///%s" % (tmp_path / "q.db"))
+    try:
+        assert queue.store.wakeup_directory == str(tmp_path / "q.db") + wakeup.BESIDE
+        listener = wakeup.Listener(queue.store.wakeup_directory)
+        assert stat.S_IMODE(os.stat(listener.directory).st_mode) == 0o700
+        listener.close()
+    finally:
+        queue.close()
+    assert not os.path.exists(str(tmp_path / "q.db") + wakeup.BESIDE)
+    assert wakeup.directory("postgresql://localhost/x").startswith(
+        str(tmp_path / "runtime") + os.sep)
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert wakeup.directory("postgresql://localhost/x").startswith(tempfile.gettempdir())
+
+
 @pytest.mark.timeout(60)
 def test_sockets_of_killed_runners_and_empty_directories_are_removed(sqlite_db, tmp_path,
                                                                    short_dir):
@@ -133,19 +152,6 @@ def test_sockets_of_killed_runners_and_empty_directories_are_removed(sqlite_db, 
 # -- another user on the same host ------------------------------------------------------------
 
 @pytest.fixture
-def other_user():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to add a throwaway user")
-    name = "trw%s" % uuid.uuid4().hex[:8]
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                   check=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", name], check=False)
-
-
-@pytest.fixture
 def shared_base():
     """A wake-up base directory every user may use, as /tmp is."""
     base = tempfile.mkdtemp(prefix="trwake-")
@@ -154,27 +160,19 @@ def shared_base():
     subprocess.run(["rm", "-rf", base], check=False)
 
 
-# The interpreter lives where a throwaway user may not read it (/root), so the child starts
-# as root, imports what it needs, and then becomes the other user for good (groups, gid, uid)
-# before taskrunner touches a wake-up file.
-BECOME = """
-import os, sys, logging, select, socket
+# What the other user's process imports as root, before it becomes that user and touches a
+# wake-up file (tests/local_users.py).
+IMPORTS = """
+import logging, select, socket
 import psycopg, psycopg.pq, psycopg.types, peewee, psutil
 import taskrunner, taskrunner.cli, taskrunner.runner.process, taskrunner.handlers, taskrunner.api
 from taskrunner import TaskQueue
 from taskrunner.config import Config
-os.setgroups([])
-os.setgid(int(os.environ["BECOME_GID"]))
-os.setuid(int(os.environ["BECOME_UID"]))
-assert os.geteuid() != 0
 """
 
 
 def _as_user(user, code, base, argv=()):
-    env = process_env({"TASKRUNNER_WAKEUP_DIR": base, "BECOME_UID": str(user.pw_uid),
-                       "BECOME_GID": str(user.pw_gid), "PYTHONDONTWRITEBYTECODE": "1"})
-    env.pop("XDG_RUNTIME_DIR", None)
-    return [sys.executable, "-c", BECOME + code] + list(argv), dict(env=env, cwd="/")
+    return as_user(user, code, argv, imports=IMPORTS, env={"TASKRUNNER_WAKEUP_DIR": base})
 
 
 ADD_TWICE = """

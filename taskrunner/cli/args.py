@@ -9,6 +9,7 @@ import sys
 from datetime import datetime, timezone
 
 from ..errors import InputError
+from ..masking import masked
 
 
 # Characters that end a line for a terminal or for str.splitlines().
@@ -100,6 +101,14 @@ def print_password_hash():
 
 def print_json(value):
     print(json.dumps(value, indent=2))
+
+
+def shown(record, config):
+    """A task's, run's or periodic task's JSON as the CLI shows it: the secret keys of its
+    data and results masked (``[task] secret_keys``, masking.py)."""
+    words = config.task.secret_keys
+    return {key: masked(value, words) if key in ("data", "results") else value
+            for key, value in record.items()}
 
 
 def queue_name(text):

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from . import runs as cli_runs
 from .args import (iso_time, json_arg, masked_url, one_line, open_queue, positive_int, print_json,
                    print_password_hash, print_table, queue_list, queue_name, seconds_arg,
-                   task_id_arg)
+                   shown, task_id_arg)
 from .calendar import MAX_ITERATIONS, cmd_calendar, iterations
 from .periodic import add_periodic_parser
 from .runs import when
@@ -235,7 +235,7 @@ def cmd_tasks(args):
     queue = open_queue(args)
     filters = cli_runs.task_filters(args)
     from ..reads import records as reads
-    tasks = [t.to_json() for t in reads.list_tasks(
+    tasks = [shown(t.to_json(), args.loaded_config) for t in reads.list_tasks(
         queue.store, limit=None if args.all else args.limit, offset=args.offset, **filters)]
     if args.json:
         print_json(tasks)
@@ -252,7 +252,7 @@ def cmd_tasks(args):
 
 
 def cmd_show(args):
-    task = open_queue(args).get_task(args.id).to_json()
+    task = shown(open_queue(args).get_task(args.id).to_json(), args.loaded_config)
     if args.json:
         print_json(task)
         return
@@ -260,7 +260,7 @@ def cmd_show(args):
 
 
 def cmd_runs(args):
-    runs = [r.to_json() for r in open_queue(args).runs_of(args.id)]
+    runs = [shown(r.to_json(), args.loaded_config) for r in open_queue(args).runs_of(args.id)]
     if args.json:
         print_json(runs)
         return
@@ -278,7 +278,8 @@ def cmd_runs(args):
 
 
 def cmd_wait(args):
-    return cli_runs.wait(open_queue(args), args.id, args.timeout, args.json)
+    return cli_runs.wait(open_queue(args), args.id, args.timeout, args.json,
+                         args.loaded_config)
 
 
 def cmd_retry(args):
@@ -459,12 +460,17 @@ def build_parser(hidden=()):
     return parser
 
 
-def _redactor(url):
+def _redactor(config):
     """Masks the database URL's secrets in log lines (tracebacks included), whatever quoted
-    them: a driver's message, a handler's exception."""
+    them: a driver's message, a handler's exception; and the values of task data's secret
+    keys (``[task] secret_keys``) that a line quotes, such as the debug log's statements."""
+    from ..masking import text_masker
+    url, mask = config.database.url, text_masker(config.task.secret_keys)
+
     def redact(text):
         from ..store.db import redact as redact_url
-        return redact_url(text, url)
+        text = redact_url(text, url)
+        return mask(text) if mask is not None else text
     return redact
 
 
@@ -497,7 +503,7 @@ def main(argv=None):
     try:
         args.loaded_config = Config.load(args.config, args.database)
         setup_logging(args.log_level or args.loaded_config.log.level,
-                      args.loaded_config.log.format, _redactor(args.loaded_config.database.url))
+                      args.loaded_config.log.format, _redactor(args.loaded_config))
         code = args.func(args) or EXIT_OK
         sys.stdout.flush()          # here, so that a closed pipe is handled below
         return code

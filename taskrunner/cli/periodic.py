@@ -1,6 +1,6 @@
 """``taskrunner periodic``: add, list, enable, disable and remove periodic tasks — one by
 name, or every one of an owner at once."""
-from .args import json_arg, open_queue, print_json, print_table, queue_name
+from .args import json_arg, open_queue, print_json, print_table, queue_name, shown
 from .runs import STATS_HEADERS, stats_cells, when
 from ..errors import InputError
 
@@ -28,12 +28,13 @@ def cmd_periodic(args):
         row = reads.periodic_info(periodic.add_periodic(
             store, args.name, args.handler, args.timer, data=args.data, **options))
         if args.json:
-            print_json(row.to_json())
+            print_json(shown(row.to_json(), args.loaded_config))
             return
         print("periodic task %r added; next run %s"
               % (row.name, row.nextrun.isoformat() if row.nextrun else "never"))
     elif args.action == "list":
-        rows = [r.to_json() for r in reads.list_periodic(store, args.owner, args.group)]
+        rows = [shown(r.to_json(), args.loaded_config)
+                for r in reads.list_periodic(store, args.owner, args.group)]
         if args.json:
             print_json(rows)
             return

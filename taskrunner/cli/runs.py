@@ -7,6 +7,8 @@ within ``--timeout`` (2 stays the usage error of every command).
 import json
 import sys
 
+from .args import shown
+
 EXIT_SUCCESS, EXIT_NOT_SUCCESS, EXIT_TIMEOUT = 0, 1, 3
 FAILED_STATUSES = ("error", "timeout", "given-up", "cancelled")
 
@@ -81,8 +83,9 @@ def stats_table(key_header, stats_by_key):
              for key, stats in stats_by_key.items()])
 
 
-def wait(queue, task_id, timeout, as_json):
-    """``taskrunner wait``: block until the task is final; print its outcome; exit code."""
+def wait(queue, task_id, timeout, as_json, config):
+    """``taskrunner wait``: block until the task is final; print its outcome (its secret
+    keys masked: `shown`); exit code."""
     from ..errors import WaitTimeout
     try:
         outcome = queue.wait(task_id, timeout=timeout)
@@ -91,13 +94,13 @@ def wait(queue, task_id, timeout, as_json):
             print(json.dumps({"task_id": task_id, "status": "timeout"}))
         print("taskrunner: %s" % exc, file=sys.stderr)
         return EXIT_TIMEOUT
-    result = outcome.to_json()
+    result = shown(outcome.to_json(), config)
     if as_json:
         print(json.dumps(result, indent=2))
     else:
         print("task %d %s" % (task_id, outcome.status))
-        if outcome.results is not None:
-            print("results: %s" % json.dumps(outcome.results))
+        if result["results"] is not None:
+            print("results: %s" % json.dumps(result["results"]))
         if outcome.error_code:
             print("error: %s: %s" % (outcome.error_code, outcome.error_message))
         if outcome.traceback:

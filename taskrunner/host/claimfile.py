@@ -6,7 +6,7 @@ A batched runner (``[runner] batch`` > 1, batches.py) claims up to `batch` runs 
 the database all of them are ``running`` under it, and which of them it has started is not
 stored there: that would cost the write per run a batch saves. So the runner keeps the list
 in a file of its own, ``<wake-up directory>-claimed/<runner id>`` (owner-only, 0600, like the
-wake-up sockets), mapped into its memory: it publishes the runs it holds, in the order it
+wake-up sockets; the directory is checked like theirs, runtimedir.py), mapped into its memory: it publishes the runs it holds, in the order it
 will start them, when it claims or re-reads them, and counts one more started before it
 starts each (one word written: nothing on the hot path but a store to memory). A death (kill -9 included) leaves the file as it
 was, so the runs listed never started. Whoever marks the runner dead on this host (its
@@ -20,13 +20,20 @@ Publishing sets the count to 0, the started to 0, writes the ids, then the count
 killed half-way leaves a count of 0 or the whole list, never ids it did not hold. Runs listed but no longer ``running`` under the runner (its
 batch was checked, or ended) are left alone by the reader (liveness.py), whose update is
 conditional like every end of a run (rule 4).
+
+The runner creates its file afresh (``O_EXCL``, after removing a stale one of a trusted
+user): a file someone else made beforehand is never written, and no other user can shrink
+the file mapped in the runner's memory (a store into a mapping past the end of its file is
+SIGBUS). The reader and `discard` take only a regular file of a trusted user, never through
+a symlink.
 """
 import logging
 import mmap
 import os
+import stat
 import struct
 
-from .wakeup import mode_of
+from .runtimedir import RuntimeDir
 
 log = logging.getLogger("taskrunner.runner")
 _reported = set()
@@ -45,6 +52,10 @@ def _path(wakeup_directory, runner_id):
     return os.path.join(directory(wakeup_directory), str(int(runner_id)))
 
 
+# The most a reader takes: the count, the started count and `[runner] batch`'s maximum ids.
+_LARGEST = _WORD.size * (_IDS + 1000)
+
+
 class ClaimFile:
     """The writer's side, in the runner's process: `publish` the runs it holds, in the order
     it starts them; `starting` before it starts the next; `remove` when it exits by itself. Without a file (a directory it may not write)
@@ -52,23 +63,26 @@ class ClaimFile:
 
     def __init__(self, wakeup_directory, runner_id, size):
         self.path = _path(wakeup_directory, runner_id)
-        self._fd = self._map = None
+        name = os.path.basename(self.path)
+        self._dir = self._fd = self._map = None
         self._size = size
         self._started = 0
         parent = os.path.dirname(self.path)
-        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
         try:
             for attempt in range(3):
+                opened = RuntimeDir.open(parent, create=True)
                 try:
-                    os.mkdir(parent, mode_of(parent))
-                except FileExistsError:
-                    pass
-                try:
-                    fd = os.open(self.path, flags, 0o600)
+                    opened.remove(name, stat.S_ISREG)   # an earlier runner's with this id
+                    fd = os.open(name, flags, 0o600, dir_fd=opened.fd)
                     break
                 except FileNotFoundError:
+                    opened.close()
                     if attempt == 2:      # removed under us by a last file leaving, thrice
                         raise
+                except OSError:
+                    opened.close()
+                    raise
         except OSError as exc:
             return _unavailable(parent, exc)
         try:
@@ -78,9 +92,10 @@ class ClaimFile:
                                   mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as exc:
             os.close(fd)
-            os.unlink(self.path)
+            os.unlink(name, dir_fd=opened.fd)
+            opened.close()
             return _unavailable(parent, exc)
-        self._fd = fd
+        self._fd, self._dir = fd, opened
 
     def publish(self, run_ids):
         """The runs held now, claimed and not started (at most `size` of them), in the order
@@ -108,7 +123,9 @@ class ClaimFile:
         self._map.close()
         os.close(self._fd)
         self._map = self._fd = None
-        _unlink(self.path)
+        self._dir.remove(os.path.basename(self.path), stat.S_ISREG)
+        self._dir.remove_if_empty()
+        self._dir.close()
 
 
 def _unavailable(parent, exc):
@@ -120,10 +137,20 @@ def _unavailable(parent, exc):
 
 def unstarted(wakeup_directory, runner_id):
     """The runs the dead runner `runner_id` of this host held claimed and had not started:
-    a set of run ids, empty without a file (or with one that cannot be read)."""
+    a set of run ids, empty without a file (or with one that cannot be read, or that is
+    not a trusted user's regular file)."""
+    name = str(int(runner_id))
     try:
-        with open(_path(wakeup_directory, runner_id), "rb") as fh:
-            data = fh.read()
+        with RuntimeDir.open(directory(wakeup_directory)) as opened:
+            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+                         | getattr(os, "O_NOFOLLOW", 0), dir_fd=opened.fd)
+            try:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode) or not opened.trusted(info.st_uid):
+                    return set()
+                data = os.pread(fd, _LARGEST, 0)
+            finally:
+                os.close(fd)
     except OSError:
         return set()
     if len(data) < _IDS * _WORD.size:
@@ -135,14 +162,11 @@ def unstarted(wakeup_directory, runner_id):
 
 
 def discard(wakeup_directory, runner_id):
-    """Remove the file of a runner marked dead (its runs were dealt with)."""
-    _unlink(_path(wakeup_directory, runner_id))
-
-
-def _unlink(path):
-    """Remove a claim file, and the directory when that was its last file."""
+    """Remove the file of a runner marked dead (its runs were dealt with), and the
+    directory when that was its last file."""
     try:
-        os.unlink(path)
-        os.rmdir(os.path.dirname(path))
+        with RuntimeDir.open(directory(wakeup_directory)) as opened:
+            if opened.remove(str(int(runner_id)), stat.S_ISREG):
+                opened.remove_if_empty()
     except OSError:
         pass

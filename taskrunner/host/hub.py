@@ -15,6 +15,12 @@ runners at most ``poll_interval``.
 
 The overseer runs the hub in a process of its own (`HubProcess`), so that waking a runner
 never waits for the overseer's database work.
+
+The hub's directory is checked like every runtime directory (runtimedir.py), and the hub
+takes a datagram only from a user that directory trusts (its own, root, or in a shared
+group directory a member of the group), by the sender's credentials the kernel attaches:
+if the directory's modes are widened later, nobody else can pose as an idle runner (and
+take its wake-ups) or flood the hub with news.
 """
 import errno
 import logging
@@ -22,9 +28,11 @@ import os
 import select
 import signal
 import socket
+import struct
 import time
 
 from . import wakeup
+from .runtimedir import RuntimeDir
 from ..store.db import redact
 
 log = logging.getLogger("taskrunner.hub")
@@ -32,6 +40,7 @@ log = logging.getLogger("taskrunner.hub")
 MAX_BACKOFF = 30.0
 CONNECT_TIMEOUT = 5
 APPLICATION_NAME = "taskrunner-hub"    # how its connection shows in pg_stat_activity
+_CREDENTIALS = struct.Struct("iII")    # struct ucred: pid, uid, gid
 
 
 class Hub:
@@ -46,8 +55,9 @@ class Hub:
         self.configured = frozenset(configured)
         self.listen_url = listen_url
         self.sock = None
+        self.dir = None           # the directory (RuntimeDir) while the hub is bound
         self.inode = None
-        self.idle = {}            # runner socket path -> queues it serves (None: all), FIFO
+        self.idle = {}            # runner socket's name -> queues it serves (None: all), FIFO
         self.connection = None
         self.next_connect = 0.0
         self.backoff = 1.0
@@ -60,36 +70,36 @@ class Hub:
         database); True when this one is the hub. Called again every check_interval: a hub
         whose overseer died is taken over, and one that lost its name gives up."""
         if self.sock is not None:
-            try:
-                if os.stat(self.path).st_ino == self.inode:
-                    return True
-            except OSError:
-                pass
+            held = self.dir.entry(wakeup.HUB)
+            if held is not None and held.st_ino == self.inode:
+                return True
             log.info("wake-up hub %s lost (taken over or removed): binding again", self.path)
             self._close_socket()
-        if answers(self.path):
-            return False
-        mode = wakeup.mode_of(self.directory)
-        temporary = os.path.join(self.directory, ".hub.%d" % os.getpid())
+        temporary = ".hub.%d" % os.getpid()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        opened = None
         try:
-            try:
-                os.mkdir(self.directory, mode)
-                os.chmod(self.directory, mode)
-            except FileExistsError:
-                pass
-            wakeup.unlink_quietly(temporary)
-            sock.bind(temporary)
-            os.chmod(temporary, mode & 0o660)
-            os.rename(temporary, self.path)     # atomically replaces a dead hub's socket
-            self.inode = os.stat(self.path).st_ino
+            opened = RuntimeDir.open(self.directory, create=True)
+            if answers(opened.address(wakeup.HUB)):
+                sock.close()
+                opened.close()
+                return False
+            opened.remove(temporary)
+            # Before the name is visible: a datagram queued without credentials is dropped.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            sock.bind(opened.address(temporary))
+            opened.chmod(temporary, 0o600 if opened.group is None else 0o660)
+            opened.rename(temporary, wakeup.HUB)   # atomically replaces a dead hub's socket
+            self.inode = os.stat(wakeup.HUB, dir_fd=opened.fd, follow_symlinks=False).st_ino
         except OSError as exc:
             sock.close()
-            wakeup.unlink_quietly(temporary)
+            if opened is not None:
+                opened.remove(temporary)
+                opened.close()
             wakeup.report_once("hub", self.directory, exc)
             return False
         sock.setblocking(False)
-        self.sock, self.idle = sock, {}
+        self.sock, self.dir, self.idle = sock, opened, {}
         # Runners that went idle while there was no hub have not told this one: wake them
         # all once, and they tell it as they go idle again.
         wakeup.notify_local(self.directory)
@@ -99,18 +109,17 @@ class Hub:
     def _close_socket(self):
         if self.sock is not None:
             self.sock.close()
-            self.sock = None
+            self.dir.close()
+            self.sock = self.dir = None
             self.idle = {}
 
     def close(self):
         """Leave: remove the hub's name (if still ours) and the LISTEN connection."""
         if self.sock is not None:
-            try:
-                if os.stat(self.path).st_ino == self.inode:
-                    os.unlink(self.path)
-                os.rmdir(self.directory)       # unless a runner still listens there
-            except OSError:
-                pass
+            held = self.dir.entry(wakeup.HUB)
+            if held is not None and held.st_ino == self.inode:
+                self.dir.remove(wakeup.HUB)
+            self.dir.remove_if_empty()         # unless a runner still listens there
             self._close_socket()
         self._drop_connection()
 
@@ -142,23 +151,42 @@ class Hub:
     def _serve_datagrams(self):
         while True:
             try:
-                data, sender = self.sock.recvfrom(256)
+                data, ancillary, _, sender = self.sock.recvmsg(256, socket.CMSG_SPACE(
+                    _CREDENTIALS.size))
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 wakeup.report_once("hub", self.directory, exc)
                 return
+            if not self._trusted(ancillary):
+                continue
+            # A runner's socket by its name in the hub's directory: the path it bound may be
+            # one of its own descriptors (runtimedir.address).
+            name = os.path.basename(sender) if sender else ""
             text = data.decode("utf-8", "replace")
-            if text.startswith("i ") and sender:
-                self.idle.pop(sender, None)          # to the end: longest idle goes first
+            if text.startswith("i ") and name:
+                self.idle.pop(name, None)            # to the end: longest idle goes first
                 queues = text[2:]
-                self.idle[sender] = None if queues == wakeup.ANY else frozenset(
+                self.idle[name] = None if queues == wakeup.ANY else frozenset(
                     queues.split(","))
-            elif text == "b" and sender:
-                self.idle.pop(sender, None)
+            elif text == "b" and name:
+                self.idle.pop(name, None)
             else:
                 count, queue, _ = wakeup.parse_news(text)
                 self.wake(count, queue)
+
+    def _trusted(self, ancillary):
+        """Whether the sender's credentials (the kernel's, SO_PASSCRED) name a user the
+        hub's directory trusts."""
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS \
+                    and len(data) >= _CREDENTIALS.size:
+                uid = _CREDENTIALS.unpack_from(data)[1]
+                if self.dir.trusted(uid):
+                    return True
+                log.debug("wake-up hub ignored a datagram of uid %d", uid)
+                return False
+        return False
 
     def wake(self, count=None, queue=None):
         """Wake `count` idle runners serving `queue` (see the module's docstring)."""
@@ -167,17 +195,17 @@ class Hub:
         if count is None:
             chosen = list(self.idle)
         else:
-            chosen = [path for path, serving in self.idle.items()
+            chosen = [name for name, serving in self.idle.items()
                       if queue is not None and self._serves(serving, queue)][:count]
             if not chosen:
                 groups = {}
-                for path, serving in self.idle.items():
-                    groups.setdefault(serving, []).append(path)
-                chosen = [path for paths in groups.values() for path in paths[:count]]
-        for path in chosen:
-            del self.idle[path]
+                for name, serving in self.idle.items():
+                    groups.setdefault(serving, []).append(name)
+                chosen = [name for names in groups.values() for name in names[:count]]
+        for name in chosen:
+            del self.idle[name]
             try:
-                self.sock.sendto(b"!", path)
+                self.sock.sendto(b"!", self.dir.address(name))
             except (BlockingIOError, InterruptedError):
                 pass                                 # it has a wake-up pending already
             except OSError as exc:

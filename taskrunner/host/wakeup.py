@@ -21,17 +21,21 @@ application and the runners run as different users, a read-only or full disk) ne
 reaches the caller — it is logged once and the runners poll. A lost wake-up costs at most
 ``[runner] poll_interval``.
 
-The directory: ``$TASKRUNNER_WAKEUP_DIR``, else ``[runner] wakeup_dir``, else
-``$XDG_RUNTIME_DIR`` or the temporary directory; in it one subdirectory per database,
-named after the database's canonical key (`channel_key`: one database spelled two ways is
-one channel). Subdirectory and sockets are the owner's alone, unless the directory is a
-setgid group directory: then its group shares them. Sockets of dead processes are removed
-by whoever finds them, and the subdirectory by whoever leaves it empty.
+The directory: in ``$TASKRUNNER_WAKEUP_DIR``, else ``[runner] wakeup_dir``, one
+subdirectory per database named after its canonical key (`channel_key`: one database
+spelled two ways is one channel); without either, a SQLite database's is beside its file
+(``<database>-wakeup``: shared by exactly who shares the database, out of other users'
+reach unless they may write there), a server's in ``$XDG_RUNTIME_DIR``, else the temporary
+directory. Subdirectory and sockets are the owner's alone, unless the base is a setgid group
+directory: then its group shares them. Whoever planted a name there first (a symlink, a
+directory of another user) gets it refused, never used (runtimedir.py). Sockets of dead
+processes are removed by whoever finds them, and the subdirectory by whoever leaves it
+empty.
 
 Whoever waits for a task to end (`TaskQueue.wait`) listens the same way in a directory of
 its own (the database's directory + `ENDED`): a run's end on this host wakes it. Ends on
 other hosts reach it by its bounded poll. With nobody waiting, a run's end costs one
-stat() of a missing directory.
+failed open() of a missing directory.
 """
 import errno
 import hashlib
@@ -40,10 +44,11 @@ import os
 import random
 import secrets
 import socket
-import stat
 import tempfile
 import time
 from urllib.parse import unquote, urlsplit
+
+from .runtimedir import RuntimeDir
 
 CHANNEL = "taskrunner_runs"
 DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
@@ -52,6 +57,8 @@ LOOPBACK = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
 ENDED = "-ended"
 # The hub's socket in the runners' directory (hub.py); senders never list it as a runner.
 HUB = "hub"
+# A SQLite database's wake-up directory, beside its file, without a configured base.
+BESIDE = "-wakeup"
 ANY = "*"
 # A directory changed this recently may change again within its mtime's granularity: its
 # listing is not kept.
@@ -87,24 +94,27 @@ def channel_key(url):
         return url
 
 
-def base_directory(configured=""):
-    return (os.environ.get("TASKRUNNER_WAKEUP_DIR") or configured
-            or os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
+def sqlite_file(url):
+    """The real path of a SQLite database's file, or None (another database, in memory)."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "sqlite":
+        return None
+    path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    if path in ("", ":memory:") or path.startswith("file:") or parts.netloc:
+        return None
+    return os.path.realpath(path)
 
 
 def directory(url, configured=""):
     """The wake-up directory of the database `url` (see the module's docstring)."""
+    base = os.environ.get("TASKRUNNER_WAKEUP_DIR") or configured
+    if not base:
+        database = sqlite_file(url)
+        if database is not None:
+            return database + BESIDE
+        base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     digest = hashlib.sha1(channel_key(url).encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return os.path.join(base_directory(configured), "taskrunner-%s" % digest)
-
-
-def mode_of(path):
-    """0700, with the group's bits added when `path`'s parent is a setgid directory."""
-    try:
-        parent = os.stat(os.path.dirname(path))
-    except OSError:
-        return 0o700
-    return 0o700 | (parent.st_mode & 0o070 if parent.st_mode & stat.S_ISGID else 0)
+    return os.path.join(base, "taskrunner-%s" % digest)
 
 
 def origin(path):
@@ -135,29 +145,25 @@ class Listener:
 
     def __init__(self, path):
         self.directory = path
-        self.path = os.path.join(path, "%d.%s.sock" % (os.getpid(), secrets.token_hex(4)))
-        self.hub = os.path.join(path, HUB)
+        name = "%d.%s.sock" % (os.getpid(), secrets.token_hex(4))
+        self.path = os.path.join(path, name)
         self.announced = False
-        mode = mode_of(path)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            for attempt in range(3):
-                try:
-                    os.mkdir(path, mode)
-                    os.chmod(path, mode)  # the umask must not narrow a shared directory
-                except FileExistsError:
-                    pass
-                try:
-                    self.sock.bind(self.path)
-                    break
-                except FileNotFoundError:
-                    if attempt == 2:  # removed under us by a last listener leaving, thrice
-                        raise
-            os.chmod(self.path, mode & 0o660)
-        except OSError:
-            self.sock.close()
-            raise
+        for attempt in range(3):
+            self.dir = RuntimeDir.open(path, create=True)
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                self.sock.bind(self.dir.address(name))
+                self.dir.chmod(name, 0o600 if self.dir.group is None else 0o660)
+                break
+            except OSError as exc:
+                self.sock.close()
+                self.dir.remove(name)
+                self.dir.close()
+                # Removed under us by a last listener leaving (thrice: give up).
+                if not isinstance(exc, FileNotFoundError) or attempt == 2:
+                    raise
         self.sock.setblocking(False)
+        self.hub = self.dir.address(HUB)
         sweep(path)  # what runners killed before closing theirs left behind
 
     def fileno(self):
@@ -205,8 +211,9 @@ class Listener:
 
     def close(self):
         self.sock.close()
-        unlink_quietly(self.path)
-        _remove_if_empty(self.directory)
+        self.dir.remove(os.path.basename(self.path))
+        self.dir.remove_if_empty()
+        self.dir.close()
 
 
 def open_listener(path):
@@ -220,9 +227,10 @@ def open_listener(path):
 
 
 def sweep(path):
-    """Remove the sockets of processes that are gone; returns the live ones."""
+    """Remove the sockets of processes that are gone; returns the live ones (names)."""
     try:
-        return _send(path, None)
+        with RuntimeDir.open(path) as opened:
+            return _send(opened, None)
     except OSError:
         return []
 
@@ -239,61 +247,79 @@ def _sending_socket():
     return _sender[1]
 
 
+def _opened(path, what):
+    """The runtime directory `path` opened, or None: missing (nobody listens), or refused or
+    unusable (logged once)."""
+    try:
+        return RuntimeDir.open(path)
+    except FileNotFoundError:
+        _listings.pop(path, None)
+        return None
+    except OSError as exc:
+        report_once(what, path, exc)
+        return None
+
+
 def notify(path, count=None, queue=None):
     """Wake the idle runners of this host listening in `path` for `count` runs in `queue`
     (None: unknown): one datagram to the hub; without a hub one byte to each runner's
     socket, and when the hub lags, to `count` of them. Never raises."""
-    try:
-        _sending_socket().sendto(news(count, queue).encode("utf-8"), os.path.join(path, HUB))
+    opened = _opened(path, "for senders")
+    if opened is None:
         return
-    except (BlockingIOError, InterruptedError):
-        limit = count                 # the hub lags: wake a few runners directly
-    except OSError as exc:
-        if exc.errno == errno.ENOBUFS:
-            limit = count
-        elif exc.errno in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR):
-            limit = None              # no hub: every runner
-        else:
+    with opened:
+        try:
+            _sending_socket().sendto(news(count, queue).encode("utf-8"), opened.address(HUB))
+            return
+        except (BlockingIOError, InterruptedError):
+            limit = count                 # the hub lags: wake a few runners directly
+        except OSError as exc:
+            if exc.errno == errno.ENOBUFS:
+                limit = count
+            elif exc.errno in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR):
+                limit = None              # no hub: every runner
+            else:
+                report_once("for senders", path, exc)
+                limit = None
+        try:
+            _send(opened, b"!", limit)
+        except OSError as exc:
             report_once("for senders", path, exc)
-            limit = None
-    try:
-        _send(path, b"!", limit)
-    except OSError as exc:
-        report_once("for senders", path, exc)
 
 
 def notify_local(path):
     """Wake every idle runner or waiter listening in `path` (no hub); never raises."""
-    try:
-        _send(path, b"!")
-    except OSError as exc:
-        report_once("for senders", path, exc)
+    opened = _opened(path, "for senders")
+    if opened is None:
+        return
+    with opened:
+        try:
+            _send(opened, b"!")
+        except OSError as exc:
+            report_once("for senders", path, exc)
 
 
-_listings = {}     # directory -> (its mtime, the sockets in it)
+_listings = {}     # directory's path -> (its identity and mtime, the sockets in it)
 
 
-def _targets(path, fresh=False):
-    """The sockets in `path`, listed again only when the directory changed."""
-    info = os.stat(path)
-    kept = _listings.get(path)
-    if not fresh and kept is not None and kept[0] == info.st_mtime_ns:
+def _targets(opened, fresh=False):
+    """The sockets in the directory `opened`, listed again only when it changed."""
+    identity, mtime = opened.identity()
+    kept = _listings.get(opened.path)
+    if not fresh and kept is not None and kept[0] == identity:
         return kept[1]
-    targets = [os.path.join(path, name) for name in os.listdir(path)
-               if name != HUB and not name.startswith(".")]
-    if time.time() - info.st_mtime > SETTLED:
-        _listings[path] = (info.st_mtime_ns, targets)
+    targets = [name for name in opened.sockets() if name != HUB]
+    if time.time() - mtime > SETTLED:
+        _listings[opened.path] = (identity, targets)
     else:
-        _listings.pop(path, None)
+        _listings.pop(opened.path, None)
     return targets
 
 
-def _send(path, payload, limit=None):
-    try:
-        targets = _targets(path, fresh=payload is None)
-    except (FileNotFoundError, NotADirectoryError):
-        _listings.pop(path, None)
-        return []
+def _send(opened, payload, limit=None):
+    """`payload` to the sockets of the directory `opened` (None: connect only, to find
+    the dead); a dead one is removed. Returns the names of the live ones."""
+    targets = _targets(opened, fresh=payload is None)
     if limit is not None and limit < len(targets):
         targets = random.sample(targets, limit)
     live = []
@@ -304,41 +330,27 @@ def _send(path, payload, limit=None):
         for target in targets:
             try:
                 if payload is None:
-                    sender.connect(target)
+                    sender.connect(opened.address(target))
                     sender.close()
                     sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                     sender.setblocking(False)
                 else:
-                    sender.sendto(payload, target)
+                    sender.sendto(payload, opened.address(target))
                 live.append(target)
             except (ConnectionRefusedError, FileNotFoundError):
-                unlink_quietly(target)  # its runner is gone
-                _listings.pop(path, None)
+                opened.remove(target)     # its runner is gone
+                _listings.pop(opened.path, None)
             except OSError as exc:
                 # EAGAIN/ENOBUFS: its queue is full, it has wake-ups pending already.
                 if exc.errno not in (errno.EAGAIN, errno.ENOBUFS):
-                    report_once("for senders", path, exc)  # another user's socket
+                    report_once("for senders", opened.path, exc)  # another user's socket
                 live.append(target)
     finally:
         if payload is None:
             sender.close()
     if not live and limit is None:
-        _remove_if_empty(path)
+        opened.remove_if_empty()
     return live
-
-
-def unlink_quietly(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _remove_if_empty(path):
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass  # not empty (another listener), or gone already
 
 
 def listen_url(database, standalone=False):

@@ -25,6 +25,9 @@ STATUS_FILTERS = (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED
                   TIMEOUT, "failed")
 # Seconds; the buckets of the run duration histogram.
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+# The name under which the metrics sum the queues and periodic tasks they do not name (no
+# queue can be called so: config.QUEUE_NAME).
+OTHER = "(other)"
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,104 @@ def queue_lag(store: Any, now: Optional[datetime] = None) -> float:
     if isinstance(oldest, str):       # SQLite returns an aggregate's datetime as text
         oldest = datetime.fromisoformat(oldest)
     return max(0.0, (now - oldest).total_seconds())
+
+
+@dataclass(frozen=True)
+class QueueFigures:
+    """A queue's figures in the metrics, or (named OTHER) those of the queues not named:
+    runs scheduled and running (their sum), seconds since the oldest scheduled run was due
+    (the oldest of all), and how many of the queues are paused (0 or 1 for one)."""
+    name: str
+    scheduled: int
+    running: int
+    lag: float
+    paused: int
+
+
+@dataclass(frozen=True)
+class PeriodicFigures:
+    """A periodic task's figures in the metrics, or (named OTHER) those of the periodic tasks
+    not named: how many are enabled (0 or 1 for one), the next due time (the soonest of the
+    enabled ones), failures in a row (the most)."""
+    name: str
+    enabled: int
+    nextrun: Optional[datetime]
+    consecutive_failures: int
+
+
+def _datetime(value: Any) -> Optional[datetime]:
+    """An aggregate's datetime (SQLite returns text) as a naive UTC one."""
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
+def queue_figures(store: Any, named: Sequence[str], limit: int,
+                  now: Optional[datetime] = None) -> List[QueueFigures]:
+    """The queues `named` (the configured ones) and up to `limit` more — the busiest by runs
+    scheduled and running, then others by name — each by itself, by name, and the rest
+    summed as OTHER (absent when there is no other queue). Whoever adds tasks picks queue
+    names: these queries return at most `limit` groups whatever their number."""
+    Run, Queue = store.Run, store.Queue
+    now = as_utc(now) if now else utcnow()
+    count = pw.fn.COUNT(Run.id)
+    busiest: Dict[str, int] = {}
+    for status in (SCHEDULED, RUNNING):
+        for queue, n in Run.select(Run.queue, count).where(run_status_is(Run, status)).group_by(
+                Run.queue).order_by(count.desc(), Run.queue).limit(limit).tuples():
+            busiest[queue] = busiest.get(queue, 0) + n
+    chosen = set(named) | set(sorted(busiest, key=lambda q: (-busiest[q], q))[:limit])
+    if len(chosen) < len(named) + limit:
+        chosen.update(name for name, in Queue.select(Queue.name).where(
+            Queue.name.not_in(sorted(chosen))).order_by(Queue.name).limit(
+            len(named) + limit - len(chosen)).tuples())
+    names = sorted(chosen)
+
+    def lag(oldest: Any) -> float:
+        oldest = _datetime(oldest)
+        return round(max(0.0, (now - oldest).total_seconds()), 3) if oldest else 0.0
+    waiting = {q: (n, oldest) for q, n, oldest in Run.select(
+        Run.queue, count, pw.fn.MIN(Run.scheduled_on)).where(
+        run_status_is(Run, SCHEDULED) & Run.queue.in_(names)).group_by(Run.queue).tuples()}
+    running = dict(Run.select(Run.queue, count).where(
+        run_status_is(Run, RUNNING) & Run.queue.in_(names)).group_by(Run.queue).tuples())
+    paused = {name for name, in Queue.select(Queue.name).where(
+        (Queue.paused == True) & Queue.name.in_(names)).tuples()}  # noqa: E712
+    result = [QueueFigures(name, waiting.get(name, (0, None))[0], running.get(name, 0),
+                           lag(waiting.get(name, (0, None))[1]), int(name in paused))
+              for name in names]
+    others, others_paused = Queue.select(
+        pw.fn.COUNT(Queue.name),
+        pw.fn.SUM(pw.Case(None, [(Queue.paused == True, 1)], 0))).where(  # noqa: E712
+        Queue.name.not_in(names)).tuples().get()
+    scheduled, oldest = Run.select(count, pw.fn.MIN(Run.scheduled_on)).where(
+        run_status_is(Run, SCHEDULED) & Run.queue.not_in(names)).tuples().get()
+    busy = Run.select(count).where(run_status_is(Run, RUNNING) & Run.queue.not_in(names)).scalar()
+    if others or scheduled or busy:
+        result.append(QueueFigures(OTHER, int(scheduled or 0), int(busy or 0), lag(oldest),
+                                   int(others_paused or 0)))
+    return result
+
+
+def periodic_figures(store: Any, limit: int) -> List[PeriodicFigures]:
+    """The periodic tasks of the config and up to `limit` more — those failing most in a
+    row, then the soonest due — each by itself, by name, and the rest as OTHER (absent when
+    there is none). At most `limit` rows read beyond the config's, whatever their number."""
+    P = store.PeriodicTask
+    columns = (P.name, P.enabled, P.nextrun, P.consecutive_failures)
+    rows = list(P.select(*columns).where(P.source == "config").tuples())
+    rows.extend(P.select(*columns).where(P.source != "config").order_by(
+        P.consecutive_failures.desc(), P.nextrun.is_null(), P.nextrun, P.name).limit(
+        limit).tuples())
+    result = [PeriodicFigures(name, int(bool(enabled)), aware(nextrun), failures or 0)
+              for name, enabled, nextrun, failures in sorted(rows)]
+    names = [row[0] for row in rows]
+    others, enabled, soonest, most = P.select(
+        pw.fn.COUNT(P.id), pw.fn.SUM(pw.Case(None, [(P.enabled == True, 1)], 0)),  # noqa: E712
+        pw.fn.MIN(pw.Case(None, [(P.enabled == True, P.nextrun)], None)),  # noqa: E712
+        pw.fn.MAX(P.consecutive_failures)).where(P.name.not_in(names)).tuples().get()
+    if others:
+        result.append(PeriodicFigures(OTHER, int(enabled or 0), aware(_datetime(soonest)),
+                                      int(most or 0)))
+    return result
 
 
 def failure_groups(store: Any, handler: Optional[str] = None) -> List[FailureGroup]:

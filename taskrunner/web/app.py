@@ -1,5 +1,6 @@
 """The dashboard as a WSGI application on the standard library's HTTP server: a
-small router, the password check, CSRF-checked actions, and ``/metrics``.
+small router, the checks of who asks (Host, the connection's owner, the password: auth.py),
+CSRF-checked actions, and ``/metrics``.
 
 Requests are served by a fixed set of worker threads, each keeping its own database
 connection (closed after an error, opened again by the next request). Actions are POSTs
@@ -23,7 +24,7 @@ from ..reads import summaries
 from ..errors import InputError, StateError, TaskNotFound
 from . import pages
 from .assets import CSS, JS
-from .auth import Guard, parse_bind
+from .auth import Guard, parse_bind, peer_uid
 from .html import e, page
 
 log = logging.getLogger("taskrunner.dashboard")
@@ -46,6 +47,9 @@ TASK_PATH = re.compile(r"^/tasks/([0-9]{1,18})$")
 TASK_ACTION = re.compile(r"^/tasks/([0-9]{1,18})/(retry|cancel)$")
 
 Response = Tuple[str, List[Tuple[str, str]], bytes]
+# The uid of the socket at the other end of the request's connection (auth.peer_uid), set by
+# this module's server; a request without it comes from nobody known.
+PEER_UID = "taskrunner.peer_uid"
 
 
 def _html(text: str, code: str = "200 OK") -> Response:
@@ -54,6 +58,10 @@ def _html(text: str, code: str = "200 OK") -> Response:
 
 def _redirect(location: str) -> Response:
     return "303 See Other", [("Location", location)], b""
+
+
+def _refused(text: str) -> Response:
+    return "403 Forbidden", [("Content-Type", "text/plain; charset=utf-8")], text.encode()
 
 
 class Dashboard:
@@ -77,11 +85,25 @@ class Dashboard:
         return [b""] if environ.get("REQUEST_METHOD") == "HEAD" else [body]
 
     def respond(self, environ: Dict[str, Any]) -> Response:
-        if not self.guard.allows(environ.get("HTTP_AUTHORIZATION")):
-            return ("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="taskrunner"'),
-                                         ("Content-Type", "text/plain")], b"password required\n")
+        host = environ.get("HTTP_HOST")
+        if not self.guard.host_allowed(host):
+            return _refused("unknown Host %r: this dashboard answers IP addresses, localhost "
+                            "names, its own host's name and [dashboard] allowed_hosts only\n"
+                            % (host or "")[:200])
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "/")
+        authorization = environ.get("HTTP_AUTHORIZATION")
+        if path == "/metrics" and method in ("GET", "HEAD") \
+                and self.guard.allows_metrics(authorization):
+            return self.get(path, {})
+        if not self.guard.peer_allowed(environ.get(PEER_UID)):
+            return _refused("this dashboard answers its owner only (the user running it, "
+                            "on this host); set [dashboard] password_hash or password_env "
+                            "to let others in, metrics_password_hash or metrics_password_env "
+                            "for /metrics alone\n")
+        if not self.guard.allows(authorization):
+            return ("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="taskrunner"'),
+                                         ("Content-Type", "text/plain")], b"password required\n")
         params = dict(parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True))
         try:
             if method == "POST":
@@ -230,9 +252,11 @@ class _Server(WSGIServer):
     allow_reuse_address = True
     workers = 8
 
-    def server_activate(self) -> None:
-        super().server_activate()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Before the bind, which may fail (a port in use) and then closes the server: the
+        # pool starts its threads only when the first request is submitted.
         self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="dashboard")
+        super().__init__(*args, **kwargs)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         self.pool.submit(self._handle, request, client_address)
@@ -251,6 +275,11 @@ class _Server(WSGIServer):
 
 
 class _Handler(WSGIRequestHandler):
+    def get_environ(self) -> Dict[str, Any]:
+        environ = super().get_environ()
+        environ[PEER_UID] = peer_uid(self.connection)
+        return environ
+
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
@@ -260,7 +289,7 @@ def serve(store: Any, dashboard_config: Any, bind: Optional[str] = None,
     """Serve the dashboard until interrupted. A non-loopback bind without a password is an
     InputError (exit 2), raised before anything listens."""
     host, port = parse_bind(bind or dashboard_config.bind)
-    guard = Guard(dashboard_config)
+    guard = Guard(dashboard_config, bind_host=host)
     guard.check_bind(host)
     only_read = dashboard_config.read_only if read_only is None else read_only
     app = Dashboard(store, guard, only_read)
@@ -271,8 +300,7 @@ def serve(store: Any, dashboard_config: Any, bind: Optional[str] = None,
     shown = "[%s]" % host if ":" in host else host
     print("taskrunner dashboard on http://%s:%d/ (%s%s)" % (
         shown, server.server_port, "password required" if guard.required else
-        "no authentication: local connections only", ", read-only" if only_read else ""),
-        flush=True)
+        "no password: its owner only", ", read-only" if only_read else ""), flush=True)
     stop = threading.Event()
     threading.Thread(target=keep_counts, args=(app, stop), name="dashboard-counts",
                      daemon=True).start()

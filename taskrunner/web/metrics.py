@@ -2,6 +2,12 @@
 functions), so every figure, counters included, comes from what the database holds and
 survives any restart of the process serving it.
 
+Whoever adds tasks picks queue names, and whoever defines periodic tasks their names: the
+per-queue and per-periodic-task series are the configured ones and up to ``[dashboard]
+metrics_series`` more (the busiest queues; the periodic tasks failing most, then due
+soonest), the rest summed under the name ``(other)`` (`summaries.queue_figures`,
+`summaries.periodic_figures`), so a scrape stays small whatever they pick.
+
 The run counters and the duration histogram are totals over the runs in the database,
 which the dashboard keeps between scrapes and brings up to date from the runs finished
 since (`summaries.RunTotals`): they count a run about ten seconds after it ended. A
@@ -14,6 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 
+from ..config import DEFAULT_QUEUE
 from ..reads import records as reads, summaries
 from .html import now
 
@@ -59,10 +66,12 @@ class StoreCollector:
                          ("running", "Runs of a queue running now."),
                          ("lag_by_queue_seconds", "Seconds since a queue's oldest waiting "
                           "run was due (0 when none waits)."),
-                         ("paused", "1 if the queue is paused (on every host)."))]
-        for q in reads.queue_stats(store):
-            for family, value in zip(per_queue, (q.scheduled, q.running, q.lag or 0.0,
-                                                 1 if q.paused else 0)):
+                         ("paused", "1 if the queue is paused (on every host); for "
+                          "(other), how many are."))]
+        limit = store.config.dashboard.metrics_series
+        named = sorted(set(store.config.queues) | {DEFAULT_QUEUE})
+        for q in summaries.queue_figures(store, named, limit):
+            for family, value in zip(per_queue, (q.scheduled, q.running, q.lag, q.paused)):
                 family.add_metric([q.name], value)
         yield from per_queue
 
@@ -85,15 +94,16 @@ class StoreCollector:
                                   "periodic task is next due (negative: overdue).",
                                   labels=["name"])
         failures = GaugeMetricFamily("taskrunner_periodic_consecutive_failures", "Failed runs "
-                                     "in a row of a periodic task's tasks.", labels=["name"])
+                                     "in a row of a periodic task's tasks (for (other), the "
+                                     "most).", labels=["name"])
         enabled = GaugeMetricFamily("taskrunner_periodic_enabled", "1 if the periodic task is "
-                                    "enabled.", labels=["name"])
+                                    "enabled; for (other), how many are.", labels=["name"])
         at = now()
-        for p in reads.list_periodic(store, with_stats=False):
+        for p in summaries.periodic_figures(store, limit):
             if p.enabled and p.nextrun is not None:
                 until.add_metric([p.name], (p.nextrun - at).total_seconds())
             failures.add_metric([p.name], p.consecutive_failures)
-            enabled.add_metric([p.name], 1 if p.enabled else 0)
+            enabled.add_metric([p.name], p.enabled)
         yield until
         yield failures
         yield enabled

@@ -10,11 +10,13 @@ from typing import Any, Dict, Mapping, Optional
 
 from ..reads import records as reads, summaries
 from ..errors import InputError
+from ..masking import masked
 from .html import (ago, csrf_form, e, minute_chart, pretty, progress, query, short, span, status,
                    status_bar, table, when)
 from .html import now as utcnow
 
 PAGE_SIZE = 50
+LARGEST_ID = 2 ** 63 - 1       # what an id column holds on every database
 
 
 class View:
@@ -29,6 +31,10 @@ class View:
     def action(self, path: str, button: str, fields: Optional[dict] = None, css: str = "") -> str:
         return "" if self.read_only else csrf_form(path, self.csrf, button, fields, css)
 
+    def shown(self, value: Any) -> Any:
+        """Task data or results as a page shows them: secret keys masked (masking.py)."""
+        return masked(value, self.store.config.task.secret_keys)
+
 
 def _time_param(params: Mapping[str, str], name: str) -> Optional[datetime]:
     text = params.get(name, "").strip()
@@ -36,10 +42,21 @@ def _time_param(params: Mapping[str, str], name: str) -> Optional[datetime]:
         return None
     try:
         value = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
-    except ValueError:
+        # In UTC here, where a time near the calendar's ends cannot be moved there (the
+        # queries compare in UTC).
+        return value.astimezone(timezone.utc) if value.tzinfo \
+            else value.replace(tzinfo=timezone.utc)
+    except (ValueError, OverflowError):
         raise InputError("invalid %s time %r: expected ISO 8601, e.g. 2026-01-31T08:00"
                          % (name, text)) from None
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def id_param(text: str, what: str) -> int:
+    """A task id given in a URL; InputError (400) for anything no task can have."""
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= LARGEST_ID:
+        raise InputError("invalid %s %r: expected a task id" % (what, text[:40]))
+    return int(text)
 
 
 def task_filter(store: Any, params: Mapping[str, str]) -> summaries.TaskFilter:
@@ -208,9 +225,8 @@ def task_row(t: Any) -> list:
 def tasks(view: View, params: Mapping[str, str]) -> str:
     chosen = task_filter(view.store, params)
     before = params.get("before", "").strip()
-    if before and not before.isdigit():
-        raise InputError("invalid before %r: expected a task id" % before)
-    result = summaries.find_tasks(view.store, chosen, int(before) if before else None, PAGE_SIZE)
+    result = summaries.find_tasks(view.store, chosen, id_param(before, "before")
+                                  if before else None, PAGE_SIZE)
     rows = [task_row(t) for t in result.tasks]
     more = ('<a class="older" href="/tasks%s">Older →</a>' % e(query(
         before=result.next_before, **filter_params(params)))) if result.next_before else ""
@@ -282,7 +298,7 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
         rows.append([e(r.attempt), e(r.id), status(shown_run), e(r.runner_id),
                      progress(r.percent_completed), when(r.created_on), when(r.started_on),
                      when(r.finished_on), span(r.duration),
-                     pretty(r.results) if r.results is not None else "", error])
+                     pretty(view.shown(r.results)) if r.results is not None else "", error])
     return ('<dl class="facts">%s</dl><h2>Runs</h2>%s%s' % (facts_html, table(
         ["Attempt", "Run", "Status", "Runner", "Progress", "Created", "Started", "Finished",
          "Duration", "Results", "Error"], rows, "no run yet", css="runs"),
@@ -297,7 +313,7 @@ def task(view: View, params: Mapping[str, str], task_id: int) -> str:
     if t.finished_on is None and t.status != "cancelled":
         actions += view.action("/tasks/%d/cancel" % t.id, "Cancel", css="danger")
     return ('<p class="actions">%s</p><div id="task-live" data-live>%s</div><h2>Data</h2>%s'
-            % (actions, task_live(view, params, task_id), pretty(t.data)))
+            % (actions, task_live(view, params, task_id), pretty(view.shown(t.data))))
 
 
 # -- failures and periodic tasks ---------------------------------------------------------------
@@ -384,10 +400,8 @@ def live_parts(view: View, params: Mapping[str, str]) -> Dict[str, str]:
     """The live parts of a page, by element id, for ``/api/parts?page=...``."""
     name = params.get("page", "")
     if name == "task":
-        task_id = params.get("id", "")
-        if not task_id.isdigit():
-            raise InputError("invalid task id %r" % task_id)
-        return {"task-live": task_live(view, params, int(task_id))}
+        task_id = id_param(params.get("id", ""), "task id")
+        return {"task-live": task_live(view, params, task_id)}
     if name not in LIVE:
         raise InputError("no live parts for page %r" % name)
     return {"%s-live" % name: LIVE[name](view, params)}

@@ -1,0 +1,192 @@
+"""Runtime directories (wake-up sockets, claim files) that no other user can abuse.
+
+A runtime directory has a name anyone can compute, in a base directory others may write
+(/tmp; the README's setgid group directory, shared on purpose). Whoever makes the name
+first could make it a symlink to a directory of ours (whose files a sender would take for
+dead sockets and remove), or a directory of their own (which would hear our wake-ups and
+hold our claim files, mapped in our runners' memory). So a runtime directory is checked
+once, on what was opened, and then used only through that descriptor:
+
+- it is opened with ``O_NOFOLLOW | O_DIRECTORY`` (a symlink is refused) and must be this
+  user's own and closed to everyone else (0700); in a shared base (setgid: its group shares
+  on purpose) it may belong to a member of the base's group, must have the base's group and
+  stay closed to others. Anything else is refused (`RefusedDirectory`).
+- its entries are listed, examined (no symlink followed), renamed and removed relative to
+  the descriptor, and its sockets are reached through ``/proc/self/fd/N/NAME``, which names
+  the directory opened whatever its path has become since (and has no length limit).
+- an entry is used or removed only when it is what it should be (a socket, a regular file)
+  and its owner is trusted: this user, root, or in a shared base a member of its group.
+"""
+import errno
+import functools
+import os
+import pwd
+import stat
+
+PROC_FD = "/proc/self/fd"
+# Without /proc (not Linux), sockets are reached by path: still safe where the base is
+# sticky or the user's own, since nobody else can rename what was checked.
+HAVE_PROC_FD = os.path.isdir(PROC_FD)
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+
+
+class RefusedDirectory(OSError):
+    """A runtime directory that another user could control: not used."""
+
+
+# Cached for the process's life: a change of a group's members counts from the next start.
+@functools.lru_cache(maxsize=256)
+def member(uid, gid):
+    """Whether the user `uid` belongs to the group `gid` (primary or supplementary)."""
+    try:
+        user = pwd.getpwuid(uid)
+        return gid in os.getgrouplist(user.pw_name, user.pw_gid)
+    except (KeyError, OSError):
+        return False
+
+
+def _mode_in(base):
+    """(the mode of a runtime directory made in `base`, the gid it is shared with or None):
+    0700, or in a setgid base the base's group bits too."""
+    info = os.stat(base)
+    if info.st_mode & stat.S_ISGID:
+        return 0o700 | (info.st_mode & 0o070), info.st_gid
+    return 0o700, None
+
+
+class RuntimeDir:
+    """An open runtime directory, checked (see the module's docstring). `path` is what it
+    was opened as, for messages and for other processes to find; `group` is the gid it is
+    shared with, or None."""
+
+    def __init__(self, fd, path, group):
+        self.fd, self.path, self.group = fd, path, group
+        self.uid = os.geteuid()
+
+    @classmethod
+    def open(cls, path, create=False):
+        """The directory `path`, made (with `create`) if it is missing. OSError when it
+        cannot be opened: FileNotFoundError when it is missing (one failed open: what a
+        sender pays when nobody listens), RefusedDirectory when it is not safe to use."""
+        base = os.path.dirname(os.path.abspath(path))
+        made = False
+        if create:
+            mode, _ = _mode_in(base)
+            try:
+                os.mkdir(path, mode)
+                made = True
+            except FileExistsError:
+                pass
+        try:
+            fd = os.open(path, _DIRECTORY)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise RefusedDirectory(exc.errno, "not a directory (a symbolic link?), "
+                                       "refused", path) from None
+            raise
+        directory = cls(fd, path, None)
+        try:
+            # The base is the operator's choice (a symlink to it is theirs): followed.
+            mode, directory.group = _mode_in(base)
+            if made:    # the umask must not narrow a shared directory
+                os.chmod(fd, mode | (stat.S_ISGID if directory.group is not None else 0))
+            directory._check(os.fstat(fd))
+        except OSError:
+            directory.close()
+            raise
+        return directory
+
+    def _check(self, info):
+        if self.group is None:
+            safe = info.st_uid == self.uid and not info.st_mode & 0o077
+        else:
+            safe = self.trusted(info.st_uid) and info.st_gid == self.group \
+                and not info.st_mode & 0o007
+        if not safe:
+            raise RefusedDirectory(errno.EPERM, "not this user's own (owner uid %d, group %d, "
+                                   "mode %04o), refused" % (info.st_uid, info.st_gid,
+                                                           stat.S_IMODE(info.st_mode)),
+                                   self.path)
+
+    def trusted(self, uid):
+        """Whether files of the user `uid` may be used and removed here."""
+        return uid == self.uid or uid == 0 or (self.group is not None
+                                               and member(uid, self.group))
+
+    def address(self, name):
+        """The path of the entry `name` of the directory opened, for a socket's bind,
+        connect or sendto."""
+        if HAVE_PROC_FD:
+            return "%s/%d/%s" % (PROC_FD, self.fd, name)
+        return os.path.join(self.path, name)
+
+    def entry(self, name, kind=None):
+        """The lstat of the entry `name` if it exists, is of `kind` (stat.S_ISSOCK, ...)
+        and belongs to a trusted user; else None."""
+        try:
+            info = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            return None
+        if (kind is not None and not kind(info.st_mode)) or not self.trusted(info.st_uid):
+            return None
+        return info
+
+    def sockets(self):
+        """The names of the sockets of trusted users in the directory, hidden names
+        (temporary ones) apart."""
+        return [name for name in os.listdir(self.fd)
+                if not name.startswith(".") and self.entry(name, stat.S_ISSOCK) is not None]
+
+    def remove(self, name, kind=stat.S_ISSOCK):
+        """Remove the entry `name` if it is of `kind` and a trusted user's; whether it was."""
+        if self.entry(name, kind) is None:
+            return False
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        except OSError:
+            return False
+        return True
+
+    def chmod(self, name, mode):
+        """Set the mode of this user's own socket `name` (just bound): through a descriptor
+        of the entry itself, so that a symlink put in its place is never followed."""
+        if not HAVE_PROC_FD:
+            os.chmod(os.path.join(self.path, name), mode)
+            return
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISSOCK(info.st_mode) or info.st_uid != self.uid:
+                raise RefusedDirectory(errno.EPERM, "replaced while it was made", name)
+            os.chmod("%s/%d" % (PROC_FD, fd), mode)
+        finally:
+            os.close(fd)
+
+    def rename(self, old, new):
+        os.rename(old, new, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+
+    def remove_if_empty(self):
+        """Remove the directory if it is empty and still at its path."""
+        try:
+            here, there = os.fstat(self.fd), os.stat(self.path, follow_symlinks=False)
+            if (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino):
+                os.rmdir(self.path)
+        except OSError:
+            pass     # not empty (another listener), or gone already
+
+    def identity(self):
+        """What tells this directory apart from one made again at its path, and when its
+        listing last changed: ((device, inode, mtime in ns), mtime in s)."""
+        info = os.fstat(self.fd)
+        return (info.st_dev, info.st_ino, info.st_mtime_ns), info.st_mtime
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
