@@ -25,8 +25,8 @@ from taskrunner.fleet import liveness
 from taskrunner.fleet.liveness import boot_id, create_time
 from taskrunner.fleet.liveness import default_host_id as hostname
 from taskrunner.overseer.overseer import Overseer
-from taskrunner.store.models import (OVERSEER, REQUEUED, RUNNER, RUNNING, SCHEDULED, SUCCESS,
-                                     TIMEOUT, Run, Runner, Task, utcnow)
+from taskrunner.store.models import (MAINTAINER, OVERSEER, REQUEUED, RUNNER, RUNNING,
+                                     SCHEDULED, SUCCESS, TIMEOUT, Run, Runner, Task, utcnow)
 
 EXIT_TIMEOUT = 30.0
 CHECK_INTERVAL = 1.0
@@ -40,14 +40,14 @@ MACHINE_SLACK = 3.0
 
 def overseer_toml(limit=3, check_interval=CHECK_INTERVAL, graceful_timeout=30, kill_grace=2,
                   max_start_failures=10, max_retries=5, extra="", heartbeat_interval=5,
-                  crash_grace=0, batch=1):
+                  crash_grace=0, batch=1, heartbeat_timeout=60):
     return ("[runner]\nlimit = %d\npoll_interval = 0.1\nheartbeat_interval = %s\n%s"
             "[overseer]\ncheck_interval = %s\ngraceful_timeout = %s\nkill_grace = %s\n"
-            "max_start_failures = %d\ncrash_grace = %s\n"
+            "max_start_failures = %d\ncrash_grace = %s\nheartbeat_timeout = %s\n"
             "[task]\nretry_backoff = 0\nmax_retries = %d\n%s"
             % (limit, heartbeat_interval, "batch = %d\n" % batch if batch > 1 else "",
                check_interval, graceful_timeout, kill_grace, max_start_failures, crash_grace,
-               max_retries, extra))
+               heartbeat_timeout, max_retries, extra))
 
 
 class Overseers:
@@ -132,7 +132,7 @@ def children_of(pid, zombies=False):
     for kid in kids:
         try:
             if (zombies or kid.status() != psutil.STATUS_ZOMBIE) \
-                    and kid.name() not in (HUB, MAINTAINER):
+                    and kid.name() not in (HUB, MAINTAINER_PROCESS):
                 out.append(kid)
         except psutil.NoSuchProcess:
             pass
@@ -140,7 +140,7 @@ def children_of(pid, zombies=False):
 
 
 HUB = "tr-hub"      # the wake-up hub's process name (hub.py)
-MAINTAINER = "tr-maintainer"     # the maintainer's (overseer/maintainer.py)
+MAINTAINER_PROCESS = "tr-maintainer"     # the maintainer's (overseer/maintainer.py)
 
 
 def hub_of(pid, name=HUB):
@@ -154,7 +154,7 @@ def hub_of(pid, name=HUB):
 
 def maintainer_of(pid):
     """The overseer's maintainer process, or None."""
-    return hub_of(pid, MAINTAINER)
+    return hub_of(pid, MAINTAINER_PROCESS)
 
 
 def zombies_of(pid):
@@ -451,7 +451,8 @@ def test_term_lets_runs_in_flight_finish_and_exits_0_leaving_no_process(database
     assert Task.get_by_id(waiting).last_status == SCHEDULED
     assert all(is_gone(pid) for pid in runners)
     assert group_members(proc.pid) == []
-    assert [r.status for r in Runner.select().where(Runner.parent_id == me.id)] == [SUCCESS] * 3
+    assert sorted((r.kind, r.status) for r in Runner.select().where(
+        Runner.parent_id == me.id)) == [(MAINTAINER, SUCCESS)] + [(RUNNER, SUCCESS)] * 3
     assert Runner.get_by_id(me.id).status == SUCCESS
     queue.close()
 
@@ -545,7 +546,10 @@ def test_runners_of_a_killed_overseer_finish_and_a_new_overseer_carries_on(datab
     assert sorted(t for t, _, _ in read_records(log)) == sorted(all_tasks), "lost or doubled"
     assert [(r.status, r.attempt) for r in runs_of(slow)] == [(TIMEOUT, 1), (SUCCESS, 2)]
     running = Runner.select().where(Runner.status == RUNNING)
-    assert {r.id for r in running} == {second_row.id} | {r.id for r in runner_rows(second_row.id)}
+    [maintainer] = running.where(Runner.kind == MAINTAINER)
+    assert maintainer.parent_id == second_row.id      # the first one died with its overseer
+    assert {r.id for r in running} == {second_row.id, maintainer.id} | {
+        r.id for r in runner_rows(second_row.id)}
     queue.close()
 
 

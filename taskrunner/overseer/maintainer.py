@@ -116,21 +116,25 @@ class Maintainer:
                  self.overseer_id)
 
     def check(self):
-        """Once per check_interval: the heartbeat, the queue pass (the fleet's part while
-        holding the lease), stale periodic marks, and when the scheduler runs next."""
+        """Once per check_interval: the queue pass (the fleet's part while holding the
+        lease), the heartbeat, stale periodic marks, and when the scheduler runs next. A
+        maintainer whose row was declared dead meanwhile (no heartbeat while it was cut off
+        from the database) exits: it lost the lease with its row, and the overseer starts
+        another, with a row of its own."""
         if self.db_lost_at is not None:
             # If this pass gets through, the database is back as of now: heartbeats and
             # progress count from then (Store.writable_since).
             self.db_back_at = utcnow()
-        if not liveness.heartbeat(self.store, self.row_id, rss=self._process.memory_info().rss):
-            self.stop_reason = "its row was declared dead"
-            self.exit_code = self.EXIT_DISOWNED
-            return
         maintenance.process_queue(self.store, reaped_by=self.overseer_id,
                                   reachable_since=self.db_back_at, lease=self.lease)
         if self.db_lost_at is not None:
             log.info("database reachable again after %.1fs", self.now - self.db_lost_at)
             self.db_lost_at = None
+        if not liveness.heartbeat(self.store, self.row_id, rss=self._process.memory_info().rss):
+            log.warning("maintainer %d: its row was declared dead; exiting", self.row_id)
+            self.stop_reason = "its row was declared dead"
+            self.exit_code = self.EXIT_DISOWNED
+            return
         if self.lease.held():
             self.scheduler.clear_stale_marks()
         self._plan_periodic()
