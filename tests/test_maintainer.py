@@ -8,7 +8,10 @@ process group as supervisord and a terminal send them.
 - 10,000 periodic tasks due at once: a runner killed -9 during the scheduler's pass is
   replaced within two check intervals, and a stop is acted on at once;
 - a maintainer killed -9 or hung (SIGSTOP) is replaced, and its successor keeps the lease,
-  without stopping the overseer.
+  without stopping the overseer; a group stop stops it cleanly;
+- the overseer's own statements give up on a held lock within their patience, on every
+  backend; and, in this process with an injected clock, the maintainer holds no heartbeat
+  against anyone until the database has been back for heartbeat_timeout.
 """
 import os
 import signal

@@ -3,15 +3,17 @@
 supervisor forks a dispatcher and a scheduler; Oban keeps its Stager and Lifeline out of the
 supervisor, too).
 
-It registers a row of its own (kind ``maintainer``, no slot, its overseer's row as parent)
-and syncs the periodic definitions of its config (a reload starts a new maintainer, see
-`MaintainerProcess`). Then, every ``[overseer] check_interval``: its heartbeat; the queue
-pass — this host's dead runners by PID, and while it holds the fleet's maintenance lease
-(leadership.py) under its row, the fleet's part (other hosts' runners, overdue runs, due
-runs) and stale periodic marks; and between checks the periodic scheduler, whose tasks
-include rotation. It leaves to the overseer the dead children of that overseer: the overseer
-marks each one as it reaps it, since only it knows why it died (its own stop, which hands
-the runs back, or a crash).
+It registers a row of its own (kind ``maintainer``, no slot, its overseer's row as parent):
+the lease and its periodic marks name the process doing the work, so when it dies — found by
+its PID here, by its heartbeat's age elsewhere — both are free at once. It syncs the
+periodic definitions of its config (a reload starts a new maintainer, see
+`MaintainerProcess`). Then, every ``[overseer] check_interval``: the queue pass — this
+host's dead runners by PID, and while it holds the fleet's maintenance lease (leadership.py),
+the fleet's part (other hosts' runners, overdue runs, due runs) and stale periodic marks —
+and its heartbeat; between checks, the periodic scheduler, whose tasks include rotation. It
+leaves to the overseer the dead children of that overseer: the overseer marks each one as
+it reaps it, since only it knows why it died (its own stop, which hands the runs back, or a
+crash).
 
 Unlike the overseer it waits on the database as long as the database needs: a locked or
 unreachable database delays maintenance, never the overseer's signals, reaps and stops. No
