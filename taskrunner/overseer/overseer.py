@@ -103,6 +103,7 @@ class Overseer:
         self.next_check = 0.0
         self.marks = []               # (pid, reason, stopped) of children reaped, to mark
         self.db_lost_at = None        # tick time of the first failure of a database streak
+        self.db_refused_at = None     # tick time of the last statement the database refused
         self._wake_r = self._wake_w = None
         self.hub = HubProcess(self.store.wakeup_directory, config.queues,
                               wakeup.listen_url(config.database))
@@ -333,10 +334,18 @@ class Overseer:
 
     def _registered(self, pid):
         """Did this child register its runner row? (False when the database cannot say.)"""
+        if self._refused():
+            return False
         try:
             return liveness.child_registered(self.store, self.row_id, pid)
         except (pw.OperationalError, pw.InterfaceError):
+            self.db_refused_at = self.now
             return False
+
+    def _refused(self):
+        """Whether the database refused a statement in this tick: the tick tries no other
+        (each waits up to the store's patience; libpq's connect at least 2 s)."""
+        return self.db_refused_at == self.now
 
     def _account_exit(self, child, code, registered=False):
         lived = self.now - child.started
@@ -472,14 +481,15 @@ class Overseer:
         self.watch_maintainer()
         if self.stopping == "immediate" or (self.stopping and self._stopped()):
             return None
-        if now >= self.next_check and not self.stopping:
+        if now >= self.next_check and not self.stopping and not self._refused():
             # A stopping overseer marks its children once, at the end (shutdown): a database
             # that refuses meanwhile must not hold up the KILL at the deadline.
             self.next_check = now + self.config.overseer.check_interval
             self._guarded(self.check)
         self.start_hub()                # before the first runner; again if it died
         self._guarded(self.start_maintainer)
-        self._guarded(self.manage_runners)
+        if not self._refused():
+            self._guarded(self.manage_runners)
         return max(0.0, min(self.next_check - now, 1.0))
 
     def _guarded(self, step):
@@ -489,6 +499,7 @@ class Overseer:
         try:
             step()
         except (pw.OperationalError, pw.InterfaceError) as exc:
+            self.db_refused_at = self.now
             if self.db_lost_at is None:
                 self.db_lost_at = self.now
                 text = str(exc).strip().splitlines()[0] if str(exc).strip() \
