@@ -81,7 +81,7 @@ def test_second_term_stops_fast_and_kill_follows_after_kill_grace(make_overseer)
     tick_until(ov, t0, lambda: len(lines(ov.log, "up")) == 2, "both children up")
 
     ov.signals.append(signal.SIGTERM)
-    assert ov.tick(t0 + 1) is not None
+    assert ov.tick(t0 + 1) == 1.0             # it sleeps between ticks of a stop too
     assert ov.stopping == "graceful" and ov.stop_deadline == t0 + 1 + 30
     tick_until(ov, t0 + 1, lambda: len(lines(ov.log, "TERM")) == 2, "one TERM to each child")
 

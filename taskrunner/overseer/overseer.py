@@ -490,7 +490,10 @@ class Overseer:
         self._guarded(self.start_maintainer)
         if not self._refused():
             self._guarded(self.manage_runners)
-        return max(0.0, min(self.next_check - now, 1.0))
+        wake = self.stop_deadline if self.stopping else self.next_check
+        if self.maintainer.kill_at is not None:
+            wake = min(wake, self.maintainer.kill_at)
+        return max(0.0, min(wake - now, 1.0))
 
     def _guarded(self, step):
         """No exception from one step ends the overseer: a database that refuses a bounded
