@@ -378,8 +378,9 @@ class OverseerProcess:
     def runner_processes(self):
         import psutil
         try:
+            # The wake-up hub and the maintainer are no runners.
             return [child for child in psutil.Process(self.proc.pid).children()
-                    if child.name() != "tr-hub"]    # the wake-up hub is not a runner
+                    if child.name() not in ("tr-hub", "tr-maintainer")]
         except psutil.NoSuchProcess:
             return []
 

@@ -173,7 +173,8 @@ class Supervisord:
     def runners(self, overseer_pid):
         try:
             return {child.pid for child in psutil.Process(overseer_pid).children()
-                    if child.status() != psutil.STATUS_ZOMBIE and child.name() != "tr-hub"}
+                    if child.status() != psutil.STATUS_ZOMBIE
+                    and child.name() not in ("tr-hub", "tr-maintainer")}
         except psutil.NoSuchProcess:
             return set()
 

@@ -26,7 +26,7 @@ from bench import hostnet
 from taskrunner import TaskQueue
 from taskrunner.config import Config
 from taskrunner.fleet.liveness import default_host_id
-from taskrunner.store.models import CRASHED, OVERSEER, RUNNER, RUNNING, SUCCESS, TIMEOUT
+from taskrunner.store.models import CRASHED, MAINTAINER, OVERSEER, RUNNER, RUNNING, SUCCESS, TIMEOUT
 
 HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, CHECK_INTERVAL = 0.3, 3.0, 0.5
 MACHINE_SLACK = 3.0  # two shared cores: processes get scheduled late
@@ -147,7 +147,7 @@ def test_a_dead_host_is_noticed_by_heartbeat_on_the_database_clock(hosts, tmp_pa
     assert others and all(r.status == RUNNING for r in others), \
         [(r.host, r.kind, r.status, r.exit_reason) for r in others if r.status != RUNNING]
     assert healthy.process.poll() is None and shifted.process.poll() is None
-    assert {r.kind for r in others} == {OVERSEER, RUNNER}
+    assert {r.kind for r in others} == {OVERSEER, MAINTAINER, RUNNER}
 
     for host in (healthy, shifted):
         host.process.send_signal(signal.SIGTERM)

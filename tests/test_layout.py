@@ -34,7 +34,8 @@ LEVELS = {
     # 4. processes and faces: peers, kept apart from each other by the circle check
     "runner": 3.3, "runner.stops": 3.3, "runner.current": 3.3, "runner.outcomes": 3.3,
     "runner.batches": 3.35, "runner.heartbeat": 3.4,
-    "runner.process": 4, "overseer": 4, "api": 4,
+    "runner.process": 4, "overseer": 4, "overseer.maintainer": 4, "overseer.overseer": 4,
+    "api": 4,
     # 5. entry points
     "cli": 5, "web": 5, "__main__": 5, "__init__": 5,
 }

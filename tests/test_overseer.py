@@ -24,8 +24,9 @@ from sample_handlers import read_records
 from taskrunner.fleet import liveness
 from taskrunner.fleet.liveness import boot_id, create_time
 from taskrunner.fleet.liveness import default_host_id as hostname
-from taskrunner.store.models import (OVERSEER, REQUEUED, RUNNER, RUNNING, SCHEDULED, SUCCESS,
-                                     TIMEOUT, Run, Runner, Task, utcnow)
+from taskrunner.overseer.overseer import Overseer
+from taskrunner.store.models import (MAINTAINER, OVERSEER, REQUEUED, RUNNER, RUNNING,
+                                     SCHEDULED, SUCCESS, TIMEOUT, Run, Runner, Task, utcnow)
 
 EXIT_TIMEOUT = 30.0
 CHECK_INTERVAL = 1.0
@@ -39,14 +40,14 @@ MACHINE_SLACK = 3.0
 
 def overseer_toml(limit=3, check_interval=CHECK_INTERVAL, graceful_timeout=30, kill_grace=2,
                   max_start_failures=10, max_retries=5, extra="", heartbeat_interval=5,
-                  crash_grace=0, batch=1):
+                  crash_grace=0, batch=1, heartbeat_timeout=60):
     return ("[runner]\nlimit = %d\npoll_interval = 0.1\nheartbeat_interval = %s\n%s"
             "[overseer]\ncheck_interval = %s\ngraceful_timeout = %s\nkill_grace = %s\n"
-            "max_start_failures = %d\ncrash_grace = %s\n"
+            "max_start_failures = %d\ncrash_grace = %s\nheartbeat_timeout = %s\n"
             "[task]\nretry_backoff = 0\nmax_retries = %d\n%s"
             % (limit, heartbeat_interval, "batch = %d\n" % batch if batch > 1 else "",
                check_interval, graceful_timeout, kill_grace, max_start_failures, crash_grace,
-               max_retries, extra))
+               heartbeat_timeout, max_retries, extra))
 
 
 class Overseers:
@@ -121,8 +122,8 @@ def is_gone(pid):
 
 
 def children_of(pid, zombies=False):
-    """The overseer's runners (its children but the wake-up hub, ``tr-hub``); without
-    zombies unless asked."""
+    """The overseer's runners (its children but the wake-up hub, ``tr-hub``, and the
+    maintainer, ``tr-maintainer``); without zombies unless asked."""
     try:
         kids = psutil.Process(pid).children()
     except psutil.NoSuchProcess:
@@ -130,7 +131,8 @@ def children_of(pid, zombies=False):
     out = []
     for kid in kids:
         try:
-            if (zombies or kid.status() != psutil.STATUS_ZOMBIE) and kid.name() != HUB:
+            if (zombies or kid.status() != psutil.STATUS_ZOMBIE) \
+                    and kid.name() not in (HUB, MAINTAINER_PROCESS):
                 out.append(kid)
         except psutil.NoSuchProcess:
             pass
@@ -138,14 +140,21 @@ def children_of(pid, zombies=False):
 
 
 HUB = "tr-hub"      # the wake-up hub's process name (hub.py)
+MAINTAINER_PROCESS = "tr-maintainer"     # the maintainer's (overseer/maintainer.py)
 
 
-def hub_of(pid):
-    """The overseer's wake-up hub process, or None."""
+def hub_of(pid, name=HUB):
+    """The overseer's wake-up hub process (or its child named `name`), or None."""
     try:
-        return next((kid for kid in psutil.Process(pid).children() if kid.name() == HUB), None)
+        return next((kid for kid in psutil.Process(pid).children() if kid.name() == name
+                     and kid.status() != psutil.STATUS_ZOMBIE), None)
     except psutil.NoSuchProcess:
         return None
+
+
+def maintainer_of(pid):
+    """The overseer's maintainer process, or None."""
+    return hub_of(pid, MAINTAINER_PROCESS)
 
 
 def zombies_of(pid):
@@ -442,7 +451,8 @@ def test_term_lets_runs_in_flight_finish_and_exits_0_leaving_no_process(database
     assert Task.get_by_id(waiting).last_status == SCHEDULED
     assert all(is_gone(pid) for pid in runners)
     assert group_members(proc.pid) == []
-    assert [r.status for r in Runner.select().where(Runner.parent_id == me.id)] == [SUCCESS] * 3
+    assert sorted((r.kind, r.status) for r in Runner.select().where(
+        Runner.parent_id == me.id)) == [(MAINTAINER, SUCCESS)] + [(RUNNER, SUCCESS)] * 3
     assert Runner.get_by_id(me.id).status == SUCCESS
     queue.close()
 
@@ -536,7 +546,10 @@ def test_runners_of_a_killed_overseer_finish_and_a_new_overseer_carries_on(datab
     assert sorted(t for t, _, _ in read_records(log)) == sorted(all_tasks), "lost or doubled"
     assert [(r.status, r.attempt) for r in runs_of(slow)] == [(TIMEOUT, 1), (SUCCESS, 2)]
     running = Runner.select().where(Runner.status == RUNNING)
-    assert {r.id for r in running} == {second_row.id} | {r.id for r in runner_rows(second_row.id)}
+    [maintainer] = running.where(Runner.kind == MAINTAINER)
+    assert maintainer.parent_id == second_row.id      # the first one died with its overseer
+    assert {r.id for r in running} == {second_row.id, maintainer.id} | {
+        r.id for r in runner_rows(second_row.id)}
     queue.close()
 
 
@@ -634,6 +647,46 @@ def test_handlers_that_crash_their_runner_are_crashes_not_start_failures(sqlite_
         queue.close()
     finally:
         group.kill_all()
+
+
+# A runner's registration fails (a runtime error of SQLite's, not a constraint): from then
+# on every new runner fails at start, the ones registered before go on.
+BREAK_REGISTRATION = ("CREATE TRIGGER break_registration BEFORE INSERT ON task_runners "
+                      "WHEN NEW.kind = 'runner' BEGIN SELECT abs(-9223372036854775808); END")
+
+
+@pytest.mark.timeout(120)
+def test_giving_up_on_start_failures_stops_gracefully_and_a_busy_runner_finishes_its_run(
+        sqlite_db, tmp_path):
+    """One runner busy with a run, the others failing at start: after max_start_failures
+    the overseer stops as on TERM — the busy runner finishes its run and exits, nothing is
+    KILLed — and exits 1. (Before: the busy runner was KILLed at once, logged as
+    graceful_timeout, and its run handed back unfinished.)"""
+    group = Overseers(sqlite_db, tmp_path)
+    try:
+        queue = sqlite_db.queue()
+        log = str(tmp_path / "records")
+        busy = queue.add_task("sample_handlers.Started", data={"log": log, "sleep": 5})
+        proc = group.start(group.config(limit=2, max_start_failures=3, check_interval=0.5,
+                                        graceful_timeout=30))
+        me = wait_up(group, proc, 2)
+        [(_, run_id, busy_pid)] = wait_started(log)
+        [idle_pid] = [pid for pid in live_pids(proc.pid) if pid != busy_pid]
+        queue.store.db.execute_sql(BREAK_REGISTRATION)
+        os.kill(idle_pid, signal.SIGKILL)         # registered: a crash; its successors fail
+        assert group.wait(proc) == Overseer.EXIT_START_FAILED, group.log()
+        text = proc.log_path.read_text()
+        assert text.count("failed at start") == 3 and "killing runner" not in text, text
+        assert read_records(log) == [(busy, run_id, busy_pid)], text
+        assert Run.get_by_id(run_id).status == SUCCESS
+        assert Runner.get(Runner.pid == busy_pid).status == SUCCESS
+        assert Runner.get_by_id(me.id).exit_reason.startswith("runners keep failing at start")
+        assert group_members(proc.pid) == []
+        queue.close()
+    finally:
+        group.kill_all()
+
+
 @pytest.mark.timeout(120)
 def test_kill_9_of_registered_runners_is_not_a_failure_at_start(database_sp, overseers,
                                                                 tmp_path):

@@ -5,14 +5,12 @@ the overseer's signal handler puts them (it only records them)."""
 import os
 import signal
 import time
-from datetime import timedelta
 
 import pytest
 
-from taskrunner.store.models import RUNNING, TIMEOUT, Runner, utcnow
 from taskrunner.overseer.overseer import Overseer
 
-from conftest import Database, direct_only, wait_for
+from conftest import wait_for
 
 
 class ScriptedOverseer(Overseer):
@@ -61,7 +59,7 @@ def make_overseer(sqlite_db, tmp_path):
     yield make
     for ov in made:
         ov.hub.stop()
-        for pid in list(ov.children):
+        for pid in list(ov.children) + [p for p in [ov.maintainer.pid] if p]:
             try:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
@@ -83,7 +81,7 @@ def test_second_term_stops_fast_and_kill_follows_after_kill_grace(make_overseer)
     tick_until(ov, t0, lambda: len(lines(ov.log, "up")) == 2, "both children up")
 
     ov.signals.append(signal.SIGTERM)
-    assert ov.tick(t0 + 1) is not None
+    assert ov.tick(t0 + 1) == 1.0             # it sleeps between ticks of a stop too
     assert ov.stopping == "graceful" and ov.stop_deadline == t0 + 1 + 30
     tick_until(ov, t0 + 1, lambda: len(lines(ov.log, "TERM")) == 2, "one TERM to each child")
 
@@ -129,6 +127,9 @@ def test_start_failures_back_off_exponentially_then_the_overseer_gives_up(make_o
     tick_until(ov, now + 1.0, lambda: ov.start_failures == 4, "four failures")
     assert ov.exit_code == Overseer.EXIT_START_FAILED
     assert "keep failing at start" in ov.exit_reason
+    # Giving up is a graceful stop, as on TERM: whoever did start gets graceful_timeout.
+    assert ov.stopping == "graceful" and ov.stop_deadline == now + 1.0 + 30
+    tick_until(ov, now + 1.0, lambda: ov.maintainer.pid is None, "the maintainer to stop")
     assert ov.tick(now + 1.0) is None
 
 
@@ -140,39 +141,6 @@ def test_a_child_that_lived_past_the_start_window_resets_the_count(make_overseer
     os.kill(pid, signal.SIGKILL)
     tick_until(ov, Overseer.START_WINDOW + 1, lambda: pid not in ov.children, "the reap")
     assert ov.start_failures == 0
-
-
-def test_after_losing_the_database_no_heartbeat_is_judged_for_heartbeat_timeout(tmp_path):
-    """The server ends the overseer's session (a restart, a network cut): once its check gets
-    through again, a heartbeat 300 s old is held against nobody until the database has been
-    back for heartbeat_timeout (60 s) — nobody could write one meanwhile."""
-    database = Database("postgresql", tmp_path)
-    direct_only(database, "a server connection the server ends is replaced unseen; the "
-                "client's is not cut")
-    ov = Overseer(database.config(overseer={"check_interval": 1}))
-    try:
-        ov.prepare()
-        ov.num_runners = 0                     # no children: only the check is the point
-        database.queue()                       # binds the models to this database
-        now = utcnow()
-        row = Runner.create(host="elsewhere", boot_id="b", pid=1, pid_create_time=0,
-                            started_on=now, heartbeat_on=now - timedelta(seconds=300), slot=1)
-        pid = ov.store.db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
-        with database.admin.cursor() as cur:
-            cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        t0 = 1000.0
-        ov.tick(t0)
-        assert ov.db_lost_at == t0              # the check met the dead session
-        ov.tick(t0 + 1)
-        assert ov.db_lost_at is None and ov.db_back_at is not None
-        assert Runner.get_by_id(row.id).status == RUNNING
-        ov.db_back_at = utcnow() - timedelta(seconds=61)      # back for heartbeat_timeout
-        ov.tick(t0 + 2)
-        assert Runner.get_by_id(row.id).status == TIMEOUT
-    finally:
-        ov.hub.stop()
-        ov.store.close()
-        database.drop()
 
 
 def test_an_idle_host_asks_the_database_for_its_slots_once_per_check_not_per_tick(

@@ -926,6 +926,9 @@ def test_overseer_syncs_the_config_at_start_and_on_hup(sqlite_db, procs, tmp_pat
                                     + entry % ("cfg-tick", ECHO, "every 1s"))
     overseer = procs.spawn("overseer", config=config, name="overseer")
     wait_overseer(overseer, procs)
+    # Synced by its maintainer as it starts.
+    wait_for(lambda: PeriodicTask.get_or_none(PeriodicTask.name == "cfg-a") is not None,
+             timeout=START_TIMEOUT, message="the sync at start")
     assert row("cfg-a").source == "config" and row("cfg-a").enabled
     # The overseer runs the scheduler and its runner executes the tasks.
     wait_for(lambda: len([t for t in tasks_of("cfg-tick") if t.last_status == SUCCESS]) >= 3,

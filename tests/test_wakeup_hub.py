@@ -21,7 +21,7 @@ from taskrunner import TaskQueue
 from taskrunner.host import wakeup
 from taskrunner.host.hub import answers
 from taskrunner.config import Config
-from taskrunner.store.models import RUNNING, SUCCESS, Runner, Task
+from taskrunner.store.models import MAINTAINER, RUNNING, SUCCESS, Runner, Task
 
 WOKEN = re.compile(r"runner (\d+) woken")
 LOOK = '"t1"."paused", EXISTS('       # an idle runner's look for work (queues.claim_order)
@@ -36,6 +36,11 @@ def short_dir():
     subprocess.run(["rm", "-rf", path], check=False)
 
 
+def _running():
+    """Overseers and runners registered ``running`` (maintainers are not counted)."""
+    return Runner.select().where((Runner.status == RUNNING) & (Runner.kind != MAINTAINER)).count()
+
+
 def _start_overseer(database, tmp_path, base, limit):
     config = database.write_config(
         tmp_path / "c.toml", '[runner]\npoll_interval = 60\nwakeup_dir = "%s"\nlimit = %d\n'
@@ -43,7 +48,7 @@ def _start_overseer(database, tmp_path, base, limit):
     log_path = tmp_path / "overseer.log"
     overseer = spawn("overseer", config=config, log_path=log_path)
     hub = os.path.join(wakeup.directory(database.url, base), wakeup.HUB)
-    wait_for(lambda: Runner.select().where(Runner.status == RUNNING).count() == limit + 1
+    wait_for(lambda: _running() == limit + 1
              and os.path.exists(hub), timeout=60, message="the overseer, its runners and hub")
     return overseer, log_path
 
@@ -128,7 +133,7 @@ def test_with_the_hub_killed_enqueuers_and_standalone_runners_fall_back(sqlite_d
                                  'wakeup_dir = "%s"\n' % (sqlite_db.url, short_dir))
     runner = spawn("runner", config=str(standalone_config), log_path=tmp_path / "runner.log")
     try:
-        wait_for(lambda: Runner.select().where(Runner.status == RUNNING).count() == 3,
+        wait_for(lambda: _running() == 3,
                  message="the standalone runner too")
         log = str(tmp_path / "records")
         _run_one_by_one(queue, log, 2)
@@ -137,7 +142,7 @@ def test_with_the_hub_killed_enqueuers_and_standalone_runners_fall_back(sqlite_d
         hub = hub_of(overseer.pid)
         os.kill(hub.pid, signal.SIGKILL)
         stop_process(overseer, signal.SIGKILL)
-        wait_for(lambda: Runner.select().where(Runner.status == RUNNING).count() <= 2,
+        wait_for(lambda: _running() <= 2,
                  message="the overseer's runner to go with it")
         assert os.path.exists(os.path.join(queue.store.wakeup_directory, wakeup.HUB))
         _run_one_by_one(queue, log, 2)
@@ -190,7 +195,7 @@ def test_behind_a_pooler_only_listen_url_listens(tmp_path, short_dir, request, l
     overseer = spawn("overseer", config=str(config), log_path=tmp_path / "overseer.log")
     try:
         hub = os.path.join(queue.store.wakeup_directory, wakeup.HUB)
-        wait_for(lambda: Runner.select().where(Runner.status == RUNNING).count() == 3
+        wait_for(lambda: _running() == 3
                  and os.path.exists(hub), timeout=60, message="the overseer and its runners")
 
         def listeners():

@@ -6,16 +6,17 @@ one process can do for everyone — time out overdue runs, create due runs, swee
 hosts' dead runners and orphaned runs, clear stale periodic marks, run the periodic
 scheduler (rotation is one of its tasks) — is done by the holder alone.
 
-A lease is held by a runner row (an overseer's, or an idle standalone runner's) until
-``expires_on``, written and compared on the database server's clock (`Store.server_time`),
-so hosts whose clocks disagree agree on who holds it. It is taken and renewed by one
-conditional UPDATE, atomic on every backend: it matches only when the row is ours, free,
-expired, or (for an overseer) held by a standalone runner — overseers come first, since only
-they run the periodic scheduler. The holder renews it at every pass of its regular work
+A lease is held by a runner row (an overseer's maintainer's, or an idle standalone
+runner's) until ``expires_on``, written and compared on the database server's clock
+(`Store.server_time`), so hosts whose clocks disagree agree on who holds it. It is taken and
+renewed by one conditional UPDATE, atomic on every backend: it matches only when the row is
+ours, free, expired, or (for a maintainer) held by a standalone runner — maintainers come
+first, since only they run the periodic scheduler (an overseer of an earlier version, which
+held it itself, counts as one). The holder renews it at every pass of its regular work
 and checks it, again on the database's clock, before each fleet step: a holder that was
 cut off (or paused) for longer than the lease finds it lost and does nothing before its
 next renewal succeeds. A clean stop releases it, as does the end of its holder's row
-(liveness), so a deploy hands over at the next check of another overseer; a holder that
+(liveness), so a deploy hands over at the next check of another maintainer; a holder that
 died unseen is replaced within `duration` plus one check.
 
 The lease saves work, it does not make it safe: every fleet step already closes its races
@@ -27,7 +28,7 @@ from datetime import datetime, timezone
 import peewee as pw
 
 from .liveness import host_id
-from ..store.models import OVERSEER
+from ..store.models import RUNNER
 
 log = logging.getLogger("taskrunner.leadership")
 
@@ -41,9 +42,9 @@ NEVER = datetime(1970, 1, 1)
 
 def duration(config, kind):
     """Seconds a lease lasts without renewal: max(5 s, 3 × how often its holder renews) —
-    ``[overseer] check_interval`` for an overseer, ``[runner] poll_interval`` for an idle
-    standalone runner."""
-    every = config.overseer.check_interval if kind == OVERSEER else config.runner.poll_interval
+    ``[runner] poll_interval`` for an idle standalone runner, ``[overseer] check_interval``
+    for a maintainer."""
+    every = config.runner.poll_interval if kind == RUNNER else config.overseer.check_interval
     return max(MIN_DURATION, RENEWALS * every)
 
 
@@ -75,8 +76,8 @@ class Lease:
         now = store.server_time()
         mine = Lease.holder_id == self.holder_id
         free = Lease.holder_id.is_null() | (Lease.expires_on < now)
-        if self.kind == OVERSEER:
-            free = free | (Lease.holder_kind != OVERSEER)
+        if self.kind != RUNNER:
+            free = free | (Lease.holder_kind == RUNNER)
         taken = Lease.update(
             holder_id=self.holder_id, holder_kind=self.kind, host=self.host,
             taken_on=pw.Case(None, [(mine, Lease.taken_on)], now),

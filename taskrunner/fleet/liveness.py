@@ -319,7 +319,7 @@ def kill_hung(row):
         pass
 
 
-def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, own_children=(),
+def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, reaped_by=None,
                     reachable_since=None):
     """Check every ``running`` runner row (this host by PID and heartbeat, other hosts by
     heartbeat age) and mark the dead ones; hung runners of this host are killed. Heartbeats
@@ -327,10 +327,12 @@ def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, own_chi
     marked; `other_hosts` false: only this host's rows, and not the fleet-wide orphaned runs
     (end_orphaned_runs). Heartbeats are not judged until the database has been up for
     heartbeat_timeout (a server restart, or `reachable_since`: see Store.writable_since):
-    nobody could write one while it was down. Runs found crashed are retried not before `crash_grace` seconds
-    from now. A dead process among `own_children` (the caller's, not reaped yet) is left to
-    the caller's reaper, which knows why it died (killed by the caller's own stop: a
-    hand-back, not a crash). Returns the ids marked."""
+    nobody could write one while it was down. Runs found crashed are retried not before
+    `crash_grace` seconds from now. The dead children of the overseer whose row is
+    `reaped_by` (a live overseer of this host: its maintainer's caller) are left to that
+    overseer, which marks each one as it reaps it and knows why it died (killed by its own
+    stop: a hand-back, not a crash); a hung one is killed and marked here. Returns the ids
+    marked."""
     Runner = store.Runner
     now = now or utcnow()
     host, current_boot = host_id(store), boot_id()
@@ -349,8 +351,8 @@ def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, own_chi
     for row in rows:
         reason = dead_reason(row, host, current_boot, bool(row.stale) and not just_back,
                              timeout)
-        if not reason or (row.host == host and row.pid in own_children
-                          and "hung" not in reason):
+        if not reason or (row.host == host and reaped_by is not None
+                          and row.parent_id == reaped_by and "hung" not in reason):
             continue
         if "hung" in reason:
             kill_hung(row)

@@ -1,5 +1,5 @@
-"""The queue's regular work (``run-event task-queue:OnProcess``, the overseer's check, an
-idle standalone runner): mark dead runners and their runs ``timeout``, time out overdue
+"""The queue's regular work (``run-event task-queue:OnProcess``, the overseer's maintainer,
+an idle standalone runner): mark dead runners and their runs ``timeout``, time out overdue
 runs, create the runs that have come due.
 
 With a lease (leadership.Lease), only its holder does what is fleet-wide — other hosts'
@@ -15,15 +15,16 @@ from ..store.models import utcnow
 log = logging.getLogger("taskrunner.maintenance")
 
 
-def process_queue(store, now=None, own_children=(), reachable_since=None, lease=None):
+def process_queue(store, now=None, reaped_by=None, reachable_since=None, lease=None):
     """One pass; returns what it did: ``dead_runners`` (ids), ``timed_out_runs``
-    ([(run_id, runner_id)]) and ``created_runs`` (a count). `own_children`: PIDs an overseer
-    reaps itself (see liveness.refresh_runners). `reachable_since`: when the caller got the
-    database back after losing it (see Store.writable_since). `lease`: taken or renewed
-    first; while it is not held, only this host's runners are swept."""
+    ([(run_id, runner_id)]) and ``created_runs`` (a count). `reaped_by`: the row id of the
+    overseer whose dead children are its own to mark (see liveness.refresh_runners).
+    `reachable_since`: when the caller got the database back after losing it (see
+    Store.writable_since). `lease`: taken or renewed first; while it is not held, only this
+    host's runners are swept."""
     now = now or utcnow()
     fleet = lease is None or lease.renew()
-    dead = refresh_runners(store, now=now, other_hosts=fleet, own_children=own_children,
+    dead = refresh_runners(store, now=now, other_hosts=fleet, reaped_by=reaped_by,
                            reachable_since=reachable_since)
     overdue, created = [], 0
     if fleet and (lease is None or lease.held()):

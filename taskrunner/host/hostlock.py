@@ -11,6 +11,10 @@ lock is always free when it is asked for; SQLite's busy timeout stays as the bac
 writers that do not take the host lock (other programs, single statements outside a
 transaction).
 
+A process that must not wait long (the overseer's loop, a stopping runner) takes it with a
+`timeout`: it polls for the lock until then, and a lock still held is `HostLockBusy`, an
+error the caller handles as a busy database.
+
 The lock file is ``<database>-hostlock``, created owner-only (0600) and never removed (a
 lock file removed while someone waits on it would let two writers in at once). When it
 cannot be opened (a read-only directory, a file of another user), the store works without
@@ -20,11 +24,15 @@ import fcntl
 import logging
 import os
 import threading
+import time
 import weakref
+
+import peewee
 
 log = logging.getLogger("taskrunner.db")
 
 SUFFIX = "-hostlock"
+POLL = 0.005        # seconds between two tries of a lock taken with a timeout (it grows)
 _reported = set()
 _instances = weakref.WeakSet()
 
@@ -40,13 +48,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+class HostLockBusy(peewee.OperationalError):
+    """The host lock stayed held for the whole timeout of a `HostLock` that has one: to the
+    caller, the database was busy (not an error worth a retry of its own: the caller's
+    next turn tries again)."""
+
+
 class HostLock:
     """A context manager: the host lock of the SQLite file `database` (a path), held by one
     thread of one process at a time. Re-entered by its holding thread, it does nothing more
-    (the outermost exit releases it). Safe across fork: a child opens its own file."""
+    (the outermost exit releases it). Safe across fork: a child opens its own file. With
+    `timeout` (seconds), entering waits at most that long, then raises HostLockBusy."""
 
-    def __init__(self, database):
+    def __init__(self, database, timeout=None):
         self.path = database + SUFFIX
+        self.timeout = timeout
         self._pid = None
         self._fd = None
         self._threads = None
@@ -92,15 +108,39 @@ class HostLock:
         if self._holder == me:
             self._depth += 1
             return self
-        self._threads.acquire()
+        if self.timeout is None:
+            self._threads.acquire()
+        elif not self._threads.acquire(timeout=self.timeout):
+            raise self._busy()
         try:
             if self._fd is not None:
-                fcntl.flock(self._fd, fcntl.LOCK_EX)
+                self._lock_file()
         except BaseException:
             self._threads.release()
             raise
         self._holder, self._depth = me, 1
         return self
+
+    def _lock_file(self):
+        if self.timeout is None:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            return
+        # flock has no timeout: poll (a short, rare wait; a blocking flock could wait for a
+        # writer that itself waits out SQLite's busy timeout behind another program).
+        deadline, pause = time.monotonic() + self.timeout, POLL
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise self._busy() from None
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.05)
+
+    def _busy(self):
+        return HostLockBusy("the host lock %s was held by another writer for %gs"
+                            % (self.path, self.timeout))
 
     def __exit__(self, *exc):
         self._depth -= 1

@@ -2,19 +2,29 @@
 
 It registers itself (kind ``overseer``), forks runners up to ``[runner] limit`` (``limit``
 of them for each ``[queues.NAME]``, the rest serving ``default``) and keeps them alive,
-reaps and replaces the ones that exit (with a backoff when they fail before registering,
-and a non-zero exit if that goes on), checks every runner of this host every
-``[overseer] check_interval`` (rule 7: PID, and heartbeat for hung runners) and, while it
-holds the maintenance lease (leadership.py), processes the queue for the whole fleet and
-runs the periodic scheduler (rotation is one of its periodic tasks). Runs that time out
-are stopped by the runners executing them (rule 8, see runner.py).
+reaps and replaces the ones that exit (with a backoff when they fail before registering;
+after ``max_start_failures`` in a row it stops as on TERM and exits 1), and keeps two more
+children: the wake-up hub (hub.py) and the maintainer (maintainer.py), which does the
+database maintenance — the queue pass for this host and, while it holds the lease, the fleet
+(rule 7 for runners of other hosts and hung ones), the periodic scheduler and so rotation.
+Runs that time out are stopped by the runners executing them (rule 8, see runner/).
+
+So the overseer's loop is about processes: signals, forks, reaps, its children's signs of
+life. What it still writes itself is about its own children, because only it knows why each
+died: the row (and runs) of a child it reaped — a crash, or killed by its own stop, whose runs
+are handed back — and its own heartbeat and retirement. These go through a bounded store
+(Store patience, BRIEF): no statement waits longer than half a second for a lock or a
+connection, and none is tried twice in a row; one the database refuses is tried again at the
+next check, and at the end is left to the next start's sweep. Reading which children
+registered and how many runners others started on this host is bounded likewise. So a locked
+or unreachable database never delays a stop, a reap or a fork for longer than one short
+statement; the maintainer waits on it instead, and is killed when it hangs.
 
 Every decision is made in `tick(now)` with the monotonic clock passed in (tests inject it);
 `run()` only sets up, ticks and sleeps. Signal handlers only record: TERM/INT graceful stop
-(a second: fast), QUIT immediate, HUP reload and replace the runners, TTIN/TTOU one runner
-more/less. No database connection crosses a fork; the wake-up hub is a child (hub.py). An
-outage is logged once and waited out; heartbeats are judged only heartbeat_timeout after it
-(`db_back_at`, Store.writable_since).
+(a second: fast), QUIT immediate, HUP reload and replace the runners and the maintainer,
+TTIN/TTOU one runner more/less. No database connection crosses a fork, and the overseer
+imports no handler module (runners forked after HUP run the code on disk).
 """
 import contextlib
 import logging
@@ -27,17 +37,17 @@ import time
 import peewee as pw
 import psutil
 
-from ..fleet import leadership, liveness, maintenance
+from ..fleet import liveness
 from ..periodic import scheduler as periodic
 from ..host import wakeup
 from ..config import Config
-from ..store.db import is_disconnect
 from ..errors import ConfigError, InputError, RunnerLimitReached
 from ..host.hub import HubProcess
-from ..store.models import DEFAULT_QUEUE, OVERSEER, utcnow
+from ..store.models import DEFAULT_QUEUE, OVERSEER
 from ..api import TaskQueue
 from ..runner.process import Worker
-from ..store.bound import Store
+from ..store.bound import BRIEF, Store
+from .maintainer import Maintainer, MaintainerProcess
 
 log = logging.getLogger("taskrunner.overseer")
 
@@ -46,7 +56,8 @@ CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, s
 
 
 class Child:
-    """One forked runner, as the overseer sees it."""
+    """One forked runner, as the overseer sees it (the hub and the maintainer are kept by
+    HubProcess and MaintainerProcess)."""
 
     def __init__(self, pid, started, serving):
         self.pid = pid
@@ -72,7 +83,7 @@ class Overseer:
         self.config = config
         self.config_path = config_path
         self.database_url = database_url
-        self.store = Store(config)
+        self.store = Store(config, patience=BRIEF)
         self.now = time.monotonic()   # the clock of the current tick
         self.pid = os.getpid()
         self._process = psutil.Process(self.pid)
@@ -90,14 +101,13 @@ class Overseer:
         self.exit_code = self.EXIT_OK
         self.exit_reason = None
         self.next_check = 0.0
-        self.scheduler = None
-        self.lease = None             # the maintenance lease, as this overseer holds it or not
-        self.next_periodic = 0.0
-        self.db_lost_at = None        # tick time of the first failure of an outage
-        self.db_back_at = None        # UTC of the attempt that found the database back
+        self.marks = []               # (pid, reason, stopped) of children reaped, to mark
+        self.db_lost_at = None        # tick time of the first failure of a database streak
+        self.db_refused_at = None     # tick time of the last statement the database refused
         self._wake_r = self._wake_w = None
         self.hub = HubProcess(self.store.wakeup_directory, config.queues,
                               wakeup.listen_url(config.database))
+        self.maintainer = MaintainerProcess()
 
     # -- signals ------------------------------------------------------------------------
 
@@ -130,22 +140,23 @@ class Overseer:
         self.stopping = "immediate"
 
     def handle_hup(self):
+        """Reload the config; the maintainer that replaces the current one syncs its
+        periodic definitions (checked here first: a bad file keeps the old config)."""
         try:
             config = Config.load(self.config_path, self.database_url)
             if config.database.url != self.config.database.url:
                 raise ConfigError("[database] url cannot change while running")
             periodic.check_periodic_handlers(config)
-            periodic.sync_definitions(self.store, config, import_handlers=False)
-        except (ConfigError, InputError, pw.DatabaseError) as exc:
-            # A database hiccup during a reload must not stop the overseer either.
+            periodic.validate_definitions(config, import_handlers=False)
+        except (ConfigError, InputError) as exc:
             log.error("reload failed, keeping the current config: %s", exc)
             return
-        self.next_periodic = 0.0
-        log.info("config reloaded from %s; replacing runners", config.source)
+        log.info("config reloaded from %s; replacing runners and the maintainer", config.source)
         self.config = self.store.config = config
         self.num_runners = config.runner.limit
         self.groups = config.queue_groups()
         self.hub.restart(config.queues)
+        self.maintainer.retire(self.now)
         self.next_manage = 0.0
         for child in self.children.values():
             self._retire(child)
@@ -164,6 +175,7 @@ class Overseer:
                      self.config.overseer.graceful_timeout)
             self.stopping = "graceful"
             self.stop_deadline = self.now + self.config.overseer.graceful_timeout
+            self.maintainer.retire(self.now)
             for child in self.children.values():
                 self._retire(child)
         elif self.stopping == "graceful":
@@ -217,11 +229,45 @@ class Overseer:
             self.hub.started(self._fork(lambda: self.hub.serve(
                 self.config.overseer.check_interval, self.pid), "wake-up hub", "tr-hub"))
 
-    def _fork(self, body, what, name=None):
+    def start_maintainer(self):
+        """Fork the maintainer (maintainer.py) unless it runs, with the write end of its
+        notify pipe. It dies with the overseer by KILL: all it does is transactions."""
+        if self.stopping or not self.maintainer.due(self.now):
+            return
+        pipe, notify = os.pipe()
+        for fd in (pipe, notify):
+            os.set_blocking(fd, False)
+        try:
+            pid = self._fork(lambda: Maintainer(self.config, self.row_id, self.pid, notify).run(),
+                             "maintainer", "tr-maintainer", signal.SIGKILL, close=(pipe,))
+        except BaseException:
+            os.close(pipe)
+            raise
+        finally:
+            os.close(notify)
+        self.maintainer.started(pid, pipe, self.now)
+
+    def watch_maintainer(self):
+        """Its signs of life: silent for heartbeat_timeout, it is hung; told to stop and still
+        there after STOP_WAIT, it is stuck (in the database): KILLed either way, and the
+        next one takes over."""
+        maintainer = self.maintainer
+        if maintainer.pid is None:
+            return
+        silent = maintainer.listen(self.now)
+        if maintainer.kill_at is not None and self.now >= maintainer.kill_at:
+            maintainer.kill("it did not stop within %gs of TERM" % maintainer.STOP_WAIT)
+        elif silent > self.config.overseer.heartbeat_timeout:
+            maintainer.kill("hung: no sign of life for over %gs (heartbeat_timeout)"
+                            % self.config.overseer.heartbeat_timeout)
+
+    def _fork(self, body, what, name=None, death_signal=signal.SIGTERM, close=()):
         """Fork a child running `body()` (its exit code; it never returns into the loop);
-        returns its pid. No connection crosses the fork. The child has its own process group:
-        KILL takes a handler's subprocesses along, and a signal to the overseer's group
-        (supervisord, Ctrl-C) reaches the child only through the overseer, once."""
+        returns its pid. No connection crosses the fork, nor any of the overseer's pipes but
+        what `body` needs (`close`: more of them to close in the child). The child has its
+        own process group: KILL takes a handler's subprocesses along, and a signal to the
+        overseer's group (supervisord, Ctrl-C) reaches the child only through the overseer,
+        once. The kernel sends it `death_signal` when the overseer dies."""
         self.store.close()
         previous = liveness.name_process(name) if name else None   # the child is born named
         pid = os.fork()
@@ -234,10 +280,10 @@ class Overseer:
             for sig in self.SIGNALS:
                 signal.signal(getattr(signal, sig), signal.SIG_DFL)
             signal.set_wakeup_fd(-1)
-            for fd in (self._wake_r, self._wake_w):
+            for fd in (self._wake_r, self._wake_w, self.maintainer.pipe) + tuple(close):
                 if fd is not None:
                     os.close(fd)
-            liveness.die_with_parent(signal.SIGTERM)
+            liveness.die_with_parent(death_signal)
             os.setpgid(0, 0)
             code = body()
         except BaseException:
@@ -266,6 +312,13 @@ class Overseer:
             if pid == 0:
                 return
             code = os.waitstatus_to_exitcode(status)
+            if pid == self.maintainer.pid:
+                killed = self.maintainer.killed
+                self.maintainer.exited(pid, code, self.now, bool(self.stopping))
+                self.marks.append((pid, "killed by the overseer: %s" % killed if killed
+                                   else "exited with %s" % _describe_exit(code), False))
+                self.next_check = 0.0
+                continue
             child = self.children.pop(pid, None)
             if child is None:
                 self.hub.exited(pid, code, self.now, bool(self.stopping))
@@ -276,17 +329,23 @@ class Overseer:
             reason = "exited with %s" % _describe_exit(code)
             if child.killed_by_stop:
                 reason = "killed by the overseer's stop (%s)" % child.killed_by_stop
-            self._guarded(lambda: liveness.mark_child_dead(
-                self.store, self.row_id, pid, reason, stopped=bool(child.killed_by_stop)))
-            # Its run may need a retry run now, not one check_interval later.
+            self.marks.append((pid, reason, bool(child.killed_by_stop)))
             self.next_check = self.next_manage = 0.0
 
     def _registered(self, pid):
         """Did this child register its runner row? (False when the database cannot say.)"""
+        if self._refused():
+            return False
         try:
             return liveness.child_registered(self.store, self.row_id, pid)
         except (pw.OperationalError, pw.InterfaceError):
+            self.db_refused_at = self.now
             return False
+
+    def _refused(self):
+        """Whether the database refused a statement in this tick: the tick tries no other
+        (each waits up to the store's patience; libpq's connect at least 2 s)."""
+        return self.db_refused_at == self.now
 
     def _account_exit(self, child, code, registered=False):
         lived = self.now - child.started
@@ -305,8 +364,10 @@ class Overseer:
                 self.exit_code = self.EXIT_START_FAILED
                 self.exit_reason = ("runners keep failing at start (%d in a row, last: %s)"
                                     % (self.start_failures, _describe_exit(code)))
-                self.stopping = self.stopping or "graceful"
-                self.stop_deadline = self.stop_deadline or self.now
+                # A graceful stop like TERM's: the runners that did start finish their run
+                # (or hand it back at graceful_timeout); no one is killed at once.
+                log.error("giving up: %s", self.exit_reason)
+                self._begin_stop()
         else:
             if code != 0 and not child.retiring:
                 log.warning("runner pid %d exited with %s", child.pid, _describe_exit(code))
@@ -356,53 +417,43 @@ class Overseer:
     # -- regular work -------------------------------------------------------------------
 
     def check(self):
-        """Once per check_interval: this host's runners, our heartbeat; while holding the
-        maintenance lease, the fleet's part too (other hosts' runners, overdue and missing runs,
-        stale periodic marks, planning the periodic scheduler). A stopping overseer lets go."""
-        if self.db_lost_at is not None:
-            # If this pass gets through, the database is back as of now: heartbeats and
-            # progress count from then (Store.writable_since).
-            self.db_back_at = utcnow()
-        if self.stopping:
-            self.lease.release()
-        maintenance.process_queue(self.store, own_children=frozenset(self.children),
-                                  reachable_since=self.db_back_at, lease=self.lease)
-        if self.db_lost_at is not None:
-            log.info("database reachable again after %.1fs", self.now - self.db_lost_at)
-            self.db_lost_at = None
+        """Once per check_interval, and at once after a child exited: the rows of the
+        children reaped since, then this overseer's heartbeat — bounded statements; the
+        database's maintenance is the maintainer's."""
+        self.mark_children()
         liveness.heartbeat(self.store, self.row_id, rss=self._process.memory_info().rss)
-        if self.lease.held():
-            self.scheduler.clear_stale_marks()
-        self._plan_periodic()
+        if self.db_lost_at is not None:
+            log.info("database answering again after %.1fs", self.now - self.db_lost_at)
+            self.db_lost_at = None
 
-    def run_periodic(self):
-        """The lease holder only: submit due periodic tasks, then sleep until the next due
-        time (replanned at every check: a new holder plans at once, and changes are seen)."""
-        if self.lease.held():
-            self.scheduler.run_pending()
-        self._plan_periodic()
-
-    def _plan_periodic(self):
-        due = self.scheduler.next_due() if self.lease.holding else None
-        wait = float("inf") if due is None else (due - utcnow()).total_seconds()
-        self.next_periodic = self.now + max(0.0, wait)
+    def mark_children(self):
+        """Each child reaped since: its row, if it did not retire, and its runs end now
+        (rule 7) — handed back when this overseer's stop killed it. In order; the first the
+        database refuses stops the rest until the next try."""
+        while self.marks:
+            pid, reason, stopped = self.marks[0]
+            liveness.mark_child_dead(self.store, self.row_id, pid, reason, stopped=stopped)
+            self.marks.pop(0)
 
     # -- the loop -----------------------------------------------------------------------
 
     def prepare(self):
         """Before the first tick: migrate, sweep what earlier processes of this host left
-        behind (dead PIDs, an older boot), sync the periodic definitions, register."""
-        self.store.migrate()
-        swept = liveness.refresh_runners(self.store, other_hosts=False,
-                                         crash_grace=self.config.overseer.crash_grace)
-        if swept:
-            log.info("swept %d stale runner rows", len(swept))
+        behind (dead PIDs, an older boot), check the periodic definitions (the maintainer
+        syncs them), register. The one time the overseer waits on the database for as long
+        as it takes, with a store of its own: it cannot start without its row."""
         periodic.check_periodic_handlers(self.config)
-        periodic.sync_definitions(self.store, import_handlers=False)
-        self.scheduler = periodic.PeriodicScheduler(self.store)
-        self.scheduler.clear_stale_marks()
-        self.row_id = liveness.register(self.store, kind=OVERSEER).id
-        self.lease = leadership.Lease(self.store, self.row_id, OVERSEER)
+        periodic.validate_definitions(self.config, import_handlers=False)
+        store = Store(self.config)
+        try:
+            store.migrate()
+            swept = liveness.refresh_runners(store, other_hosts=False,
+                                             crash_grace=self.config.overseer.crash_grace)
+            if swept:
+                log.info("swept %d stale runner rows", len(swept))
+            self.row_id = liveness.register(store, kind=OVERSEER).id
+        finally:
+            store.close()
         liveness.name_process("tr-overseer")
         log.info("overseer %d started (pid %d): %d runners, check every %gs", self.row_id,
                  self.pid, self.num_runners, self.config.overseer.check_interval)
@@ -427,34 +478,37 @@ class Overseer:
             log.info("received %s", name)
             getattr(self, "handle_" + name[3:].lower())()
         self.reap_runners()
+        self.watch_maintainer()
         if self.stopping == "immediate" or (self.stopping and self._stopped()):
             return None
-        if now >= self.next_check:
+        if now >= self.next_check and not self.stopping and not self._refused():
+            # A stopping overseer marks its children once, at the end (shutdown): a database
+            # that refuses meanwhile must not hold up the KILL at the deadline.
             self.next_check = now + self.config.overseer.check_interval
             self._guarded(self.check)
-        if not self.stopping and now >= self.next_periodic:
-            # Planned again by a run that succeeds; after a database error, the next try is
-            # one check_interval away, not at once.
-            self.next_periodic = now + self.config.overseer.check_interval
-            self._guarded(self.run_periodic)
         self.start_hub()                # before the first runner; again if it died
-        self._guarded(self.manage_runners)
-        wake = self.next_check if self.stopping else min(self.next_check, self.next_periodic)
+        self._guarded(self.start_maintainer)
+        if not self._refused():
+            self._guarded(self.manage_runners)
+        wake = self.stop_deadline if self.stopping else self.next_check
+        if self.maintainer.kill_at is not None:
+            wake = min(wake, self.maintainer.kill_at)
         return max(0.0, min(wake - now, 1.0))
 
     def _guarded(self, step):
-        """No exception from one step ends the overseer: a database hiccup is logged in one
-        line (an outage once; `check` logs its end), anything else with its traceback; the
-        step is tried again on a later tick."""
+        """No exception from one step ends the overseer: a database that refuses a bounded
+        statement (busy, locked, unreachable) is logged once until `check` gets through
+        again, anything else with its traceback; the step is tried again at a later tick."""
         try:
             step()
         except (pw.OperationalError, pw.InterfaceError) as exc:
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            if is_disconnect(exc) and self.db_lost_at is None:
+            self.db_refused_at = self.now
+            if self.db_lost_at is None:
                 self.db_lost_at = self.now
-                log.warning("database unavailable (%s); retrying", text)
-            elif self.db_lost_at is None:
-                log.warning("database error (will retry): %s", text)
+                text = str(exc).strip().splitlines()[0] if str(exc).strip() \
+                    else type(exc).__name__
+                log.warning("database unavailable to the overseer (%s); retrying at each "
+                            "check", text)
             self._close_quietly()
         except Exception:
             log.exception("%s failed (will retry)", getattr(step, "__name__", "a step"))
@@ -465,9 +519,10 @@ class Overseer:
             self.store.close()
 
     def _stopped(self):
-        """During a stop: True once every child is gone; KILL them at the deadline."""
+        """During a stop: True once every child is gone; KILL the runners at the deadline
+        (the maintainer gets STOP_WAIT: watch_maintainer)."""
         if not self.children:
-            return True
+            return self.maintainer.pid is None
         if self.now >= self.stop_deadline:
             for child in self.children.values():
                 child.killed_by_stop = "graceful_timeout" if self.stopping == "graceful" \
@@ -477,18 +532,24 @@ class Overseer:
         return False
 
     def shutdown(self):
-        """After the last tick: KILL what is left, mark its rows, retire this overseer."""
+        """After the last tick: KILL what is left, mark the rows of the children reaped and
+        killed, retire this overseer — bounded statements, tried once: what the database
+        refuses now is swept by the next overseer's start (by PID, as crashes)."""
         for child in list(self.children.values()):
             self._kill(child, "overseer stopping")
-        for pid in list(self.children):
+        self.maintainer.kill("overseer stopping")
+        for pid in list(self.children) + [p for p in [self.maintainer.pid] if p]:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-            self._guarded(lambda: liveness.mark_child_dead(
-                self.store, self.row_id, pid, "killed at overseer stop", stopped=True))
+            self.marks.append((pid, "killed at overseer stop", True))
         self.children.clear()
-        if self.row_id is not None:      # retiring the row frees its lease (liveness)
-            self._guarded(lambda: liveness.retire(self.store, self.row_id,
-                                                  self.exit_reason or "stopped"))
+        if self.maintainer.pid is not None:
+            self.maintainer.exited(self.maintainer.pid, -signal.SIGKILL, self.now, True)
+        if self.row_id is not None:
+            self._guarded(self.mark_children)
+            if not self.marks:
+                self._guarded(lambda: liveness.retire(self.store, self.row_id,
+                                                      self.exit_reason or "stopped"))
         self.hub.stop()
         (log.error if self.exit_reason else log.info)(
             "overseer %s", "exiting: %s" % self.exit_reason if self.exit_reason else "stopped")

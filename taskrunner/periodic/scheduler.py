@@ -206,14 +206,16 @@ class PeriodicScheduler:
                       & PeriodicTask.marked.is_null()).get())
         return row.due
 
-    def run_pending(self, now=None):
+    def run_pending(self, now=None, until=None):
         """One pass: handle every due periodic task. Returns {"submitted": [task ids],
-        "skipped": [names]}."""
+        "skipped": [names]}. `until`, asked before each due periodic task, ends the pass
+        early when true; what is left stays due for the next pass (a burst of due times
+        must not keep the maintainer from its other work, nor from a stop)."""
         PeriodicTask = self.store.PeriodicTask
         now = now or utcnow()
         result = {"submitted": [], "skipped": []}
         tried = set()
-        while True:
+        while until is None or not until():
             query = (PeriodicTask.select().where(
                 (PeriodicTask.enabled == True) & (PeriodicTask.nextrun <= now)  # noqa: E712
                 & PeriodicTask.marked.is_null()).order_by(PeriodicTask.nextrun, PeriodicTask.id))
@@ -225,6 +227,7 @@ class PeriodicScheduler:
             tried.add(candidate.id)
             if self._mark(candidate, now):
                 self._fire(candidate, now, result)
+        return result
 
     def _mark(self, row, now):
         """Race closed: two schedulers taking the same due time — the mark is a conditional

@@ -38,10 +38,13 @@ class Heartbeat:
         self.thread = threading.Thread(target=self.loop, name="heartbeat", daemon=True)
         self.thread.start()
 
-    def stop(self):
+    def stop(self, wait=5.0):
+        """End the thread, waiting up to `wait` seconds for a write under way (a runner told
+        to stop does not wait on a locked database: the thread is a daemon, and its writes
+        touch a ``running`` row only)."""
         self.stopped.set()
         if self.thread is not None:
-            self.thread.join(timeout=5)
+            self.thread.join(timeout=wait)
 
     def loop(self):
         """Every heartbeat_interval: the runner row and rule 8; every RESULTS_INTERVAL while

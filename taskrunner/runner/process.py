@@ -23,11 +23,13 @@ import signal
 import time
 from datetime import timedelta, timezone
 
+import peewee as pw
 
 from . import batches, outcomes, stops
 from ..fleet import leadership, liveness, maintenance
 from ..runs import lifecycle, queues
 from ..store import outage
+from ..store.bound import BRIEF
 from ..periodic import scheduler as periodic
 from ..host import wakeup
 from ..errors import HandlerError, RunnerLimitReached
@@ -451,7 +453,7 @@ class Worker:
                 self.batch.close_through(self._with_database, self.now(), self.stop_reason)
             if self._listener is not None:
                 self._listener.close()
-            self.heartbeat.stop()
+            self.heartbeat.stop(BRIEF if self.told_to_stop is not None else 5.0)
             self.stop_reason = self.stop_reason or "an error"
             if not self.disowned:
                 self._retire()
@@ -501,6 +503,9 @@ class Worker:
                                     while_stopping=False)
 
     def _retire(self):
+        if self.told_to_stop is not None:
+            self._retire_briefly()
+            return
         try:
             self._with_database(lambda: liveness.retire(
                 self.store, self.runner_id, self.stop_reason, rss=self.rss(),
@@ -510,6 +515,20 @@ class Worker:
             # PID gone; it holds no run.
             log.warning("runner %d could not retire its row: the database is unreachable",
                         self.runner_id)
+
+    def _retire_briefly(self):
+        """Told to stop: one try on a bounded store, so that a locked or unreachable database
+        never keeps a stopping runner from exiting (its overseer's graceful_timeout, a
+        supervisor's stop timeout); a row left ``running`` is swept by its PID."""
+        store = self.store.bounded()
+        try:
+            liveness.retire(store, self.runner_id, self.stop_reason, rss=self.rss(),
+                            runs_done=self.runs_done)
+        except (pw.OperationalError, pw.InterfaceError) as exc:
+            log.warning("runner %d could not retire its row (%s): its PID will tell",
+                        self.runner_id, outage.first_line(exc))
+        finally:
+            store.close()
 
 
 def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=(DEFAULT_QUEUE,),

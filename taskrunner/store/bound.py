@@ -15,7 +15,7 @@ import peewee as pw
 
 from ..host import wakeup
 from ..config import Config
-from .db import backend_of, check_connection, open_database, retry_transaction
+from .db import ATTEMPTS, backend_of, check_connection, open_database, retry_transaction
 from ..errors import SchemaBehind
 from ..host.groupsync import GroupSync
 from ..host.hostlock import HostLock
@@ -53,22 +53,33 @@ def _create_private(path):
         pass       # another process got there first: the file keeps what it made
 
 
+# Seconds a bounded store (`Store.bounded`) waits for the database in any one wait.
+BRIEF = 0.5
+
+
 class Store:
     """One database named by ``config.database.url``; `ephemeral` allows an in-memory
-    SQLite database (which every other caller must refuse: its tasks die with the process)."""
+    SQLite database (which every other caller must refuse: its tasks die with the process).
 
-    def __init__(self, config: Config, ephemeral: bool = False):
+    With `patience` (seconds) the store is bounded: no wait for the database — the host
+    lock, a lock held by another program or transaction, a connection — lasts longer (see
+    db.open_database), and a write is tried once, never again after a busy database or a
+    deadlock: for a process that must not wait on the database (the overseer's loop, a
+    runner that was told to stop), whose caller tries again at its own next turn."""
+
+    def __init__(self, config: Config, ephemeral: bool = False, patience: float = None):
         self.config = config
         self.url = config.database.url
         self.backend = backend_of(self.url)
         self.is_sqlite = self.backend == "sqlite"
-        self.db = open_database(config.database, ephemeral)
+        self.patience = patience
+        self.db = open_database(config.database, ephemeral, patience)
         self.host_lock = None
         self.group_sync = None
         if self.is_sqlite:
             _create_private(self.db.database)
             if self.db.database != ":memory:":
-                self.host_lock = HostLock(self.db.database)
+                self.host_lock = HostLock(self.db.database, timeout=patience)
         self.wakeup_directory = wakeup.directory(self.url, config.runner.wakeup_dir)
         self.waiters_directory = self.wakeup_directory + wakeup.ENDED
         self.origin = wakeup.origin(self.wakeup_directory)
@@ -115,6 +126,11 @@ class Store:
         if not self.db.is_closed():
             self.db.close()
 
+    def bounded(self, patience=BRIEF):
+        """A new store on the same database and config that waits at most `patience`
+        seconds in any one wait (see `Store`); the caller closes it."""
+        return Store(self.config, patience=patience)
+
     def writable_since(self, reachable_since=None):
         """Since when everyone could write here, as far as this process can tell: the later
         of the server's last start and `reachable_since` (when the caller got the database
@@ -157,7 +173,7 @@ class Store:
         lock = self.host_lock if own else None
         changes = self._changes() if own else None
         try:
-            result = retry_transaction(self.db, attempt, lock=lock)
+            result = retry_transaction(self.db, attempt, lock=lock, attempts=self._attempts())
         finally:
             state.depth = depth
         if own:
@@ -238,7 +254,10 @@ class Store:
         (one round trip instead of BEGIN, the statement and COMMIT), again after a deadlock
         or a serialization failure, as `write` does. It NOTIFYs other hosts itself if it
         must (`notifies`); this host's runners are the caller's to wake."""
-        return retry_transaction(self.db, fn, single_statement=True)
+        return retry_transaction(self.db, fn, single_statement=True, attempts=self._attempts())
+
+    def _attempts(self):
+        return 1 if self.patience is not None else ATTEMPTS
 
     def write_and_wake(self, fn, wake, queue=None):
         """write(fn), waking idle runners when ``wake(result)`` says it made runs claimable

@@ -4,12 +4,13 @@ SQLite is the embedded default: WAL, a busy timeout, and every transaction taken
 write transaction up front (BEGIN IMMEDIATE), which is how SQLite serialises claims.
 PostgreSQL (psycopg 3) and MySQL/MariaDB (PyMySQL) are for many hosts sharing one database.
 """
+import math
 import os
 import re
 import sqlite3
 import sys
 import time
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import peewee
 from playhouse import db_url
@@ -160,40 +161,65 @@ def sqlite_path(url, ephemeral=False):
 POOLERS = {"": {}, "pgbouncer": {"prepare_threshold": None}}
 
 
-def open_database(database_config, ephemeral=False):
+CONNECT_TIMEOUT = 10       # seconds
+
+
+def open_database(database_config, ephemeral=False, patience=None):
     """A peewee Database for ``[database]``; connects lazily (nothing crosses a fork).
-    `ephemeral` allows an in-memory SQLite database (tests)."""
+    `ephemeral` allows an in-memory SQLite database (tests). `patience` (seconds) bounds
+    every wait of one statement for the database — a lock held by someone else, a
+    connection — for a process that must never wait long (see `Store`): SQLite's busy
+    timeout; PostgreSQL's lock_timeout and statement_timeout (not through a pooler, which
+    refuses session options at connect) and its connect_timeout (libpq waits at least
+    2 s); MySQL's innodb_lock_wait_timeout (whole seconds, at least 1) and connect_timeout.
+    A URL that sets ``options`` (PostgreSQL) or ``init_command`` (MySQL) itself keeps it, and
+    its statements then wait as the server's settings say."""
     url = database_config.url
     backend = backend_of(url)
     if backend == "sqlite":
+        busy = database_config.busy_timeout if patience is None else patience
         return peewee.SqliteDatabase(
             sqlite_path(url, ephemeral),
-            timeout=database_config.busy_timeout,
+            timeout=busy,
             lock_type="IMMEDIATE",
             pragmas={
                 "journal_mode": "wal",
                 "synchronous": database_config.sqlite_synchronous,
-                "busy_timeout": int(database_config.busy_timeout * 1000),
+                "busy_timeout": int(busy * 1000),
             },
         )
     parts = split_url(url)
     if not parts.path.strip("/"):
         raise ConfigError("database URL %s names no database: use %s://[USER@]HOST[:PORT]/NAME"
                           % (_shown(url), parts.scheme))
+    connect_timeout = CONNECT_TIMEOUT if patience is None else max(1, math.ceil(patience))
     try:
         if backend == "postgresql":
             _require("psycopg", "postgres")
+            bounds = {}
+            if patience is not None and not database_config.pooler \
+                    and "options" not in _query_keys(parts):
+                bounds["options"] = "-c lock_timeout=%d -c statement_timeout=%d" % (
+                    patience * 1000, patience * 1000)
             return db_url.connect(url.replace("postgres://", "postgresql://", 1),
                                   unquote_password=True, unquote_user=True,
-                                  connect_timeout=10, prefer_psycopg3=True,
-                                  **POOLERS[database_config.pooler])
+                                  connect_timeout=connect_timeout, prefer_psycopg3=True,
+                                  **POOLERS[database_config.pooler], **bounds)
         _require("pymysql", "mysql")
+        bounds = {} if patience is None or "init_command" in _query_keys(parts) else {
+            "init_command": "SET SESSION innodb_lock_wait_timeout = %d"
+                            % max(1, math.ceil(patience))}
         # DATETIME(6): microseconds matter for FIFO order and timing.
         return db_url.connect(url, unquote_password=True, unquote_user=True, charset="utf8mb4",
-                              connect_timeout=10, field_types={"DATETIME": "DATETIME(6)"})
+                              connect_timeout=connect_timeout,
+                              field_types={"DATETIME": "DATETIME(6)"}, **bounds)
     except (ValueError, TypeError, RuntimeError) as exc:
         raise ConfigError("invalid database URL %s: %s" % (_shown(url), redact(str(exc), url))) \
             from None
+
+
+def _query_keys(parts):
+    return {key for key, _ in parse_qsl(parts.query, keep_blank_values=True)}
 
 
 def _require(module, extra):
@@ -384,7 +410,10 @@ def is_disconnect(exc):
     return _kind(exc) == "disconnect"
 
 
-def retry_transaction(db, fn, attempts=8, lock=None, single_statement=False):
+ATTEMPTS = 8        # tries of a write transaction after a deadlock or a busy database
+
+
+def retry_transaction(db, fn, attempts=ATTEMPTS, lock=None, single_statement=False):
     """Run ``fn`` in a write transaction, again after a deadlock or a busy database. `lock`:
     a context manager held around each attempt's transaction, not around the wait between
     attempts (SQLite's host lock). `single_statement`: ``fn`` runs one statement, which is

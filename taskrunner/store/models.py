@@ -33,9 +33,11 @@ TRACEBACK_LIMIT = 65536
 # The queue of a task that names none.
 DEFAULT_QUEUE = "default"
 
-# Runner kinds.
+# Runner kinds: the rows of task_runners are the host's processes (an overseer's
+# maintainer does its database maintenance, overseer/maintainer.py).
 OVERSEER = "overseer"
 RUNNER = "runner"
+MAINTAINER = "maintainer"
 
 
 def utcnow():
