@@ -163,7 +163,7 @@ def test_two_pid_namespaces_sharing_a_hostname_have_different_host_ids():
     reason = hostnet.missing()
     if reason:
         pytest.skip(reason)
-    code = ("import sys; from taskrunner.liveness import default_host_id; "
+    code = ("import sys; from taskrunner.fleet.liveness import default_host_id; "
             "print(default_host_id(), flush=True); sys.stdin.read()")
     # Both namespaces alive at once, as two containers are: the kernel reuses the inode
     # number of a namespace that has gone.

@@ -5,6 +5,10 @@ runs, create the runs that have come due.
 With a lease (leadership.Lease), only its holder does what is fleet-wide — other hosts'
 runners, orphaned runs, overdue runs, due runs — each step after checking, on the database's
 clock, that the lease is still held; every caller still sweeps its own host's runners by PID.
+Every time this pass compares is the database server's, whatever this host's clock says:
+heartbeats and the lease in their queries, run timeouts, max_runtime, backoff and due times
+through the lifecycle (`Store.database_time`), so a holder whose clock is off neither times
+out a fresh run nor creates a run early.
 """
 import logging
 
@@ -20,7 +24,8 @@ def process_queue(store, now=None, own_children=(), reachable_since=None, lease=
     ([(run_id, runner_id)]) and ``created_runs`` (a count). `own_children`: PIDs an overseer
     reaps itself (see liveness.refresh_runners). `reachable_since`: when the caller got the
     database back after losing it (see Store.writable_since). `lease`: taken or renewed
-    first; while it is not held, only this host's runners are swept."""
+    first; while it is not held, only this host's runners are swept. `now` is this host's
+    time (a test's injected one): the lifecycle puts it on the database's clock."""
     now = now or utcnow()
     fleet = lease is None or lease.renew()
     dead = refresh_runners(store, now=now, other_hosts=fleet, own_children=own_children,

@@ -1,7 +1,8 @@
 """The run state machine's SQL, in one place (Procrastinate's queries.sql, PgQueuer's query
-builder): every statement that creates, claims, ends, gives back or cancels a run, for each
-database, each with the race it closes. `lifecycle` decides which one runs when and calls
-the hooks; `runner.batches` claims and ends many runs with the same statements.
+builder): every statement that adds a task, claims, ends, gives back or cancels a run, for
+each database, each with the race it closes. `lifecycle` decides which one runs when and
+calls the hooks; `runner.batches` claims and ends many runs with the same statements;
+`enqueue` validates what it adds with these INSERTs.
 
 A claim and a success happen once per job: plain SQL (peewee's query building costs more
 than the database's work). PostgreSQL: one statement of data-modifying CTEs each, and a busy
@@ -15,6 +16,10 @@ and ``runner_id`` for a runner's own end), so whoever comes late changes nothing
 it from the row count. Times are bound as values, already on the database's clock
 (`lifecycle.database_time`).
 """
+import json
+from datetime import datetime
+
+from ..host.wakeup import NOTIFY_SQL
 from ..store.models import CANCELLED, RUNNING, SCHEDULED
 
 # -- the claim order (rule 2) ------------------------------------------------------------------
@@ -333,3 +338,96 @@ def end_task(store, task_id, status, at, **values):
     Task = store.Task
     Task.update(last_status=status, next_run_on=None, finished_on=at, active_key=None,
                 waiting_key=None, updated_on=at, **values).where(Task.id == task_id).execute()
+
+
+# -- adding tasks ------------------------------------------------------------------------------
+# A task, and its first run when it is due, as plain SQL: peewee builds a node per value,
+# which costs several times the inserts themselves. Rule 1 needs no statement of its own: a
+# first run carries active_task_id, under its unique index. Every INSERT of a task or a run
+# is one of these three, through the store's connection or the caller's (a task added inside
+# the application's transaction).
+
+def columns(model, names, param):
+    """The fields of `names` in `model`, their column list and as many placeholders."""
+    fields = [model._meta.fields[name] for name in names]
+    return fields, ", ".join(f.column_name for f in fields), ", ".join([param] * len(fields))
+
+
+def bind(backend, fields, values):
+    """The values of `fields` as the driver binds them; SQLite's datetimes as the text
+    peewee stores (Python 3.12 deprecates sqlite3's own adapter)."""
+    values = [f.db_value(value) for f, value in zip(fields, values)]
+    if backend != "sqlite":
+        return values
+    return [v.isoformat(" ") if isinstance(v, datetime) else v for v in values]
+
+
+_INSERT_ROW = {}      # (backend, table, names) -> (the statement, its fields)
+
+
+def insert_row(backend, model, names):
+    """INSERT of one row of `model` with the fields `names`: (statement, fields). PostgreSQL
+    returns the id (RETURNING), the others give the driver's lastrowid."""
+    key = (backend, model._meta.table_name, names)
+    if key not in _INSERT_ROW:
+        fields, listed, marks = columns(model, names, "?" if backend == "sqlite" else "%s")
+        _INSERT_ROW[key] = ("INSERT INTO %s (%s) VALUES (%s)%s" % (
+            model._meta.table_name, listed, marks,
+            " RETURNING id" if backend == "postgresql" else ""), fields)
+    return _INSERT_ROW[key]
+
+
+def insert_rows(backend, model, rows):
+    """One INSERT of `rows` (dicts with the same keys) of `model`: (statement, parameters),
+    RETURNING nothing (append " RETURNING id" where INSERT ... RETURNING works: the ids come
+    in row order within one statement, though RETURNING's own order is not promised)."""
+    fields = [model._meta.fields[name] for name in rows[0]]
+    table, listed = model._meta.table_name, ", ".join(f.column_name for f in fields)
+    if backend == "postgresql":
+        # psycopg parses each of thousands of placeholders in Python; one JSON parameter
+        # expanded by the server costs a fraction of that.
+        return ("INSERT INTO %s (%s) SELECT %s FROM json_populate_recordset(NULL::%s, %%s)"
+                % (table, listed, listed, table),
+                [json.dumps([{f.column_name: f.db_value(row[f.name]) for f in fields}
+                             for row in rows], default=str)])
+    values = "(%s)" % ", ".join(["?" if backend == "sqlite" else "%s"] * len(fields))
+    return ("INSERT INTO %s (%s) VALUES %s" % (table, listed, ", ".join([values] * len(rows))),
+            [v for row in rows for v in bind(backend, fields, [row[f.name] for f in fields])])
+
+
+_ADD = {}     # (task names, run names, notify) -> (the statement, task fields, run fields)
+
+
+def insert_task_and_run(Task, Run, task_names, run_names, notify):
+    """PostgreSQL: the task, its first run when due (`run_names`: its fields but the two
+    that take the task's id) and the NOTIFY to other hosts, in one statement of
+    data-modifying CTEs that returns the task id; (statement, task fields, run fields). An
+    add is then one round trip, as Procrastinate's defer is, where BEGIN, two INSERTs, the
+    NOTIFY and COMMIT were five. Every data-modifying CTE runs to completion, and the NOTIFY
+    is read by the final SELECT, so all happen or none."""
+    key = (task_names, run_names, notify)
+    if key not in _ADD:
+        task_fields, listed, marks = columns(Task, task_names, "%s")
+        statement = "WITH task AS (INSERT INTO %s (%s) VALUES (%s) RETURNING id)" % (
+            Task._meta.table_name, listed, marks)
+        run_fields, listed, marks = columns(Run, run_names, "%s")
+        if run_names:
+            statement += ", run AS (INSERT INTO %s (%s, %s, %s) SELECT id, id, %s FROM task)" \
+                % (Run._meta.table_name, Run.task_id.column_name,
+                   Run.active_task_id.column_name, listed, marks)
+        if notify:
+            statement += ", news AS (%s AS sent)" % NOTIFY_SQL
+        statement += " SELECT id FROM task" + (" CROSS JOIN news" if notify else "")
+        _ADD[key] = (statement, task_fields, run_fields)
+    return _ADD[key]
+
+
+# The row of a queue first seen (its name is how runners serving ``default`` find it, and
+# where pausing is stored). Race closed: two adds of a new queue's first tasks — the name is
+# the key, and the second insert does nothing.
+INSERT_QUEUE = {"sqlite": "INSERT OR IGNORE INTO task_queues (name, paused, updated_on) "
+                          "VALUES (?, ?, ?)",
+                "postgresql": "INSERT INTO task_queues (name, paused, updated_on) "
+                              "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                "mysql": "INSERT IGNORE INTO task_queues (name, paused, updated_on) "
+                         "VALUES (%s, %s, %s)"}

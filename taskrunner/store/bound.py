@@ -277,34 +277,37 @@ class Store:
                           [int(round(offset * 1e6))])
         return pw.SQL("strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", ["%+.6f seconds" % offset])
 
-    def database_time(self, now=None):
+    def database_time(self, now=None, read=None):
         """This host's time `now` (naive UTC; None: now) on the database server's clock: every
         time the run lifecycle writes or compares is one (run timeouts, max_runtime, backoff,
         due times), so hosts whose clocks disagree never compare their clocks, while each
-        statement still binds its times as values. SQLite has one host: its clock."""
+        statement still binds its times as values. SQLite has one host: its clock. `read`:
+        see clock_offset."""
         now = now or utcnow()
-        return now if self.is_sqlite else now + self.clock_offset()
+        return now if self.is_sqlite else now + self.clock_offset(read)
 
-    def clock_offset(self):
+    def clock_offset(self, read=None):
         """How far the database server's clock is ahead of this host's (a timedelta, zero on
         SQLite): measured again when this host's clock has been stepped since (its distance
-        from the monotonic clock changed) and every CLOCK_CHECK seconds."""
+        from the monotonic clock changed) and every CLOCK_CHECK seconds. `read(sql)`, the
+        first value of a query through another connection to this database (an
+        application's, which the store's own must not replace), when it is to be measured."""
         if self.is_sqlite:
             return timedelta(0)
         stepped = time.time() - time.monotonic()
         known = self._clock
         if known is None or abs(stepped - known[1]) > CLOCK_STEP \
                 or time.monotonic() - known[2] > CLOCK_CHECK:
-            known = self._clock = (self._measure_offset(), stepped, time.monotonic())
+            read = read or (lambda sql: self.db.execute_sql(sql).fetchone()[0])
+            known = self._clock = (self._measure_offset(read), stepped, time.monotonic())
         return known[0]
 
-    def _measure_offset(self):
+    def _measure_offset(self, read):
         """The server's clock read between two readings of this host's: an offset within
         half that round trip is no offset (the clocks agree as far as one can tell)."""
-        sql = ("SELECT clock_timestamp() AT TIME ZONE 'UTC'" if self.backend == "postgresql"
-               else "SELECT UTC_TIMESTAMP(6)")
         before = utcnow()
-        server = self.db.execute_sql(sql).fetchone()[0]
+        server = read("SELECT clock_timestamp() AT TIME ZONE 'UTC'" if self.backend ==
+                      "postgresql" else "SELECT UTC_TIMESTAMP(6)")
         after = utcnow()
         half = (after - before) / 2
         offset = server - (before + half)
