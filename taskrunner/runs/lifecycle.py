@@ -251,7 +251,7 @@ def end_run(store, run_id, task_id, status, runner_id=None, results=None, error_
     """
     return _end_run(store, run_id, task_id, status, runner_id, results, error_code,
                     error_message, store.database_time(now), periodic_task_id,
-                    _database_time(store, retry_at), traceback)
+                    _on_database_clock(store, retry_at), traceback)
 
 
 def _end_run(store, run_id, task_id, status, runner_id, results, error_code, error_message,
@@ -282,7 +282,7 @@ def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, e
         if claimed is None and len(queues) > 1:
             claimed = _claim_step(store, runner_id, queues[1:], now, at)
     else:
-        retry_at = _database_time(store, retry_at)
+        retry_at = _on_database_clock(store, retry_at)
         ended, claimed = store.write(lambda: (
             _end(store, run_id, task_id, status, runner_id, results, error_code,
                  error_message, at, periodic_task_id, retry_at, traceback),
@@ -312,7 +312,7 @@ def _single_statement_end(store, status, runner_id, periodic_task_id):
             and periodic_task_id is None)
 
 
-def _database_time(store, when):
+def _on_database_clock(store, when):
     return None if when is None else store.database_time(when)
 
 
@@ -321,7 +321,7 @@ def end_in_transaction(store, run_id, task_id, status, runner_id, results, error
     """end_run() inside the caller's write transaction. `retry_at`: when a requeued task
     runs again, or for a failure the earliest time of its retry (crash_grace)."""
     return _end(store, run_id, task_id, status, runner_id, results, error_code, error_message,
-                store.database_time(now), periodic_task_id, _database_time(store, retry_at),
+                store.database_time(now), periodic_task_id, _on_database_clock(store, retry_at),
                 traceback)
 
 
@@ -423,7 +423,7 @@ def timeout_overdue_runs(store, now=None, reachable_since=None):
     running = list(running_runs_query(store).objects())
     since = None
     if any(run.updated_on + timedelta(seconds=run.run_timeout) < now for run in running):
-        since = _database_time(store, store.writable_since(reachable_since))  # when it matters
+        since = _on_database_clock(store, store.writable_since(reachable_since))  # when it matters
     ended = []
     for run in running:
         updated = max(run.updated_on, since) if since is not None else run.updated_on

@@ -14,7 +14,7 @@ reads one queue along the task_runs_claim index (queue, CLAIM_ORDER). The rarer 
 Rule 4 in every end: the run's UPDATE is conditional on its state (``status = 'running'``,
 and ``runner_id`` for a runner's own end), so whoever comes late changes nothing and learns
 it from the row count. Times are bound as values, already on the database's clock
-(`lifecycle.database_time`).
+(`Store.database_time`).
 """
 import json
 from datetime import datetime
@@ -70,7 +70,8 @@ RUN_SUCCESS_VALUES, TASK_SUCCESS_VALUES = ("at", "at", "results"), ("at", "at")
 
 
 def _assignments(columns, at="%s", results="%s", leave_out=()):
-    """A SET list; checks that its values bind in the order the statements pass them."""
+    """A SET list of `columns` with their values; refuses (at import) a list whose values
+    would bind in another order than the statements pass them."""
     kept = [(column, value) for column, value in columns if column not in leave_out]
     names = tuple(value[1:-1] for _, value in kept if value.startswith("{"))
     if names not in (RUN_SUCCESS_VALUES, TASK_SUCCESS_VALUES):
@@ -103,7 +104,7 @@ def _pg_claim_ctes(limit):
         RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
             t.max_runtime, t.periodic_task_id, %s)""" % (
         claim_order_sql(), int(limit),
-        "".join(", r." + c for c, _ in CLAIM_ORDER if c not in ("id", "task_id", "attempt")),
+        "".join(", r." + c for c, _ in CLAIM_ORDER if c != "id"),
         ", ".join("claimed." + c for c, _ in CLAIM_ORDER))
 
 
@@ -178,7 +179,8 @@ def _mysql_claim(limit):
 MYSQL_START = ("UPDATE task_runs SET status = 'running', runner_id = %%s, started_on = %%s, "
                "updated_on = %%s WHERE id IN (%s)",
                "UPDATE task_queue SET last_status = 'running', updated_on = %%s WHERE id IN (%s)")
-# InnoDB keeps the index entries of a column set to the value it had: one statement each.
+# The whole SET, unlike SQLite's: InnoDB leaves the index entries of a column set to the value
+# it had.
 MYSQL_SUCCESS = (
     "UPDATE task_runs SET %s WHERE id = %%s AND status = 'running' AND runner_id = %%s"
     % _assignments(RUN_SUCCESS),
@@ -213,19 +215,19 @@ def claim(store, runner_id, queue, at, limit=1):
     FOR UPDATE SKIP LOCKED, so a concurrent claimer passes over them instead of waiting;
     SQLite takes the write lock up front (BEGIN IMMEDIATE), so the select and the update
     are one step."""
-    sql, statements = store.db.execute_sql, claim_statements(store.backend, limit)
+    execute, statements = store.db.execute_sql, claim_statements(store.backend, limit)
     if store.backend == "postgresql":
-        return in_claim_order(sql(statements, (queue, runner_id, at, at, at)), CLAIMED_WIDTH)
+        return in_claim_order(execute(statements, (queue, runner_id, at, at, at)), CLAIMED_WIDTH)
     if store.is_sqlite:
         claim_runs, claim_task = statements
         stamp = at.isoformat(" ")         # bound as text once
-        runs = in_claim_order(sql(claim_runs, (runner_id, stamp, stamp, queue)), 3)
-        return [run + sql(claim_task, (stamp, run[1])).fetchone() for run in runs]
-    rows = sql(statements, (queue,)).fetchall()
+        runs = in_claim_order(execute(claim_runs, (runner_id, stamp, stamp, queue)), 3)
+        return [run + execute(claim_task, (stamp, run[1])).fetchone() for run in runs]
+    rows = execute(statements, (queue,)).fetchall()
     if rows:
         marks = ", ".join(["%s"] * len(rows))
-        sql(MYSQL_START[0] % marks, (runner_id, at, at, *[r[0] for r in rows]))
-        sql(MYSQL_START[1] % marks, (at, *[r[1] for r in rows]))
+        execute(MYSQL_START[0] % marks, (runner_id, at, at, *[r[0] for r in rows]))
+        execute(MYSQL_START[1] % marks, (at, *[r[1] for r in rows]))
     return [tuple(row) for row in rows]
 
 
@@ -244,23 +246,23 @@ def end_success(store, run_id, task_id, runner_id, results, at):
     its task, RUN_SUCCESS and TASK_SUCCESS. Returns whether it ended the run.
     Race closed: a runner finishing a run someone timed out meanwhile (rule 4) — WHERE
     status = 'running' AND runner_id = ?, and the task is written only when the run was."""
-    sql = store.db.execute_sql
+    execute = store.db.execute_sql
     if store.backend == "postgresql":
-        return sql(PG_SUCCESS, (at, at, results, run_id, runner_id, at, at)).fetchone()[0] > 0
+        return execute(PG_SUCCESS, (at, at, results, run_id, runner_id, at, at)).fetchone()[0] > 0
     if store.is_sqlite:
         end_run, clear_run, end_task, clear_task = SQLITE_SUCCESS
         at = at.isoformat(" ")
-        shown = sql(end_run, (at, at, results, run_id, runner_id)).fetchone()
+        shown = execute(end_run, (at, at, results, run_id, runner_id)).fetchone()
         if shown is None:
             return False
         if shown[0] is not None:
-            sql(clear_run, (run_id,))
-        if sql(end_task, (at, at, task_id)).fetchone() not in (None, (None,)):
-            sql(clear_task, (task_id,))
+            execute(clear_run, (run_id,))
+        if execute(end_task, (at, at, task_id)).fetchone() not in (None, (None,)):
+            execute(clear_task, (task_id,))
         return True
-    if not sql(MYSQL_SUCCESS[0], (at, at, results, run_id, runner_id)).rowcount:
+    if not execute(MYSQL_SUCCESS[0], (at, at, results, run_id, runner_id)).rowcount:
         return False
-    sql(MYSQL_SUCCESS[1], (at, at, task_id))
+    execute(MYSQL_SUCCESS[1], (at, at, task_id))
     return True
 
 
