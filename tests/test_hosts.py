@@ -254,3 +254,41 @@ def test_a_leader_whose_clock_is_off_judges_runs_on_the_database_clock(backend, 
     finally:
         procs.kill_all()
         database.drop()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("clock_offset", ["+10m", "-10m"])
+@pytest.mark.parametrize("backend", ["postgresql", "mysql"])
+def test_a_runner_whose_clock_is_off_is_judged_on_the_database_clock(backend, clock_offset,
+                                                                     tmp_path, procs):
+    """The runner's clock is ten minutes ahead, or behind (libfaketime); the process judging
+    its run is right: the run is timed out neither before its run_timeout (its runner wrote
+    its start on the database's clock, not ten minutes in the past) nor long after it (nor
+    ten minutes in the future)."""
+    if not os.path.exists(hostnet.FAKETIME):
+        reason = "libfaketime is not installed (apt-get install faketime libfaketime)"
+        pytest.fail(reason) if databases_required() else pytest.skip(reason)
+    run_timeout = 3.0
+    database = Database(backend, tmp_path)
+    try:
+        queue = database.queue()
+        task_id = queue.add_task("sample_handlers.PausedRecord", run_timeout=run_timeout,
+                                 data={"log": str(tmp_path / "records"), "sleep": 60})
+        procs.add(spawn("run-event", "task-runner:OnProcess", url=database.url,
+                        log_path=tmp_path / "runner.log", env={
+                            "LD_PRELOAD": hostnet.FAKETIME, "FAKETIME": clock_offset,
+                            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}), tmp_path / "runner.log")
+        wait_for(lambda: runs_of(task_id)[0].status == RUNNING, timeout=60,
+                 message="the runner to start the run")
+        running_at = time.monotonic()
+        timed_out = wait_for(lambda: lifecycle.timeout_overdue_runs(queue.store),
+                             timeout=run_timeout + CHECK_INTERVAL + MACHINE_SLACK,
+                             message="the run to be timed out")
+        waited = time.monotonic() - running_at
+        print("timed out %.1fs after it was seen running" % waited)
+        assert [run_id for run_id, _ in timed_out] == [runs_of(task_id)[0].id]
+        assert waited >= run_timeout / 2, "timed out %.1fs after it started" % waited
+        queue.close()
+    finally:
+        procs.kill_all()
+        database.drop()

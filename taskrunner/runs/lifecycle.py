@@ -249,13 +249,14 @@ def end_run(store, run_id, task_id, status, runner_id=None, results=None, error_
     Returns False when it lost the race of rule 4 (someone ended the run meanwhile).
     Whoever waits for a task on this host (`TaskQueue.wait`) is woken after the commit.
     """
-    return _end_run(store, run_id, task_id, status, runner_id, results, error_code,
-                    error_message, store.database_time(now), periodic_task_id,
+    return _end_run(store, run_id, task_id, status, store.database_time(now), runner_id,
+                    results, error_code, error_message, periodic_task_id,
                     _on_database_clock(store, retry_at), traceback)
 
 
-def _end_run(store, run_id, task_id, status, runner_id, results, error_code, error_message,
-             at, periodic_task_id, retry_at, traceback):
+def _end_run(store, run_id, task_id, status, at, runner_id=None, results=None, error_code=None,
+             error_message=None, periodic_task_id=None, retry_at=None, traceback=None):
+    """end_run() on the database's clock (`at`, `retry_at`)."""
     args = (store, run_id, task_id, status, runner_id, results, error_code, error_message, at,
             periodic_task_id, retry_at, traceback)
     if _single_statement_end(store, status, runner_id, periodic_task_id):
@@ -435,8 +436,8 @@ def timeout_overdue_runs(store, now=None, reachable_since=None):
             code = "MaxRuntime"
         else:
             continue
-        if _end_run(store, run.id, run.task_id, TIMEOUT, None, None, code, message, now,
-                    None, None, None):
+        if _end_run(store, run.id, run.task_id, TIMEOUT, now, error_code=code,
+                    error_message=message):
             log.warning("run %d of task %d timed out: %s", run.id, run.task_id, message)
             ended.append((run.id, run.runner_id))
     return ended
