@@ -6,30 +6,35 @@ history does not slow them either. (The speed itself is measured by bench/, not 
 import pytest
 
 from taskrunner.runs import lifecycle
+from taskrunner.runs import sql as catalogue
 from taskrunner.fleet import liveness
 from taskrunner.runs import queues
 from taskrunner.store.models import Run, utcnow
-from taskrunner.runs.lifecycle import (MYSQL_CLAIM, PG_CLAIM, PG_SUCCESS_AND_CLAIM, SQLITE_CLAIM,
-                                       SUCCESS_STATEMENTS)
 
 
 def _plans(queue, backend, name="default"):
-    """The plans of the statements claim() and end_run_and_claim() really send."""
+    """The plans of the statements claim() (a claim of one), a batch's claim of 16 and
+    end_run_and_claim() really send."""
     now = utcnow()
-    if backend == "sqlite":
-        rows = queue.store.db.execute_sql("EXPLAIN QUERY PLAN " + SQLITE_CLAIM[0],
-                                          (1, now, now, name)).fetchall()
-        return [" | ".join(str(r[-1]) for r in rows)]
+    plans = []
+    for limit in (1, 16):
+        claim = catalogue.claim_statements(backend, limit)
+        if backend == "sqlite":
+            rows = queue.store.db.execute_sql("EXPLAIN QUERY PLAN " + claim[0],
+                                              (1, now, now, name)).fetchall()
+            plans.append(" | ".join(str(r[-1]) for r in rows))
+        elif backend == "postgresql":
+            plans.append(" | ".join(r[0] for r in queue.store.db.execute_sql(
+                "EXPLAIN " + claim, (name, 1, now, now, now))))
+        else:
+            cursor = queue.store.db.execute_sql("EXPLAIN " + claim, (name,))
+            names = [d[0] for d in cursor.description]
+            plans.append(" | ".join(str(dict(zip(names, r))) for r in cursor.fetchall()))
     if backend == "postgresql":
-        plans = []
-        for sql, params in ((PG_CLAIM, (name, 1, now, now, now)),
-                            (PG_SUCCESS_AND_CLAIM, (now, now, None, 1, 1, now, now,
-                                                    name, 1, now, now, now))):
-            plans.append(" | ".join(r[0] for r in queue.store.db.execute_sql("EXPLAIN " + sql, params)))
-        return plans
-    cursor = queue.store.db.execute_sql("EXPLAIN " + MYSQL_CLAIM, (name,))
-    names = [d[0] for d in cursor.description]
-    return [" | ".join(str(dict(zip(names, r))) for r in cursor.fetchall())]
+        plans.append(" | ".join(r[0] for r in queue.store.db.execute_sql(
+            "EXPLAIN " + catalogue.PG_SUCCESS_AND_CLAIM,
+            (now, now, None, 1, 1, now, now, name, 1, now, now, now))))
+    return plans
 
 
 @pytest.mark.timeout(120)
@@ -74,9 +79,10 @@ def test_live_runs_are_read_from_partial_indexes_not_the_history(database_sp):
     if backend == "postgresql":
         queue.store.db.execute_sql("ANALYZE task_runs")
     now = utcnow()
-    finish = (PG_SUCCESS_AND_CLAIM, (now, now, None, claimed.run_id, runner_id, now, now,
-                                      "default", runner_id, now, now, now)) if backend == "postgresql" \
-        else (SUCCESS_STATEMENTS[0], (now, now, None, claimed.run_id, runner_id))
+    finish = (catalogue.PG_SUCCESS_AND_CLAIM, (now, now, None, claimed.run_id, runner_id, now,
+                                                now, "default", runner_id, now, now, now)) \
+        if backend == "postgresql" \
+        else (catalogue.SQLITE_SUCCESS[0], (now, now, None, claimed.run_id, runner_id))
     look = queues.claim_order(queue.store, None, with_work=True)      # idle runners' poll
     assert look == (["default"], True)
     statements = [query.sql() for query in (queues.queue_rows_query(queue.store, True),

@@ -20,13 +20,17 @@ import time
 from datetime import timedelta
 
 import pytest
-from conftest import databases_required, process_env, read_records, wait_for
+from conftest import (Database, databases_required, process_env, read_records, runs_of, spawn,
+                      utc, wait_for)
 
 from bench import hostnet
 from taskrunner import TaskQueue
 from taskrunner.config import Config
+from taskrunner.fleet import leadership, liveness
 from taskrunner.fleet.liveness import default_host_id
-from taskrunner.store.models import CRASHED, MAINTAINER, OVERSEER, RUNNER, RUNNING, SUCCESS, TIMEOUT
+from taskrunner.runs import lifecycle
+from taskrunner.store.models import (CRASHED, MAINTAINER, OVERSEER, RUNNER, RUNNING, SCHEDULED,
+                                     SUCCESS, TIMEOUT, utcnow)
 
 HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, CHECK_INTERVAL = 0.3, 3.0, 0.5
 MACHINE_SLACK = 3.0  # two shared cores: processes get scheduled late
@@ -175,3 +179,116 @@ def test_two_pid_namespaces_sharing_a_hostname_have_different_host_ids():
     assert ids[0] != ids[1] and all(i.startswith("app/pidns:") for i in ids), ids
     if os.stat("/proc/self/ns/pid").st_ino == 0xEFFFFFFC:
         assert default_host_id() == os.uname().nodename
+
+
+LEADER_CONFIG = """\
+[runner]
+limit = 1
+poll_interval = 0.2
+[overseer]
+check_interval = {check_interval}
+"""
+RUN_TIMEOUT = 2.0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("clock_offset", ["+10m", "-10m"])
+@pytest.mark.parametrize("backend", ["postgresql", "mysql"])
+def test_a_leader_whose_clock_is_off_judges_runs_on_the_database_clock(backend, clock_offset,
+                                                                       tmp_path, procs):
+    """The maintenance leader's clock is ten minutes ahead, or behind (libfaketime): it
+    neither times out a fresh run nor creates a delayed task's run early, and it times out an
+    overdue run (run_timeout, max_runtime) and creates a due run within their time plus one
+    check interval, because it judges them on the database server's clock. (SQLite has one
+    host, so one clock.)"""
+    if not os.path.exists(hostnet.FAKETIME):
+        reason = "libfaketime is not installed (apt-get install faketime libfaketime)"
+        pytest.fail(reason) if databases_required() else pytest.skip(reason)
+    database = Database(backend, tmp_path)
+    try:
+        queue = database.queue()
+        queue.pause_queue("default")       # the leader's own runner stays idle
+        config = database.write_config(tmp_path / "leader.toml", LEADER_CONFIG.format(
+            check_interval=CHECK_INTERVAL))
+        procs.add(spawn("overseer", config=config, log_path=tmp_path / "leader.log", env={
+            "LD_PRELOAD": hostnet.FAKETIME, "FAKETIME": clock_offset,
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}), tmp_path / "leader.log")
+        wait_for(lambda: any(lease["held"] and lease["holder_kind"] == OVERSEER
+                             for lease in leadership.leases(queue.store)),
+                 timeout=60, message="the leader to take the maintenance lease")
+
+        # A runner of another host (alive by its heartbeat) holds three runs.
+        runner_id = liveness.register(queue.store).id
+        Runner = queue.store.Runner
+        Runner.update(host="elsewhere").where(Runner.id == runner_id).execute()
+        fresh, overdue, too_long = (
+            queue.add_task("taskrunner.handlers.Echo", run_timeout=120, max_runtime=120),
+            queue.add_task("taskrunner.handlers.Echo", run_timeout=RUN_TIMEOUT),
+            queue.add_task("taskrunner.handlers.Echo", run_timeout=120, max_runtime=RUN_TIMEOUT))
+        claimed_at = time.monotonic()
+        assert [lifecycle.claim(queue.store, runner_id).task_id for _ in range(3)] == [
+            fresh, overdue, too_long]
+        later, due = (queue.add_task("taskrunner.handlers.Echo",
+                                     scheduled_on=utc(utcnow() + timedelta(seconds=seconds)))
+                      for seconds in (300, RUN_TIMEOUT))
+
+        def judged():
+            return (runs_of(overdue)[0].status == TIMEOUT and
+                    runs_of(too_long)[0].status == TIMEOUT and len(runs_of(due)) == 1)
+        wait_for(judged, timeout=RUN_TIMEOUT + CHECK_INTERVAL + MACHINE_SLACK,
+                 message="the overdue runs timed out and the due run created")
+        print("judged %.1fs after the claims" % (time.monotonic() - claimed_at))
+        [run] = runs_of(overdue)
+        assert run.error_code == "RunTimeout"
+        assert run.finished_on - run.started_on >= timedelta(seconds=RUN_TIMEOUT)
+        [run] = runs_of(too_long)
+        assert run.error_code == "MaxRuntime"
+        assert run.finished_on - run.started_on >= timedelta(seconds=RUN_TIMEOUT)
+        [run] = runs_of(due)
+        assert run.status == SCHEDULED and run.created_on >= run.scheduled_on
+        # Judged again at every check since: still too soon for these two.
+        assert [r.status for r in runs_of(fresh)] == [RUNNING], \
+            [(r.status, r.error_code) for r in runs_of(fresh)]
+        assert runs_of(later) == []
+        queue.close()
+    finally:
+        procs.kill_all()
+        database.drop()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("clock_offset", ["+10m", "-10m"])
+@pytest.mark.parametrize("backend", ["postgresql", "mysql"])
+def test_a_runner_whose_clock_is_off_is_judged_on_the_database_clock(backend, clock_offset,
+                                                                     tmp_path, procs):
+    """The runner's clock is ten minutes ahead, or behind (libfaketime); the process judging
+    its run is right: the run is timed out neither before its run_timeout (its runner wrote
+    its start on the database's clock, not ten minutes in the past) nor long after it (nor
+    ten minutes in the future)."""
+    if not os.path.exists(hostnet.FAKETIME):
+        reason = "libfaketime is not installed (apt-get install faketime libfaketime)"
+        pytest.fail(reason) if databases_required() else pytest.skip(reason)
+    run_timeout = 3.0
+    database = Database(backend, tmp_path)
+    try:
+        queue = database.queue()
+        task_id = queue.add_task("sample_handlers.PausedRecord", run_timeout=run_timeout,
+                                 data={"log": str(tmp_path / "records"), "sleep": 60})
+        procs.add(spawn("run-event", "task-runner:OnProcess", url=database.url,
+                        log_path=tmp_path / "runner.log", env={
+                            "LD_PRELOAD": hostnet.FAKETIME, "FAKETIME": clock_offset,
+                            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}), tmp_path / "runner.log")
+        wait_for(lambda: runs_of(task_id)[0].status == RUNNING, timeout=60,
+                 message="the runner to start the run")
+        running_at = time.monotonic()
+        timed_out = wait_for(lambda: lifecycle.timeout_overdue_runs(queue.store),
+                             timeout=run_timeout + CHECK_INTERVAL + MACHINE_SLACK,
+                             message="the run to be timed out")
+        waited = time.monotonic() - running_at
+        print("timed out %.1fs after it was seen running" % waited)
+        assert [run_id for run_id, _ in timed_out] == [runs_of(task_id)[0].id]
+        assert waited >= run_timeout / 2, "timed out %.1fs after it started" % waited
+        queue.close()
+    finally:
+        procs.kill_all()
+        database.drop()

@@ -22,7 +22,8 @@ import pytest
 from conftest import ok, runs_of, taskrunner, usage_error, wait_for
 from taskrunner import Config, InputError
 from taskrunner.fleet.liveness import default_host_id as hostname
-from taskrunner.store.models import CANCELLED, ERROR, SUCCESS, PeriodicTask, Runner, Task, utcnow
+from taskrunner.store.models import (CANCELLED, ERROR, SCHEDULED, SUCCESS, PeriodicTask, Runner,
+                                     Task, utcnow)
 from taskrunner.periodic.scheduler import (BUILTIN_ROTATION, PeriodicScheduler, add_periodic,
                                            parse_timer, set_enabled, sync_definitions)
 
@@ -313,6 +314,35 @@ def test_last_status_and_consecutive_failures_follow_the_runs(database):
         assert flaky.last_status == SUCCESS and flaky.consecutive_failures == 0, k
     assert [t.last_status for t in tasks_of("boom")] == [ERROR] * 3
     assert [t.last_status for t in tasks_of("flaky")] == [SUCCESS] * 3
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_cancelled_task_of_a_periodic_task_reaches_its_outcome(database):
+    """A cancel ends its task through the run lifecycle like every other end, so the
+    periodic task reads it: a scheduled run cancelled, and a task cancelled while it waits
+    for its retry (no run at all) — last status ``cancelled``, failures not counted."""
+    queue = database.queue(task={"retry_backoff": 3600})
+    add_periodic(queue.store, "tick", ECHO, "every 10s", now=T0)
+    add_periodic(queue.store, "flaky", "sample_handlers.FailTimes", "every 10s",
+                 data={"fail": 1}, max_retries=3, now=T0)
+    scheduler = PeriodicScheduler(queue.store)
+    scheduler.run_pending(now=at(10))
+    [tick] = tasks_of("tick")
+    assert [r.status for r in runs_of(tick.id)] == [SCHEDULED]
+    assert queue.run_pending(max_runs=2) == 2        # tick succeeds, flaky's attempt 1 fails
+    assert (row("tick").last_status, row("flaky").last_status) == (SUCCESS, ERROR)
+
+    scheduler.run_pending(now=at(20))                # flaky's task is unfinished: skipped
+    [_, tick] = tasks_of("tick")
+    assert queue.cancel(tick.id) is None
+    assert [r.status for r in runs_of(tick.id)] == [CANCELLED]
+    assert row("tick").last_status == CANCELLED and row("tick").consecutive_failures == 0
+
+    [flaky] = tasks_of("flaky")
+    assert flaky.last_status == ERROR and flaky.finished_on is None     # waits for its retry
+    assert queue.cancel(flaky.id) is None
+    assert row("flaky").last_status == CANCELLED and row("flaky").consecutive_failures == 1
     queue.close()
 
 

@@ -15,6 +15,7 @@ import peewee as pw
 
 from ..errors import InputError, TaskNotFound, check_text
 from ..store.models import CRASHED, FAILED, RUN_STATUSES, RUNNING, SCHEDULED, SUCCESS, run_status_is
+from ..runs.sql import claim_order_of
 
 TASK_FILTERS = RUN_STATUSES + ("given-up",)
 STOPPING = "stopping"       # the state of a running runner that is winding down its run
@@ -363,7 +364,7 @@ def running_runners(store: Any) -> List[RunnerInfo]:
     rows = list(Runner.select().where(Runner.status == RUNNING).order_by(Runner.id))
     current, held = {}, {}
     for run in Run.select().where(run_status_is(Run, RUNNING)).order_by(
-            Run.priority.desc(), Run.scheduled_on, Run.id):
+            *claim_order_of(Run)):
         current.setdefault(run.runner_id, run)
         held[run.runner_id] = held.get(run.runner_id, 0) + 1
     result = []

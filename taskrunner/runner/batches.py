@@ -13,9 +13,9 @@ Failures, retries, snoozes, cancels and runs of periodic tasks are not buffered:
 ends them at once (lifecycle.end_run), as without batching.
 
 What the rules become:
-- Rule 2: a batch is the first `batch` runs of the claim order (priority desc, scheduled_on,
-  id, queue by queue), taken under the same locks as one claim (SKIP LOCKED on PostgreSQL
-  and MySQL, one write transaction on SQLite), and executed in that order.
+- Rule 2: a batch is the first `batch` runs of the claim order (queue by queue), taken by the
+  statement that claims one (runs/sql.py: a single claim is a batch of 1), under the same
+  locks, and executed in that order.
 - Rule 4: each buffered success is ended under the same condition as one (``status =
   'running' AND runner_id = ?``): a run timed out meanwhile keeps its ``timeout``.
 - Rule 5: a queue's limit counts runners, and a concurrency key's slot is held from the run's
@@ -43,8 +43,7 @@ import peewee as pw
 from ..host import claimfile
 from ..store import outage
 from . import outcomes
-from ..runs.lifecycle import (ClaimedRun, end_in_transaction, end_success, release_runs_of,
-                              runs_of_runner_query)
+from ..runs import lifecycle
 from ..store.models import CANCELLED, RUNNING, SUCCESS
 
 log = logging.getLogger("taskrunner.runner")
@@ -52,110 +51,16 @@ log = logging.getLogger("taskrunner.runner")
 # A success waiting to be written: what after_run needs once it is.
 Done = namedtuple("Done", "claimed outcome finished_on elapsed handler context")
 
-# The claim of up to N runs from one queue, in the claim order (RETURNING has no order).
-PG_CLAIM_MANY = """
-    WITH next AS (
-        SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = %s
-        ORDER BY priority DESC, scheduled_on, id LIMIT %s FOR UPDATE SKIP LOCKED),
-    claimed AS (
-        UPDATE task_runs AS r SET status = 'running', runner_id = %s, started_on = %s,
-            updated_on = %s
-        FROM next WHERE r.id = next.id
-        RETURNING r.id, r.task_id, r.attempt, r.priority, r.scheduled_on),
-    claimed_task AS (
-        UPDATE task_queue AS t SET last_status = 'running', updated_on = %s FROM claimed
-        WHERE t.id = claimed.task_id
-        RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
-            t.max_runtime, t.periodic_task_id, claimed.priority, claimed.scheduled_on)
-    SELECT id, task_id, attempt, handler, data, max_runtime, periodic_task_id
-    FROM claimed_task ORDER BY priority DESC, scheduled_on, id"""
-SQLITE_CLAIM_MANY = ("""
-    UPDATE task_runs SET status = 'running', runner_id = ?, started_on = ?, updated_on = ?
-    WHERE id IN (SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = ?
-                 ORDER BY priority DESC, scheduled_on, id LIMIT ?)
-    RETURNING id, task_id, attempt, priority, scheduled_on""", """
-    UPDATE task_queue SET last_status = 'running', updated_on = ? WHERE id = ?
-    RETURNING handler, data, max_runtime, periodic_task_id""")
-MYSQL_CLAIM_MANY = """
-    SELECT r.id, r.task_id, r.attempt, t.handler, t.data, t.max_runtime, t.periodic_task_id
-    FROM task_runs AS r JOIN task_queue AS t ON t.id = r.task_id
-    WHERE r.status = 'scheduled' AND r.queue = %s
-    ORDER BY r.priority DESC, r.scheduled_on, r.id LIMIT %s
-    FOR UPDATE SKIP LOCKED"""
-# Successes of one runner, each with its own finish time and results, in one statement.
-PG_END_MANY = """
-    WITH done AS (
-        SELECT * FROM unnest(%s::bigint[], %s::timestamp[], %s::text[])
-            AS d(id, finished_on, results)),
-    ended AS (
-        UPDATE task_runs AS r SET status = 'success', finished_on = done.finished_on,
-            updated_on = done.finished_on, active_task_id = NULL, concurrency_slot = NULL,
-            error_code = NULL, error_message = NULL, percent_completed = 100,
-            results = done.results
-        FROM done WHERE r.id = done.id AND r.status = 'running' AND r.runner_id = %s
-        RETURNING r.id, r.task_id, done.finished_on),
-    ended_task AS (
-        UPDATE task_queue AS t SET last_status = 'success', runs_failed = 0,
-            next_run_on = NULL, finished_on = ended.finished_on, active_key = NULL,
-            updated_on = ended.finished_on
-        FROM ended WHERE t.id = ended.task_id RETURNING t.id)
-    SELECT id FROM ended"""
 
-
-# -- the SQL: claim many, end many, check the claimed ------------------------------------------
-
-def claim_many(store, runner_id, queues, now, limit):
-    """Inside the caller's write transaction: up to `limit` runs for `runner_id`, from
-    `queues` in turn, in the claim order (rule 2, as lifecycle.claim). A list of ClaimedRun."""
-    claimed = []
-    for queue in queues:
-        if len(claimed) >= limit:
-            break
-        claimed += _claim_from(store, runner_id, queue, now, limit - len(claimed))
-    return claimed
-
-
-def _claim_from(store, runner_id, queue, now, limit):
-    sql = store.db.execute_sql
-    if store.backend == "postgresql":
-        rows = sql(PG_CLAIM_MANY, (queue, limit, runner_id, now, now, now)).fetchall()
-        return [ClaimedRun(*row, now) for row in rows]
-    if store.is_sqlite:
-        claim_runs, claim_task = SQLITE_CLAIM_MANY
-        runs = sorted(sql(claim_runs, (runner_id, now, now, queue, limit)).fetchall(),
-                      key=lambda r: (-r[3], r[4], r[0]))
-        return [ClaimedRun(*run[:3], *sql(claim_task, (now, run[1])).fetchone(), now)
-                for run in runs]
-    rows = sql(MYSQL_CLAIM_MANY, (queue, limit)).fetchall()
-    if rows:
-        marks = ", ".join(["%s"] * len(rows))
-        sql("UPDATE task_runs SET status = 'running', runner_id = %%s, started_on = %%s, "
-            "updated_on = %%s WHERE id IN (%s)" % marks, (runner_id, now, now, *[r[0] for r in rows]))
-        sql("UPDATE task_queue SET last_status = 'running', updated_on = %%s WHERE id IN (%s)"
-            % marks, (now, *[r[1] for r in rows]))
-    return [ClaimedRun(*row, now) for row in rows]
-
+# -- claim many, end many, check the claimed (the statements: runs/sql.py) ----------------------
 
 def end_successes(store, runner_id, done):
     """Inside the caller's write transaction: end ``success`` each run of `done` (Done
     entries) that is still ``running`` under `runner_id` (rule 4), and its task. Returns the
     ids of the runs ended."""
-    sql = store.db.execute_sql
-    if store.backend == "postgresql":
-        rows = sql(PG_END_MANY, ([d.claimed.run_id for d in done],
-                                 [d.finished_on for d in done],
-                                 [d.outcome.results for d in done], runner_id)).fetchall()
-        return {row[0] for row in rows}
-    return {d.claimed.run_id for d in done if end_success(
-        store, d.claimed.run_id, d.claimed.task_id, runner_id, d.outcome.results, d.finished_on)}
-
-
-def ended_by(store, runner_id, run_ids):
-    """Which of `run_ids` are ``success`` by `runner_id`: after a lost connection, did the
-    flush commit?"""
-    Run = store.Run
-    return {r.id for r in Run.select(Run.id).where(
-        Run.id.in_(list(run_ids)) & (Run.runner_id == runner_id) & (Run.status == SUCCESS))}
+    return lifecycle.end_successes(store, runner_id, [
+        (d.claimed.run_id, d.claimed.task_id, d.outcome.results, d.finished_on,
+         d.claimed.periodic_task_id) for d in done])
 
 
 def still_claimed(store, runner_id, claimed, now):
@@ -173,9 +78,10 @@ def still_claimed(store, runner_id, claimed, now):
             log.warning("run %d of task %d was taken away (%s) before it started: skipped",
                         run.run_id, run.task_id, row.status if row else "deleted")
         elif row.cancel_requested_on is not None:
-            end_in_transaction(store, run.run_id, run.task_id, CANCELLED, runner_id, None,
-                               "Cancelled", "cancelled by an operator before it started", now,
-                               run.periodic_task_id)
+            lifecycle.end_in_transaction(store, run.run_id, run.task_id, CANCELLED, runner_id,
+                                         None, "Cancelled",
+                                         "cancelled by an operator before it started", now,
+                                         run.periodic_task_id)
             log.info("run %d of task %d cancelled before it started", run.run_id, run.task_id)
         else:
             kept.append(run)
@@ -188,8 +94,9 @@ def give_back(store, runner_id, keep=()):
     keep = set(keep)
 
     def step():
-        ids = [r.id for r in runs_of_runner_query(store, runner_id) if r.id not in keep]
-        return sum(release_runs_of(store, runner_id, only=i) for i in ids)
+        ids = [r.id for r in lifecycle.runs_of_runner_query(store, runner_id)
+               if r.id not in keep]
+        return sum(lifecycle.release_runs_of(store, runner_id, only=i) for i in ids)
     return store.write(step)
 
 
@@ -310,7 +217,7 @@ class Batch:
             if check:
                 kept = still_claimed(store, self.runner_id, list(self.claimed), now)
             elif claim is not None:
-                kept = claim_many(store, self.runner_id, claim[0], now, claim[1])
+                kept = lifecycle.claim_many(store, self.runner_id, claim[0], now, claim[1])
             else:
                 kept = None
             return ended, kept
@@ -322,8 +229,8 @@ class Batch:
                 self.file.publish(r.run_id for r in self.claimed)
         self.done, self.first_done_at = [], None
         if len(ended) < len(done):
-            ended |= ended_by(store, self.runner_id, [d.claimed.run_id for d in done
-                                                      if d.claimed.run_id not in ended])
+            ended |= lifecycle.ended_by(store, self.runner_id, [
+                d.claimed.run_id for d in done if d.claimed.run_id not in ended])
         if ended:
             store.wake_waiters()
         for d in done:

@@ -5,8 +5,8 @@ which race it closes.
 import peewee as pw
 
 from ..errors import StateError, TaskNotFound
-from .lifecycle import create_missing_runs
-from ..store.models import CANCELLED, FAILED, RUNNING, SCHEDULED, utcnow
+from .lifecycle import cancel_in_transaction, create_missing_runs
+from ..store.models import CANCELLED, FAILED, utcnow
 
 
 def _locked_task(store, task_id):
@@ -23,6 +23,7 @@ def retry(store, task_id, now=None):
     and the conditional state check inside one transaction."""
     Task, Run = store.Task, store.Run
     now = now or utcnow()
+    at = store.database_time(now)
 
     def step():
         task = _locked_task(store, task_id)
@@ -33,8 +34,8 @@ def retry(store, task_id, now=None):
             raise StateError("task %d already has a run scheduled or running" % task.id)
         try:
             with store.db.atomic():
-                Task.update(runs_failed=0, next_run_on=now, finished_on=None,
-                            active_key=task.unique_key, updated_on=now
+                Task.update(runs_failed=0, next_run_on=at, finished_on=None,
+                            active_key=task.unique_key, updated_on=at
                             ).where(Task.id == task.id).execute()
         except pw.IntegrityError:
             raise StateError("task %d cannot be retried: another live task holds its "
@@ -44,34 +45,21 @@ def retry(store, task_id, now=None):
 
 
 def cancel(store, task_id, now=None):
-    """Cancel a task that has not ended. A scheduled run becomes ``cancelled`` with its task;
+    """Cancel a task that has not ended, through the run lifecycle like every end of a run
+    (lifecycle.cancel_in_transaction): a scheduled run becomes ``cancelled`` with its task;
     a running run is asked to stop (cooperatively: its runner makes ``should_stop()`` true,
     interrupts the handler after kill_grace, and ends the run and the task ``cancelled``).
     Returns the id of the running run asked to stop, or None when the task is cancelled now.
-    Race closed: cancel against a runner claiming or ending the run — the run is cancelled
-    only WHERE status='scheduled', and asked to stop only WHERE status='running', in the
-    same transaction as the task update."""
-    Task, Run = store.Task, store.Run
-    now = now or utcnow()
+    Race closed: two cancels, or a cancel and a retry, of one task — the task row is locked
+    first; the run's own races are the lifecycle's."""
+    Run = store.Run
 
     def step():
         task = _locked_task(store, task_id)
         if task.last_status == CANCELLED or task.finished_on is not None:
             raise StateError("task %d has already ended (%s)" % (task.id, task.last_status))
-        live = Run.select(Run.id, Run.status).where(Run.active_task_id == task.id).first()
-        if live is not None:
-            cancelled = Run.update(status=CANCELLED, finished_on=now, updated_on=now,
-                                   active_task_id=None, concurrency_slot=None).where(
-                (Run.id == live.id) & (Run.status == SCHEDULED)).execute()
-            if not cancelled:
-                if not Run.update(cancel_requested_on=now).where(
-                        (Run.id == live.id) & (Run.status == RUNNING)).execute():
-                    raise StateError("task %d: its run %d changed state meanwhile; try again"
-                                     % (task.id, live.id))
-                return live.id
-        Task.update(last_status=CANCELLED, next_run_on=None, finished_on=now, active_key=None,
-                    waiting_key=None, updated_on=now).where(Task.id == task.id).execute()
-        return None
+        live = Run.select(Run.id).where(Run.active_task_id == task.id).first()
+        return cancel_in_transaction(store, task.id, live.id if live else None, now)
     running = store.write(step)
     store.wake_waiters()
     return running

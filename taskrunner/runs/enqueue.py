@@ -1,15 +1,18 @@
-"""Adding tasks: the checks every new task passes, and the INSERTs that store it (with its
-first run when it is due, so a runner can start it at once).
+"""Adding tasks: the checks every new task passes, and how it is stored (with its first run
+when it is due, so a runner can start it at once) with the catalogue's INSERTs (sql.py): one
+row at a time, many rows at once, or PostgreSQL's task, run and NOTIFY in one statement;
+through the store's connection or the application's own (`add_in_transaction`).
 
 Times given here are aware datetimes (a naive one is refused: "naive means UTC" in Python
 and "naive means local time" on the command line would otherwise disagree); ``now`` is the
-store's naive UTC.
+store's naive UTC, on the database's clock (`Store.database_time`): whether a task is due
+at once, and its place in the claim order, do not depend on the clock of the host adding it.
 """
-import json
 from datetime import datetime, timezone
 
 import peewee as pw
 
+from . import sql
 from ..config import check_queue_name
 from ..errors import InputError, StateError, check_text
 from ..handler import check_handler_path, encode_data, load_handler
@@ -120,17 +123,20 @@ def first_run(task_id, row):
             "queue": row["queue"]}
 
 
-def record_queues(store, names):
+def record_queues(store, names, execute=None):
     """Inside the caller's transaction: a task_queues row for each queue name not seen
     before (how runners serving ``default`` find the queues nobody configured, and where
     pausing is stored). Names this store wrote already are skipped; the cache is filled
-    after the commit (`remember_queues`), since a rollback takes the row away again."""
+    after the commit (`remember_queues`), since a rollback takes the row away again.
+    `execute`: the caller's connection (`add_in_transaction`) instead of the store's."""
     Queue = store.Queue
     new = sorted(set(names) - store.known_queues)
     if new:
-        now = utcnow()
-        Queue.insert_many([{"name": name, "paused": False, "updated_on": now} for name in new]
-                          ).on_conflict_ignore().execute()
+        execute = execute or store.db.execute_sql
+        now, fields = utcnow(), (Queue.name, Queue.paused, Queue.updated_on)
+        for name in new:
+            execute(sql.INSERT_QUEUE[store.backend], sql.bind(store.backend, fields,
+                                                              (name, False, now)))
     return new
 
 
@@ -141,80 +147,44 @@ def remember_queues(store, names):
         store.known_queues.update(names)
 
 
-def insert_task(store, row):
-    """Store one validated row (and its first run when due), inside the caller's
-    transaction; returns the task id. Plain SQL: peewee builds a node per value, which
-    costs several times the inserts themselves."""
-    record_queues(store, [row["queue"]])
-    task_id = _insert_row_sql(store, store.Task, row)
+def insert_tasks(store, rows, execute=None):
+    """Store validated rows (and the first run of each due one), inside the caller's
+    transaction, one row at a time; returns the task ids. `execute`: the caller's connection
+    instead of the store's (errors then are its driver's, not peewee's)."""
+    record_queues(store, [row["queue"] for row in rows], execute)
+    return [_insert_task(store, row, execute or store.db.execute_sql) for row in rows]
+
+
+def _insert_task(store, row, execute):
+    task_id = _insert(store.backend, execute, store.Task, row)
     if is_due(row):
-        _insert_row_sql(store, store.Run, first_run(task_id, row))
+        _insert(store.backend, execute, store.Run, first_run(task_id, row))
     return task_id
 
 
-_INSERT_SQL = {}      # (backend, table, columns) -> (INSERT statement, the columns' fields)
+def _insert(backend, execute, model, row):
+    """INSERT one row (a dict of field names); returns its id."""
+    statement, fields = sql.insert_row(backend, model, tuple(row))
+    cursor = execute(statement, sql.bind(backend, fields, row.values()))
+    return cursor.fetchone()[0] if backend == "postgresql" else cursor.lastrowid
 
 
-def _insert_row_sql(store, model, row):
-    """INSERT one row (a dict of field names) through the store's connection, errors raised
-    as peewee's (a unique key's IntegrityError); returns its id."""
-    key = (store.backend, model._meta.table_name, tuple(row))
-    known = _INSERT_SQL.get(key)
-    if known is None:
-        fields, columns, marks = _columns(model, row, store.db.param)
-        known = _INSERT_SQL[key] = ("INSERT INTO %s (%s) VALUES (%s)%s" % (
-            model._meta.table_name, columns, marks,
-            " RETURNING id" if store.backend == "postgresql" else ""), fields)
-    sql, fields = known
-    cursor = store.db.execute_sql(sql, _values(store.backend, _db_values(fields, row.values())))
-    return cursor.fetchone()[0] if store.backend == "postgresql" else cursor.lastrowid
-
-
-def _columns(model, names, param):
-    """The fields of `names` in `model`, their column list and as many placeholders."""
-    fields = [model._meta.fields[name] for name in names]
-    return fields, ", ".join(f.column_name for f in fields), ", ".join([param] * len(fields))
-
-
-def _db_values(fields, values):
-    return [f.db_value(value) for f, value in zip(fields, values)]
-
-
-_ONE_STATEMENT = {}     # (columns, due, notify) -> (the statement, the task's and run's fields)
-
-
-def _insert_in_one_statement(store, row):
+def _add_in_one_statement(store, row):
     """PostgreSQL: the task, its first run when due, and the NOTIFY to other hosts, in one
-    statement of data-modifying CTEs; returns the task id. An `add_task` is then one round
-    trip, as Procrastinate's defer is, where BEGIN, two INSERTs, the NOTIFY and COMMIT were
-    five (what a web request queueing work waits for). Every data-modifying CTE runs to
-    completion, and the NOTIFY is read by the final SELECT, so all happen or none."""
+    statement (sql.insert_task_and_run); returns the task id. A task not due yet wakes
+    nobody."""
     due = is_due(row)
-    notify = due and store.notifies       # a task not due yet wakes nobody
-    # The run's columns but the two the CTE fills with the task's id.
+    notify = due and store.notifies
+    # The run's columns but the two the statement fills with the task's id.
     run = {name: value for name, value in first_run(None, row).items()
            if name not in ("task_id", "active_task_id")} if due else {}
-    key = (tuple(row), due, notify)
-    known = _ONE_STATEMENT.get(key)
-    if known is None:
-        Task, Run = store.Task, store.Run
-        task_fields, columns, marks = _columns(Task, row, "%s")
-        sql = "WITH task AS (INSERT INTO %s (%s) VALUES (%s) RETURNING id)" % (
-            Task._meta.table_name, columns, marks)
-        run_fields, columns, marks = _columns(Run, run, "%s")
-        if due:
-            sql += ", run AS (INSERT INTO %s (%s, %s, %s) SELECT id, id, %s FROM task)" % (
-                Run._meta.table_name, Run.task_id.column_name, Run.active_task_id.column_name,
-                columns, marks)
-        if notify:
-            sql += ", news AS (%s AS sent)" % NOTIFY_SQL
-        sql += " SELECT id FROM task" + (" CROSS JOIN news" if notify else "")
-        known = _ONE_STATEMENT[key] = (sql, task_fields, run_fields)
-    sql, task_fields, run_fields = known
-    params = _db_values(task_fields, row.values()) + _db_values(run_fields, run.values())
+    statement, task_fields, run_fields = sql.insert_task_and_run(
+        store.Task, store.Run, tuple(row), tuple(run), notify)
+    params = sql.bind("postgresql", task_fields, row.values()) + \
+        sql.bind("postgresql", run_fields, run.values())
     if notify:
         params += notify_params(1, row["queue"], store.origin)
-    return store.db.execute_sql(sql, params).fetchone()[0]
+    return store.db.execute_sql(statement, params).fetchone()[0]
 
 
 def _add_unique(store, row):
@@ -225,7 +195,7 @@ def _add_unique(store, row):
     Task = store.Task
     for _ in range(5):
         try:
-            task_id = store.write_and_wake(lambda: insert_task(store, row),
+            task_id = store.write_and_wake(lambda: insert_tasks(store, [row])[0],
                                            lambda _: int(is_due(row)), row["queue"])
             remember_queues(store, [row["queue"]])
             return task_id, True
@@ -240,16 +210,18 @@ def add_task(store, handler, now=None, connection=None, **options):
     """Queue one task and return its id. With `unique_key`, adding a key that a not-yet-final
     task holds stores nothing and returns that task's id. With `connection`, the caller's
     open DB-API connection writes it inside the caller's transaction (`add_in_transaction`)."""
-    row = task_row(store.config, handler, now=now, **options)
-    if connection is not None:
-        return add_in_transaction(store, connection, [row])[0]
+    raw = None if connection is None else application_connection(store, connection)
+    row = task_row(store.config, handler, now=_database_time(store, now, raw), **options)
+    if raw is not None:
+        return add_in_transaction(store, raw, [row])[0]
     return _store_row(store, row)[0]
 
 
 def add_task_created(store, handler, now=None, **options):
     """As add_task (no `connection`): (the task id, whether a task was stored) — False when
     a live task held the unique_key and its id is returned (``taskrunner add --json``)."""
-    return _store_row(store, task_row(store.config, handler, now=now, **options))
+    return _store_row(store, task_row(store.config, handler, now=store.database_time(now),
+                                      **options))
 
 
 def _store_row(store, row):
@@ -257,11 +229,11 @@ def _store_row(store, row):
         return _add_unique(store, row)
     if store.backend == "postgresql" and row["queue"] in store.known_queues \
             and not store.db.in_transaction():
-        task_id = store.statement(lambda: _insert_in_one_statement(store, row))
+        task_id = store.statement(lambda: _add_in_one_statement(store, row))
         if is_due(row):
             store.wake_local(1, row["queue"])
         return task_id, True
-    task_id = store.write_and_wake(lambda: insert_task(store, row),
+    task_id = store.write_and_wake(lambda: insert_tasks(store, [row])[0],
                                    lambda _: int(is_due(row)), row["queue"])
     remember_queues(store, [row["queue"]])
     return task_id, True
@@ -272,7 +244,8 @@ def add_tasks(store, tasks, now=None, connection=None):
     is stored; those without a unique_key are stored in one transaction, those with one each
     as add_task() stores them (with `connection`: all in the caller's transaction). Returns
     their ids in order."""
-    now = now or utcnow()
+    raw = None if connection is None else application_connection(store, connection)
+    now = _database_time(store, now, raw)
     seen = {}
     rows = []
     for spec in tasks:
@@ -282,8 +255,8 @@ def add_tasks(store, tasks, now=None, connection=None):
         if unknown:
             raise InputError("invalid task: unknown key %s" % ", ".join(sorted(unknown)))
         rows.append(task_row(store.config, now=now, known_handlers=seen, **spec))
-    if connection is not None:
-        return add_in_transaction(store, connection, rows)
+    if raw is not None:
+        return add_in_transaction(store, raw, rows)
     plain_rows = [row for row in rows if row["unique_key"] is None]
     plain = store.write(lambda: _insert_many_and_wake(store, plain_rows)) if plain_rows else []
     remember_queues(store, [row["queue"] for row in plain_rows])
@@ -316,53 +289,25 @@ def _insert_many(store, rows):
     caller's transaction; returns the task ids in order. Without INSERT ... RETURNING (MySQL),
     row by row."""
     if not store.insert_returning():
-        return [insert_task(store, row) for row in rows]
+        return insert_tasks(store, rows)
     record_queues(store, [row["queue"] for row in rows])
     ids = []
     for start in range(0, len(rows), BULK_ROWS):
         chunk = rows[start:start + BULK_ROWS]
-        chunk_ids = _insert_values(store, store.Task, chunk, returning=True)
+        statement, params = sql.insert_rows(store.backend, store.Task, chunk)
+        chunk_ids = sorted(row[0] for row in store.db.execute_sql(statement + " RETURNING id",
+                                                                  params))
         runs = [first_run(task_id, row) for task_id, row in zip(chunk_ids, chunk) if is_due(row)]
         if runs:
-            _insert_values(store, store.Run, runs)
+            store.db.execute_sql(*sql.insert_rows(store.backend, store.Run, runs))
         ids.extend(chunk_ids)
     return ids
-
-
-def _insert_values(store, model, rows, returning=False):
-    """One multi-row INSERT of `rows` (dicts with the same keys), as plain SQL: peewee builds
-    a node per value, which costs more than the insert itself. With `returning`, the new ids
-    in row order (they are assigned in row order within one statement; RETURNING's own order
-    is not promised everywhere, hence the sort)."""
-    fields = [model._meta.fields[name] for name in rows[0]]
-    table, columns = model._meta.table_name, ", ".join(f.column_name for f in fields)
-    if store.backend == "postgresql":
-        # psycopg parses each of thousands of placeholders in Python; one JSON parameter
-        # expanded by the server costs a fraction of that.
-        sql = "INSERT INTO %s (%s) SELECT %s FROM json_populate_recordset(NULL::%s, %%s)" % (
-            table, columns, columns, table)
-        params = [json.dumps([{f.column_name: f.db_value(row[f.name]) for f in fields}
-                              for row in rows], default=str)]
-    else:
-        values = "(%s)" % ", ".join([store.db.param] * len(fields))
-        sql = "INSERT INTO %s (%s) VALUES %s" % (table, columns, ", ".join([values] * len(rows)))
-        params = [f.db_value(row[f.name]) for row in rows for f in fields]
-    if not returning:
-        store.db.execute_sql(sql, params)
-        return None
-    return sorted(row[0] for row in store.db.execute_sql(sql + " RETURNING id", params))
 
 
 # -- inside the application's transaction -----------------------------------------------------
 
 # The DB-API driver of a connection (by the module its class comes from) and its backend.
 DRIVERS = {"sqlite3": "sqlite", "psycopg": "postgresql", "pymysql": "mysql"}
-INSERT_QUEUE = {"sqlite": "INSERT OR IGNORE INTO task_queues (name, paused, updated_on) "
-                          "VALUES (?, ?, ?)",
-                "postgresql": "INSERT INTO task_queues (name, paused, updated_on) "
-                              "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                "mysql": "INSERT IGNORE INTO task_queues (name, paused, updated_on) "
-                         "VALUES (%s, %s, %s)"}
 
 
 def dbapi_connection(connection):
@@ -376,27 +321,57 @@ def dbapi_connection(connection):
     return driver if driver is not None else connection
 
 
-def add_in_transaction(store, connection, rows):
-    """Insert validated task rows (and the first run of each due one) with the caller's
+def application_connection(store, connection):
+    """The DB-API connection behind the application's `connection`; InputError unless it is
+    one to the queue's kind of database."""
+    raw = dbapi_connection(connection)
+    if DRIVERS.get(type(raw).__module__.split(".")[0]) != store.backend:
+        raise InputError("connection= must be a %s connection to the queue's database, not %s"
+                         % (store.backend, type(raw).__module__ + "." + type(raw).__name__))
+    return raw
+
+
+def _database_time(store, now, raw):
+    """store.database_time(now); with the application's connection `raw`, the server's clock
+    is read through it when it must be read (the store's own connection stays unused)."""
+    if raw is None:
+        return store.database_time(now)
+
+    def read(statement):
+        cursor = raw.cursor()
+        try:
+            cursor.execute(statement)
+            return cursor.fetchone()[0]
+        finally:
+            cursor.close()
+    return store.database_time(now, read)
+
+
+def add_in_transaction(store, raw, rows):
+    """Insert validated task rows (and the first run of each due one) with the application's
     connection, inside the transaction it has open: they commit or roll back with it. The
     store's own connection is not used. PostgreSQL: a NOTIFY in the same transaction wakes
     runners on every host when it commits; elsewhere the caller wakes this host's runners
     after the commit (`TaskQueue.wake`), or they find the tasks within poll_interval.
     A unique_key held by a live task returns that task's id; a unique_key added by another
     transaction at the same moment raises the driver's IntegrityError (the caller's
-    transaction is then aborted, as after any constraint violation)."""
-    raw = dbapi_connection(connection)
-    backend = DRIVERS.get(type(raw).__module__.split(".")[0])
-    if backend != store.backend:
-        raise InputError("connection= must be a %s connection to the queue's database, not %s"
-                         % (store.backend, type(raw).__module__ + "." + type(raw).__name__))
-    param = "?" if backend == "sqlite" else "%s"
+    transaction is then aborted, as after any constraint violation). `raw`: the
+    application's DB-API connection (application_connection)."""
     cursor = raw.cursor()
+
+    def execute(statement, params):
+        cursor.execute(statement, params)
+        return cursor
     try:
-        now = utcnow()
-        for name in sorted({row["queue"] for row in rows} - store.known_queues):
-            cursor.execute(INSERT_QUEUE[backend], _values(backend, [name, False, now]))
-        ids = [_insert_row(store, cursor, backend, param, row) for row in rows]
+        record_queues(store, [row["queue"] for row in rows], execute)
+        ids = []
+        for row in rows:
+            existing = None
+            if row["unique_key"] is not None:
+                cursor.execute("SELECT id FROM task_queue WHERE active_key = %s"
+                               % ("?" if store.is_sqlite else "%s"), (row["unique_key"],))
+                existing = cursor.fetchone()
+            ids.append(existing[0] if existing else _insert_task(store, row, execute))
         if store.notifies:
             # Every hub acts on these, this host's too: the caller may not call wake().
             for queue, count in due_by_queue(rows).items():
@@ -404,37 +379,3 @@ def add_in_transaction(store, connection, rows):
     finally:
         cursor.close()
     return ids
-
-
-def _insert_row(store, cursor, backend, param, row):
-    if row["unique_key"] is not None:
-        cursor.execute("SELECT id FROM task_queue WHERE active_key = %s" % param,
-                       (row["unique_key"],))
-        existing = cursor.fetchone()
-        if existing is not None:
-            return existing[0]
-    task_id = _insert_one(store.Task, cursor, backend, param, row)
-    if is_due(row):
-        _insert_one(store.Run, cursor, backend, param, first_run(task_id, row))
-    return task_id
-
-
-def _insert_one(model, cursor, backend, param, row):
-    fields = [model._meta.fields[name] for name in row]
-    sql = "INSERT INTO %s (%s) VALUES (%s)" % (
-        model._meta.table_name, ", ".join(f.column_name for f in fields),
-        ", ".join([param] * len(fields)))
-    values = _values(backend, [f.db_value(row[f.name]) for f in fields])
-    if backend == "postgresql":
-        cursor.execute(sql + " RETURNING id", values)
-        return cursor.fetchone()[0]
-    cursor.execute(sql, values)
-    return cursor.lastrowid
-
-
-def _values(backend, values):
-    """SQLite: datetimes as the text peewee stores (Python 3.12 deprecates sqlite3's own
-    adapter)."""
-    if backend != "sqlite":
-        return values
-    return [v.isoformat(" ") if isinstance(v, datetime) else v for v in values]

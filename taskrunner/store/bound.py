@@ -9,6 +9,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from datetime import timedelta
 
 import peewee as pw
@@ -22,6 +23,11 @@ from ..host.hostlock import HostLock
 from .migrations import migrate, pending
 from .models import bind_models, utcnow
 
+
+# The server's clock is read again after this many seconds, or when this host's clock moved
+# by more than CLOCK_STEP against its monotonic clock (stepped by NTP, an operator, a resume).
+CLOCK_CHECK = 60.0
+CLOCK_STEP = 0.1
 
 # The page size of a new SQLite database. A durable commit writes and syncs every page it
 # changes, whole: a job's end-and-claim changes about 8 b-tree pages, an add_task 9, each by a
@@ -93,6 +99,7 @@ class Store:
         # Queue names known to have their task_queues row (rows are never deleted).
         self.known_queues = set()
         self._returning = None
+        self._clock = None        # (offset, wall - monotonic, monotonic) when measured
         # Per thread (a runner's heartbeat thread writes too): how deep in write() it is,
         # and whether the outermost write's transaction made a run claimable.
         self._writes = threading.local()
@@ -288,6 +295,42 @@ class Store:
             return pw.SQL("(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)",
                           [int(round(offset * 1e6))])
         return pw.SQL("strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", ["%+.6f seconds" % offset])
+
+    def database_time(self, now=None, read=None):
+        """This host's time `now` (naive UTC; None: now) on the database server's clock: every
+        time the run lifecycle writes or compares is one (run timeouts, max_runtime, backoff,
+        due times), so hosts whose clocks disagree never compare their clocks, while each
+        statement still binds its times as values. SQLite has one host: its clock. `read`:
+        see clock_offset."""
+        now = now or utcnow()
+        return now if self.is_sqlite else now + self.clock_offset(read)
+
+    def clock_offset(self, read=None):
+        """How far the database server's clock is ahead of this host's (a timedelta, zero on
+        SQLite): measured again when this host's clock has been stepped since (its distance
+        from the monotonic clock changed) and every CLOCK_CHECK seconds. `read(sql)`, the
+        first value of a query through another connection to this database (an
+        application's, which the store's own must not replace), when it is to be measured."""
+        if self.is_sqlite:
+            return timedelta(0)
+        stepped = time.time() - time.monotonic()
+        known = self._clock
+        if known is None or abs(stepped - known[1]) > CLOCK_STEP \
+                or time.monotonic() - known[2] > CLOCK_CHECK:
+            read = read or (lambda sql: self.db.execute_sql(sql).fetchone()[0])
+            known = self._clock = (self._measure_offset(read), stepped, time.monotonic())
+        return known[0]
+
+    def _measure_offset(self, read):
+        """The server's clock read between two readings of this host's: an offset within
+        half that round trip is no offset (the clocks agree as far as one can tell)."""
+        before = utcnow()
+        server = read("SELECT clock_timestamp() AT TIME ZONE 'UTC'" if self.backend ==
+                      "postgresql" else "SELECT UTC_TIMESTAMP(6)")
+        after = utcnow()
+        half = (after - before) / 2
+        offset = server - (before + half)
+        return offset if abs(offset) > half else timedelta(0)
 
     def wake_waiters(self):
         """After a commit that ended a run or a task: wake this host's `TaskQueue.wait`

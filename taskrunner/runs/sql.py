@@ -1,0 +1,435 @@
+"""The run state machine's SQL, in one place (Procrastinate's queries.sql, PgQueuer's query
+builder): every statement that adds a task, claims, ends, gives back or cancels a run, for
+each database, each with the race it closes. `lifecycle` decides which one runs when and
+calls the hooks; `runner.batches` claims and ends many runs with the same statements;
+`enqueue` validates what it adds with these INSERTs.
+
+A claim and a success happen once per job: plain SQL (peewee's query building costs more
+than the database's work). PostgreSQL: one statement of data-modifying CTEs each, and a busy
+runner's success and its next claim in one (one round trip and commit per job). SQLite:
+UPDATE ... RETURNING; MySQL: a locking SELECT of the runs joined to their tasks. A claim
+reads one queue along the task_runs_claim index (queue, CLAIM_ORDER). The rarer ends
+(failures, timeouts, cancels, give-backs) are peewee queries, the same on every database.
+
+Rule 4 in every end: the run's UPDATE is conditional on its state (``status = 'running'``,
+and ``runner_id`` for a runner's own end), so whoever comes late changes nothing and learns
+it from the row count. Times are bound as values, already on the database's clock
+(`Store.database_time`).
+"""
+import json
+from datetime import datetime
+
+from ..host.wakeup import NOTIFY_SQL
+from ..store.models import CANCELLED, RUNNING, SCHEDULED
+
+# -- the claim order (rule 2) ------------------------------------------------------------------
+
+# Highest priority first, FIFO within a priority: the order of the task_runs_claim index, so
+# a claim reads the next runs off the index without sorting the backlog. (column, descending)
+CLAIM_ORDER = (("priority", True), ("scheduled_on", False), ("id", False))
+CLAIM_COLUMNS = ", ".join(column for column, _ in CLAIM_ORDER)
+
+
+def claim_order_sql(table=""):
+    """CLAIM_ORDER as an ORDER BY list, its columns prefixed with `table` ("r.")."""
+    return ", ".join(table + column + (" DESC" if desc else "") for column, desc in CLAIM_ORDER)
+
+
+def claim_order_of(Run):
+    """CLAIM_ORDER for a peewee query of runs."""
+    return [getattr(Run, column).desc() if desc else getattr(Run, column)
+            for column, desc in CLAIM_ORDER]
+
+
+def in_claim_order(rows, width):
+    """`rows` whose last columns are CLAIM_COLUMNS (RETURNING has no order), sorted in the
+    claim order and cut to their first `width` columns. Stable sorts, last key first."""
+    rows = list(rows)
+    if len(rows) < 2:
+        return [tuple(row[:width]) for row in rows]
+    for index, (_, desc) in reversed(list(enumerate(CLAIM_ORDER))):
+        rows.sort(key=lambda row: row[width + index], reverse=desc)
+    return [tuple(row[:width]) for row in rows]
+
+
+# -- what a success writes ---------------------------------------------------------------------
+
+# Every statement that ends a run ``success`` (one, one with the next claim, many, and each
+# database's) writes these, so a column to reset is added here once. Values: {at} (the end)
+# and {results}. SQLite rewrites each index of a SET column even unchanged (a WAL page each):
+# the columns in SQLITE_APART, NULL for most runs, it clears in a statement of their own when
+# RETURNING shows a value.
+RUN_SUCCESS = (("status", "'success'"), ("finished_on", "{at}"), ("updated_on", "{at}"),
+               ("active_task_id", "NULL"), ("concurrency_slot", "NULL"), ("error_code", "NULL"),
+               ("error_message", "NULL"), ("percent_completed", "100"), ("results", "{results}"))
+TASK_SUCCESS = (("last_status", "'success'"), ("runs_failed", "0"), ("next_run_on", "NULL"),
+                ("finished_on", "{at}"), ("active_key", "NULL"), ("updated_on", "{at}"))
+SQLITE_APART = ("concurrency_slot", "next_run_on", "active_key")
+# The order the statements below bind the values in.
+RUN_SUCCESS_VALUES, TASK_SUCCESS_VALUES = ("at", "at", "results"), ("at", "at")
+
+
+def _assignments(columns, at="%s", results="%s", leave_out=()):
+    """A SET list of `columns` with their values; refuses (at import) a list whose values
+    would bind in another order than the statements pass them."""
+    kept = [(column, value) for column, value in columns if column not in leave_out]
+    names = tuple(value[1:-1] for _, value in kept if value.startswith("{"))
+    if names not in (RUN_SUCCESS_VALUES, TASK_SUCCESS_VALUES):
+        raise AssertionError("success values bound out of order: %s" % (names,))
+    return ", ".join("%s = %s" % (column, value.format(at=at, results=results))
+                     for column, value in kept)
+
+
+def _sqlite_apart(columns):
+    """The columns of SQLITE_APART in `columns`, and the expression RETURNING shows (NULL
+    when all are)."""
+    apart = [column for column, _ in columns if column in SQLITE_APART]
+    return apart, apart[0] if len(apart) == 1 else "coalesce(%s)" % ", ".join(apart)
+
+
+# -- PostgreSQL --------------------------------------------------------------------------------
+
+def _pg_claim_ctes(limit):
+    return """
+    next AS (
+        SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = %%s
+        ORDER BY %s LIMIT %d FOR UPDATE SKIP LOCKED),
+    claimed AS (
+        UPDATE task_runs AS r SET status = 'running', runner_id = %%s, started_on = %%s,
+            updated_on = %%s
+        FROM next WHERE r.id = next.id RETURNING r.id, r.task_id, r.attempt%s),
+    claimed_task AS (
+        UPDATE task_queue AS t SET last_status = 'running', updated_on = %%s FROM claimed
+        WHERE t.id = claimed.task_id
+        RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
+            t.max_runtime, t.periodic_task_id, %s)""" % (
+        claim_order_sql(), int(limit),
+        "".join(", r." + c for c, _ in CLAIM_ORDER if c != "id"),
+        ", ".join("claimed." + c for c, _ in CLAIM_ORDER))
+
+
+PG_SUCCESS_CTES = """
+    ended AS (
+        UPDATE task_runs SET %s
+        WHERE id = %%s AND status = 'running' AND runner_id = %%s RETURNING task_id),
+    ended_task AS (
+        UPDATE task_queue AS t SET %s
+        FROM ended WHERE t.id = ended.task_id RETURNING t.id)""" % (
+    _assignments(RUN_SUCCESS), _assignments(TASK_SUCCESS))
+# Parameters: the claim's (queue, runner_id, at, at, at); the success's (at, at, results,
+# run_id, runner_id, at, at).
+PG_SUCCESS = "WITH" + PG_SUCCESS_CTES + " SELECT count(*) FROM ended_task"
+# Every data-modifying CTE runs to completion whether or not the final SELECT reads it: the
+# success happens even when the claim finds nothing, and the reverse.
+PG_SUCCESS_AND_CLAIM = ("WITH" + PG_SUCCESS_CTES + "," + _pg_claim_ctes(1) + """
+    SELECT (SELECT count(*) FROM ended_task), c.* FROM (VALUES (1)) AS one
+    LEFT JOIN claimed_task AS c ON true""")
+# Successes of one runner, each with its own end time and results, in one statement.
+PG_SUCCESSES = """
+    WITH done AS (
+        SELECT * FROM unnest(%%s::bigint[], %%s::timestamp[], %%s::text[])
+            AS d(id, finished_on, results)),
+    ended AS (
+        UPDATE task_runs AS r SET %s
+        FROM done WHERE r.id = done.id AND r.status = 'running' AND r.runner_id = %%s
+        RETURNING r.id, r.task_id, done.finished_on),
+    ended_task AS (
+        UPDATE task_queue AS t SET %s
+        FROM ended WHERE t.id = ended.task_id RETURNING t.id)
+    SELECT id FROM ended""" % (_assignments(RUN_SUCCESS, "done.finished_on", "done.results"),
+                               _assignments(TASK_SUCCESS, "ended.finished_on"))
+
+# -- SQLite ------------------------------------------------------------------------------------
+
+def _sqlite_claim(limit):
+    # One run: "id = (...)", as "IN" builds an ephemeral list first (3 us more per claim).
+    return ("""
+    UPDATE task_runs SET status = 'running', runner_id = ?, started_on = ?, updated_on = ?
+    WHERE id %s (SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = ?
+                 ORDER BY %s LIMIT %d)
+    RETURNING id, task_id, attempt, %s""" % ("=" if limit == 1 else "IN", claim_order_sql(),
+                                             int(limit), CLAIM_COLUMNS), """
+    UPDATE task_queue SET last_status = 'running', updated_on = ? WHERE id = ?
+    RETURNING handler, data, max_runtime, periodic_task_id""")
+
+
+_RUN_APART, _RUN_SHOWS = _sqlite_apart(RUN_SUCCESS)
+_TASK_APART, _TASK_SHOWS = _sqlite_apart(TASK_SUCCESS)
+SQLITE_SUCCESS = (
+    "UPDATE task_runs SET %s WHERE id = ? AND status = 'running' AND runner_id = ? "
+    "RETURNING %s" % (_assignments(RUN_SUCCESS, "?", "?", SQLITE_APART), _RUN_SHOWS),
+    "UPDATE task_runs SET %s WHERE id = ?" % ", ".join(c + " = NULL" for c in _RUN_APART),
+    "UPDATE task_queue SET %s WHERE id = ? RETURNING %s" % (
+        _assignments(TASK_SUCCESS, "?", leave_out=SQLITE_APART), _TASK_SHOWS),
+    "UPDATE task_queue SET %s WHERE id = ?" % ", ".join(c + " = NULL" for c in _TASK_APART))
+
+# -- MySQL -------------------------------------------------------------------------------------
+
+# The candidates and their tasks locked and read at once (InnoDB locks the joined task rows
+# too, which the claim updates anyway), then both marked.
+def _mysql_claim(limit):
+    return """
+    SELECT r.id, r.task_id, r.attempt, t.handler, t.data, t.max_runtime, t.periodic_task_id
+    FROM task_runs AS r JOIN task_queue AS t ON t.id = r.task_id
+    WHERE r.status = 'scheduled' AND r.queue = %%s
+    ORDER BY %s LIMIT %d
+    FOR UPDATE SKIP LOCKED""" % (claim_order_sql("r."), int(limit))
+
+
+MYSQL_START = ("UPDATE task_runs SET status = 'running', runner_id = %%s, started_on = %%s, "
+               "updated_on = %%s WHERE id IN (%s)",
+               "UPDATE task_queue SET last_status = 'running', updated_on = %%s WHERE id IN (%s)")
+# The whole SET, unlike SQLite's: InnoDB leaves the index entries of a column set to the value
+# it had.
+MYSQL_SUCCESS = (
+    "UPDATE task_runs SET %s WHERE id = %%s AND status = 'running' AND runner_id = %%s"
+    % _assignments(RUN_SUCCESS),
+    "UPDATE task_queue SET %s WHERE id = %%s" % _assignments(TASK_SUCCESS))
+
+# -- claiming ----------------------------------------------------------------------------------
+
+_CLAIMS = {}      # (backend, limit) -> the statement(s) of a claim of up to `limit` runs
+
+
+def claim_statements(backend, limit):
+    """The statement(s) that claim up to `limit` runs of one queue on `backend`: a single
+    claim is the claim of many with a limit of 1 (LIMIT is written into the statement, as
+    the planner then knows it reads a few rows off the index)."""
+    key = (backend, limit)
+    if key not in _CLAIMS:
+        _CLAIMS[key] = ("WITH" + _pg_claim_ctes(limit) + " SELECT * FROM claimed_task"
+                        if backend == "postgresql" else _sqlite_claim(limit)
+                        if backend == "sqlite" else _mysql_claim(limit))
+    return _CLAIMS[key]
+
+
+CLAIMED_WIDTH = 7     # run id, task id, attempt, handler, data, max_runtime, periodic_task_id
+
+
+def claim(store, runner_id, queue, at, limit=1):
+    """Up to `limit` scheduled runs of `queue` become ``running`` under `runner_id` (and
+    their tasks), in the claim order: a list of (run id, task id, attempt, handler, data,
+    max_runtime, periodic_task_id). Inside the caller's write transaction, but on PostgreSQL
+    (one statement).
+    Race closed: two runners taking the same run — PostgreSQL and MySQL lock the candidates
+    FOR UPDATE SKIP LOCKED, so a concurrent claimer passes over them instead of waiting;
+    SQLite takes the write lock up front (BEGIN IMMEDIATE), so the select and the update
+    are one step."""
+    execute, statements = store.db.execute_sql, claim_statements(store.backend, limit)
+    if store.backend == "postgresql":
+        return in_claim_order(execute(statements, (queue, runner_id, at, at, at)), CLAIMED_WIDTH)
+    if store.is_sqlite:
+        claim_runs, claim_task = statements
+        stamp = at.isoformat(" ")         # bound as text once
+        runs = in_claim_order(execute(claim_runs, (runner_id, stamp, stamp, queue)), 3)
+        return [run + execute(claim_task, (stamp, run[1])).fetchone() for run in runs]
+    rows = execute(statements, (queue,)).fetchall()
+    if rows:
+        marks = ", ".join(["%s"] * len(rows))
+        execute(MYSQL_START[0] % marks, (runner_id, at, at, *[r[0] for r in rows]))
+        execute(MYSQL_START[1] % marks, (at, *[r[1] for r in rows]))
+    return [tuple(row) for row in rows]
+
+
+def end_success_and_claim(store, run_id, runner_id, results, at, queue):
+    """PostgreSQL, one statement: `end_success` of a runner's run and the `claim` of its next
+    from `queue`, with the races both close. Returns (ended, the claimed row or None)."""
+    row = store.db.execute_sql(PG_SUCCESS_AND_CLAIM, (
+        at, at, results, run_id, runner_id, at, at, queue, runner_id, at, at, at)).fetchone()
+    return row[0] > 0, None if row[1] is None else tuple(row[1:1 + CLAIMED_WIDTH])
+
+
+# -- ending ------------------------------------------------------------------------------------
+
+def end_success(store, run_id, task_id, runner_id, results, at):
+    """Inside the caller's transaction (PostgreSQL: one statement): the run ``success`` and
+    its task, RUN_SUCCESS and TASK_SUCCESS. Returns whether it ended the run.
+    Race closed: a runner finishing a run someone timed out meanwhile (rule 4) — WHERE
+    status = 'running' AND runner_id = ?, and the task is written only when the run was."""
+    execute = store.db.execute_sql
+    if store.backend == "postgresql":
+        return execute(PG_SUCCESS, (at, at, results, run_id, runner_id, at, at)).fetchone()[0] > 0
+    if store.is_sqlite:
+        end_run, clear_run, end_task, clear_task = SQLITE_SUCCESS
+        at = at.isoformat(" ")
+        shown = execute(end_run, (at, at, results, run_id, runner_id)).fetchone()
+        if shown is None:
+            return False
+        if shown[0] is not None:
+            execute(clear_run, (run_id,))
+        if execute(end_task, (at, at, task_id)).fetchone() not in (None, (None,)):
+            execute(clear_task, (task_id,))
+        return True
+    if not execute(MYSQL_SUCCESS[0], (at, at, results, run_id, runner_id)).rowcount:
+        return False
+    execute(MYSQL_SUCCESS[1], (at, at, task_id))
+    return True
+
+
+def end_successes(store, runner_id, done):
+    """Inside the caller's write transaction: `end_success` of each of `done`, (run id, task
+    id, results, at) of runs of `runner_id`, under the same condition (rule 4); PostgreSQL
+    in one statement. Returns the ids of the runs ended."""
+    if store.backend == "postgresql":
+        ids, _, results, ats = zip(*done)
+        return {row[0] for row in store.db.execute_sql(
+            PG_SUCCESSES, (list(ids), list(ats), list(results), runner_id))}
+    return {run_id for run_id, task_id, results, at in done
+            if end_success(store, run_id, task_id, runner_id, results, at)}
+
+
+def end_running(store, run_id, runner_id, status, at, error_code=None, error_message=None,
+                results=None, traceback=None):
+    """A ``running`` run (of `runner_id`, when given: a runner ending its own) ends with
+    `status`: error, timeout, cancelled, or requeued (handed back: it runs again). Returns
+    whether it did.
+    Race closed: a runner that comes back late, or two processes noticing one death or one
+    timeout (rule 4) — the UPDATE matches only a run still ``running`` (under that runner),
+    so exactly one end counts."""
+    Run = store.Run
+    values = {Run.status: status, Run.finished_on: at, Run.updated_on: at,
+              Run.active_task_id: None, Run.concurrency_slot: None, Run.error_code: error_code,
+              Run.error_message: error_message}
+    if results is not None:
+        values[Run.results] = results
+    if traceback is not None:
+        values[Run.traceback] = traceback
+    condition = (Run.id == run_id) & (Run.status == RUNNING)
+    if runner_id is not None:
+        condition &= Run.runner_id == runner_id
+    return Run.update(values).where(condition).execute() > 0
+
+
+def cancel_scheduled(store, run_id, at):
+    """A ``scheduled`` run ends ``cancelled``; returns whether it did.
+    Race closed: a cancel against a runner claiming the run — WHERE status = 'scheduled':
+    once claimed, the run is the runner's to end (it is asked to stop instead)."""
+    Run = store.Run
+    return Run.update(status=CANCELLED, finished_on=at, updated_on=at, active_task_id=None,
+                      concurrency_slot=None).where(
+        (Run.id == run_id) & (Run.status == SCHEDULED)).execute() > 0
+
+
+def ask_to_stop(store, run_id, at):
+    """An operator's cancel of a ``running`` run: its runner sees it and ends the run
+    ``cancelled`` (the run stays its runner's to end). Returns whether the run was running.
+    Race closed: the run ending meanwhile — WHERE status = 'running'."""
+    Run = store.Run
+    return Run.update(cancel_requested_on=at).where(
+        (Run.id == run_id) & (Run.status == RUNNING)).execute() > 0
+
+
+def give_back(store, run_id, task_id, runner_id, at):
+    """A ``running`` run of `runner_id` goes back to ``scheduled``, unstarted (not a failure,
+    not a new attempt), and its task with it. Returns whether it did.
+    Race closed: giving back a run someone timed out meanwhile (rule 4) — WHERE status =
+    'running' AND runner_id = ?, and the task is written only when the run was."""
+    Task, Run = store.Task, store.Run
+    if not Run.update(status=SCHEDULED, runner_id=None, started_on=None, updated_on=at).where(
+            (Run.id == run_id) & (Run.status == RUNNING) & (Run.runner_id == runner_id)
+    ).execute():
+        return False
+    Task.update(last_status=SCHEDULED, updated_on=at).where(Task.id == task_id).execute()
+    return True
+
+
+def end_task(store, task_id, status, at, **values):
+    """The task ends: final with `status` (``success`` is `end_success`'s; cancelled, or a
+    failure given up), no next run, its unique_key free, waiting for no concurrency slot.
+    `values`: more columns to write (a failure's counts and error)."""
+    Task = store.Task
+    Task.update(last_status=status, next_run_on=None, finished_on=at, active_key=None,
+                waiting_key=None, updated_on=at, **values).where(Task.id == task_id).execute()
+
+
+# -- adding tasks ------------------------------------------------------------------------------
+# A task, and its first run when it is due, as plain SQL: peewee builds a node per value,
+# which costs several times the inserts themselves. Rule 1 needs no statement of its own: a
+# first run carries active_task_id, under its unique index. Every INSERT of a task or a run
+# is one of these three, through the store's connection or the caller's (a task added inside
+# the application's transaction).
+
+def columns(model, names, param):
+    """The fields of `names` in `model`, their column list and as many placeholders."""
+    fields = [model._meta.fields[name] for name in names]
+    return fields, ", ".join(f.column_name for f in fields), ", ".join([param] * len(fields))
+
+
+def bind(backend, fields, values):
+    """The values of `fields` as the driver binds them; SQLite's datetimes as the text
+    peewee stores (Python 3.12 deprecates sqlite3's own adapter)."""
+    values = [f.db_value(value) for f, value in zip(fields, values)]
+    if backend != "sqlite":
+        return values
+    return [v.isoformat(" ") if isinstance(v, datetime) else v for v in values]
+
+
+_INSERT_ROW = {}      # (backend, table, names) -> (the statement, its fields)
+
+
+def insert_row(backend, model, names):
+    """INSERT of one row of `model` with the fields `names`: (statement, fields). PostgreSQL
+    returns the id (RETURNING), the others give the driver's lastrowid."""
+    key = (backend, model._meta.table_name, names)
+    if key not in _INSERT_ROW:
+        fields, listed, marks = columns(model, names, "?" if backend == "sqlite" else "%s")
+        _INSERT_ROW[key] = ("INSERT INTO %s (%s) VALUES (%s)%s" % (
+            model._meta.table_name, listed, marks,
+            " RETURNING id" if backend == "postgresql" else ""), fields)
+    return _INSERT_ROW[key]
+
+
+def insert_rows(backend, model, rows):
+    """One INSERT of `rows` (dicts with the same keys) of `model`: (statement, parameters),
+    RETURNING nothing (append " RETURNING id" where INSERT ... RETURNING works: the ids come
+    in row order within one statement, though RETURNING's own order is not promised)."""
+    fields = [model._meta.fields[name] for name in rows[0]]
+    table, listed = model._meta.table_name, ", ".join(f.column_name for f in fields)
+    if backend == "postgresql":
+        # psycopg parses each of thousands of placeholders in Python; one JSON parameter
+        # expanded by the server costs a fraction of that.
+        return ("INSERT INTO %s (%s) SELECT %s FROM json_populate_recordset(NULL::%s, %%s)"
+                % (table, listed, listed, table),
+                [json.dumps([{f.column_name: f.db_value(row[f.name]) for f in fields}
+                             for row in rows], default=str)])
+    values = "(%s)" % ", ".join(["?" if backend == "sqlite" else "%s"] * len(fields))
+    return ("INSERT INTO %s (%s) VALUES %s" % (table, listed, ", ".join([values] * len(rows))),
+            [v for row in rows for v in bind(backend, fields, [row[f.name] for f in fields])])
+
+
+_ADD = {}     # (task names, run names, notify) -> (the statement, task fields, run fields)
+
+
+def insert_task_and_run(Task, Run, task_names, run_names, notify):
+    """PostgreSQL: the task, its first run when due (`run_names`: its fields but the two
+    that take the task's id) and the NOTIFY to other hosts, in one statement of
+    data-modifying CTEs that returns the task id; (statement, task fields, run fields). An
+    add is then one round trip, as Procrastinate's defer is, where BEGIN, two INSERTs, the
+    NOTIFY and COMMIT were five. Every data-modifying CTE runs to completion, and the NOTIFY
+    is read by the final SELECT, so all happen or none."""
+    key = (task_names, run_names, notify)
+    if key not in _ADD:
+        task_fields, listed, marks = columns(Task, task_names, "%s")
+        statement = "WITH task AS (INSERT INTO %s (%s) VALUES (%s) RETURNING id)" % (
+            Task._meta.table_name, listed, marks)
+        run_fields, listed, marks = columns(Run, run_names, "%s")
+        if run_names:
+            statement += ", run AS (INSERT INTO %s (%s, %s, %s) SELECT id, id, %s FROM task)" \
+                % (Run._meta.table_name, Run.task_id.column_name,
+                   Run.active_task_id.column_name, listed, marks)
+        if notify:
+            statement += ", news AS (%s AS sent)" % NOTIFY_SQL
+        statement += " SELECT id FROM task" + (" CROSS JOIN news" if notify else "")
+        _ADD[key] = (statement, task_fields, run_fields)
+    return _ADD[key]
+
+
+# The row of a queue first seen (its name is how runners serving ``default`` find it, and
+# where pausing is stored). Race closed: two adds of a new queue's first tasks — the name is
+# the key, and the second insert does nothing.
+INSERT_QUEUE = {"sqlite": "INSERT OR IGNORE INTO task_queues (name, paused, updated_on) "
+                          "VALUES (?, ?, ?)",
+                "postgresql": "INSERT INTO task_queues (name, paused, updated_on) "
+                              "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                "mysql": "INSERT IGNORE INTO task_queues (name, paused, updated_on) "
+                         "VALUES (%s, %s, %s)"}
