@@ -213,7 +213,7 @@ def test_a_leader_whose_clock_is_off_judges_runs_on_the_database_clock(backend, 
         procs.add(spawn("overseer", config=config, log_path=tmp_path / "leader.log", env={
             "LD_PRELOAD": hostnet.FAKETIME, "FAKETIME": clock_offset,
             "FAKETIME_DONT_FAKE_MONOTONIC": "1"}), tmp_path / "leader.log")
-        wait_for(lambda: any(lease["held"] and lease["holder_kind"] == OVERSEER
+        wait_for(lambda: any(lease["held"] and lease["holder_kind"] == MAINTAINER
                              for lease in leadership.leases(queue.store)),
                  timeout=60, message="the leader to take the maintenance lease")
 

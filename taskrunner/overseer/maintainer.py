@@ -41,6 +41,7 @@ import psutil
 
 from ..fleet import leadership, liveness, maintenance
 from ..periodic import scheduler as periodic
+from ..store import outage
 from ..store.bound import Store
 from ..store.db import is_disconnect
 from ..store.models import MAINTAINER, utcnow
@@ -199,7 +200,7 @@ class Maintainer:
         try:
             step()
         except (pw.OperationalError, pw.InterfaceError) as exc:
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            text = outage.first_line(exc)
             if is_disconnect(exc) and self.db_lost_at is None:
                 self.db_lost_at = self.now
                 log.warning("database unavailable (%s); retrying", text)

@@ -46,6 +46,7 @@ from ..host.hub import HubProcess
 from ..store.models import DEFAULT_QUEUE, OVERSEER
 from ..api import TaskQueue
 from ..runner.process import Worker
+from ..store import outage
 from ..store.bound import BRIEF, Store
 from .maintainer import Maintainer, MaintainerProcess
 
@@ -505,10 +506,8 @@ class Overseer:
             self.db_refused_at = self.now
             if self.db_lost_at is None:
                 self.db_lost_at = self.now
-                text = str(exc).strip().splitlines()[0] if str(exc).strip() \
-                    else type(exc).__name__
                 log.warning("database unavailable to the overseer (%s); retrying at each "
-                            "check", text)
+                            "check", outage.first_line(exc))
             self._close_quietly()
         except Exception:
             log.exception("%s failed (will retry)", getattr(step, "__name__", "a step"))
