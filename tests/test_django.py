@@ -124,7 +124,10 @@ def test_overseer_runs_django_tasks_and_results_tell_their_runs(project, tmp_pat
     # Committed, then woken at once: runners that poll every 30 s took it within seconds.
     assert add["after"] < 10, output
     assert results["async_add"]["return_value"] == 42
-    assert results["send"]["return_value"]["to"] == "b@example.com"
+    sent = results["send"]["return_value"]
+    assert sent["to"] == "b@example.com"
+    # Django was set up once, in the overseer, before it forked the runner that ran the task.
+    assert sent["setup_pids"] == [overseer.pid] != [sent["pid"]]
     fails = results["fails"]
     assert fails["status"] == "FAILED" and fails["finished_at"]
     assert [e["exception_class_path"] for e in fails["errors"]] == ["demo.tasks.Boom"] * 2

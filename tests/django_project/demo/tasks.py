@@ -19,7 +19,8 @@ def add(a, b):
 
 @task(queue_name="emails", priority=50)
 def send(to, subject=""):
-    return {"to": to, "subject": subject, "pid": os.getpid()}
+    from demo.apps import SETUP_PID
+    return {"to": to, "subject": subject, "pid": os.getpid(), "setup_pids": SETUP_PID}
 
 
 @task
