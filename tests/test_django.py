@@ -180,3 +180,20 @@ def test_import_taskrunner_and_the_runner_load_no_framework():
     out = subprocess.run([sys.executable, "-c", code], env=process_env(), capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_dashboard_mounted_in_django_for_staff_only_with_its_csrf_intact(project):
+    seen = project.scenario("dashboard")
+    assert (seen["anonymous"], seen["not_staff"], seen["not_staff_metrics"]) == (403, 403, 403)
+    assert seen["overview"] == 200 and seen["css"] == 200
+    # Every link, form, asset and the live-refresh URL under the mount point.
+    assert seen["links"] and all(link.startswith("/ops/taskrunner/") for link in seen["links"])
+    assert "/ops/taskrunner/api/parts" in seen["links"]
+    assert seen["parts_links"] == ["/ops/taskrunner/tasks"]
+    # Django's CSRF middleware does not block the dashboard's forms; the dashboard's own
+    # token and same-origin check still refuse a forged action.
+    assert (seen["without_token"], seen["wrong_origin"]) == (403, 403)
+    status, location = seen["with_token"]
+    assert status == 303 and location.startswith("/ops/taskrunner/tasks/")
+    assert seen["status_after"] == "FAILED"        # cancelled
+    assert seen["metrics"] == [200, True]

@@ -1,1 +1,3 @@
-urlpatterns = []
+from django.urls import include, path
+
+urlpatterns = [path("ops/taskrunner/", include("taskrunner.contrib.django.urls"))]

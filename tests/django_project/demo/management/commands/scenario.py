@@ -103,11 +103,48 @@ def run(timeout):
     return {"results": seen, "ready_while_retrying": ready_while_retrying}
 
 
+def dashboard():
+    """The mounted dashboard through Django's own request handling (sessions, auth, Django's
+    CSRF middleware enforced)."""
+    import re
+    from django.contrib.auth.models import User
+    from django.test import Client
+    result = tasks.always_fails.enqueue("for the dashboard")
+    staff = User.objects.create(username="ops", is_staff=True)
+    clerk = User.objects.create(username="clerk")
+    seen = {"anonymous": Client().get("/ops/taskrunner/").status_code}
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(clerk)
+    seen["not_staff"] = client.get("/ops/taskrunner/").status_code
+    seen["not_staff_metrics"] = client.get("/ops/taskrunner/metrics").status_code
+    client.force_login(staff)
+    overview = client.get("/ops/taskrunner/")
+    html = overview.content.decode()
+    seen["overview"] = overview.status_code
+    seen["links"] = sorted(set(re.findall(r'(?:href|src|action|data-parts)="(/[^"?]*)', html)))
+    parts = client.get("/ops/taskrunner/api/parts?page=overview").content.decode()
+    seen["parts_links"] = sorted(set(re.findall(r'href=\\"(/[^"?\\]*)', parts)))
+    seen["css"] = client.get("/ops/taskrunner/static/app.css").status_code
+    task_page = client.get("/ops/taskrunner/tasks/%s" % result.id).content.decode()
+    token = re.search(r'name="csrf" value="([^"]+)"', task_page).group(1)
+    action = "/ops/taskrunner/tasks/%s/cancel" % result.id
+    form = "application/x-www-form-urlencoded"      # as a browser sends the dashboard's forms
+    seen["without_token"] = client.post(action, "", content_type=form).status_code
+    seen["wrong_origin"] = client.post(action, "csrf=" + token, content_type=form,
+                                       HTTP_ORIGIN="http://evil.example").status_code
+    done = client.post(action, "csrf=" + token, content_type=form)
+    seen["with_token"] = [done.status_code, done.get("Location", "").split("?")[0]]
+    seen["status_after"] = str(default_task_backend.get_result(result.id).status)
+    metrics = client.get("/ops/taskrunner/metrics")
+    seen["metrics"] = [metrics.status_code, "taskrunner_" in metrics.content.decode()]
+    return seen
+
+
 class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("name")
         parser.add_argument("--timeout", type=float, default=60)
 
     def handle(self, name, timeout, **options):
-        seen = contract() if name == "contract" else run(timeout)
+        seen = {"contract": contract, "dashboard": dashboard}.get(name, lambda: run(timeout))()
         self.stdout.write(json.dumps(seen))
