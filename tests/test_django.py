@@ -148,6 +148,13 @@ def test_manage_py_taskrunner_runs_taskrunner_commands(project):
     other = project.manage("taskrunner", "--backend", "nope", "status", check=False)
     assert other.returncode == 2 and other.stderr.startswith("taskrunner: error:")
     assert "Traceback" not in other.stderr
+    project.env["DEMO_MEMORY_BACKEND"] = "1"
+    check = project.manage("check", check=False)
+    assert check.returncode == 1 and "taskrunner.E001" in check.stderr
+    assert "in-memory SQLite database" in check.stderr
+    memory = project.manage("taskrunner", "--backend", "memory", "status", check=False)
+    assert memory.returncode == 2 and "in-memory" in memory.stderr
+    assert "Traceback" not in memory.stderr
 
 
 def test_database_url_comes_from_django_settings(tmp_path, monkeypatch):

@@ -13,6 +13,9 @@ class TaskrunnerConfig(AppConfig):
 
     def ready(self) -> None:
         post_migrate.connect(migrate_tables, sender=self)
+        # Importing the Tasks framework registers its system checks, which call each
+        # backend's check() (Django 6 imports django.tasks only when something uses it).
+        from . import compat  # noqa: F401
 
 
 def migrate_tables(using: str = "default", **kwargs: Any) -> None:

@@ -82,6 +82,8 @@ class TaskrunnerBackend(tasks.BaseTaskBackend):
         queue = self._queues.get(url)
         if queue is None or migrate:
             config = Config.load(path=self.options.get("CONFIG"), database_url=url)
+            if queue is not None:
+                queue.close()
             queue = self._queues[url] = TaskQueue(config, migrate=migrate)
         return queue
 

@@ -36,6 +36,12 @@ TASKS = {"default": {
 if not TASKS["default"]["OPTIONS"]["CONFIG"]:
     del TASKS["default"]["OPTIONS"]["CONFIG"]
 
+if os.environ.get("DEMO_MEMORY_BACKEND"):
+    # A backend whose database no runner could reach: refused by Django's checks.
+    DATABASES["memory"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+    TASKS["memory"] = {"BACKEND": "taskrunner.contrib.django.TaskrunnerBackend",
+                       "OPTIONS": {"DATABASE": "memory"}}
+
 MIDDLEWARE = ["django.contrib.sessions.middleware.SessionMiddleware",
               "django.middleware.csrf.CsrfViewMiddleware",
               "django.contrib.auth.middleware.AuthenticationMiddleware"]
