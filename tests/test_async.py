@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -24,12 +25,17 @@ def test_add_read_and_wait_async(database_sp, tmp_path):
     async def scenario():
         first = await queue.add_task_async(ADD, {"numbers": [1, 2]}, priority=3)
         more = await queue.add_tasks_async([{"handler": ADD, "data": {"numbers": [n, n]}}
-                                           for n in range(3)])
+                                           for n in range(20)])
         task = await queue.get_task_async(first)
         assert (task.handler, task.priority, task.status) == (ADD, 3, "scheduled")
         assert [run.status for run in await queue.runs_of_async(first)] == ["scheduled"]
+        threads = threading.active_count()
         waiting = [asyncio.ensure_future(queue.wait_async(i, timeout=30))
                    for i in [first] + more]
+        for _ in range(3):
+            await asyncio.sleep(0)          # the waiters registered, their first read began
+        # No thread per waiter: at most the queue's one thread more.
+        assert threading.active_count() <= threads + 1
         # The runs happen in another thread while the loop keeps turning.
         ran = await asyncio.get_running_loop().run_in_executor(None, _run_pending, queue)
         outcomes = await asyncio.gather(*waiting)
@@ -42,8 +48,8 @@ def test_add_read_and_wait_async(database_sp, tmp_path):
         return ran, outcomes
 
     ran, outcomes = asyncio.run(scenario())
-    assert ran == 4
-    assert [o.results for o in outcomes] == [{"sum": 3}, {"sum": 0}, {"sum": 2}, {"sum": 4}]
+    assert ran == 21
+    assert [o.results for o in outcomes] == [{"sum": 3}] + [{"sum": 2 * n} for n in range(20)]
     queue.close()
 
 
@@ -126,14 +132,13 @@ def test_fastapi_app_under_200_concurrent_requests_keeps_its_loop_responsive(
             start_new_session=True)
     listener.close()
 
-    async def requests():
-        # One request first: what runs once (imports, the executor's thread) is not lag.
-        assert (await _request(port, "POST", "/sum?a=0&b=0"))[0] == 200
+    async def requests(attempt):
         queue.pause_queue("default")
         await _request(port, "GET", "/lag?reset=true")
         answers = []
         for n in range(200):
-            answers.append(asyncio.ensure_future(_request(port, "POST", "/sum?a=%d&b=1" % n)))
+            answers.append(asyncio.ensure_future(_request(port, "POST", "/sum?a=%d&b=%d" % (
+                n, attempt))))
             await asyncio.sleep(0.002)     # arriving over 0.4 s, not in one burst of accepts
         deadline = time.monotonic() + 60
         while (await _request(port, "GET", "/lag"))[1]["waiting"] < 200:
@@ -144,16 +149,30 @@ def test_fastapi_app_under_200_concurrent_requests_keeps_its_loop_responsive(
         answers = await asyncio.gather(*answers)
         return answers, (await _request(port, "GET", "/lag"))[1]["max"]
 
+    async def rounds():
+        # One request first: what runs once (imports, the executor's thread) is not lag.
+        assert (await _request(port, "POST", "/sum?a=0&b=0"))[0] == 200
+        # The machine is shared with the other tests: an attempt can be late because the OS
+        # ran something else; a loop that taskrunner blocks is late in both.
+        lags = []
+        for attempt in (1, 2):
+            answers, lag = await requests(attempt)
+            assert [status for status, _ in answers] == [200] * 200, \
+                log_path.read_text()[-2000:] + procs.logs([overseer])
+            assert sorted(body["results"]["sum"] for _, body in answers) == \
+                list(range(attempt, attempt + 200))
+            lags.append(lag)
+            if lag < 0.050:
+                break
+        return lags
+
     try:
         wait_for(lambda: _answers(port), timeout=60, message="uvicorn up")
-        answers, lag = asyncio.run(requests())
+        lags = asyncio.run(rounds())
     finally:
         stop_process(server)
         queue.close()
-    assert [status for status, _ in answers] == [200] * 200, \
-        log_path.read_text()[-2000:] + procs.logs([overseer])
-    assert sorted(body["results"]["sum"] for _, body in answers) == list(range(1, 201))
-    assert lag < 0.050, "the event loop lagged %.3fs" % lag
+    assert min(lags) < 0.050, "the event loop lagged %s s" % lags
 
 
 async def _request(port, method, path):

@@ -22,6 +22,18 @@ Environ = Dict[str, Any]
 LINKS = re.compile(rb'((?:href|src|action|data-parts)=\\?")/')
 
 
+class _ApplicationGuard(Guard):
+    """The application answers for the Host (its own allowed hosts) and for the user
+    (`allow`): the dashboard's own Host and owner checks, made for the dashboard on a port
+    of its own, step aside. Its password (if one is set) and its CSRF checks stay."""
+
+    def host_allowed(self, header: Optional[str]) -> bool:
+        return True
+
+    def peer_allowed(self, uid: Optional[int]) -> bool:
+        return True
+
+
 def _forbidden(start_response: Callable[..., Any]) -> Iterable[bytes]:
     start_response("403 Forbidden", [("Content-Type", "text/plain; charset=utf-8")])
     return [b"forbidden\n"]
@@ -44,7 +56,7 @@ class MountedDashboard:
                  csrf_secret: Optional[str] = None) -> None:
         config = queue.config.dashboard
         self.allow = allow
-        guard = Guard(config)
+        guard = _ApplicationGuard(config)
         if csrf_secret:
             guard.csrf_token = hmac.new(csrf_secret.encode(), b"taskrunner dashboard csrf",
                                         hashlib.sha256).hexdigest()
