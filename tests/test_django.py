@@ -103,6 +103,14 @@ def test_backend_enqueues_and_reads_results_as_django_expects(project):
         queue.close()
 
 
+def test_without_use_tz_times_are_naive_local_time(project):
+    project.env["DEMO_USE_TZ"] = "0"
+    seen = project.scenario("contract")
+    assert seen["enqueued"]["status"] == "READY" and seen["read"] == seen["enqueued"]
+    # run_after was naive Paris time: read back naive, as Django gives datetimes then.
+    assert seen["send"]["run_after"] is not None and "+" not in seen["send"]["run_after"]
+
+
 def test_overseer_runs_django_tasks_and_results_tell_their_runs(project, tmp_path):
     log = tmp_path / "overseer.log"
     overseer = project.spawn(log, "taskrunner", "overseer")

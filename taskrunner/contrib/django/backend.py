@@ -130,7 +130,7 @@ class TaskrunnerBackend(tasks.BaseTaskBackend):
     def _ready(self, task: Any, task_id: int, data: Dict[str, Any]) -> Any:
         return tasks.TaskResult(
             task=task, id=str(task_id), status=tasks.TaskResultStatus.READY,
-            enqueued_at=_local(timezone.now()), started_at=None, finished_at=None,
+            enqueued_at=timezone.now(), started_at=None, finished_at=None,
             last_attempted_at=None, args=data["args"], kwargs=data["kwargs"],
             backend=self.alias, errors=[], worker_ids=[])
 

@@ -4,7 +4,8 @@ from urllib.parse import unquote, urlsplit
 import django
 
 SECRET_KEY = "tests-only"
-USE_TZ = True
+USE_TZ = os.environ.get("DEMO_USE_TZ", "1") == "1"
+TIME_ZONE = "Europe/Paris"
 DEBUG = False
 ALLOWED_HOSTS = ["testserver", "127.0.0.1", "localhost"]
 ROOT_URLCONF = "project.urls"
