@@ -2,8 +2,10 @@
 be done in-process in tests. Everything else (runners, the overseer, the CLI) works on the
 `Store` and the rule modules below this facade.
 """
+import asyncio
 import select
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
@@ -14,7 +16,7 @@ from .host import wakeup
 from .periodic import scheduler as periodic
 from .config import Config
 from .store.db import SCHEMES
-from .errors import InputError, WaitTimeout
+from .errors import InputError, TaskNotFound, WaitTimeout
 from .store.models import as_utc, utcnow
 from .reads.records import QueueInfo, RunInfo, TaskInfo, TaskOutcome
 from .store.bound import Store
@@ -22,6 +24,10 @@ from .store.bound import Store
 # TaskQueue.wait reads the task at least this often (seconds): the bound on seeing an end
 # that no wake-up reported (another host, a runner that died).
 WAIT_POLL = 1.0
+# Threads of a queue's awaitable methods. The event loop's thread competes for the GIL with
+# each busy one: under 200 concurrent requests of tests/test_async.py the loop lagged 60-140 ms
+# with two threads (and more with the default executor's), about 20 ms with one.
+ASYNC_THREADS = 1
 
 
 class TaskQueue:
@@ -43,6 +49,8 @@ class TaskQueue:
 
     def __init__(self, url_or_config: Union[str, Config, Store, None] = None, *,
                  migrate: bool = False, ephemeral: bool = False) -> None:
+        self._watches: Dict[asyncio.AbstractEventLoop, "_EndWatch"] = {}
+        self._executor: Optional[ThreadPoolExecutor] = None
         if isinstance(url_or_config, Store):
             # A runner's own store: what `run.queue` is inside a handler.
             self.config, self.store = url_or_config.config, url_or_config
@@ -73,6 +81,11 @@ class TaskQueue:
         return list(self.store.migrate())
 
     def close(self) -> None:
+        if self._executor is not None:
+            # Its thread's connection is its own: closed there (peewee's are per thread).
+            self._executor.submit(self.store.close)
+            self._executor.shutdown(wait=True)
+            self._executor = None
         self.store.close()
 
     # -- adding tasks -------------------------------------------------------------------------
@@ -204,6 +217,60 @@ class TaskQueue:
             if listener is not None:
                 listener.close()
 
+    # -- the same, awaitable ----------------------------------------------------------------
+
+    async def add_task_async(self, handler: str, data: Any = None, *, connection: Any = None,
+                             **options: Any) -> int:
+        """`add_task`, awaitable: the statements run in a thread of the loop's executor, so the
+        loop never waits on the database. `connection`: a psycopg ``AsyncConnection`` with a
+        transaction open, which the task joins (commits or rolls back with it; PostgreSQL's
+        NOTIFY wakes the runners at its commit)."""
+        if connection is None:
+            return await self._in_thread(lambda: self.add_task(handler, data, **options))
+        row = enqueue.task_row(self.config, handler, data=data, **options)
+        return int((await enqueue.add_in_transaction_async(self.store, connection, [row]))[0])
+
+    async def add_tasks_async(self, tasks: Iterable[Mapping[str, Any]], *,
+                              connection: Any = None) -> List[int]:
+        """`add_tasks`, awaitable; `connection` as for `add_task_async`."""
+        specs = [dict(spec) for spec in tasks]
+        if connection is None:
+            return await self._in_thread(lambda: self.add_tasks(specs))
+        rows = [enqueue.task_row(self.config, **spec) for spec in specs]
+        return [int(task_id) for task_id in
+                await enqueue.add_in_transaction_async(self.store, connection, rows)]
+
+    async def get_task_async(self, task_id: int) -> TaskInfo:
+        """`get_task`, awaitable."""
+        return await self._in_thread(lambda: self.get_task(task_id))
+
+    async def runs_of_async(self, task_id: int) -> List[RunInfo]:
+        """`runs_of`, awaitable."""
+        return await self._in_thread(lambda: self.runs_of(task_id))
+
+    async def _in_thread(self, call: Any) -> Any:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(ASYNC_THREADS, "taskrunner-async")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    async def wait_async(self, task_id: int, timeout: Optional[float] = None) -> TaskOutcome:
+        """`wait`, awaitable, woken by the same wake-ups: every waiter of this queue in one
+        event loop shares one listening socket and one read of all the awaited tasks per
+        wake-up (and per WAIT_POLL), so thousands of waiters cost no thread each and never
+        block the loop."""
+        loop = asyncio.get_running_loop()
+        watch = self._watches.get(loop)
+        if watch is None:
+            watch = self._watches[loop] = _EndWatch(self, loop)
+        future = watch.register(task_id)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            raise WaitTimeout("task %d did not end within %gs" % (task_id, timeout or 0)) \
+                from None
+        finally:
+            watch.forget(task_id, future)
+
     def run_pending(self, max_runs: Optional[int] = None, now: Optional[datetime] = None) -> int:
         """Run due work in this process until none is left (or `max_runs`); returns how
         many runs were executed. For tests of handlers: no processes, no signals, and no
@@ -234,6 +301,84 @@ class TaskQueue:
             if not ran or not concurrency.has_waiting(self.store):
                 break
         return done
+
+
+class _EndWatch:
+    """The waiters of one queue in one event loop: one wake-up listener, and one read of the
+    outcomes of every awaited task per wake-up (wake-ups that arrive during a read make one
+    more read, not one each). It listens only while somebody waits."""
+
+    def __init__(self, queue: TaskQueue, loop: asyncio.AbstractEventLoop) -> None:
+        self.queue, self.store, self.loop = queue, queue.store, loop
+        self.waiting: Dict[int, List["asyncio.Future[TaskOutcome]"]] = {}
+        self.woken = asyncio.Event()
+        self.watching: Optional["asyncio.Task[None]"] = None
+
+    def register(self, task_id: int) -> "asyncio.Future[TaskOutcome]":
+        """A future of the task's outcome, registered before the caller awaits anything."""
+        future: "asyncio.Future[TaskOutcome]" = self.loop.create_future()
+        self.waiting.setdefault(task_id, []).append(future)
+        self.woken.set()            # a new task to read now, not at the next wake-up
+        if self.watching is None:
+            self.watching = self.loop.create_task(self._watch())
+        return future
+
+    def forget(self, task_id: int, future: "asyncio.Future[TaskOutcome]") -> None:
+        futures = self.waiting.get(task_id, [])
+        if future in futures:
+            futures.remove(future)
+            if not futures:
+                del self.waiting[task_id]
+
+    def _readable(self) -> None:
+        assert self.listener is not None
+        self.listener.drain()
+        self.woken.set()
+
+    async def _watch(self) -> None:
+        try:
+            self.listener: Optional[wakeup.Listener] = wakeup.Listener(
+                self.store.waiters_directory)
+        except OSError:     # no writable runtime directory: the poll alone
+            self.listener = None
+        if self.listener is not None:
+            self.loop.add_reader(self.listener.fileno(), self._readable)
+        try:
+            while self.waiting:
+                # Cleared before the read: an end committed after it still wakes the next.
+                self.woken.clear()
+                ids = list(self.waiting)
+                try:
+                    outcomes = await self.queue._in_thread(
+                        lambda: reads.task_outcomes(self.store, ids))
+                except Exception as exc:    # the database's error, for every waiter to see
+                    self._settle({task_id: exc for task_id in ids})
+                else:
+                    self._settle({task_id: outcomes[task_id] if task_id in outcomes
+                                        else TaskNotFound("no task with id %s" % task_id)
+                                        for task_id in ids
+                                        if outcomes.get(task_id, True) is not None})
+                if self.waiting:
+                    try:
+                        await asyncio.wait_for(self.woken.wait(), WAIT_POLL)
+                    except asyncio.TimeoutError:
+                        pass
+        finally:
+            self.watching = None
+            if self.listener is not None:
+                self.loop.remove_reader(self.listener.fileno())
+                self.listener.close()
+
+    def _settle(self, values: Dict[int, Any]) -> None:
+        """Hand each task's outcome (or exception) to its waiters."""
+        for task_id, value in values.items():
+            for future in self.waiting.pop(task_id, []):
+                if future.done():
+                    continue
+                if isinstance(value, BaseException):
+                    future.set_exception(value)
+                else:
+                    future.set_result(value)
 
 
 __all__ = ["TaskQueue"]

@@ -37,7 +37,7 @@ LEVELS = {
     "runner.process": 4, "overseer": 4, "overseer.maintainer": 4, "overseer.overseer": 4,
     "api": 4,
     # 5. entry points
-    "cli": 5, "web": 5, "__main__": 5, "__init__": 5,
+    "cli": 5, "web": 5, "contrib": 5, "__main__": 5, "__init__": 5,
 }
 
 

@@ -273,7 +273,24 @@ def get_task(store: Any, task_id: int) -> TaskInfo:
 def task_outcome(store: Any, task_id: int) -> Optional[TaskOutcome]:
     """The task's outcome once it is final (success, given up, cancelled), else None;
     TaskNotFound for an unknown id."""
-    task = get_task(store, task_id)
+    return _outcome(get_task(store, task_id))
+
+
+def task_outcomes(store: Any, task_ids: List[int]) -> Dict[int, Optional[TaskOutcome]]:
+    """`task_outcome` of many tasks in one query: {id: its outcome, or None while it is not
+    final}; an unknown id is left out."""
+    Task = store.Task
+    known = {row.id: row.finished_on for row in Task.select(Task.id, Task.finished_on).where(
+        Task.id.in_(list(task_ids)))} if task_ids else {}
+    # Only the tasks that ended are read whole: most of a waiter's reads find none.
+    ended = [task_id for task_id, finished_on in known.items() if finished_on is not None]
+    rows = list(Task.select().where(Task.id.in_(ended))) if ended else []
+    outcomes: Dict[int, Optional[TaskOutcome]] = dict.fromkeys(known)
+    outcomes.update((task.id, _outcome(task)) for task in _task_infos(store, rows))
+    return outcomes
+
+
+def _outcome(task: TaskInfo) -> Optional[TaskOutcome]:
     if task.finished_on is None:
         return None
     status = "given-up" if task.given_up else task.status

@@ -173,6 +173,12 @@ def _add_in_one_statement(store, row):
     """PostgreSQL: the task, its first run when due, and the NOTIFY to other hosts, in one
     statement (sql.insert_task_and_run); returns the task id. A task not due yet wakes
     nobody."""
+    statement, params = _one_statement(store, row)
+    return store.db.execute_sql(statement, params).fetchone()[0]
+
+
+def _one_statement(store, row):
+    """(statement, parameters) of `_add_in_one_statement`."""
     due = is_due(row)
     notify = due and store.notifies
     # The run's columns but the two the statement fills with the task's id.
@@ -184,7 +190,7 @@ def _add_in_one_statement(store, row):
         sql.bind("postgresql", run_fields, run.values())
     if notify:
         params += notify_params(1, row["queue"], store.origin)
-    return store.db.execute_sql(statement, params).fetchone()[0]
+    return statement, params
 
 
 def _add_unique(store, row):
@@ -378,4 +384,33 @@ def add_in_transaction(store, raw, rows):
                 cursor.execute(NOTIFY_SQL, notify_params(count, queue))
     finally:
         cursor.close()
+    return ids
+
+
+async def add_in_transaction_async(store, connection, rows):
+    """`add_in_transaction` with an async driver's connection: psycopg's
+    ``AsyncConnection`` on the queue's PostgreSQL database, the one async driver whose
+    transaction taskrunner can share. Each task (with its first run and its NOTIFY) is one
+    statement of the catalogue, as `_add_in_one_statement`."""
+    import psycopg
+    if store.backend != "postgresql" or not isinstance(connection, psycopg.AsyncConnection):
+        raise InputError("connection= of an async add must be a psycopg AsyncConnection to "
+                         "the queue's PostgreSQL database, not %s" % type(connection).__name__)
+    queues = []
+    record_queues(store, [row["queue"] for row in rows],
+                  lambda statement, params: queues.append((statement, params)))
+    ids = []
+    async with connection.cursor() as cursor:
+        for statement, params in queues:
+            await cursor.execute(statement, params)
+        for row in rows:
+            if row["unique_key"] is not None:
+                await cursor.execute("SELECT id FROM task_queue WHERE active_key = %s",
+                                     (row["unique_key"],))
+                existing = await cursor.fetchone()
+                if existing is not None:
+                    ids.append(existing[0])
+                    continue
+            await cursor.execute(*_one_statement(store, row))
+            ids.append((await cursor.fetchone())[0])
     return ids

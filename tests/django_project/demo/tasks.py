@@ -1,0 +1,41 @@
+"""Django tasks of the test project."""
+import asyncio
+import os
+
+try:
+    from django.tasks import task
+except ImportError:         # Django < 6: the backport
+    from django_tasks import task
+
+
+class Boom(Exception):
+    pass
+
+
+@task
+def add(a, b):
+    return a + b
+
+
+@task(queue_name="emails", priority=50)
+def send(to, subject=""):
+    from demo.apps import SETUP_PID
+    return {"to": to, "subject": subject, "pid": os.getpid(), "setup_pids": SETUP_PID}
+
+
+@task
+def always_fails(message):
+    raise Boom(message)
+
+
+@task(takes_context=True)
+def fails_once(context, value):
+    if context.attempt == 1:
+        raise Boom("first attempt")
+    return {"value": value, "attempt": context.attempt}
+
+
+@task
+async def async_add(a, b):
+    await asyncio.sleep(0)
+    return a + b

@@ -1,0 +1,214 @@
+"""The Django Tasks backend in a real Django project (tests/django_project), on SQLite and
+PostgreSQL, with real overseer processes started by ``manage.py taskrunner overseer``; once
+with Django 5.2 and the django-tasks backport (this interpreter), once with Django 6's own
+`django.tasks` (the Python of $TASKRUNNER_DJANGO6_PYTHON: .ci/run makes a Python 3.12 venv
+for it). Each project process is a subprocess: Django is configured once per process."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TESTS_DIR, databases_required, process_env, stop_process, wait_for
+
+PROJECT = os.path.join(TESTS_DIR, "django_project")
+
+
+def _django6_python():
+    return os.environ.get("TASKRUNNER_DJANGO6_PYTHON")
+
+
+def _has(python, code):
+    return subprocess.run([python, "-c", code], capture_output=True).returncode == 0
+
+
+@pytest.fixture(params=("backport", "django6"))
+def python(request):
+    """The interpreter of the project: its Django decides which Tasks API it uses."""
+    if request.param == "backport":
+        python, check = sys.executable, "import django_tasks, django; " \
+                                        "assert django.VERSION < (6,)"
+    else:
+        python, check = _django6_python(), "import django; assert django.VERSION >= (6,)"
+    if not python or not _has(python, check):
+        reason = "no %s Django here (%s)" % (request.param, python or
+                                             "$TASKRUNNER_DJANGO6_PYTHON is not set")
+        if databases_required():
+            pytest.fail(reason + ": required in CI")
+        pytest.skip(reason)
+    return python
+
+
+class Project:
+    def __init__(self, python, database, tmp_path, config=""):
+        self.python, self.database = python, database
+        self.env = process_env({"DEMO_DATABASE_URL": database.url})
+        if config:
+            path = tmp_path / "taskrunner.toml"
+            path.write_text(config)
+            self.env["DEMO_TASKRUNNER_CONFIG"] = str(path)
+
+    def manage(self, *args, check=True, timeout=120):
+        result = subprocess.run([self.python, "manage.py"] + list(args), cwd=PROJECT,
+                                env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check:
+            assert result.returncode == 0, result.stdout + result.stderr
+        return result
+
+    def scenario(self, name, *args):
+        return json.loads(self.manage("scenario", name, *args).stdout)
+
+    def spawn(self, log_path, *args):
+        log = open(log_path, "wb")
+        return subprocess.Popen([self.python, "manage.py"] + list(args), cwd=PROJECT,
+                                env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+@pytest.fixture
+def project(python, database_sp, tmp_path):
+    project = Project(python, database_sp, tmp_path,
+                      # Runners that only poll every 30 s: a task done sooner was woken.
+                      config="[runner]\nlimit = 2\npoll_interval = 30\n")
+    project.manage("migrate", "-v0")
+    return project
+
+
+def test_backend_enqueues_and_reads_results_as_django_expects(project):
+    seen = project.scenario("contract")
+    assert seen["supports"] == [True, True, True, True]
+    assert seen["unknown_queue"] == "Queue 'nowhere' is not valid for backend."
+    first = seen["enqueued"]
+    assert first["status"] == "READY" and first["enqueued_at"] and not first["started_at"]
+    # Args and kwargs as Django normalises them (a tuple is a list), stored and read back.
+    assert first["args"] == [2] and first["kwargs"] == {"b": [3, 4]}
+    assert seen["read"] == first
+    send = seen["send"]
+    assert (send["queue_name"], send["priority"], send["status"]) == ("emails", 50, "READY")
+    assert send["run_after"] is not None
+    assert seen["missing"] == [True, True]
+    assert seen["rolled_back_missing"] is True
+    assert seen["committed"]["args"] == [5, 5]
+    assert seen["async"]["args"] == [1, 2] and seen["async"]["status"] == "READY"
+    # The tables are the application's: the task is in Django's own database.
+    queue = project.database.queue()
+    try:
+        deferred = queue.get_task(int(send["id"]))
+        assert (deferred.queue, deferred.priority, deferred.next_run_on is not None) == \
+            ("emails", 50, True)
+    finally:
+        queue.close()
+
+
+def test_without_use_tz_times_are_naive_local_time(project):
+    project.env["DEMO_USE_TZ"] = "0"
+    seen = project.scenario("contract")
+    assert seen["enqueued"]["status"] == "READY" and seen["read"] == seen["enqueued"]
+    # run_after was naive Paris time: read back naive, as Django gives datetimes then.
+    assert seen["send"]["run_after"] is not None and "+" not in seen["send"]["run_after"]
+
+
+def test_overseer_runs_django_tasks_and_results_tell_their_runs(project, tmp_path):
+    log = tmp_path / "overseer.log"
+    overseer = project.spawn(log, "taskrunner", "overseer")
+    try:
+        # Both runners idle before the first task: one that is just starting claims it
+        # without being woken.
+        wait_for(lambda: len(re.findall(r"runner \d+ started", log.read_text())) == 2,
+                 timeout=60, message="two runners started")
+        seen = project.scenario("run", "--timeout", "60")
+    finally:
+        stop_process(overseer, signal.SIGTERM)
+    output = log.read_text(errors="replace")
+    results = seen["results"]
+    assert sorted(results) == ["add", "async_add", "fails", "fails_once", "send"], output
+    add = results["add"]
+    assert (add["status"], add["return_value"]) == ("SUCCESSFUL", 5)
+    assert add["started_at"] and add["last_attempted_at"] and add["finished_at"]
+    assert len(add["worker_ids"]) == 1 and not add["errors"]
+    # Committed, then woken at once: runners that poll every 30 s took it within seconds.
+    assert add["after"] < 10, output
+    assert results["async_add"]["return_value"] == 42
+    sent = results["send"]["return_value"]
+    assert sent["to"] == "b@example.com"
+    # Django was set up once, in the overseer, before it forked the runner that ran the task.
+    assert sent["setup_pids"] == [overseer.pid] != [sent["pid"]]
+    fails = results["fails"]
+    assert fails["status"] == "FAILED" and fails["finished_at"]
+    assert [e["exception_class_path"] for e in fails["errors"]] == ["demo.tasks.Boom"] * 2
+    assert "raise Boom(message)" in fails["errors"][0]["traceback"]
+    assert len(fails["worker_ids"]) == 2
+    # takes_context: the second attempt knows it is the second.
+    once = results["fails_once"]
+    assert once["status"] == "SUCCESSFUL" and once["return_value"] == {"value": 7, "attempt": 2}
+    assert [e["exception_class_path"] for e in once["errors"]] == ["demo.tasks.Boom"]
+    assert seen["ready_while_retrying"], "a task waiting to retry was never READY"
+
+
+def test_manage_py_taskrunner_runs_taskrunner_commands(project):
+    status = project.manage("taskrunner", "status", "--json")
+    assert json.loads(status.stdout)["database"].startswith(project.database.url.split(":")[0])
+    bad = project.manage("taskrunner", "no-such-command", check=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    other = project.manage("taskrunner", "--backend", "nope", "status", check=False)
+    assert other.returncode == 2 and other.stderr.startswith("taskrunner: error:")
+    assert "Traceback" not in other.stderr
+    project.env["DEMO_MEMORY_BACKEND"] = "1"
+    check = project.manage("check", check=False)
+    assert check.returncode == 1 and "taskrunner.E001" in check.stderr
+    assert "in-memory SQLite database" in check.stderr
+    memory = project.manage("taskrunner", "--backend", "memory", "status", check=False)
+    assert memory.returncode == 2 and "in-memory" in memory.stderr
+    assert "Traceback" not in memory.stderr
+
+
+def test_database_url_comes_from_django_settings(tmp_path, monkeypatch):
+    from taskrunner.contrib.django.database import url_of
+    from taskrunner.errors import ConfigError
+    monkeypatch.chdir(tmp_path)
+    assert url_of({"ENGINE": "django.db.backends.sqlite3", "NAME": "app.db"}) == \
+        "sqlite:///" + str(tmp_path / "app.db")
+    assert url_of({"ENGINE": "django.db.backends.postgresql", "NAME": "shop", "USER": "web",
+                   "PASSWORD": "p@ss/w:rd", "HOST": "db.internal", "PORT": 6432,
+                   "OPTIONS": {"sslmode": "require", "pool": True}}) == \
+        "postgresql://web:p%40ss%2Fw%3Ard@db.internal:6432/shop?sslmode=require"
+    assert url_of({"ENGINE": "django.db.backends.postgresql", "NAME": "shop",
+                   "HOST": "/run/postgresql"}) == \
+        "postgresql:///shop?host=%2Frun%2Fpostgresql"
+    assert url_of({"ENGINE": "django.db.backends.mysql", "NAME": "shop", "USER": "root",
+                   "HOST": "127.0.0.1", "PORT": "3306"}) == "mysql://root@127.0.0.1:3306/shop"
+    for memory in ("", ":memory:", "file:memorydb_default?mode=memory&cache=shared"):
+        with pytest.raises(ConfigError, match="in-memory"):
+            url_of({"ENGINE": "django.db.backends.sqlite3", "NAME": memory})
+    with pytest.raises(ConfigError, match="engine"):
+        url_of({"ENGINE": "django.db.backends.oracle", "NAME": "x"})
+
+
+def test_import_taskrunner_and_the_runner_load_no_framework():
+    code = ("import sys, taskrunner, taskrunner.api, taskrunner.cli, taskrunner.runner.process,"
+            " taskrunner.overseer.overseer\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'django', 'django_tasks', "
+            "'fastapi', 'starlette', 'flask', 'asgiref'}))")
+    out = subprocess.run([sys.executable, "-c", code], env=process_env(), capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_dashboard_mounted_in_django_for_staff_only_with_its_csrf_intact(project):
+    seen = project.scenario("dashboard")
+    assert (seen["anonymous"], seen["not_staff"], seen["not_staff_metrics"]) == (403, 403, 403)
+    assert seen["overview"] == 200 and seen["css"] == 200
+    # Every link, form, asset and the live-refresh URL under the mount point.
+    assert seen["links"] and all(link.startswith("/ops/taskrunner/") for link in seen["links"])
+    assert "/ops/taskrunner/api/parts" in seen["links"]
+    assert seen["parts_links"] == ["/ops/taskrunner/tasks"]
+    # Django's CSRF middleware does not block the dashboard's forms; the dashboard's own
+    # token and same-origin check still refuse a forged action.
+    assert (seen["without_token"], seen["wrong_origin"]) == (403, 403)
+    status, location = seen["with_token"]
+    assert status == 303 and location.startswith("/ops/taskrunner/tasks/")
+    assert seen["status_after"] == "FAILED"        # cancelled
+    assert seen["metrics"] == [200, True]
