@@ -152,14 +152,20 @@ class TaskQueue:
         not cancelled yet: `wait` for it), or None when the task is cancelled now."""
         return control.cancel(self.store, task_id)
 
-    def pause_queue(self, name: str) -> bool:
+    def pause_queue(self, name: str, create: bool = False) -> bool:
         """Stop claiming from the queue `name` on every host (within one check_interval);
-        runs in flight finish. Returns False when it was paused already."""
-        return bool(queues.set_paused(self.store, name, True))
+        runs in flight finish. Returns False when it was paused already. A queue no task
+        used and the config does not name is refused (InputError), unless `create`."""
+        return bool(queues.set_paused(self.store, name, True, create=create))
 
     def resume_queue(self, name: str) -> bool:
         """Claim from the queue `name` again. Returns False when it was not paused."""
         return bool(queues.set_paused(self.store, name, False))
+
+    def remove_queue(self, name: str) -> None:
+        """Forget the queue `name`; refused (InputError) while a task is in it or the config
+        names it."""
+        queues.remove_queue(self.store, name)
 
     def queues(self) -> List[QueueInfo]:
         """Every queue: paused, limit, runs scheduled and running, runners, lag."""

@@ -220,11 +220,11 @@ def cmd_wait(args):
 
 
 def cmd_retry(args):
-    cli_runs.bulk(open_queue(args), "retry", args)
+    return cli_runs.bulk(open_queue(args), "retry", args)
 
 
 def cmd_cancel(args):
-    cli_runs.bulk(open_queue(args), "cancel", args)
+    return cli_runs.bulk(open_queue(args), "cancel", args)
 
 
 def cmd_rotate(args):

@@ -142,18 +142,20 @@ def task_filters(args):
 def bulk(queue, verb, args):
     """``retry`` / ``cancel`` of the tasks named by id, matched by the filters, or both (the
     named ones that match). One id and no filter: the single-task verb (its refusal is the
-    command's error, exit 2). Else each task in turn; prints how many were changed and why
-    the others were not (exit 0). ``--json``: what was done, as one object."""
+    command's error, exit 2). Else every task, retries in batches, with a progress line on
+    a terminal; prints how many were changed and why the others were not. Exit 0, or 1
+    when a named id has no task (each one said on stderr). ``--json``: what was done, as
+    one object."""
     from ..runs import control
     from ..reads import records as reads
-    from ..errors import InputError, StateError
+    from ..errors import InputError, StateError, TaskNotFound
     filters = task_filters(args)
     if not args.ids and not filters:
-        raise InputError("%s: give task ids, or filters (--status, --handler, --since, "
-                         "--until, --periodic)" % verb)
-    action = control.retry if verb == "retry" else control.cancel
+        raise InputError("%s: give task ids, or filters (--status, --handler, --queue, "
+                         "--error-code, --since, --until, --periodic)" % verb)
     if len(args.ids) == 1 and not filters:
         task_id = args.ids[0]
+        action = control.retry if verb == "retry" else control.cancel
         stopping = action(queue.store, task_id)
         status = "re-armed" if verb == "retry" else "stopping" if stopping else "cancelled"
         if args.json:
@@ -163,22 +165,63 @@ def bulk(queue, verb, args):
                   % (task_id, stopping))
         else:
             print("task %d %s" % (task_id, status))
-        return
+        return EXIT_SUCCESS
     ids = list(dict.fromkeys(args.ids))
+    existing = set(reads.existing_task_ids(queue.store, ids))
+    missing = [i for i in ids if i not in existing]
     if filters:        # with ids too: those of them that match
         matched = set(reads.task_ids(queue.store, **filters))
         ids = [i for i in ids if i in matched] if ids else sorted(matched)
-    changed, refused = [], []
-    for task_id in ids:
-        try:
-            action(queue.store, task_id)
-            changed.append(task_id)
-        except (StateError, InputError) as exc:
-            refused.append(str(exc))
+    else:
+        ids = [i for i in ids if i in existing]
+    show = Progress(verb, len(ids))
+    if verb == "retry":
+        outcome = control.retry_many(queue.store, ids, progress=show)
+    else:
+        outcome = {}
+        for task_id in ids:
+            try:
+                control.cancel(queue.store, task_id)
+                outcome[task_id] = None
+            except (StateError, InputError) as exc:
+                outcome[task_id] = exc
+            if len(outcome) % BULK_PROGRESS == 0:
+                show(len(outcome))
+    show.end(len(outcome))
+    changed = [i for i, exc in outcome.items() if exc is None]
+    missing += [i for i, exc in outcome.items() if isinstance(exc, TaskNotFound)]
+    refused = [str(exc) for exc in outcome.values()
+               if exc is not None and not isinstance(exc, TaskNotFound)]
     if args.json:
-        print(json.dumps({"changed": changed, "refused": refused}, indent=2))
-        return
-    done = "re-armed" if verb == "retry" else "cancelled (or asked to stop)"
-    print("%s %d of %d task(s)" % (done, len(changed), len(ids)))
-    for reason in refused:
-        print("  not %s: %s" % ("re-armed" if verb == "retry" else "cancelled", reason))
+        print(json.dumps({"changed": changed, "refused": refused, "missing": missing},
+                         indent=2))
+    else:
+        done = "re-armed" if verb == "retry" else "cancelled (or asked to stop)"
+        print("%s %d of %d task(s)" % (done, len(changed), len(ids) + len(missing)))
+        for reason in refused:
+            print("  not %s: %s" % ("re-armed" if verb == "retry" else "cancelled", reason))
+    for task_id in missing:
+        print("taskrunner: %s: no task with id %d" % (verb, task_id), file=sys.stderr)
+    return EXIT_NOT_SUCCESS if missing else EXIT_SUCCESS
+
+
+BULK_PROGRESS = 200     # tasks between two progress lines of a bulk cancel (retry: a batch)
+
+
+class Progress:
+    """``\rretry: 400 of 3992`` on stderr while a bulk verb works, when stderr is a
+    terminal (a log or a pipe gets the summary only)."""
+
+    def __init__(self, verb, total):
+        self.verb, self.total = verb, total
+        self.shown = sys.stderr.isatty() and total > 0
+
+    def __call__(self, done):
+        if self.shown:
+            sys.stderr.write("\r%s: %d of %d" % (self.verb, done, self.total))
+            sys.stderr.flush()
+
+    def end(self, done):
+        if self.shown:
+            self(done)
+            sys.stderr.write("\n")

@@ -162,7 +162,10 @@ class QueueInfo(_Record):
     scheduled: int              # runs waiting to be claimed
     running: int
     runners: int                # runners serving it now, on every host
-    lag: Optional[float]        # seconds the oldest waiting run has been due; None: none waits
+    # Seconds the oldest waiting run has been due; None: none waits, or the queue is paused
+    # (a queue paused on purpose is not late: its pause is `paused_for`).
+    lag: Optional[float]
+    paused_for: Optional[float] = None   # seconds since it was paused; None: not paused
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,9 @@ class PeriodicTaskInfo(_Record):
 
 
 def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = None) -> TaskInfo:
+    # A task that succeeded has no current error: the error columns (and the traceback) of
+    # an earlier failed attempt stay with that run, in `runs_of`, not on the task.
+    current = row.last_status != SUCCESS
     return TaskInfo(
         id=row.id, handler=row.handler, data=_decoded(row.data), status=row.last_status,
         given_up=row.given_up, priority=row.priority, queued_on=aware(row.queued_on),
@@ -208,9 +214,11 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         next_run_on=aware(row.next_run_on), finished_on=aware(row.finished_on),
         runs=row.run_count, runs_failed=row.runs_failed, max_retries=row.max_retries,
         run_timeout=row.run_timeout, max_runtime=row.max_runtime, unique_key=row.unique_key,
-        periodic_task_id=row.periodic_task_id, last_error_code=row.last_error_code,
-        last_error_message=row.last_error_message, subject=row.subject, group=row.group_name,
-        queue=row.queue, results=results, last_traceback=last_traceback)
+        periodic_task_id=row.periodic_task_id,
+        last_error_code=row.last_error_code if current else None,
+        last_error_message=row.last_error_message if current else None, subject=row.subject,
+        group=row.group_name, queue=row.queue, results=results,
+        last_traceback=last_traceback if current else None)
 
 
 def run_info(row: Any) -> RunInfo:
@@ -348,6 +356,16 @@ def task_ids(store: Any, status: Optional[str] = None, **filters: Any) -> List[i
     return [row.id for row in query]
 
 
+def existing_task_ids(store: Any, ids: List[int]) -> List[int]:
+    """Those of `ids` that name a task (the others never existed, or rotation deleted them)."""
+    Task = store.Task
+    found: set = set()
+    for start in range(0, len(ids), 500):      # within every database's bound parameters
+        found.update(row.id for row in Task.select(Task.id).where(
+            Task.id.in_(ids[start:start + 500])))
+    return [i for i in ids if i in found]
+
+
 def task_counts(store: Any) -> Dict[str, int]:
     """Tasks by their status."""
     Task = store.Task
@@ -393,19 +411,26 @@ def queue_stats(store: Any, now: Optional[datetime] = None) -> List[QueueInfo]:
         run_status_is(Run, RUNNING)).group_by(Run.queue).tuples())
     runners = dict(RunnerQueue.select(RunnerQueue.queue, pw.fn.COUNT(RunnerQueue.id))
                    .group_by(RunnerQueue.queue).tuples())
-    paused = dict(Queue.select(Queue.name, Queue.paused).tuples())
+    paused = {name: (bool(flag), since) for name, flag, since in Queue.select(
+        Queue.name, Queue.paused, Queue.paused_on).tuples()}
     configured = store.config.queues
     result = []
     for name in sorted(set(paused) | set(configured) | set(waiting) | set(running)):
         count, oldest = waiting.get(name, (0, None))
         if isinstance(oldest, str):      # SQLite returns MIN() of a datetime as text
             oldest = datetime.fromisoformat(oldest)
+        is_paused, since = paused.get(name, (False, None))
         result.append(QueueInfo(
-            name=name, paused=bool(paused.get(name, False)),
+            name=name, paused=is_paused,
             limit=configured[name].limit if name in configured else None,
             scheduled=count, running=running.get(name, 0), runners=runners.get(name, 0),
-            lag=round(max(0.0, (now - oldest).total_seconds()), 3) if oldest else None))
+            lag=_seconds_since(oldest, now) if oldest and not is_paused else None,
+            paused_for=_seconds_since(since or now, now) if is_paused else None))
     return result
+
+
+def _seconds_since(then: datetime, now: datetime) -> float:
+    return round(max(0.0, (now - then).total_seconds()), 3)
 
 
 def health(store: Any) -> Dict[str, int]:

@@ -23,8 +23,10 @@ from .records import TaskInfo, aware, task_info
 # What the dashboard's status filter offers: the task statuses, and two views of failure.
 STATUS_FILTERS = (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED, ERROR,
                   TIMEOUT, "failed")
-# Seconds; the buckets of the run duration histogram.
-DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+# Seconds; the buckets of the run duration histogram, from 1 ms (most handlers of a busy
+# queue take a few milliseconds) to an hour.
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0, 60.0, 300.0, 1800.0, 3600.0)
 
 
 @dataclass(frozen=True)
@@ -233,11 +235,14 @@ def runs_per_minute(store: Any, minutes: int = 60, now: Optional[datetime] = Non
 
 
 def queue_lag(store: Any, now: Optional[datetime] = None) -> float:
-    """Seconds since the oldest due run was due (0 when none waits)."""
-    Run = store.Run
+    """Seconds since the oldest due run of a queue that is not paused was due (0 when none
+    waits): a queue paused on purpose must not trip a lag alert."""
+    Run, Queue = store.Run, store.Queue
     now = as_utc(now) if now else utcnow()
+    paused = Queue.select(Queue.name).where(Queue.paused == True)  # noqa: E712
     oldest = Run.select(pw.fn.MIN(Run.scheduled_on)).where(
-        run_status_is(Run, SCHEDULED) & (Run.scheduled_on <= now)).scalar()
+        run_status_is(Run, SCHEDULED) & (Run.scheduled_on <= now)
+        & Run.queue.not_in(paused)).scalar()
     if oldest is None:
         return 0.0
     if isinstance(oldest, str):       # SQLite returns an aggregate's datetime as text

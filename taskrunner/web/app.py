@@ -186,11 +186,13 @@ class Dashboard:
             return _html(page("Confirm: %s tasks" % action, path,
                               pages.confirm_bulk(self.view, form, len(ids), BULK_LIMIT),
                               read_only=self.read_only))
-        verb = control.retry if action == "retry" else control.cancel
         done = refused = stopping = 0
+        if action == "retry":       # in batches: one transaction per batch, not per task
+            refusals = sum(1 for exc in control.retry_many(self.store, ids).values() if exc)
+            done, refused, ids = len(ids) - refusals, refusals, []
         for task_id in ids:
             try:
-                if verb(self.store, task_id) is not None and action == "cancel":
+                if control.cancel(self.store, task_id) is not None:
                     stopping += 1
                 done += 1
             except (StateError, TaskNotFound):

@@ -50,7 +50,7 @@ class StoreCollector:
         yield duration
 
         yield GaugeMetricFamily("taskrunner_queue_lag_seconds", "Seconds since the oldest "
-                                "due run was due (0 when none waits).",
+                                "due run of a queue not paused was due (0 when none waits).",
                                 value=summaries.queue_lag(store))
 
         per_queue = [GaugeMetricFamily("taskrunner_queue_%s" % name, text, labels=["queue"])
@@ -58,11 +58,13 @@ class StoreCollector:
                          ("scheduled", "Runs waiting in a queue (due or not)."),
                          ("running", "Runs of a queue running now."),
                          ("lag_by_queue_seconds", "Seconds since a queue's oldest waiting "
-                          "run was due (0 when none waits)."),
-                         ("paused", "1 if the queue is paused (on every host)."))]
+                          "run was due (0 when none waits or it is paused)."),
+                         ("paused", "1 if the queue is paused (on every host)."),
+                         ("paused_seconds", "Seconds since the queue was paused (0 when "
+                          "it is not)."))]
         for q in reads.queue_stats(store):
             for family, value in zip(per_queue, (q.scheduled, q.running, q.lag or 0.0,
-                                                 1 if q.paused else 0)):
+                                                 1 if q.paused else 0, q.paused_for or 0.0)):
                 family.add_metric([q.name], value)
         yield from per_queue
 
@@ -70,15 +72,20 @@ class StoreCollector:
                                   "by host.", labels=["host"])
         rss = GaugeMetricFamily("taskrunner_runners_rss_bytes", "Resident memory of the "
                                 "running runners, by host.", labels=["host"])
+        busy = GaugeMetricFamily("taskrunner_runners_busy", "Runners executing a run now, "
+                                 "by host (alive minus busy: idle runners).", labels=["host"])
         hosts: dict = {}
         for r in reads.running_runners(store):
             if r.kind == "runner":
-                count, memory = hosts.get(r.host, (0, 0.0))
-                hosts[r.host] = (count + 1, memory + (r.rss_mb or 0.0) * 1048576)
-        for host, (count, memory) in sorted(hosts.items()):
+                count, working, memory = hosts.get(r.host, (0, 0, 0.0))
+                hosts[r.host] = (count + 1, working + (r.run_id is not None),
+                                 memory + (r.rss_mb or 0.0) * 1048576)
+        for host, (count, working, memory) in sorted(hosts.items()):
             alive.add_metric([host], count)
+            busy.add_metric([host], working)
             rss.add_metric([host], memory)
         yield alive
+        yield busy
         yield rss
 
         until = GaugeMetricFamily("taskrunner_periodic_seconds_until_due", "Seconds until a "

@@ -82,7 +82,8 @@ def overview_live(view: View, params: Mapping[str, str]) -> str:
             '<div class="cols"><section class="card wide"><h2>Runs finished per minute, last '
             'hour <small>%d succeeded · %d failed</small></h2>%s</section>'
             '<section class="card"><h2>Queue lag</h2><p class="big" id="queue-lag">%s</p>'
-            '<p class="muted">age of the oldest due run</p><h2>Runners alive</h2>%s</section>'
+            '<p class="muted">age of the oldest due run (paused queues left out)</p>'
+            '<h2>Runners alive</h2>%s</section>'
             '</div>%s' % (tiles, status_bar(counts), done[0], done[1], minute_chart(minutes),
                           span(lag) if lag else "none", table(
                               ["Host", "Runners", "Busy", "Overseer"], host_rows,
@@ -103,7 +104,8 @@ def queues_card(view: View) -> str:
                      '<a href="/tasks%s">%d</a>' % (e(query(queue=q.name, status="scheduled")),
                                                     q.scheduled),
                      "%d" % q.running, "%d" % q.runners,
-                     span(q.lag) if q.lag else '<span class="muted">none</span>', toggle])
+                     '<span class="muted">paused %s</span>' % span(q.paused_for) if q.paused
+                     else span(q.lag) if q.lag else '<span class="muted">none</span>', toggle])
     return '<section class="card" id="queues"><h2>Queues</h2>%s</section>' % table(
         ["Queue", "State", "Host limit", "Scheduled", "Running", "Runners", "Lag", ""], rows,
         "no queue is used yet", css="queues")
