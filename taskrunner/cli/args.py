@@ -41,13 +41,20 @@ def json_arg(text):
         raise argparse.ArgumentTypeError("invalid JSON: nested too deeply") from None
 
 
-def seconds_arg(text):
+def span_arg(text):
+    """A positive duration written as the config writes one: seconds (``90``) or a span
+    (``5min``, ``1h 30min``)."""
+    from ..timespan import parse_timespan
     try:
-        value = float(text)
+        value = float(text)         # seconds, 1e3 included
     except ValueError:
-        value = -1
+        try:
+            value = parse_timespan(text)
+        except ValueError:
+            value = -1
     if not (0 < value < math.inf):  # also refuses nan
-        raise argparse.ArgumentTypeError("expected a positive number of seconds, got %r" % text)
+        raise argparse.ArgumentTypeError("expected a positive number of seconds or a time "
+                                         "span like '5min', got %r" % text)
     return value
 
 

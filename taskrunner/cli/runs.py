@@ -8,7 +8,7 @@ import json
 import sys
 
 EXIT_SUCCESS, EXIT_NOT_SUCCESS, EXIT_TIMEOUT = 0, 1, 3
-FAILED_STATUSES = ("error", "timeout", "given-up", "cancelled")
+FAILED_STATUSES = ("error", "timeout", "retrying", "given-up", "cancelled")
 
 
 def when(iso):
@@ -107,8 +107,9 @@ def wait(queue, task_id, timeout, as_json):
 
 # -- task filters and the bulk verbs -----------------------------------------------------
 
-STATUS_CHOICES = ("scheduled", "running", "success", "error", "timeout", "cancelled",
-                  "requeued", "given-up")
+# records.TASK_STATUSES (a test keeps them equal), written out: --help loads no peewee.
+STATUS_CHOICES = ("scheduled", "running", "retrying", "given-up", "success", "cancelled",
+                  "error", "timeout", "failed")
 
 
 def non_negative_int(text):
@@ -123,9 +124,14 @@ def non_negative_int(text):
 
 
 def add_task_filters(parser, time_type):
+    from .args import queue_name
     """The filters shared by ``tasks``, ``retry`` and ``cancel``."""
-    parser.add_argument("--status", choices=STATUS_CHOICES)
+    parser.add_argument("--status", choices=STATUS_CHOICES, metavar="WORD",
+                        help="one of: %s (see the glossary)" % ", ".join(STATUS_CHOICES))
     parser.add_argument("--handler", metavar="PATH", help="tasks of this handler")
+    parser.add_argument("--queue", type=queue_name, metavar="NAME", help="tasks of this queue")
+    parser.add_argument("--error-code", metavar="CODE",
+                        help="tasks whose last error has this code")
     parser.add_argument("--since", type=time_type, metavar="TIME",
                         help="queued at or after this ISO 8601 time")
     parser.add_argument("--until", type=time_type, metavar="TIME",
@@ -135,7 +141,7 @@ def add_task_filters(parser, time_type):
 
 def task_filters(args):
     return {name: getattr(args, name) for name in ("status", "handler", "since", "until",
-                                                   "periodic")
+                                                   "periodic", "queue", "error_code")
             if getattr(args, name) is not None}
 
 

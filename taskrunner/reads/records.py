@@ -14,9 +14,14 @@ from typing import Any, Dict, List, Optional
 import peewee as pw
 
 from ..errors import InputError, TaskNotFound, check_text
-from ..store.models import CRASHED, FAILED, RUN_STATUSES, RUNNING, SCHEDULED, SUCCESS, run_status_is
+from ..store.models import (CANCELLED, CRASHED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS,
+                            TIMEOUT, run_status_is)
 
-TASK_FILTERS = RUN_STATUSES + ("given-up",)
+# The words a task list is filtered by, everywhere (API, CLI, dashboard): its latest run's
+# status, and three views of failure: retrying (failed, a run will come), given-up
+# (failed max_retries times in a row) and failed (either). docs/reference/glossary.md.
+TASK_STATUSES = (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED, ERROR, TIMEOUT,
+                 "failed")
 STOPPING = "stopping"       # the state of a running runner that is winding down its run
 MAX_LIMIT = 10000   # tasks in one listing
 
@@ -298,22 +303,56 @@ def runs_of(store: Any, task_id: int) -> List[RunInfo]:
     return [run_info(r) for r in Run.select().where(Run.task_id == task_id).order_by(Run.id)]
 
 
+def failed_predicate() -> Any:
+    """``last_status IN ('error', 'timeout')`` written out, not bound: SQLite and PostgreSQL
+    use the partial index of failed tasks (migration 0010) only for a query that names its
+    predicate. For queries of task_queue alone (the column is not qualified)."""
+    return pw.SQL("last_status IN ('%s')" % "', '".join(FAILED))
+
+
+def not_succeeded_predicate() -> Any:
+    """``last_status <> 'success'`` written out: the predicate of the partial status index
+    (migration 0010), named by every query that should read it."""
+    return pw.SQL("last_status <> '%s'" % SUCCESS)
+
+
+def status_condition(store: Any, status: str) -> Any:
+    """The tasks a word of `TASK_STATUSES` names; InputError for another word."""
+    Task = store.Task
+    if status not in TASK_STATUSES:
+        raise InputError("unknown task status %r: expected one of %s"
+                         % (status, ", ".join(TASK_STATUSES)))
+    if status == "retrying":
+        return failed_predicate() & Task.finished_on.is_null()
+    if status == "given-up":
+        return failed_predicate() & Task.finished_on.is_null(False)
+    if status == "failed":
+        return failed_predicate()
+    if status == SUCCESS:
+        return Task.last_status == SUCCESS
+    return not_succeeded_predicate() & (Task.last_status == status)
+
+
+def state_word(status: str, finished_on: Any) -> str:
+    """How a task with this last_status and finished_on is shown in every table: a failed
+    task is ``retrying`` or ``given-up``, as the filters name them."""
+    if status in FAILED:
+        return "given-up" if finished_on else "retrying"
+    return status
+
+
 def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str] = None,
                 since: Optional[datetime] = None, until: Optional[datetime] = None,
-                periodic: Optional[str] = None) -> Any:
-    """Tasks matching every filter given: `status` a run status or ``given-up``, `handler`
+                periodic: Optional[str] = None, queue: Optional[str] = None,
+                error_code: Optional[str] = None) -> Any:
+    """Tasks matching every filter given: `status` a word of `TASK_STATUSES`, `handler`
     its dotted path, `since` / `until` (aware) bounds of its queued_on, `periodic` the name
-    of the periodic task that submitted it. InputError for an unknown status or name."""
+    of the periodic task that submitted it, `queue` its queue, `error_code` the code of its
+    last error. InputError for an unknown status or name."""
     Task, PeriodicTask = store.Task, store.PeriodicTask
-    if status is not None and status not in TASK_FILTERS:
-        raise InputError("unknown task status %r: expected one of %s"
-                         % (status, ", ".join(TASK_FILTERS)))
     query = Task.select()
-    if status == "given-up":
-        query = query.where(Task.last_status.in_(FAILED) & Task.next_run_on.is_null()
-                            & (Task.runs_failed >= Task.max_retries))
-    elif status is not None:
-        query = query.where(Task.last_status == status)
+    if status is not None:
+        query = query.where(status_condition(store, status))
     if check_text("handler", handler) is not None:
         query = query.where(Task.handler == handler)
     for bound, compare in ((since, Task.queued_on.__ge__), (until, Task.queued_on.__lt__)):
@@ -326,6 +365,10 @@ def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str]
         if row is None:
             raise InputError("no periodic task named %r" % periodic)
         query = query.where(Task.periodic_task_id == row.id)
+    if check_text("queue", queue) is not None:
+        query = query.where(Task.queue == queue)
+    if check_text("error_code", error_code) is not None:
+        query = query.where(Task.last_error_code == error_code)
     return query
 
 
@@ -364,13 +407,6 @@ def existing_task_ids(store: Any, ids: List[int]) -> List[int]:
         found.update(row.id for row in Task.select(Task.id).where(
             Task.id.in_(ids[start:start + 500])))
     return [i for i in ids if i in found]
-
-
-def task_counts(store: Any) -> Dict[str, int]:
-    """Tasks by their status."""
-    Task = store.Task
-    return {s: c for s, c in Task.select(Task.last_status, pw.fn.COUNT(Task.id).alias("n"))
-            .group_by(Task.last_status).tuples()}
 
 
 def running_runners(store: Any) -> List[RunnerInfo]:

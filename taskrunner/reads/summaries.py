@@ -16,13 +16,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import peewee as pw
 
 from ..errors import InputError
-from ..store.models import (CANCELLED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, as_utc,
+from ..store.models import (CANCELLED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS, as_utc,
                             run_status_is, utcnow)
-from .records import TaskInfo, aware, task_info
+from .records import (TASK_STATUSES, TaskInfo, aware, failed_predicate, not_succeeded_predicate,
+                      status_condition, task_info)
 
-# What the dashboard's status filter offers: the task statuses, and two views of failure.
-STATUS_FILTERS = (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED, ERROR,
-                  TIMEOUT, "failed")
+# What the dashboard's status filter offers: the words of every task filter.
+STATUS_FILTERS = TASK_STATUSES
 # Seconds; the buckets of the run duration histogram, from 1 ms (most handlers of a busy
 # queue take a few milliseconds) to an hour.
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -89,32 +89,11 @@ class DurationHistogram:
     total_seconds: float
 
 
-def _failed() -> Any:
-    """``last_status IN ('error', 'timeout')`` written out, not bound: SQLite and PostgreSQL
-    use the partial index of failed tasks (migration 0010) only for a query that names its
-    predicate. For queries of task_queue alone (the column is not qualified)."""
-    return pw.SQL("last_status IN ('%s')" % "', '".join(FAILED))
-
-
-def _not_succeeded() -> Any:
-    """``last_status <> 'success'`` written out: the predicate of the partial status index
-    (migration 0010), named by every query that should read it."""
-    return pw.SQL("last_status <> '%s'" % SUCCESS)
-
-
 def _task_conditions(store: Any, view: TaskFilter) -> List[Any]:
     Task = store.Task
     conditions = []
-    if view.status == "retrying":
-        conditions.append(_failed() & Task.finished_on.is_null())
-    elif view.status == "given-up":
-        conditions.append(_failed() & Task.finished_on.is_null(False))
-    elif view.status == "failed":
-        conditions.append(_failed())
-    elif view.status == SUCCESS:
-        conditions.append(Task.last_status == SUCCESS)
-    elif view.status is not None:
-        conditions.append(_not_succeeded() & (Task.last_status == view.status))
+    if view.status is not None:
+        conditions.append(status_condition(store, view.status))
     if view.handler:
         conditions.append(Task.handler == view.handler)
     if view.since is not None:
@@ -175,7 +154,7 @@ def succeeded_count(store: Any) -> int:
     a few seconds (`status_counts`)."""
     Task = store.Task
     total = Task.select(pw.fn.COUNT(pw.SQL("*"))).scalar() or 0
-    others = Task.select(pw.fn.COUNT(pw.SQL("*"))).where(_not_succeeded()).scalar() or 0
+    others = Task.select(pw.fn.COUNT(pw.SQL("*"))).where(not_succeeded_predicate()).scalar() or 0
     return int(total) - int(others)
 
 
@@ -187,12 +166,12 @@ def status_counts(store: Any, succeeded: Optional[int] = None) -> Dict[str, int]
     Task = store.Task
     counts = {s: 0 for s in (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED)}
     for status, n in Task.select(Task.last_status, pw.fn.COUNT(pw.SQL("*"))).where(
-            _not_succeeded()).group_by(Task.last_status).tuples():
+            not_succeeded_predicate()).group_by(Task.last_status).tuples():
         key = "given-up" if status in FAILED else status
         counts[key] = counts.get(key, 0) + n
     counts[SUCCESS] = succeeded_count(store) if succeeded is None else succeeded
     retrying = Task.select(pw.fn.COUNT(pw.SQL("*"))).where(
-        _failed() & Task.finished_on.is_null()).scalar() or 0
+        failed_predicate() & Task.finished_on.is_null()).scalar() or 0
     counts["retrying"] += retrying
     counts["given-up"] -= retrying
     return counts
@@ -259,7 +238,7 @@ def failure_groups(store: Any, handler: Optional[str] = None) -> List[FailureGro
     retrying = pw.fn.SUM(pw.Case(None, [(Task.finished_on.is_null(), 1)], 0))
     query = (Task.select(Task.handler, Task.last_error_code, pw.fn.COUNT(pw.SQL("*")),
                          retrying, pw.fn.MAX(Task.id))
-             .where(_failed())
+             .where(failed_predicate())
              .group_by(Task.handler, Task.last_error_code))
     if handler:
         query = query.where(Task.handler == handler)

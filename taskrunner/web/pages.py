@@ -200,9 +200,7 @@ def task_row(t: Any) -> list:
                                                       short(t.last_error_message or "", 60))
     return ['<a href="/tasks/%d">%d</a>' % (t.id, t.id), e(t.handler),
             '<a href="/tasks%s">%s</a>' % (e(query(queue=t.queue)), e(t.queue)),
-            status("given-up" if t.given_up else (
-                "retrying" if t.status in ("error", "timeout") and not t.finished_on
-                else t.status)),
+            status(reads.state_word(t.status, t.finished_on)),
             "%d / %d" % (t.runs_failed, t.max_retries), "%d" % t.runs,
             when(t.scheduled_on), when(t.finished_on), outcome]
 

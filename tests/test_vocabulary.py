@@ -1,0 +1,102 @@
+"""One vocabulary and one set of units across the Python API, the CLI and the dashboard
+(issue #29): the same status words and filters, the same spans, the same rules."""
+import json
+from datetime import timedelta
+
+import pytest
+
+from taskrunner.cli.runs import STATUS_CHOICES
+from taskrunner.errors import InputError
+from taskrunner.reads import records as reads, summaries
+from taskrunner.store.models import utcnow
+
+from conftest import ok, taskrunner, usage_error, utc
+
+
+def history(queue):
+    """A task in each state: success, given up, retrying, cancelled, scheduled."""
+    done = queue.add_task("taskrunner.handlers.Echo")
+    given_up = queue.add_task("taskrunner.handlers.Fail", {"code": "Planned"}, max_retries=1,
+                              queue="mail")
+    queue.run_pending()
+    retrying = queue.add_task("taskrunner.handlers.Fail", {"code": "Again"}, max_retries=3,
+                              retry_backoff=3600)
+    queue.run_pending()
+    cancelled = queue.add_task("taskrunner.handlers.Echo",
+                               scheduled_on=utc(utcnow()) + timedelta(days=1))
+    queue.cancel(cancelled)
+    later = queue.add_task("taskrunner.handlers.Echo",
+                           scheduled_on=utc(utcnow()) + timedelta(days=1))
+    return dict(done=done, given_up=given_up, retrying=retrying, cancelled=cancelled,
+                later=later)
+
+
+def test_every_surface_takes_the_same_status_words(database):
+    assert STATUS_CHOICES == reads.TASK_STATUSES == summaries.STATUS_FILTERS
+    queue = database.queue()
+    ids = history(queue)
+    expected = {"scheduled": [ids["later"]], "running": [], "retrying": [ids["retrying"]],
+                "given-up": [ids["given_up"]], "success": [ids["done"]],
+                "cancelled": [ids["cancelled"]], "error": [ids["retrying"], ids["given_up"]],
+                "timeout": [], "failed": [ids["retrying"], ids["given_up"]]}
+    assert set(expected) == set(STATUS_CHOICES)
+    for word, want in expected.items():
+        api = [t.id for t in queue.tasks(status=word)]
+        web = [t.id for t in summaries.find_tasks(queue.store,
+                                                  summaries.TaskFilter(status=word)).tasks]
+        cli = [t["id"] for t in json.loads(ok(taskrunner("tasks", "--status", word, "--json",
+                                                         url=database.url)))]
+        assert api == web == cli == want, word
+    with pytest.raises(InputError, match="unknown task status 'requeued'"):
+        queue.tasks(status="requeued")
+    table = ok(taskrunner("tasks", url=database.url))
+    shown = {int(line.split()[0]): line.split()[2] for line in table.splitlines()[1:-1]}
+    assert shown[ids["retrying"]] == "retrying" and shown[ids["given_up"]] == "given-up"
+    queue.close()
+
+
+def test_the_cli_filters_by_queue_and_error_code_as_the_dashboard_does(database):
+    queue = database.queue()
+    ids = history(queue)
+    queue.close()
+    url = database.url
+    listed = json.loads(ok(taskrunner("tasks", "--queue", "mail", "--json", url=url)))
+    assert [t["id"] for t in listed] == [ids["given_up"]]
+    listed = json.loads(ok(taskrunner("tasks", "--error-code", "Again", "--json", url=url)))
+    assert [t["id"] for t in listed] == [ids["retrying"]]
+    out = json.loads(ok(taskrunner("retry", "--status", "failed", "--error-code", "Planned",
+                                   "--json", url=url)))
+    assert out["changed"] == [ids["given_up"]]
+
+
+def test_every_duration_option_takes_the_spans_of_the_config(sqlite_db):
+    url = sqlite_db.url
+    task_id = int(ok(taskrunner("add", "taskrunner.handlers.Echo", "--in", "5min",
+                                "--max-runtime", "2min", "--timeout", "1h 30min", url=url)))
+    queue = sqlite_db.queue()
+    task = queue.get_task(task_id)
+    assert (task.max_runtime, task.run_timeout) == (120.0, 5400.0)
+    assert 290 <= (task.scheduled_on - task.queued_on).total_seconds() <= 310
+    other = queue.add_task("taskrunner.handlers.Echo", run_timeout="10min", max_runtime="90s")
+    assert (queue.get_task(other).run_timeout, queue.get_task(other).max_runtime) == (600, 90)
+    queue.close()
+    usage_error(taskrunner("add", "taskrunner.handlers.Echo", "--in", "5 parsecs", url=url),
+                "--in", "time span")
+    usage_error(taskrunner("wait", str(task_id), "--timeout", "0", url=url), "--timeout")
+    result = taskrunner("wait", str(task_id), "--timeout", "50ms", url=url)
+    assert result.returncode == 3, result
+
+
+def test_retry_backoff_0_is_valid_in_the_config_and_the_api_alike(sqlite_db, tmp_path):
+    config = sqlite_db.write_config(tmp_path / "c.toml", "[task]\nretry_backoff = 0\n")
+    ok(taskrunner("check", config=config))
+    queue = sqlite_db.queue()
+    task_id = queue.add_task("sample_handlers.FailTimes", {"fail": 1}, retry_backoff=0)
+    assert queue.run_pending() == 1          # failed
+    assert queue.run_pending() == 1          # retried at once, no backoff
+    assert queue.get_task(task_id).status == "success"
+    with pytest.raises(InputError, match="retry_backoff"):
+        queue.add_task("taskrunner.handlers.Echo", retry_backoff=-1)
+    with pytest.raises(InputError, match="run_timeout must be a positive number of seconds"):
+        queue.add_task("taskrunner.handlers.Echo", run_timeout=0)
+    queue.close()
