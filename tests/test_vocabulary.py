@@ -1,6 +1,7 @@
 """One vocabulary and one set of units across the Python API, the CLI and the dashboard
 (issue #29): the same status words and filters, the same spans, the same rules."""
 import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -100,3 +101,29 @@ def test_retry_backoff_0_is_valid_in_the_config_and_the_api_alike(sqlite_db, tmp
     with pytest.raises(InputError, match="run_timeout must be a positive number of seconds"):
         queue.add_task("taskrunner.handlers.Echo", run_timeout=0)
     queue.close()
+
+
+def test_tables_fit_120_columns_and_show_local_times_with_the_zone_once(sqlite_db):
+    from taskrunner.periodic import scheduler as periodic
+    queue = sqlite_db.queue()
+    for n in range(3):
+        periodic.add_periodic(queue.store, "nightly-report-of-tenant-%d" % n,
+                              "taskrunner.handlers.Echo", "Mon..Fri *-*-* 07:30:00",
+                              subject="the nightly report every tenant asked for", group="g")
+    failed = queue.add_task("taskrunner.handlers.Fail", {
+        "code": "Planned", "message": "a long message " * 20}, max_retries=1)
+    queue.run_pending()
+    queue.close()
+    url = sqlite_db.url
+    for args in (("periodic", "list"), ("tasks",), ("runs", str(failed)), ("status",),
+                 ("queue", "list")):
+        text = ok(taskrunner(*args, url=url))
+        if args[0] == "runs":           # the tracebacks under the table are kept whole
+            text = text.split("\n\n")[0]
+        lines = text.splitlines()
+        assert max(len(line) for line in lines) <= 120, (args, lines)
+    wide = ok(taskrunner("periodic", "list", "--wide", url=url)).splitlines()
+    assert max(len(line) for line in wide) > 120 and "taskrunner.handlers.Echo" in wide[1]
+    shown = ok(taskrunner("show", str(failed), url=url))
+    assert not re.search(r"\dT\d\d:", shown) and shown.count("times are local:") == 1, shown
+    assert ok(taskrunner("tasks", url=url)).count("times are local:") == 1

@@ -11,8 +11,9 @@ import sys
 from datetime import datetime, timedelta, timezone
 
 from . import runs as cli_runs
-from .args import (iso_time, json_arg, masked_url, one_line, open_queue, positive_int, print_json,
-                   print_table, queue_list, queue_name, span_arg, task_id_arg)
+from .args import (add_wide, iso_time, json_arg, masked_url, one_line, open_queue, positive_int,
+                   print_json, print_table, queue_list, queue_name, span_arg, task_id_arg,
+                   zone_note)
 from .calendar import MAX_ITERATIONS, cmd_calendar, iterations
 from .periodic import add_periodic_parser
 from .runs import when
@@ -145,9 +146,9 @@ def cmd_status(args):
                                                      figures["tasks_given_up"]))
     if handlers:
         print()
-        print_table(*cli_runs.stats_table("HANDLER", handlers))
+        print_table(*cli_runs.stats_table("HANDLER", handlers), wide=args.wide)
         print()
-    print_queues(queues)
+    print_queues(queues, wide=args.wide)
     if not rows:
         print("no runners running")
         return
@@ -156,7 +157,8 @@ def cmd_status(args):
                  [[r["id"], r["kind"], r["host"], r["pid"], r["state"],
                    run_column(r),
                    "%d%%" % r["progress"] if r["progress"] is not None else "-", r["rss_mb"],
-                   r["runs_done"], when(r["started_on"]), when(r["heartbeat_on"])] for r in rows])
+                   r["runs_done"], when(r["started_on"]), when(r["heartbeat_on"])] for r in rows],
+                wide=args.wide, zone=True)
 
 
 def run_column(runner):
@@ -184,10 +186,11 @@ def cmd_tasks(args):
                    t["runs"],
                    t["runs_failed"], when(t["scheduled_on"]), when(t["next_run_on"]),
                    when(t["finished_on"]),
-                   cli_runs.outcome_column(t)] for t in tasks])
+                   cli_runs.outcome_column(t)] for t in tasks], wide=args.wide)
     total = reads.count_tasks(queue.store, **filters)
-    print("showing %d of %d tasks%s" % (len(tasks), total, " (--offset, --limit or --all "
-                                         "for the others)" if len(tasks) < total else ""))
+    print("showing %d of %d tasks%s; %s" % (len(tasks), total, " (--offset, --limit or --all "
+                                             "for the others)" if len(tasks) < total else "",
+                                             zone_note()))
 
 
 def cmd_show(args):
@@ -212,7 +215,7 @@ def cmd_runs(args):
                    "%.3fs" % r["duration"] if r["duration"] is not None else None,
                    cli_runs.short(r["results"]),
                    "%s: %s" % (r["error_code"], r["error_message"]) if r["error_code"] else None]
-                  for r in runs])
+                  for r in runs], wide=args.wide, zone=True)
     cli_runs.print_tracebacks(runs)
 
 
@@ -338,6 +341,7 @@ def build_parser():
                    help="task-runner:OnProcess: " + QUEUE_HELP)
     p.add_argument("--json", action="store_true", help="print what the event did")
     p = command("status", cmd_status, "runners and task counts")
+    add_wide(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p = command("tasks", cmd_tasks, "list tasks, most recent first")
     cli_runs.add_task_filters(p, iso_time)
@@ -345,10 +349,13 @@ def build_parser():
     p.add_argument("--offset", type=cli_runs.non_negative_int, default=0,
                    help="skip this many of the most recent")
     p.add_argument("--all", action="store_true", help="every matching task (no --limit)")
+    add_wide(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     for name, func, text in (("show", cmd_show, "one task"), ("runs", cmd_runs, "a task's runs")):
         p = command(name, func, text)
         p.add_argument("id", type=task_id_arg)
+        if name == "runs":
+            add_wide(p)
         p.add_argument("--json", action="store_true", help="print JSON")
     p = command("wait", cmd_wait, "wait until a task is final and print its outcome; exit 0 "
                                   "success, 1 given up or cancelled, 3 timeout")

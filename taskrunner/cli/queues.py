@@ -1,5 +1,5 @@
 """``taskrunner queue pause|resume|remove|list``, and the queues part of ``status``."""
-from .args import open_queue, print_json, print_table, queue_name
+from .args import add_wide, open_queue, print_json, print_table, queue_name
 
 
 def cmd_queue(args):
@@ -11,7 +11,7 @@ def cmd_queue(args):
             if args.json:
                 print_json(queues)
             else:
-                print_queues(queues)
+                print_queues(queues, wide=args.wide)
             return
         if args.action == "remove":
             queue.remove_queue(args.name)
@@ -52,11 +52,12 @@ def add_queue_command(command):
             a.add_argument("--create", action="store_true",
                            help="record the queue if no task used it yet (else refused)")
         a.add_argument("--json", action="store_true", help="print JSON")
-    actions.add_parser("list", help="queues: paused, limit, waiting, running, lag"
-                       ).add_argument("--json", action="store_true", help="print JSON")
+    a = actions.add_parser("list", help="queues: paused, limit, waiting, running, lag")
+    add_wide(a)
+    a.add_argument("--json", action="store_true", help="print JSON")
 
 
-def print_queues(queues):
+def print_queues(queues, wide=False):
     """The queues table of ``status`` and ``queue list``."""
     if not queues:
         return
@@ -65,4 +66,4 @@ def print_queues(queues):
              q["limit"] if q["limit"] is not None else "-", q["scheduled"], q["running"],
              q["runners"], "paused %.0fs" % q["paused_for"] if q["paused"]
              else "%.1fs" % q["lag"] if q["lag"] is not None else "-"] for q in queues]
-    print_table(headers, rows)
+    print_table(headers, rows, wide=wide)

@@ -43,12 +43,16 @@ def outcome_column(task):
 def print_task(task):
     """`show ID` as text: one field a line, data and results as JSON, the last traceback
     under them."""
+    from .args import zone_note
     for key, value in task.items():
         if key == "last_traceback":
             continue
         if key in ("data", "results"):
             value = json.dumps(value)
+        elif key.endswith("_on"):
+            value = when(value)
         print("%-18s %s" % (key + ":", value))
+    print(zone_note())
     if task["last_traceback"]:
         print("last traceback:")
         print(task["last_traceback"].rstrip())
