@@ -87,14 +87,15 @@ def short(value: Any, width: int = 80) -> str:
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]], empty: str = "nothing here",
           css: str = "") -> str:
-    """A table of cells that are already HTML."""
+    """A table of cells that are already HTML, in a box of its own that scrolls sideways
+    when the table is wider than the screen (a phone), so the page itself never does."""
     rows = list(rows)
     if not rows:
         return '<p class="muted empty">%s</p>' % e(empty)
     head = "".join("<th>%s</th>" % e(h) for h in headers)
     body = "".join("<tr>%s</tr>" % "".join("<td>%s</td>" % c for c in row) for row in rows)
-    return '<table class="%s"><thead><tr>%s</tr></thead><tbody>%s</tbody></table>' % (
-        e(css), head, body)
+    return ('<div class="scroll"><table class="%s"><thead><tr>%s</tr></thead><tbody>%s'
+            '</tbody></table></div>' % (e(css), head, body))
 
 
 def csrf_form(action: str, token: str, button: str, fields: Optional[dict] = None,

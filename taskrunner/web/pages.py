@@ -337,7 +337,7 @@ def _stats(p: Any) -> str:
     timing = "avg %s · p95 %s" % (span(st.avg_duration), span(st.p95_duration)) \
         if st.avg_duration is not None else ""
     success = "last success %s" % ago(st.last_success) if st.last_success else "never succeeded"
-    return '<span class="nowrap">%s</span><br><small class="nowrap">%s%s<br>%s</small>' % (
+    return '<span class="nowrap">%s</span><br><small>%s%s<br>%s</small>' % (
         " · ".join(parts), e(timing) + "<br>" if timing else "", e(success), submitted)
 
 
@@ -357,22 +357,27 @@ def periodic(view: View, params: Mapping[str, str]) -> str:
                                                              e(p.name))
         if p.subject:
             name += '<br><small class="muted">%s</small>' % e(p.subject)
+        name += '<br><small class="muted">%s</small>' % e(p.handler)
+        # At 1280 px the table fits: the handler under the name, the last run's status with
+        # its time, the enabled state as the next due time ("disabled") and the toggle.
         rows.append([name,
                      '<a href="/periodic%s">%s</a>' % (e(query(group=p.group)), e(p.group))
-                     if p.group else "", e(p.handler),
-                     "<code>%s</code>%s" % (e(p.timer), '<br><small class="muted">%s</small>'
-                                            % e(p.timezone) if p.timezone else ""),
+                     if p.group else "",
+                     '<code class="wrap">%s</code>%s' % (e(p.timer), '<br><small class="muted">'
+                                                         '%s</small>' % e(p.timezone)
+                                                         if p.timezone else ""),
                      "%s <small>%s</small>" % (when(p.nextrun), e(ago(p.nextrun, at)))
                      if p.enabled else '<span class="muted">disabled</span>',
-                     when(p.last_run), status(p.last_status), e(p.consecutive_failures),
-                     _stats(p), "yes" if p.enabled else "no", toggle])
+                     "%s<br>%s" % (status(p.last_status), when(p.last_run)) if p.last_run
+                     else '<span class="muted">never</span>',
+                     e(p.consecutive_failures), _stats(p), toggle])
     options = "".join('<option value="%s"%s>%s</option>' % (
         e(g), " selected" if g == group else "", e(g) or "every group") for g in [""] + groups)
     form = ('<form method="get" action="/periodic" class="filters" id="periodic-filters">'
             '<label>Group <select name="group">%s</select></label><button type="submit">'
             'Filter</button> <a href="/periodic">clear</a></form>' % options)
-    return form + table(["Name", "Group", "Handler", "Timer", "Next due (UTC)", "Last run",
-                         "Last status", "Failures in a row", "Runs", "Enabled", ""],
+    return form + table(["Name", "Group", "Timer", "Next due (UTC)", "Last run (UTC)",
+                         "Failures in a row", "Runs", ""],
                         rows, "no periodic task" + (" in group %s" % group if group else ""),
                         css="periodic")
 
