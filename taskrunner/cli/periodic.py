@@ -23,6 +23,13 @@ def cmd_periodic(args):
         periodic.check_periodic(args.loaded_config, args.name, args.handler, args.timer,
                                 data=args.data, **options)
     store = open_queue(args).store
+    if args.action == "run":
+        task_id = periodic.run_now(store, args.name, owner=args.owner)
+        if args.json:
+            print_json({"name": args.name, "task_id": task_id})
+        else:
+            print("periodic task %r: task %d submitted" % (args.name, task_id))
+        return
     if args.action == "add":
         row = reads.periodic_info(periodic.add_periodic(
             store, args.name, args.handler, args.timer, data=args.data, **options))
@@ -106,6 +113,11 @@ def add_periodic_parser(command, parser_class):
     a.add_argument("--group", help="only the periodic tasks of this group")
     add_wide(a)
     a.add_argument("--json", action="store_true", help="print JSON")
+    a = actions.add_parser("run", help="submit a task of a periodic task now (its schedule "
+                                       "stays); refused while one of its tasks is unfinished")
+    a.add_argument("name")
+    a.add_argument("--owner", help="refuse unless the periodic task has this owner")
+    a.add_argument("--json", action="store_true", help='print {"name": ..., "task_id": N}')
     for action in ("enable", "disable", "remove"):
         a = actions.add_parser(action, help="%s a periodic task, or all of an owner's" % action)
         a.add_argument("name", nargs="?")

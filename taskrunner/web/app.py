@@ -159,6 +159,14 @@ class Dashboard:
             except (StateError, TaskNotFound) as exc:
                 notice = str(exc)
             return _redirect("/tasks/%d?%s" % (task_id, urlencode({"notice": notice})))
+        if path == "/periodic/run":
+            name = form.get("name", "")
+            try:
+                notice = "periodic task %r: task %d submitted" % (
+                    name, periodic.run_now(self.store, name))
+            except StateError as exc:
+                notice = str(exc)
+            return _redirect("/periodic?" + urlencode({"notice": notice}))
         if path in ("/periodic/enable", "/periodic/disable"):
             enable = path == "/periodic/enable"
             periodic.set_enabled(self.store, form.get("name", ""), enable)

@@ -350,9 +350,10 @@ def periodic(view: View, params: Mapping[str, str]) -> str:
     for p in every:
         if group and p.group != group:
             continue
-        toggle = view.action("/periodic/%s" % ("disable" if p.enabled else "enable"),
-                             "Disable" if p.enabled else "Enable", {"name": p.name},
-                             css="danger" if p.enabled else "")
+        toggle = view.action("/periodic/run", "Run now", {"name": p.name}) + view.action(
+            "/periodic/%s" % ("disable" if p.enabled else "enable"),
+            "Disable" if p.enabled else "Enable", {"name": p.name},
+            css="danger" if p.enabled else "")
         name = '<a class="nowrap" href="/tasks%s">%s</a>' % (e(query(periodic=p.name)),
                                                              e(p.name))
         if p.subject:
