@@ -136,7 +136,7 @@ class TaskQueue:
               ) -> List[TaskInfo]:
         """Tasks, most recent first, `offset` skipped, at most `limit` (None: all). Filters:
         `status` one of ``scheduled running retrying given-up success cancelled error
-        timeout failed`` (the glossary says what each means; the CLI and the dashboard
+        timeout failed`` (docs, "Words", says what each means; the CLI and the dashboard
         take the same words), `handler`, `since` / `until` (aware) around queued_on,
         `periodic_task` the name of the periodic task that submitted them, `queue`,
         `error_code` the code of their last error."""

@@ -55,3 +55,53 @@ def test_run_now_from_the_dashboard(sqlite_db):
     finally:
         served.stop()
         queue.close()
+
+
+def test_delete_removes_ended_tasks_and_their_runs_by_id_or_filter(database):
+    queue = database.queue()
+    done = [queue.add_task("taskrunner.handlers.Echo") for _ in range(3)]
+    given_up = queue.add_task("taskrunner.handlers.Fail", max_retries=1)
+    queue.run_pending()
+    live = queue.add_task("taskrunner.handlers.Echo",
+                          scheduled_on=utc(utcnow()) + timedelta(days=1))
+    queue.close()
+    url = database.url
+    result = taskrunner("delete", str(done[0]), str(live), "99999", "--json", url=url)
+    assert result.returncode == 1, result                  # 99999: no such task
+    out = json.loads(result.stdout)
+    assert out["changed"] == [done[0]] and out["missing"] == [99999]
+    assert "task %d has not ended" % live in out["refused"][0]
+    assert "deleted 2 of 2" in ok(taskrunner("delete", "--status", "success", url=url))
+    queue = database.queue()
+    assert [t.id for t in queue.tasks()] == [live, given_up]
+    assert queue.store.Run.select().where(queue.store.Run.task_id.in_(done)).count() == 0
+    queue.close()
+    usage_error(taskrunner("delete", url=url), "give task ids, or filters")
+
+
+def test_delete_from_the_dashboard_asks_first(sqlite_db):
+    queue = sqlite_db.queue()
+    ended = queue.add_task("taskrunner.handlers.Echo")
+    queue.run_pending()
+    other = queue.add_task("taskrunner.handlers.Echo")
+    queue.run_pending()
+    served = Served(queue.store)
+    try:
+        token = token_of(served, "/tasks/%d" % ended)
+        assert "Delete…" in fetch(served.url + "/tasks/%d" % ended)[1]
+        status, body, _ = fetch(served.url + "/tasks/%d/delete" % ended, data="csrf=%s" % token)
+        assert status == 200 and "Yes, delete task %d" % ended in body
+        assert len(queue.tasks()) == 2                       # nothing deleted yet
+        status, _, headers = fetch(served.url + "/tasks/%d/delete" % ended,
+                                   data="csrf=%s&confirm=yes" % token)
+        assert status == 303 and "task %d deleted" % ended in location(headers)
+        assert [t.id for t in queue.tasks()] == [other]
+        status, body, _ = fetch(served.url + "/tasks/bulk",
+                                data="csrf=%s&action=delete&status=success" % token)
+        assert status == 200 and "Yes, delete 1 task(s)" in body
+        fetch(served.url + "/tasks/bulk", data="csrf=%s&action=delete&status=success&confirm=yes"
+              % token)
+        assert queue.tasks() == []
+    finally:
+        served.stop()
+        queue.close()

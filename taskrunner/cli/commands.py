@@ -231,6 +231,10 @@ def cmd_cancel(args):
     return cli_runs.bulk(open_queue(args), "cancel", args)
 
 
+def cmd_delete(args):
+    return cli_runs.bulk(open_queue(args), "delete", args)
+
+
 def cmd_rotate(args):
     result = open_queue(args).rotate()
     if args.json:
@@ -364,7 +368,9 @@ def build_parser():
     p.add_argument("--json", action="store_true", help="print JSON")
     for name, func, text in (("retry", cmd_retry, "re-arm failed or given-up tasks"),
                              ("cancel", cmd_cancel, "cancel tasks (a running one stops "
-                                                    "cooperatively)")):
+                                                    "cooperatively)"),
+                             ("delete", cmd_delete, "delete ended tasks (success, given up, "
+                                                    "cancelled) with their runs")):
         p = command(name, func, text + ", by id and/or filter")
         p.add_argument("ids", type=task_id_arg, nargs="*", metavar="ID")
         cli_runs.add_task_filters(p, iso_time)

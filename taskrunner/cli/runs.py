@@ -131,7 +131,7 @@ def add_task_filters(parser, time_type):
     from .args import queue_name
     """The filters shared by ``tasks``, ``retry`` and ``cancel``."""
     parser.add_argument("--status", choices=STATUS_CHOICES, metavar="WORD",
-                        help="one of: %s (see the glossary)" % ", ".join(STATUS_CHOICES))
+                        help="one of: %s (docs: Words)" % ", ".join(STATUS_CHOICES))
     parser.add_argument("--handler", metavar="PATH", help="tasks of this handler")
     parser.add_argument("--queue", type=queue_name, metavar="NAME", help="tasks of this queue")
     parser.add_argument("--error-code", metavar="CODE",
@@ -150,9 +150,10 @@ def task_filters(args):
 
 
 def bulk(queue, verb, args):
-    """``retry`` / ``cancel`` of the tasks named by id, matched by the filters, or both (the
-    named ones that match). One id and no filter: the single-task verb (its refusal is the
-    command's error, exit 2). Else every task, retries in batches, with a progress line on
+    """``retry`` / ``cancel`` / ``delete`` of the tasks named by id, matched by the filters,
+    or both (the named ones that match). One id and no filter: the single-task verb (its
+    refusal is the command's error, exit 2). Else every task, retries and deletes in
+    batches, with a progress line on
     a terminal; prints how many were changed and why the others were not. Exit 0, or 1
     when a named id has no task (each one said on stderr). ``--json``: what was done, as
     one object."""
@@ -163,7 +164,7 @@ def bulk(queue, verb, args):
     if not args.ids and not filters:
         raise InputError("%s: give task ids, or filters (--status, --handler, --queue, "
                          "--error-code, --since, --until, --periodic)" % verb)
-    if len(args.ids) == 1 and not filters:
+    if len(args.ids) == 1 and not filters and verb != "delete":
         task_id = args.ids[0]
         action = control.retry if verb == "retry" else control.cancel
         stopping = action(queue.store, task_id)
@@ -187,6 +188,9 @@ def bulk(queue, verb, args):
     show = Progress(verb, len(ids))
     if verb == "retry":
         outcome = control.retry_many(queue.store, ids, progress=show)
+    elif verb == "delete":
+        from ..runs import rotation
+        outcome = rotation.delete_finished(queue.store, ids, progress=show)
     else:
         outcome = {}
         for task_id in ids:
@@ -206,15 +210,16 @@ def bulk(queue, verb, args):
         print(json.dumps({"changed": changed, "refused": refused, "missing": missing},
                          indent=2))
     else:
-        done = "re-armed" if verb == "retry" else "cancelled (or asked to stop)"
+        done = BULK_DONE[verb]
         print("%s %d of %d task(s)" % (done, len(changed), len(ids) + len(missing)))
         for reason in refused:
-            print("  not %s: %s" % ("re-armed" if verb == "retry" else "cancelled", reason))
+            print("  not %s: %s" % (done.split()[0], reason))
     for task_id in missing:
         print("taskrunner: %s: no task with id %d" % (verb, task_id), file=sys.stderr)
     return EXIT_NOT_SUCCESS if missing else EXIT_SUCCESS
 
 
+BULK_DONE = {"retry": "re-armed", "cancel": "cancelled (or asked to stop)", "delete": "deleted"}
 BULK_PROGRESS = 200     # tasks between two progress lines of a bulk cancel (retry: a batch)
 
 

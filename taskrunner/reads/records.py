@@ -19,7 +19,7 @@ from ..store.models import (CANCELLED, CRASHED, ERROR, FAILED, RUNNING, SCHEDULE
 
 # The words a task list is filtered by, everywhere (API, CLI, dashboard): its latest run's
 # status, and three views of failure: retrying (failed, a run will come), given-up
-# (failed max_retries times in a row) and failed (either). docs/reference/glossary.md.
+# (failed max_retries times in a row) and failed (either). docs/index.md, "Words".
 TASK_STATUSES = (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED, ERROR, TIMEOUT,
                  "failed")
 STOPPING = "stopping"       # the state of a running runner that is winding down its run

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from ..runs import control, queues
+from ..runs import control, queues, rotation
 from ..periodic import scheduler as periodic
 from ..reads import summaries
 from ..errors import InputError, StateError, TaskNotFound
@@ -43,7 +43,7 @@ PAGES: Dict[str, Tuple[str, Callable[..., str], Optional[str]]] = {
     "/periodic": ("Periodic tasks", pages.periodic, None),
 }
 TASK_PATH = re.compile(r"^/tasks/([0-9]{1,18})$")
-TASK_ACTION = re.compile(r"^/tasks/([0-9]{1,18})/(retry|cancel)$")
+TASK_ACTION = re.compile(r"^/tasks/([0-9]{1,18})/(retry|cancel|delete)$")
 
 Response = Tuple[str, List[Tuple[str, str]], bytes]
 
@@ -147,6 +147,16 @@ class Dashboard:
         match = TASK_ACTION.match(path)
         if match:
             task_id, verb = int(match.group(1)), match.group(2)
+            if verb == "delete":
+                if form.get("confirm") != "yes":
+                    return _html(page("Confirm: delete task %d" % task_id, path,
+                                      pages.confirm_delete(self.view, task_id),
+                                      read_only=self.read_only))
+                refused = rotation.delete_finished(self.store, [task_id])[task_id]
+                if refused is None:
+                    return _redirect("/tasks?" + urlencode(
+                        {"notice": "task %d deleted" % task_id}))
+                return _redirect("/tasks/%d?%s" % (task_id, urlencode({"notice": str(refused)})))
             try:
                 if verb == "retry":
                     control.retry(self.store, task_id)
@@ -186,7 +196,7 @@ class Dashboard:
 
     def bulk(self, path: str, form: Dict[str, str]) -> Response:
         action = form.get("action")
-        if action not in ("retry", "cancel"):
+        if action not in ("retry", "cancel", "delete"):
             raise InputError("unknown bulk action %r" % action)
         ids = summaries.matching_task_ids(self.store, pages.task_filter(self.store, form),
                                                 BULK_LIMIT)
@@ -195,8 +205,9 @@ class Dashboard:
                               pages.confirm_bulk(self.view, form, len(ids), BULK_LIMIT),
                               read_only=self.read_only))
         done = refused = stopping = 0
-        if action == "retry":       # in batches: one transaction per batch, not per task
-            refusals = sum(1 for exc in control.retry_many(self.store, ids).values() if exc)
+        if action in ("retry", "delete"):   # in batches: a transaction per batch, not per task
+            verb = control.retry_many if action == "retry" else rotation.delete_finished
+            refusals = sum(1 for exc in verb(self.store, ids).values() if exc)
             done, refused, ids = len(ids) - refusals, refusals, []
         for task_id in ids:
             try:

@@ -222,6 +222,8 @@ def tasks(view: View, params: Mapping[str, str]) -> str:
         bulk = ('<div class="bulk">Every task matching this filter: %s %s</div>'
                 % (view.action("/tasks/bulk", "Retry all…", dict(fields, action="retry")),
                    view.action("/tasks/bulk", "Cancel all…", dict(fields, action="cancel"),
+                               css="danger") + " " +
+                   view.action("/tasks/bulk", "Delete all ended…", dict(fields, action="delete"),
                                css="danger")))
     return '%s%s%s<p class="pager">%s %s</p>' % (
         _filter_form(params), bulk,
@@ -240,10 +242,19 @@ def confirm_bulk(view: View, params: Mapping[str, str], count: int, limit: int) 
             '</p><p>Tasks that cannot be %s (wrong state) are left as they are.</p>%s '
             '<a href="/tasks%s">Back</a></section>' % (
                 e(action.capitalize()), count, e(capped), e(described),
-                "retried" if action == "retry" else "cancelled",
+                {"retry": "retried", "cancel": "cancelled",
+                 "delete": "deleted (not ended)"}[action],
                 view.action("/tasks/bulk", "Yes, %s %d task(s)" % (action, count), fields,
-                            css="danger" if action == "cancel" else ""),
+                            css="" if action == "retry" else "danger"),
                 e(query(**filter_params(params)))))
+
+
+def confirm_delete(view: View, task_id: int) -> str:
+    return ('<section class="card confirm"><p>Delete task %d and its runs? This cannot be '
+            'undone; a task that has not ended is left as it is.</p>%s <a href="/tasks/%d">'
+            'Back</a></section>' % (task_id, view.action(
+                "/tasks/%d/delete" % task_id, "Yes, delete task %d" % task_id,
+                {"confirm": "yes"}, css="danger"), task_id))
 
 
 def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
@@ -296,6 +307,8 @@ def task(view: View, params: Mapping[str, str], task_id: int) -> str:
         actions += view.action("/tasks/%d/retry" % t.id, "Retry")
     if t.finished_on is None and t.status != "cancelled":
         actions += view.action("/tasks/%d/cancel" % t.id, "Cancel", css="danger")
+    if t.finished_on is not None:
+        actions += view.action("/tasks/%d/delete" % t.id, "Delete…", css="danger")
     return ('<p class="actions">%s</p><div id="task-live" data-live>%s</div><h2>Data</h2>%s'
             % (actions, task_live(view, params, task_id), pretty(t.data)))
 
