@@ -105,3 +105,34 @@ def test_delete_from_the_dashboard_asks_first(sqlite_db):
     finally:
         served.stop()
         queue.close()
+
+
+def test_a_task_page_shows_the_latest_traceback_and_collapses_repeats(sqlite_db):
+    queue = sqlite_db.queue()
+    task_id = queue.add_task("sample_handlers.FailTimes", {"fail": 4}, max_retries=6)
+    start = utc(utcnow())
+    for hour in range(5):
+        queue.run_pending(now=start + timedelta(hours=hour))
+    runs = queue.runs_of(task_id)
+    assert [r.status for r in runs] == ["error"] * 4 + ["success"]
+    served = Served(queue.store)
+    try:
+        body = fetch(served.url + "/tasks/%d" % task_id)[1]
+        # Each attempt's message differs ("attempt N fails"): four tracebacks, none repeated.
+        assert len(re.findall(r'<pre class="traceback">', body)) == 4
+    finally:
+        served.stop()
+    same = queue.add_task("taskrunner.handlers.Fail", {"code": "Down"}, max_retries=5)
+    for hour in range(6):
+        queue.run_pending(now=start + timedelta(hours=hour))
+    served = Served(queue.store)
+    try:
+        body = fetch(served.url + "/tasks/%d" % same)[1]
+        shown = re.findall(r'<section class="card" id="traceback-(\d+)">', body)
+        latest = queue.runs_of(same)[-1]
+        assert shown == [str(latest.id)], body
+        assert "The same traceback in 4 earlier runs: attempts 1, 2, 3, 4." in body
+        assert body.count('href="#traceback-%d"' % latest.id) == 5
+    finally:
+        served.stop()
+        queue.close()

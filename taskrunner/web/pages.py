@@ -275,18 +275,18 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
              ("Last error", '<span class="err">%s</span> %s' % (
                  e(t.last_error_code), e(t.last_error_message)) if t.last_error_code else "")]
     facts_html = "".join("<dt>%s</dt><dd>%s</dd>" % (k, v) for k, v in facts if v)
-    rows, tracebacks = [], []
+    rows = []
+    # Newest first: the latest run with a traceback shows it; older runs with the same one
+    # are listed under it (a task retried 20 times for one cause shows it once).
+    shown: Dict[str, list] = OrderedDict()
     for r in reversed(runs):
         error = ""
         if r.error_code:
             error = '<span class="err">%s</span><pre class="error">%s</pre>' % (
                 e(r.error_code), e(r.error_message))
         if r.traceback:
-            error += '<a href="#traceback-%d">traceback ↓</a>' % r.id
-            tracebacks.append('<section class="card" id="traceback-%d"><h3>Run %d (attempt %d)'
-                              ': <span class="err">%s</span></h3><pre class="traceback">%s'
-                              '</pre></section>' % (r.id, r.id, r.attempt, e(r.error_code),
-                                                    e(r.traceback)))
+            shown.setdefault(r.traceback, []).append(r)
+            error += '<a href="#traceback-%d">traceback ↓</a>' % shown[r.traceback][0].id
         # A running run (live results, progress) asked to stop by a cancel shows as stopping.
         shown_run = reads.STOPPING if r.status == "running" and r.cancel_requested_on \
             else r.status
@@ -294,6 +294,17 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
                      progress(r.percent_completed), when(r.created_on), when(r.started_on),
                      when(r.finished_on), span(r.duration),
                      pretty(r.results) if r.results is not None else "", error])
+    tracebacks = []
+    for text, same in shown.items():
+        latest = same[0]
+        repeats = ('<p class="muted">The same traceback in %d earlier run%s: attempt%s %s.</p>'
+                   % (len(same) - 1, "" if len(same) == 2 else "s", "" if len(same) == 2
+                      else "s", ", ".join("%d" % r.attempt for r in reversed(same[1:])))
+                   if len(same) > 1 else "")
+        tracebacks.append('<section class="card" id="traceback-%d"><h3>Run %d (attempt %d): '
+                          '<span class="err">%s</span></h3><pre class="traceback">%s</pre>%s'
+                          '</section>' % (latest.id, latest.id, latest.attempt,
+                                          e(latest.error_code), e(text), repeats))
     return ('<dl class="facts">%s</dl><h2>Runs</h2>%s%s' % (facts_html, table(
         ["Attempt", "Run", "Status", "Runner", "Progress", "Created", "Started", "Finished",
          "Duration", "Results", "Error"], rows, "no run yet", css="runs"),
