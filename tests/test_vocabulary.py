@@ -127,3 +127,5 @@ def test_tables_fit_120_columns_and_show_local_times_with_the_zone_once(sqlite_d
     shown = ok(taskrunner("show", str(failed), url=url))
     assert not re.search(r"\dT\d\d:", shown) and shown.count("times are local:") == 1, shown
     assert ok(taskrunner("tasks", url=url)).count("times are local:") == 1
+    berlin = ok(taskrunner("tasks", url=url, env={"TZ": "Europe/Berlin"}))
+    assert re.search(r"times are local: CES?T \(UTC\+[12]\)$", berlin), berlin

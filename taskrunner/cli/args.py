@@ -110,10 +110,15 @@ def _cut(text, width):
 
 
 def zone_note():
-    """The zone of every time a table shows: "times are local: CET (UTC+01:00)"."""
+    """The zone of every time a table shows: "times are local: CET (UTC+1)"."""
     local = datetime.now().astimezone()
-    offset = local.strftime("%z")
-    return "times are local: %s (UTC%s:%s)" % (local.tzname(), offset[:3], offset[3:])
+    minutes = int(local.utcoffset().total_seconds()) // 60
+    if not minutes:
+        return "times are local: %s" % ("UTC" if local.tzname() in ("UTC", "GMT") else
+                                        "%s (UTC)" % local.tzname())
+    hours, rest = divmod(abs(minutes), 60)
+    offset = "%s%d%s" % ("-" if minutes < 0 else "+", hours, ":%02d" % rest if rest else "")
+    return "times are local: %s (UTC%s)" % (local.tzname(), offset)
 
 
 def add_wide(parser):
