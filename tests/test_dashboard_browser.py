@@ -342,3 +342,40 @@ def test_the_periodic_table_fits_1280_px(browser, site):
         assert fits[0] <= fits[1] and fits[2] <= fits[3], fits
     finally:
         browser.set_window_size(1400, 1000)
+
+
+@pytest.fixture
+def kolkata_browser():
+    """A browser whose zone is Asia/Kolkata (UTC+5:30, no daylight saving)."""
+    reason = _missing()
+    if reason:
+        if databases_required():
+            pytest.fail(reason + " (required in CI)")
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", "--window-size=1400,1000", "--no-proxy-server"):
+        options.add_argument(argument)
+    env = dict(os.environ, TZ="Asia/Kolkata")
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER, env=env), options=options)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def test_times_are_shown_in_the_viewers_zone_said_once(kolkata_browser, site):
+    from datetime import datetime, timezone
+    queue = site.queue
+    at = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    task_id = queue.add_task("taskrunner.handlers.Echo", scheduled_on=at)
+    for path in ("/tasks", "/tasks/%d" % task_id):
+        kolkata_browser.get(site.url + path)
+        texts = [t.text for t in by_css(kolkata_browser, "main time")]
+        assert "2030-01-02 08:34:05" in texts, (path, texts)        # 03:04:05 UTC + 5:30
+        zone = by_css(kolkata_browser, "#zone")[0].text
+        assert "Kolkata" in zone or "Calcutta" in zone, zone
+        headers = " ".join(th.text for th in by_css(kolkata_browser, "main th"))
+        assert "UTC" not in headers, headers

@@ -13,6 +13,7 @@ header nav { display: flex; flex-wrap: wrap; gap: 2px 14px; }
 header nav a { color: #c9d2e3; text-decoration: none; padding: 4px 0; white-space: nowrap; }
 header nav a.active, header nav a:hover { color: #fff; border-bottom: 2px solid var(--accent); }
 header .refreshed { margin-left: auto; color: #8d97aa; font-size: 12px; }
+header .zone { color: #8d97aa; font-size: 12px; }
 .badge { background: #f2994a; color: #1d2330; border-radius: 4px; padding: 1px 6px;
          font-size: 12px; }
 main { padding: 16px 24px 40px; max-width: 1400px; }
@@ -101,13 +102,31 @@ code.wrap { white-space: normal; }
 JS = """
 (function () {
   'use strict';
+  // Times: the server writes UTC; shown in the viewer's zone, said once in the header.
+  function pad(n) { return (n < 10 ? '0' : '') + n; }
+  function localize(root) {
+    var today = new Date().toDateString();
+    root.querySelectorAll('time[datetime]').forEach(function (element) {
+      var at = new Date(element.getAttribute('datetime'));
+      if (isNaN(at.getTime())) { return; }
+      var clock = pad(at.getHours()) + ':' + pad(at.getMinutes()) + ':' + pad(at.getSeconds());
+      element.title = element.getAttribute('datetime');
+      element.textContent = at.toDateString() === today ? clock : at.getFullYear() + '-' +
+        pad(at.getMonth() + 1) + '-' + pad(at.getDate()) + ' ' + clock;
+    });
+  }
+  var zone = document.getElementById('zone');
+  if (zone && window.Intl) {
+    zone.textContent = 'times in ' + Intl.DateTimeFormat().resolvedOptions().timeZone;
+  }
+  localize(document);
   var url = document.body.getAttribute('data-parts');
   var stamp = document.getElementById('refreshed');
   if (!url) { return; }
   function swap(parts) {
     Object.keys(parts).forEach(function (id) {
       var element = document.getElementById(id);
-      if (element) { element.innerHTML = parts[id]; }
+      if (element) { element.innerHTML = parts[id]; localize(element); }
     });
     if (stamp) { stamp.textContent = 'live · updated ' + new Date().toLocaleTimeString(); }
     document.body.setAttribute('data-refreshes',

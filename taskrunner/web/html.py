@@ -29,7 +29,8 @@ def now() -> datetime:
 
 
 def when(value: Optional[datetime]) -> str:
-    """A time as UTC text in a <time> element ('' for none)."""
+    """A time in a <time> element ('' for none): UTC text, which the page's script turns
+    into the viewer's local time (the zone said once, in the header)."""
     if value is None:
         return ""
     return '<time datetime="%s">%s</time>' % (e(value.isoformat()),
@@ -122,7 +123,8 @@ def page(title: str, path: str, body: str, notice: Optional[str] = None,
             "<link rel=\"stylesheet\" href=\"/static/app.css\">"
             "<script src=\"/static/app.js\" defer></script></head>"
             "<body%s><header><span class=\"brand\">taskrunner</span><nav>%s</nav>%s"
-            "<span class=\"refreshed\" id=\"refreshed\"></span></header>"
+            "<span class=\"refreshed\" id=\"refreshed\"></span>"
+            "<span class=\"zone\" id=\"zone\">times in UTC</span></header>"
             "<main><h1>%s</h1>%s%s</main></body></html>"
             % (e(title), live, nav, badge, e(title), flash, body))
 

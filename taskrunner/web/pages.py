@@ -120,7 +120,7 @@ def overview(view: View, params: Mapping[str, str]) -> str:
              when(p.nextrun), e(ago(p.nextrun, at))] for p in due[:10]]
     return ('<div id="overview-live" data-live>%s</div><section class="card"><h2>Next periodic '
             'tasks due</h2>%s</section>' % (overview_live(view, params), table(
-                ["Periodic task", "Timer", "Next due (UTC)", ""], rows,
+                ["Periodic task", "Timer", "Next due", ""], rows,
                 "no enabled periodic task is due")))
 
 
@@ -227,8 +227,8 @@ def tasks(view: View, params: Mapping[str, str]) -> str:
                                css="danger")))
     return '%s%s%s<p class="pager">%s %s</p>' % (
         _filter_form(params), bulk,
-        table(["Task", "Handler", "Queue", "Status", "Failures", "Runs", "Scheduled (UTC)",
-               "Finished (UTC)", "Error"], rows, "no task matches this filter", css="tasks"),
+        table(["Task", "Handler", "Queue", "Status", "Failures", "Runs", "Scheduled",
+               "Finished", "Error"], rows, "no task matches this filter", css="tasks"),
         newest, more)
 
 
@@ -401,7 +401,7 @@ def periodic(view: View, params: Mapping[str, str]) -> str:
     form = ('<form method="get" action="/periodic" class="filters" id="periodic-filters">'
             '<label>Group <select name="group">%s</select></label><button type="submit">'
             'Filter</button> <a href="/periodic">clear</a></form>' % options)
-    return form + table(["Name", "Group", "Timer", "Next due (UTC)", "Last run (UTC)",
+    return form + table(["Name", "Group", "Timer", "Next due", "Last run",
                          "Failures in a row", "Runs", ""],
                         rows, "no periodic task" + (" in group %s" % group if group else ""),
                         css="periodic")
