@@ -77,6 +77,8 @@ def test_delete_removes_ended_tasks_and_their_runs_by_id_or_filter(database):
     assert queue.store.Run.select().where(queue.store.Run.task_id.in_(done)).count() == 0
     queue.close()
     usage_error(taskrunner("delete", url=url), "give task ids, or filters")
+    usage_error(taskrunner("delete", str(live), url=url), "task %d has not ended" % live)
+    usage_error(taskrunner("delete", "99999", url=url), "no task with id 99999")
 
 
 def test_delete_from_the_dashboard_asks_first(sqlite_db):

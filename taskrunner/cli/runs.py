@@ -180,6 +180,8 @@ def bulk(queue, verb, args):
     ids = list(dict.fromkeys(args.ids))
     existing = set(reads.existing_task_ids(queue.store, ids))
     missing = [i for i in ids if i not in existing]
+    if len(args.ids) == 1 and not filters and missing:
+        raise TaskNotFound("no task with id %d" % missing[0])
     if filters:        # with ids too: those of them that match
         matched = set(reads.task_ids(queue.store, **filters))
         ids = [i for i in ids if i in matched] if ids else sorted(matched)
@@ -202,6 +204,8 @@ def bulk(queue, verb, args):
             if len(outcome) % BULK_PROGRESS == 0:
                 show(len(outcome))
     show.end(len(outcome))
+    if len(args.ids) == 1 and not filters and outcome.get(args.ids[0]) is not None:
+        raise outcome[args.ids[0]]      # one task refused: nothing changed, as retry ID does
     changed = [i for i, exc in outcome.items() if exc is None]
     missing += [i for i, exc in outcome.items() if isinstance(exc, TaskNotFound)]
     refused = [str(exc) for exc in outcome.values()
