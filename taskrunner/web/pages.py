@@ -278,15 +278,15 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
     rows = []
     # Newest first: the latest run with a traceback shows it; older runs with the same one
     # are listed under it (a task retried 20 times for one cause shows it once).
-    shown: Dict[str, list] = OrderedDict()
+    by_traceback: Dict[str, list] = OrderedDict()
     for r in reversed(runs):
         error = ""
         if r.error_code:
             error = '<span class="err">%s</span><pre class="error">%s</pre>' % (
                 e(r.error_code), e(r.error_message))
         if r.traceback:
-            shown.setdefault(r.traceback, []).append(r)
-            error += '<a href="#traceback-%d">traceback ↓</a>' % shown[r.traceback][0].id
+            by_traceback.setdefault(r.traceback, []).append(r)
+            error += '<a href="#traceback-%d">traceback ↓</a>' % by_traceback[r.traceback][0].id
         # A running run (live results, progress) asked to stop by a cancel shows as stopping.
         shown_run = reads.STOPPING if r.status == "running" and r.cancel_requested_on \
             else r.status
@@ -295,7 +295,7 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
                      when(r.finished_on), span(r.duration),
                      pretty(r.results) if r.results is not None else "", error])
     tracebacks = []
-    for text, same in shown.items():
+    for text, same in by_traceback.items():
         latest = same[0]
         repeats = ('<p class="muted">The same traceback in %d earlier run%s: attempt%s %s.</p>'
                    % (len(same) - 1, "" if len(same) == 2 else "s", "" if len(same) == 2
