@@ -92,10 +92,10 @@ class TaskQueue:
 
     def add_task(self, handler: str, data: Any = None, *,
                  scheduled_on: Optional[datetime] = None, max_retries: Optional[int] = None,
-                 priority: int = 0, run_timeout: Optional[float] = None,
+                 priority: int = 0, run_timeout: Union[float, str, None] = None,
                  unique_key: Optional[str] = None, queued_by: Optional[str] = None,
-                 max_runtime: Optional[float] = None,
-                 retry_backoff: Optional[float] = None, queue: Optional[str] = None,
+                 max_runtime: Union[float, str, None] = None,
+                 retry_backoff: Union[float, str, None] = None, queue: Optional[str] = None,
                  concurrency_key: Optional[str] = None,
                  concurrency_limit: Optional[int] = None, connection: Any = None) -> int:
         """Queue one task and return its id. `scheduled_on` is an aware datetime (a naive
@@ -104,6 +104,8 @@ class TaskQueue:
         handler class's ``queue`` attribute, else ``default``. With `concurrency_key`, at
         most `concurrency_limit` (default 1) runs of the tasks sharing the key are live at
         once, on all hosts; such a task's run is created by the next pass of the queue.
+        `run_timeout`, `max_runtime` and `retry_backoff` are seconds or spans as the config
+        writes them (``"5min"``); `retry_backoff` may be 0 (retry at once).
 
         `connection`: the application's open DB-API connection (sqlite3, psycopg, PyMySQL;
         or a SQLAlchemy ``Connection`` / Django ``connection``) to this queue's database:
@@ -142,14 +144,18 @@ class TaskQueue:
 
     def tasks(self, status: Optional[str] = None, limit: Optional[int] = 100, offset: int = 0,
               handler: Optional[str] = None, since: Optional[datetime] = None,
-              until: Optional[datetime] = None, periodic_task: Optional[str] = None
+              until: Optional[datetime] = None, periodic_task: Optional[str] = None,
+              queue: Optional[str] = None, error_code: Optional[str] = None
               ) -> List[TaskInfo]:
         """Tasks, most recent first, `offset` skipped, at most `limit` (None: all). Filters:
-        `status` a run status or ``given-up``, `handler`, `since` / `until` (aware) around
-        queued_on, `periodic_task` the name of the periodic task that submitted them."""
+        `status` one of ``scheduled running retrying given-up success cancelled error
+        timeout failed`` (docs, "Words", says what each means; the CLI and the dashboard
+        take the same words), `handler`, `since` / `until` (aware) around queued_on,
+        `periodic_task` the name of the periodic task that submitted them, `queue`,
+        `error_code` the code of their last error."""
         return reads.list_tasks(self.store, status=status, limit=limit, offset=offset,
                                 handler=handler, since=since, until=until,
-                                periodic=periodic_task)
+                                periodic=periodic_task, queue=queue, error_code=error_code)
 
     # -- the operator's verbs -----------------------------------------------------------------
 
@@ -165,14 +171,20 @@ class TaskQueue:
         not cancelled yet: `wait` for it), or None when the task is cancelled now."""
         return control.cancel(self.store, task_id)
 
-    def pause_queue(self, name: str) -> bool:
+    def pause_queue(self, name: str, create: bool = False) -> bool:
         """Stop claiming from the queue `name` on every host (within one check_interval);
-        runs in flight finish. Returns False when it was paused already."""
-        return bool(queues.set_paused(self.store, name, True))
+        runs in flight finish. Returns False when it was paused already. A queue no task
+        used and the config does not name is refused (InputError), unless `create`."""
+        return bool(queues.set_paused(self.store, name, True, create=create))
 
     def resume_queue(self, name: str) -> bool:
         """Claim from the queue `name` again. Returns False when it was not paused."""
         return bool(queues.set_paused(self.store, name, False))
+
+    def remove_queue(self, name: str) -> None:
+        """Forget the queue `name`; refused (InputError) while a task is in it or the config
+        names it."""
+        queues.remove_queue(self.store, name)
 
     def queues(self) -> List[QueueInfo]:
         """Every queue: paused, limit, runs scheduled and running, runners, lag."""

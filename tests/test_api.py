@@ -19,8 +19,9 @@ from conftest import REPO_DIR, TESTS_DIR, Database, ok, process_env, taskrunner
 ECHO = "taskrunner.handlers.Echo"
 PUBLIC_METHODS = {"add_task", "add_tasks", "get_task", "runs_of", "tasks", "retry", "cancel",
                   "wait", "process_queue", "rotate", "run_pending", "migrate", "close",
-                  "pause_queue", "resume_queue", "queues", "wake", "add_task_async",
-                  "add_tasks_async", "get_task_async", "runs_of_async", "wait_async"}
+                  "pause_queue", "resume_queue", "remove_queue", "queues", "wake",
+                  "add_task_async", "add_tasks_async", "get_task_async", "runs_of_async",
+                  "wait_async"}
 
 
 def test_the_facade_offers_the_user_api_and_nothing_of_the_engine():

@@ -87,6 +87,7 @@ def test_check_json_masks_the_password_of_a_postgresql_url(pg_db, tmp_path):
 def test_queue_pause_and_resume_json_say_the_state_and_whether_it_changed(sqlite_db):
     url = sqlite_db.url
     queue = sqlite_db.queue()
+    queue.add_task("taskrunner.handlers.Echo", queue="reports")
     try:
         def paused():
             return Queue.get(Queue.name == "reports").paused

@@ -259,8 +259,10 @@ def test_task_page_shows_the_full_traceback_of_each_failed_run(sqlite_db):
     served = Served(queue.store)
     try:
         body = fetch(served.url + "/tasks/%d" % task_id)[1]
+        # Two runs, one cause: the latest traceback shown, the earlier one said to be the same.
         shown = re.findall(r'<pre class="traceback">(.*?)</pre>', body, re.S)
-        assert len(shown) == 2, body
+        assert len(shown) == 1, body
+        assert "The same traceback in 1 earlier run: attempt 1." in body
         for text in shown:
             assert "Traceback (most recent call last)" in text and "&lt;b&gt;no&lt;/b&gt;" in text
             assert "raise TaskError" in text
@@ -452,7 +454,9 @@ def test_metrics_per_queue(database):
     assert samples[("taskrunner_queue_running", (("queue", "mail"),))] == 0
     assert samples[("taskrunner_queue_paused", (("queue", "mail"),))] == 1
     assert samples[("taskrunner_queue_paused", (("queue", "default"),))] == 0
-    assert samples[("taskrunner_queue_lag_by_queue_seconds", (("queue", "mail"),))] >= 25
+    # Paused on purpose: not late (a lag alert must not fire), and how long it is paused.
+    assert samples[("taskrunner_queue_lag_by_queue_seconds", (("queue", "mail"),))] == 0
+    assert samples[("taskrunner_queue_paused_seconds", (("queue", "mail"),))] >= 0
 
 
 # -- who reaches the dashboard; bad input (issue 31) -----------------------------------------

@@ -309,3 +309,104 @@ def test_a_dns_rebinding_page_reads_nothing_and_changes_nothing(browser, site):
     assert [status for status, _ in answers] == [403, 403], answers
     assert "s3-data" not in answers[0][1]
     assert not any(q.paused for q in reads.queue_stats(queue.store))
+
+
+OVERFLOW = """
+var width = window.innerWidth, problems = [];
+if (document.documentElement.scrollWidth > width) {
+  problems.push('page scrolls sideways: ' + document.documentElement.scrollWidth);
+}
+document.querySelectorAll('header nav a').forEach(function (a) {
+  var r = a.getBoundingClientRect();
+  if (r.width === 0 || r.right > width || r.left < 0) { problems.push('nav cut: ' + a.textContent); }
+});
+document.querySelectorAll('main table').forEach(function (t) {
+  var box = t.parentElement, r = box.getBoundingClientRect();
+  if (r.right > width + 1) { problems.push('table box cut: ' + t.className); }
+  if (t.scrollWidth > box.clientWidth + 1 && getComputedStyle(box).overflowX !== 'auto') {
+    problems.push('table does not scroll in its box: ' + t.className);
+  }
+});
+return problems;
+"""
+
+
+def test_every_page_is_usable_on_a_390_px_phone(browser, site, tmp_path):
+    """Nothing cut off: the navigation wraps, a wide table scrolls inside its own box."""
+    queue = site.queue
+    ids = history(queue)
+    from taskrunner.periodic import scheduler as periodic
+    periodic.add_periodic(queue.store, "nightly-report", "taskrunner.handlers.Echo",
+                          "*-*-* 02:00", group="reports", subject="The nightly sales report")
+    queue.add_task("taskrunner.handlers.Echo", queue="mail")
+    browser.set_window_size(390, 844)
+    try:
+        pages = dict(PAGES, task="/tasks/%d" % ids["failed"])
+        for name, path in pages.items():
+            browser.get(site.url + path)
+            assert by_css(browser, "main h1"), name
+            assert browser.execute_script(OVERFLOW) == [], name
+            directory = os.environ.get("TASKRUNNER_SCREENSHOTS") or str(tmp_path)
+            browser.save_screenshot(os.path.join(directory, "phone-%s.png" % name))
+    finally:
+        browser.set_window_size(1400, 1000)
+
+
+def test_the_periodic_table_fits_1280_px(browser, site):
+    queue = site.queue
+    from taskrunner.periodic import scheduler as periodic
+    earlier = utcnow() - timedelta(minutes=2)
+    periodic.add_periodic(queue.store, "nightly-report-for-every-tenant",
+                          "taskrunner.handlers.Echo", "Mon..Fri *-*-* 02:00:00 Europe/Berlin",
+                          group="reports", subject="The nightly sales report of each tenant")
+    periodic.add_periodic(queue.store, "flaky-sync", "taskrunner.handlers.Fail", "every 1min",
+                          group="chores", data={"code": "SyncFailed"}, now=earlier)
+    periodic.PeriodicScheduler(queue.store).run_pending()
+    queue.run_pending()
+    browser.set_window_size(1280, 900)
+    try:
+        browser.get(site.url + "/periodic")
+        fits = browser.execute_script(
+            "var t = document.querySelector('table.periodic');"
+            "return [t.scrollWidth, t.parentElement.clientWidth,"
+            " document.documentElement.scrollWidth, window.innerWidth];")
+        assert fits[0] <= fits[1] and fits[2] <= fits[3], fits
+    finally:
+        browser.set_window_size(1400, 1000)
+
+
+@pytest.fixture
+def kolkata_browser():
+    """A browser whose zone is Asia/Kolkata (UTC+5:30, no daylight saving)."""
+    reason = _missing()
+    if reason:
+        if databases_required():
+            pytest.fail(reason + " (required in CI)")
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", "--window-size=1400,1000", "--no-proxy-server"):
+        options.add_argument(argument)
+    env = dict(os.environ, TZ="Asia/Kolkata")
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER, env=env), options=options)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def test_times_are_shown_in_the_viewers_zone_said_once(kolkata_browser, site):
+    from datetime import datetime, timezone
+    queue = site.queue
+    at = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    task_id = queue.add_task("taskrunner.handlers.Echo", scheduled_on=at)
+    for path in ("/tasks", "/tasks/%d" % task_id):
+        kolkata_browser.get(site.url + path)
+        texts = [t.text for t in by_css(kolkata_browser, "main time")]
+        assert "2030-01-02 08:34:05" in texts, (path, texts)        # 03:04:05 UTC + 5:30
+        zone = by_css(kolkata_browser, "#zone")[0].text
+        assert "Kolkata" in zone or "Calcutta" in zone, zone
+        headers = " ".join(th.text for th in by_css(kolkata_browser, "main th"))
+        assert "UTC" not in headers, headers

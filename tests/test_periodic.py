@@ -649,7 +649,7 @@ def test_cli_periodic_add_and_list_show_the_schedule_and_the_outcomes(sqlite_db)
         failing["last_run"])
     assert Task.get_by_id(failing["last_task_id"]).last_status == ERROR
 
-    table = ok(taskrunner("periodic", "list", url=url)).splitlines()
+    table = ok(taskrunner("periodic", "list", "--wide", url=url)).splitlines()
     for header in ("NAME", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS", "FAILURES"):
         assert header in table[0]
     [line] = [l for l in table if l.startswith("failing ")]

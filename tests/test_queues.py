@@ -162,12 +162,13 @@ def test_a_paused_queue_is_not_claimed_from_until_resumed(database):
     mail = queue.add_task(ECHO, queue="mail")
     plain = queue.add_task(ECHO)
     assert queue.pause_queue("mail") is True and queue.pause_queue("mail") is False
-    assert queue.pause_queue("not-used-yet") is True      # may be paused before its first task
+    assert queue.pause_queue("not-used-yet", create=True) is True   # before its first task
     assert queue.run_pending() == 1
     assert queue.get_task(plain).status == "success"
     assert queue.get_task(mail).status == "scheduled"
     info = {q.name: q for q in queue.queues()}
-    assert info["mail"].paused and info["mail"].scheduled == 1 and info["mail"].lag >= 0
+    assert info["mail"].paused and info["mail"].scheduled == 1 and info["mail"].lag is None
+    assert info["mail"].paused_for >= 0
     assert not info["default"].paused and info["default"].lag is None
     assert queue.resume_queue("mail") is True and queue.resume_queue("mail") is False
     assert queue.run_pending() == 1
@@ -178,7 +179,8 @@ def test_a_paused_queue_is_not_claimed_from_until_resumed(database):
 def test_queue_commands(sqlite_db):
     import json
     url = sqlite_db.url
-    assert "paused" in taskrunner("queue", "pause", "mail", url=url, check=True).stdout
+    assert "paused" in taskrunner("queue", "pause", "mail", "--create", url=url,
+                                  check=True).stdout
     assert "already" in taskrunner("queue", "pause", "mail", url=url, check=True).stdout
     listed = json.loads(taskrunner("queue", "list", "--json", url=url, check=True).stdout)
     assert [(q["name"], q["paused"]) for q in listed] == [("default", False), ("mail", True)]

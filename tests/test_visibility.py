@@ -344,7 +344,7 @@ def test_statistics_of_a_periodic_task_in_periodic_list(database):
         1, 1, 0)
     assert stats["hourly"]["last_finish"].endswith("+00:00")
     assert stats["idle"]["runs"] == 0 and stats["idle"]["avg_duration"] is None
-    table = ok(taskrunner("periodic", "list", url=database.url)).splitlines()
+    table = ok(taskrunner("periodic", "list", "--wide", url=database.url)).splitlines()
     assert table[0].split()[-6:] == ["RUNS", "OK", "ERRORS", "CRASHES", "AVG", "P95"]
     [line] = [line for line in table if line.startswith("hourly ")]
     assert line.split()[-6:-2] == ["1", "0", "1", "0"]
@@ -422,8 +422,8 @@ def test_tasks_filters_offset_all_and_showing_n_of_m(database):
     url = database.url
     out = ok(taskrunner("tasks", "--handler", echo, "--limit", "2", url=url))
     assert [line.split()[0] for line in out.splitlines()[1:3]] == [str(ids[4]), str(ids[3])]
-    assert out.splitlines()[-1] == "showing 2 of 5 tasks (--offset, --limit or --all for the " \
-        "others)"
+    assert out.splitlines()[-1].startswith("showing 2 of 5 tasks (--offset, --limit or --all "
+                                           "for the others); times are local: ")
     out = ok(taskrunner("tasks", "--handler", echo, "--limit", "2", "--offset", "2", url=url))
     assert [line.split()[0] for line in out.splitlines()[1:3]] == [str(ids[2]), str(ids[1])]
     listed = json.loads(ok(taskrunner("tasks", "--all", "--json", url=url)))
@@ -440,7 +440,7 @@ def test_tasks_filters_offset_all_and_showing_n_of_m(database):
     retry_at = queue.get_task(fails[1]).next_run_on.astimezone()     # local, to the second
     assert retry_at.strftime("%H:%M:%S") in line and "KeyError: 'amount'" in line
     assert "+00:00" not in out                  # compact times in tables, ISO in --json
-    assert out.splitlines()[-1] == "showing 2 of 2 tasks"
+    assert out.splitlines()[-1].startswith("showing 2 of 2 tasks; times are local: ")
     queue.close()
 
 
@@ -470,7 +470,7 @@ def test_retry_and_cancel_many_by_ids_and_by_filter(database):
         "changed": [], "refused": ["task %d is success; only a failed or given-up task can be "
                                    "retried" % ok_id,
                                    "task %d is cancelled; only a failed or given-up task can "
-                                   "be retried" % failed[0]]}
+                                   "be retried" % failed[0]], "missing": []}
     late = enqueue_at(queue, "taskrunner.handlers.Echo", t0 + timedelta(days=1))
     assert json.loads(ok(taskrunner("cancel", str(late), "--json", url=url))) == {
         "task_id": late, "status": "cancelled", "run_id": None}

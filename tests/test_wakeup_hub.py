@@ -106,7 +106,7 @@ def test_a_busy_runner_holds_no_notifications(tmp_path, short_dir, request):
     database = Database("postgresql", tmp_path)
     request.addfinalizer(database.drop)
     queue = database.queue()
-    queue.pause_queue("parked")
+    queue.pause_queue("parked", create=True)
     overseer, log_path = _start_overseer(database, tmp_path, short_dir, limit=1)
     try:
         # Only the hub LISTENs, whatever the runner did while idle.

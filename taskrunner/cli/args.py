@@ -43,13 +43,20 @@ def json_arg(text):
         raise argparse.ArgumentTypeError("invalid JSON: nested too deeply") from None
 
 
-def seconds_arg(text):
+def span_arg(text):
+    """A positive duration written as the config writes one: seconds (``90``) or a span
+    (``5min``, ``1h 30min``)."""
+    from ..timespan import parse_timespan
     try:
-        value = float(text)
+        value = float(text)         # seconds, 1e3 included
     except ValueError:
-        value = -1
+        try:
+            value = parse_timespan(text)
+        except ValueError:
+            value = -1
     if not (0 < value < math.inf):  # also refuses nan
-        raise argparse.ArgumentTypeError("expected a positive number of seconds, got %r" % text)
+        raise argparse.ArgumentTypeError("expected a positive number of seconds or a time "
+                                         "span like '5min', got %r" % text)
     return value
 
 
@@ -73,11 +80,53 @@ def positive_int(text):
     return value
 
 
-def print_table(headers, rows):
-    rows = [["" if v is None else str(v) for v in row] for row in rows]
+TABLE_WIDTH = 120      # columns of a table unless --wide (a terminal, a 120-column log)
+
+
+def print_table(headers, rows, wide=False, zone=False):
+    """Columns padded to their widest cell; within TABLE_WIDTH unless `wide`: the widest
+    columns are cut (ending "..."), never below their header or 10 characters. `zone`: a
+    last line saying the zone of the times (`when`), once for the whole table."""
+    rows = [[one_line("" if v is None else v) for v in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    if not wide:
+        widths = _fitted(widths, [max(len(h), 10) for h in headers])
     for row in [headers] + rows:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+        print("  ".join(_cut(v, w).ljust(w) for v, w in zip(row, widths)).rstrip())
+    if zone:
+        print(zone_note())
+
+
+def _fitted(widths, floors):
+    widths = list(widths)
+    while sum(widths) + 2 * (len(widths) - 1) > TABLE_WIDTH:
+        widest = max(range(len(widths)), key=lambda i: widths[i] - floors[i])
+        if widths[widest] <= floors[widest]:
+            break
+        widths[widest] -= 1
+    return widths
+
+
+def _cut(text, width):
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def zone_note():
+    """The zone of every time a table shows: "times are local: CET (UTC+1)"."""
+    local = datetime.now().astimezone()
+    minutes = int(local.utcoffset().total_seconds()) // 60
+    if not minutes:
+        return "times are local: %s" % ("UTC" if local.tzname() in ("UTC", "GMT") else
+                                        "%s (UTC)" % local.tzname())
+    hours, rest = divmod(abs(minutes), 60)
+    offset = "%s%d%s" % ("-" if minutes < 0 else "+", hours, ":%02d" % rest if rest else "")
+    return "times are local: %s (UTC%s)" % (local.tzname(), offset)
+
+
+def add_wide(parser):
+    parser.add_argument("--wide", action="store_true",
+                        help="every column in full, however wide (default: %d columns)"
+                        % TABLE_WIDTH)
 
 
 def open_queue(args):

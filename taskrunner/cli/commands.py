@@ -11,9 +11,9 @@ import sys
 from datetime import datetime, timedelta, timezone
 
 from . import runs as cli_runs
-from .args import (iso_time, json_arg, masked_url, one_line, open_queue, positive_int, print_json,
-                   print_password_hash, print_table, queue_list, queue_name, seconds_arg,
-                   shown, task_id_arg)
+from .args import (add_wide, iso_time, json_arg, masked_url, one_line, open_queue, positive_int,
+                   print_json, print_password_hash, print_table, queue_list, queue_name, shown,
+                   span_arg, task_id_arg, zone_note)
 from .calendar import MAX_ITERATIONS, cmd_calendar, iterations
 from .periodic import add_periodic_parser
 from .runs import when
@@ -93,7 +93,7 @@ def cmd_add(args):
         try:
             scheduled_on = datetime.now(timezone.utc) + timedelta(seconds=args.delay)
         except OverflowError:
-            raise InputError("--in %g seconds is too far in the future" % args.delay) from None
+            raise InputError("--in %gs is too far in the future" % args.delay) from None
     from ..runs.enqueue import add_task_created
     task_id, created = add_task_created(
         open_queue(args).store, args.handler, data=args.data, scheduled_on=scheduled_on,
@@ -183,11 +183,11 @@ def cmd_run_event(args):
 
 def cmd_status(args):
     from ..fleet import leadership
-    from ..reads import records as reads
+    from ..reads import records as reads, summaries
     queue = open_queue(args)
     leases = leadership.leases(queue.store)
     rows = [r.to_json() for r in reads.running_runners(queue.store)]
-    counts = reads.task_counts(queue.store)
+    counts = summaries.status_counts(queue.store)     # the words of the dashboard and metrics
     figures = reads.health(queue.store)
     handlers = {name: stats.to_json() for name, stats in
                 sorted(reads.run_stats(queue.store, by="handler").items())}
@@ -202,14 +202,14 @@ def cmd_status(args):
         print("%s lease: %s" % (lease["name"], "held by %s %d on %s until %s (since %s)" % (
             lease["holder_kind"], lease["holder_id"], lease["host"], when(lease["expires_on"]),
             when(lease["taken_on"])) if lease["held"] else "not held"))
-    print("tasks: " + (", ".join("%s %d" % kv for kv in sorted(counts.items())) or "none"))
+    print("tasks: " + (", ".join("%s %d" % kv for kv in counts.items() if kv[1]) or "none"))
     print("failed tasks: %d retrying, %d given up" % (figures["tasks_retrying"],
                                                      figures["tasks_given_up"]))
     if handlers:
         print()
-        print_table(*cli_runs.stats_table("HANDLER", handlers))
+        print_table(*cli_runs.stats_table("HANDLER", handlers), wide=args.wide)
         print()
-    print_queues(queues)
+    print_queues(queues, wide=args.wide)
     if not rows:
         print("no runners running")
         return
@@ -218,7 +218,8 @@ def cmd_status(args):
                  [[r["id"], r["kind"], r["host"], r["pid"], r["state"],
                    run_column(r),
                    "%d%%" % r["progress"] if r["progress"] is not None else "-", r["rss_mb"],
-                   r["runs_done"], when(r["started_on"]), when(r["heartbeat_on"])] for r in rows])
+                   r["runs_done"], when(r["started_on"]), when(r["heartbeat_on"])] for r in rows],
+                wide=args.wide, zone=True)
 
 
 def run_column(runner):
@@ -242,13 +243,15 @@ def cmd_tasks(args):
         return
     print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "SCHEDULED", "NEXT RUN",
                   "FINISHED", "RESULT / ERROR"],
-                 [[t["id"], t["handler"], "given-up" if t["given_up"] else t["status"], t["runs"],
+                 [[t["id"], t["handler"], reads.state_word(t["status"], t["finished_on"]),
+                   t["runs"],
                    t["runs_failed"], when(t["scheduled_on"]), when(t["next_run_on"]),
                    when(t["finished_on"]),
-                   cli_runs.outcome_column(t)] for t in tasks])
+                   cli_runs.outcome_column(t)] for t in tasks], wide=args.wide)
     total = reads.count_tasks(queue.store, **filters)
-    print("showing %d of %d tasks%s" % (len(tasks), total, " (--offset, --limit or --all "
-                                         "for the others)" if len(tasks) < total else ""))
+    print("showing %d of %d tasks%s; %s" % (len(tasks), total, " (--offset, --limit or --all "
+                                             "for the others)" if len(tasks) < total else "",
+                                             zone_note()))
 
 
 def cmd_show(args):
@@ -273,7 +276,7 @@ def cmd_runs(args):
                    "%.3fs" % r["duration"] if r["duration"] is not None else None,
                    cli_runs.short(r["results"]),
                    "%s: %s" % (r["error_code"], r["error_message"]) if r["error_code"] else None]
-                  for r in runs])
+                  for r in runs], wide=args.wide, zone=True)
     cli_runs.print_tracebacks(runs)
 
 
@@ -283,11 +286,15 @@ def cmd_wait(args):
 
 
 def cmd_retry(args):
-    cli_runs.bulk(open_queue(args), "retry", args)
+    return cli_runs.bulk(open_queue(args), "retry", args)
 
 
 def cmd_cancel(args):
-    cli_runs.bulk(open_queue(args), "cancel", args)
+    return cli_runs.bulk(open_queue(args), "cancel", args)
+
+
+def cmd_delete(args):
+    return cli_runs.bulk(open_queue(args), "delete", args)
 
 
 def cmd_rotate(args):
@@ -368,13 +375,13 @@ def build_parser(hidden=()):
     p.add_argument("--data", type=json_arg, default=None, help="task data as JSON")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--at", type=iso_time, help="run at this ISO 8601 time (naive = local time)")
-    when.add_argument("--in", dest="delay", type=seconds_arg, metavar="SECONDS",
-                      help="run in this many seconds")
+    when.add_argument("--in", dest="delay", type=span_arg, metavar="SPAN",
+                      help="run after this span (seconds, or like '5min')")
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     p.add_argument("--max-retries", type=int, help="failed runs before giving up")
-    p.add_argument("--timeout", type=seconds_arg, metavar="SECONDS",
+    p.add_argument("--timeout", type=span_arg, metavar="SPAN",
                    help="run_timeout: a run with no update for this long is timed out")
-    p.add_argument("--max-runtime", type=seconds_arg, metavar="SECONDS",
+    p.add_argument("--max-runtime", type=span_arg, metavar="SPAN",
                    help="hard limit on one run's duration")
     p.add_argument("--unique-key", metavar="KEY",
                    help="if a live task holds KEY, add nothing and print its id")
@@ -408,6 +415,7 @@ def build_parser(hidden=()):
                    help="task-runner:OnProcess: " + WAIT_FOR_SLOT_HELP)
     p.add_argument("--json", action="store_true", help="print what the event did")
     p = command("status", cmd_status, "runners and task counts")
+    add_wide(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p = command("tasks", cmd_tasks, "list tasks, most recent first")
     cli_runs.add_task_filters(p, iso_time)
@@ -415,19 +423,24 @@ def build_parser(hidden=()):
     p.add_argument("--offset", type=cli_runs.non_negative_int, default=0,
                    help="skip this many of the most recent")
     p.add_argument("--all", action="store_true", help="every matching task (no --limit)")
+    add_wide(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     for name, func, text in (("show", cmd_show, "one task"), ("runs", cmd_runs, "a task's runs")):
         p = command(name, func, text)
         p.add_argument("id", type=task_id_arg)
+        if name == "runs":
+            add_wide(p)
         p.add_argument("--json", action="store_true", help="print JSON")
     p = command("wait", cmd_wait, "wait until a task is final and print its outcome; exit 0 "
                                   "success, 1 given up or cancelled, 3 timeout")
     p.add_argument("id", type=task_id_arg)
-    p.add_argument("--timeout", type=seconds_arg, metavar="SECONDS", help="give up after this long")
+    p.add_argument("--timeout", type=span_arg, metavar="SPAN", help="give up after this long")
     p.add_argument("--json", action="store_true", help="print JSON")
     for name, func, text in (("retry", cmd_retry, "re-arm failed or given-up tasks"),
                              ("cancel", cmd_cancel, "cancel tasks (a running one stops "
-                                                    "cooperatively)")):
+                                                    "cooperatively)"),
+                             ("delete", cmd_delete, "delete ended tasks (success, given up, "
+                                                    "cancelled) with their runs")):
         p = command(name, func, text + ", by id and/or filter")
         p.add_argument("ids", type=task_id_arg, nargs="*", metavar="ID")
         cli_runs.add_task_filters(p, iso_time)

@@ -1,6 +1,6 @@
 """``taskrunner periodic``: add, list, enable, disable and remove periodic tasks — one by
 name, or every one of an owner at once."""
-from .args import json_arg, open_queue, print_json, print_table, queue_name, shown
+from .args import add_wide, json_arg, open_queue, print_json, print_table, queue_name, shown
 from .runs import STATS_HEADERS, stats_cells, when
 from ..errors import InputError
 
@@ -24,6 +24,13 @@ def cmd_periodic(args):
         periodic.check_periodic(args.loaded_config, args.name, args.handler, args.timer,
                                 data=args.data, **options)
     store = open_queue(args).store
+    if args.action == "run":
+        task_id = periodic.run_now(store, args.name, owner=args.owner)
+        if args.json:
+            print_json({"name": args.name, "task_id": task_id})
+        else:
+            print("periodic task %r: task %d submitted" % (args.name, task_id))
+        return
     if args.action == "add":
         row = reads.periodic_info(periodic.add_periodic(
             store, args.name, args.handler, args.timer, data=args.data, **options))
@@ -38,13 +45,23 @@ def cmd_periodic(args):
         if args.json:
             print_json(rows)
             return
-        print_table(["NAME", "ENABLED", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS",
-                      "FAILURES", "DROPPED", "GROUP", "SUBJECT", "HANDLER"] + STATS_HEADERS,
-                     [[r["name"], "yes" if r["enabled"] else "no",
-                       " ".join(filter(None, (r["timer"], r["timezone"]))), when(r["nextrun"]),
-                       when(r["last_run"]), r["last_status"], r["consecutive_failures"],
-                       r["dropped"], r["group"], r["subject"], r["handler"]]
-                      + stats_cells(r["stats"]) for r in rows])
+        if args.wide:
+            print_table(["NAME", "ENABLED", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS",
+                         "FAILURES", "DROPPED", "GROUP", "SUBJECT", "HANDLER"] + STATS_HEADERS,
+                        [[r["name"], "yes" if r["enabled"] else "no",
+                          " ".join(filter(None, (r["timer"], r["timezone"]))),
+                          when(r["nextrun"]), when(r["last_run"]), r["last_status"],
+                          r["consecutive_failures"], r["dropped"], r["group"], r["subject"],
+                          r["handler"]] + stats_cells(r["stats"]) for r in rows],
+                        wide=True, zone=True)
+            return
+        # What an operator scans for; --wide (or --json) has the rest.
+        print_table(["NAME", "TIMER", "NEXT RUN", "LAST RUN", "LAST", "FAILS", "RUNS", "OK",
+                     "ERRORS", "P95"],
+                    [[r["name"], r["timer"], when(r["nextrun"]) if r["enabled"] else "disabled",
+                      when(r["last_run"]), r["last_status"], r["consecutive_failures"]]
+                     + [stats_cells(r["stats"])[i] for i in (0, 1, 2, 5)] for r in rows],
+                    zone=True)
     elif args.all:
         count = periodic.remove_owned(store, args.owner) if args.action == "remove" else \
             periodic.set_enabled_owned(store, args.owner, args.action == "enable")
@@ -99,9 +116,15 @@ def add_periodic_parser(command, parser_class):
                    help="the queue of its tasks (default: the handler's, else 'default')")
     a.add_argument("--json", action="store_true", help="print JSON")
     a = actions.add_parser("list", help="list periodic tasks")
-    a.add_argument("--owner")
-    a.add_argument("--group")
+    a.add_argument("--owner", help="only the periodic tasks of this owner")
+    a.add_argument("--group", help="only the periodic tasks of this group")
+    add_wide(a)
     a.add_argument("--json", action="store_true", help="print JSON")
+    a = actions.add_parser("run", help="submit a task of a periodic task now (its schedule "
+                                       "stays); refused while one of its tasks is unfinished")
+    a.add_argument("name")
+    a.add_argument("--owner", help="refuse unless the periodic task has this owner")
+    a.add_argument("--json", action="store_true", help='print {"name": ..., "task_id": N}')
     for action in ("enable", "disable", "remove"):
         a = actions.add_parser(action, help="%s a periodic task, or all of an owner's" % action)
         a.add_argument("name", nargs="?")

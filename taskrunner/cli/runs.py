@@ -10,7 +10,7 @@ import sys
 from .args import shown
 
 EXIT_SUCCESS, EXIT_NOT_SUCCESS, EXIT_TIMEOUT = 0, 1, 3
-FAILED_STATUSES = ("error", "timeout", "given-up", "cancelled")
+FAILED_STATUSES = ("error", "timeout", "retrying", "given-up", "cancelled")
 
 
 def when(iso):
@@ -45,12 +45,16 @@ def outcome_column(task):
 def print_task(task):
     """`show ID` as text: one field a line, data and results as JSON, the last traceback
     under them."""
+    from .args import zone_note
     for key, value in task.items():
         if key == "last_traceback":
             continue
         if key in ("data", "results"):
             value = json.dumps(value)
+        elif key.endswith("_on"):
+            value = when(value)
         print("%-18s %s" % (key + ":", value))
+    print(zone_note())
     if task["last_traceback"]:
         print("last traceback:")
         print(task["last_traceback"].rstrip())
@@ -110,8 +114,9 @@ def wait(queue, task_id, timeout, as_json, config):
 
 # -- task filters and the bulk verbs -----------------------------------------------------
 
-STATUS_CHOICES = ("scheduled", "running", "success", "error", "timeout", "cancelled",
-                  "requeued", "given-up")
+# records.TASK_STATUSES (a test keeps them equal), written out: --help loads no peewee.
+STATUS_CHOICES = ("scheduled", "running", "retrying", "given-up", "success", "cancelled",
+                  "error", "timeout", "failed")
 
 
 def non_negative_int(text):
@@ -126,9 +131,14 @@ def non_negative_int(text):
 
 
 def add_task_filters(parser, time_type):
+    from .args import queue_name
     """The filters shared by ``tasks``, ``retry`` and ``cancel``."""
-    parser.add_argument("--status", choices=STATUS_CHOICES)
+    parser.add_argument("--status", choices=STATUS_CHOICES, metavar="WORD",
+                        help="one of: %s (docs: Words)" % ", ".join(STATUS_CHOICES))
     parser.add_argument("--handler", metavar="PATH", help="tasks of this handler")
+    parser.add_argument("--queue", type=queue_name, metavar="NAME", help="tasks of this queue")
+    parser.add_argument("--error-code", metavar="CODE",
+                        help="tasks whose last error has this code")
     parser.add_argument("--since", type=time_type, metavar="TIME",
                         help="queued at or after this ISO 8601 time")
     parser.add_argument("--until", type=time_type, metavar="TIME",
@@ -138,25 +148,28 @@ def add_task_filters(parser, time_type):
 
 def task_filters(args):
     return {name: getattr(args, name) for name in ("status", "handler", "since", "until",
-                                                   "periodic")
+                                                   "periodic", "queue", "error_code")
             if getattr(args, name) is not None}
 
 
 def bulk(queue, verb, args):
-    """``retry`` / ``cancel`` of the tasks named by id, matched by the filters, or both (the
-    named ones that match). One id and no filter: the single-task verb (its refusal is the
-    command's error, exit 2). Else each task in turn; prints how many were changed and why
-    the others were not (exit 0). ``--json``: what was done, as one object."""
+    """``retry`` / ``cancel`` / ``delete`` of the tasks named by id, matched by the filters,
+    or both (the named ones that match). One id and no filter: the single-task verb (its
+    refusal is the command's error, exit 2). Else every task, retries and deletes in
+    batches, with a progress line on
+    a terminal; prints how many were changed and why the others were not. Exit 0, or 1
+    when a named id has no task (each one said on stderr). ``--json``: what was done, as
+    one object."""
     from ..runs import control
     from ..reads import records as reads
-    from ..errors import InputError, StateError
+    from ..errors import InputError, StateError, TaskNotFound
     filters = task_filters(args)
     if not args.ids and not filters:
-        raise InputError("%s: give task ids, or filters (--status, --handler, --since, "
-                         "--until, --periodic)" % verb)
-    action = control.retry if verb == "retry" else control.cancel
-    if len(args.ids) == 1 and not filters:
+        raise InputError("%s: give task ids, or filters (--status, --handler, --queue, "
+                         "--error-code, --since, --until, --periodic)" % verb)
+    if len(args.ids) == 1 and not filters and verb != "delete":
         task_id = args.ids[0]
+        action = control.retry if verb == "retry" else control.cancel
         stopping = action(queue.store, task_id)
         status = "re-armed" if verb == "retry" else "stopping" if stopping else "cancelled"
         if args.json:
@@ -166,22 +179,71 @@ def bulk(queue, verb, args):
                   % (task_id, stopping))
         else:
             print("task %d %s" % (task_id, status))
-        return
+        return EXIT_SUCCESS
     ids = list(dict.fromkeys(args.ids))
+    existing = set(reads.existing_task_ids(queue.store, ids))
+    missing = [i for i in ids if i not in existing]
+    if len(args.ids) == 1 and not filters and missing:
+        raise TaskNotFound("no task with id %d" % missing[0])
     if filters:        # with ids too: those of them that match
         matched = set(reads.task_ids(queue.store, **filters))
         ids = [i for i in ids if i in matched] if ids else sorted(matched)
-    changed, refused = [], []
-    for task_id in ids:
-        try:
-            action(queue.store, task_id)
-            changed.append(task_id)
-        except (StateError, InputError) as exc:
-            refused.append(str(exc))
+    else:
+        ids = [i for i in ids if i in existing]
+    show = Progress(verb, len(ids))
+    if verb == "retry":
+        outcome = control.retry_many(queue.store, ids, progress=show)
+    elif verb == "delete":
+        from ..runs import rotation
+        outcome = rotation.delete_finished(queue.store, ids, progress=show)
+    else:
+        outcome = {}
+        for task_id in ids:
+            try:
+                control.cancel(queue.store, task_id)
+                outcome[task_id] = None
+            except (StateError, InputError) as exc:
+                outcome[task_id] = exc
+            if len(outcome) % BULK_PROGRESS == 0:
+                show(len(outcome))
+    show.end(len(outcome))
+    if len(args.ids) == 1 and not filters and outcome.get(args.ids[0]) is not None:
+        raise outcome[args.ids[0]]      # one task refused: nothing changed, as retry ID does
+    changed = [i for i, exc in outcome.items() if exc is None]
+    missing += [i for i, exc in outcome.items() if isinstance(exc, TaskNotFound)]
+    refused = [str(exc) for exc in outcome.values()
+               if exc is not None and not isinstance(exc, TaskNotFound)]
     if args.json:
-        print(json.dumps({"changed": changed, "refused": refused}, indent=2))
-        return
-    done = "re-armed" if verb == "retry" else "cancelled (or asked to stop)"
-    print("%s %d of %d task(s)" % (done, len(changed), len(ids)))
-    for reason in refused:
-        print("  not %s: %s" % ("re-armed" if verb == "retry" else "cancelled", reason))
+        print(json.dumps({"changed": changed, "refused": refused, "missing": missing},
+                         indent=2))
+    else:
+        done = BULK_DONE[verb]
+        print("%s %d of %d task(s)" % (done, len(changed), len(ids) + len(missing)))
+        for reason in refused:
+            print("  not %s: %s" % (done.split()[0], reason))
+    for task_id in missing:
+        print("taskrunner: %s: no task with id %d" % (verb, task_id), file=sys.stderr)
+    return EXIT_NOT_SUCCESS if missing else EXIT_SUCCESS
+
+
+BULK_DONE = {"retry": "re-armed", "cancel": "cancelled (or asked to stop)", "delete": "deleted"}
+BULK_PROGRESS = 200     # tasks between two progress lines of a bulk cancel (retry: a batch)
+
+
+class Progress:
+    """``\rretry: 400 of 3992`` on stderr while a bulk verb works, when stderr is a
+    terminal (a log or a pipe gets the summary only)."""
+
+    def __init__(self, verb, total):
+        self.verb, self.total = verb, total
+        self.shown = sys.stderr.isatty() and total > 0
+
+    def __call__(self, done):
+        if self.shown:
+            sys.stderr.write("\r%s: %d of %d" % (self.verb, done, self.total))
+            sys.stderr.flush()
+
+    def end(self, done):
+        if self.shown:
+            self(done)
+            sys.stderr.write("\n")

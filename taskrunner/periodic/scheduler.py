@@ -63,6 +63,35 @@ def _get(store, name, owner=None):
     return row
 
 
+def run_now(store, name, owner=None, now=None):
+    """Submit a task of the periodic task `name` now, outside its timer (an operator's "run
+    now", enabled or not); its schedule (nextrun) stays as it is. Refused (StateError) while
+    a task of it is unfinished, as its due times are skipped then. Returns the task id.
+    The periodic task's row is locked while its tasks are looked at: a second run-now waits
+    and then finds the first one's task (a scheduler's due time at that very instant may
+    still submit one too: rule 9 is about due times, and this is none)."""
+    PeriodicTask = store.PeriodicTask
+    now = now or utcnow()
+    row = _get(store, name, owner)
+
+    def step():
+        store.locked(PeriodicTask.select(PeriodicTask.id).where(PeriodicTask.id == row.id)).get()
+        unfinished = unfinished_task(store, row.id)
+        if unfinished is not None:
+            raise StateError("periodic task %r: its task %d has not finished"
+                             % (name, unfinished.id))
+        task_id = add_task(
+            store, row.handler, data=json.loads(row.data), priority=row.priority,
+            max_runtime=row.max_runtime, queue=row.queue, max_retries=row.max_retries,
+            queued_by="periodic:%s (run now)" % row.name, periodic_task_id=row.id, now=now,
+            import_handler=False, subject=row.subject, group=row.group_name)
+        PeriodicTask.update({PeriodicTask.submitted_count: PeriodicTask.submitted_count + 1,
+                             PeriodicTask.last_task_id: task_id, PeriodicTask.updated_on: now}
+                            ).where(PeriodicTask.id == row.id).execute()
+        return task_id
+    return store.write(step)
+
+
 def set_enabled(store, name, enabled, owner=None, now=None):
     PeriodicTask = store.PeriodicTask
     row = _get(store, name, owner)

@@ -14,10 +14,15 @@ from typing import Any, Dict, List, Optional
 import peewee as pw
 
 from ..errors import InputError, TaskNotFound, check_text
-from ..store.models import CRASHED, FAILED, RUN_STATUSES, RUNNING, SCHEDULED, SUCCESS, run_status_is
+from ..store.models import (CANCELLED, CRASHED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS,
+                            TIMEOUT, run_status_is)
 from ..runs.sql import claim_order_of
 
-TASK_FILTERS = RUN_STATUSES + ("given-up",)
+# The words a task list is filtered by, everywhere (API, CLI, dashboard): its latest run's
+# status, and three views of failure: retrying (failed, a run will come), given-up
+# (failed max_retries times in a row) and failed (either). docs/index.md, "Words".
+TASK_STATUSES = (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED, ERROR, TIMEOUT,
+                 "failed")
 STOPPING = "stopping"       # the state of a running runner that is winding down its run
 MAX_LIMIT = 10000   # tasks in one listing
 
@@ -163,7 +168,10 @@ class QueueInfo(_Record):
     scheduled: int              # runs waiting to be claimed
     running: int
     runners: int                # runners serving it now, on every host
-    lag: Optional[float]        # seconds the oldest waiting run has been due; None: none waits
+    # Seconds the oldest waiting run has been due; None: none waits, or the queue is paused
+    # (a queue paused on purpose is not late: its pause is `paused_for`).
+    lag: Optional[float]
+    paused_for: Optional[float] = None   # seconds since it was paused; None: not paused
 
 
 @dataclass(frozen=True)
@@ -203,6 +211,9 @@ class PeriodicTaskInfo(_Record):
 
 
 def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = None) -> TaskInfo:
+    # A task that succeeded has no current error: the error columns (and the traceback) of
+    # an earlier failed attempt stay with that run, in `runs_of`, not on the task.
+    current = row.last_status != SUCCESS
     return TaskInfo(
         id=row.id, handler=row.handler, data=_decoded(row.data), status=row.last_status,
         given_up=row.given_up, priority=row.priority, queued_on=aware(row.queued_on),
@@ -210,9 +221,11 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         next_run_on=aware(row.next_run_on), finished_on=aware(row.finished_on),
         runs=row.run_count, runs_failed=row.runs_failed, max_retries=row.max_retries,
         run_timeout=row.run_timeout, max_runtime=row.max_runtime, unique_key=row.unique_key,
-        periodic_task_id=row.periodic_task_id, last_error_code=row.last_error_code,
-        last_error_message=row.last_error_message, subject=row.subject, group=row.group_name,
-        queue=row.queue, results=results, last_traceback=last_traceback)
+        periodic_task_id=row.periodic_task_id,
+        last_error_code=row.last_error_code if current else None,
+        last_error_message=row.last_error_message if current else None, subject=row.subject,
+        group=row.group_name, queue=row.queue, results=results,
+        last_traceback=last_traceback if current else None)
 
 
 def run_info(row: Any) -> RunInfo:
@@ -309,22 +322,56 @@ def runs_of(store: Any, task_id: int) -> List[RunInfo]:
     return [run_info(r) for r in Run.select().where(Run.task_id == task_id).order_by(Run.id)]
 
 
+def failed_predicate() -> Any:
+    """``last_status IN ('error', 'timeout')`` written out, not bound: SQLite and PostgreSQL
+    use the partial index of failed tasks (migration 0010) only for a query that names its
+    predicate. For queries of task_queue alone (the column is not qualified)."""
+    return pw.SQL("last_status IN ('%s')" % "', '".join(FAILED))
+
+
+def not_succeeded_predicate() -> Any:
+    """``last_status <> 'success'`` written out: the predicate of the partial status index
+    (migration 0010), named by every query that should read it."""
+    return pw.SQL("last_status <> '%s'" % SUCCESS)
+
+
+def status_condition(store: Any, status: str) -> Any:
+    """The tasks a word of `TASK_STATUSES` names; InputError for another word."""
+    Task = store.Task
+    if status not in TASK_STATUSES:
+        raise InputError("unknown task status %r: expected one of %s"
+                         % (status, ", ".join(TASK_STATUSES)))
+    if status == "retrying":
+        return failed_predicate() & Task.finished_on.is_null()
+    if status == "given-up":
+        return failed_predicate() & Task.finished_on.is_null(False)
+    if status == "failed":
+        return failed_predicate()
+    if status == SUCCESS:
+        return Task.last_status == SUCCESS
+    return not_succeeded_predicate() & (Task.last_status == status)
+
+
+def state_word(status: str, finished_on: Any) -> str:
+    """How a task with this last_status and finished_on is shown in every table: a failed
+    task is ``retrying`` or ``given-up``, as the filters name them."""
+    if status in FAILED:
+        return "given-up" if finished_on else "retrying"
+    return status
+
+
 def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str] = None,
                 since: Optional[datetime] = None, until: Optional[datetime] = None,
-                periodic: Optional[str] = None) -> Any:
-    """Tasks matching every filter given: `status` a run status or ``given-up``, `handler`
+                periodic: Optional[str] = None, queue: Optional[str] = None,
+                error_code: Optional[str] = None) -> Any:
+    """Tasks matching every filter given: `status` a word of `TASK_STATUSES`, `handler`
     its dotted path, `since` / `until` (aware) bounds of its queued_on, `periodic` the name
-    of the periodic task that submitted it. InputError for an unknown status or name."""
+    of the periodic task that submitted it, `queue` its queue, `error_code` the code of its
+    last error. InputError for an unknown status or name."""
     Task, PeriodicTask = store.Task, store.PeriodicTask
-    if status is not None and status not in TASK_FILTERS:
-        raise InputError("unknown task status %r: expected one of %s"
-                         % (status, ", ".join(TASK_FILTERS)))
     query = Task.select()
-    if status == "given-up":
-        query = query.where(Task.last_status.in_(FAILED) & Task.next_run_on.is_null()
-                            & (Task.runs_failed >= Task.max_retries))
-    elif status is not None:
-        query = query.where(Task.last_status == status)
+    if status is not None:
+        query = query.where(status_condition(store, status))
     if check_text("handler", handler) is not None:
         query = query.where(Task.handler == handler)
     for bound, compare in ((since, Task.queued_on.__ge__), (until, Task.queued_on.__lt__)):
@@ -337,6 +384,10 @@ def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str]
         if row is None:
             raise InputError("no periodic task named %r" % periodic)
         query = query.where(Task.periodic_task_id == row.id)
+    if check_text("queue", queue) is not None:
+        query = query.where(Task.queue == queue)
+    if check_text("error_code", error_code) is not None:
+        query = query.where(Task.last_error_code == error_code)
     return query
 
 
@@ -367,11 +418,14 @@ def task_ids(store: Any, status: Optional[str] = None, **filters: Any) -> List[i
     return [row.id for row in query]
 
 
-def task_counts(store: Any) -> Dict[str, int]:
-    """Tasks by their status."""
+def existing_task_ids(store: Any, ids: List[int]) -> List[int]:
+    """Those of `ids` that name a task (the others never existed, or rotation deleted them)."""
     Task = store.Task
-    return {s: c for s, c in Task.select(Task.last_status, pw.fn.COUNT(Task.id).alias("n"))
-            .group_by(Task.last_status).tuples()}
+    found: set = set()
+    for start in range(0, len(ids), 500):      # within every database's bound parameters
+        found.update(row.id for row in Task.select(Task.id).where(
+            Task.id.in_(ids[start:start + 500])))
+    return [i for i in ids if i in found]
 
 
 def running_runners(store: Any) -> List[RunnerInfo]:
@@ -412,19 +466,26 @@ def queue_stats(store: Any, now: Optional[datetime] = None) -> List[QueueInfo]:
         run_status_is(Run, RUNNING)).group_by(Run.queue).tuples())
     runners = dict(RunnerQueue.select(RunnerQueue.queue, pw.fn.COUNT(RunnerQueue.id))
                    .group_by(RunnerQueue.queue).tuples())
-    paused = dict(Queue.select(Queue.name, Queue.paused).tuples())
+    paused = {name: (bool(flag), since) for name, flag, since in Queue.select(
+        Queue.name, Queue.paused, Queue.paused_on).tuples()}
     configured = store.config.queues
     result = []
     for name in sorted(set(paused) | set(configured) | set(waiting) | set(running)):
         count, oldest = waiting.get(name, (0, None))
         if isinstance(oldest, str):      # SQLite returns MIN() of a datetime as text
             oldest = datetime.fromisoformat(oldest)
+        is_paused, since = paused.get(name, (False, None))
         result.append(QueueInfo(
-            name=name, paused=bool(paused.get(name, False)),
+            name=name, paused=is_paused,
             limit=configured[name].limit if name in configured else None,
             scheduled=count, running=running.get(name, 0), runners=runners.get(name, 0),
-            lag=round(max(0.0, (now - oldest).total_seconds()), 3) if oldest else None))
+            lag=_seconds_since(oldest, now) if oldest and not is_paused else None,
+            paused_for=_seconds_since(since or now, now) if is_paused else None))
     return result
+
+
+def _seconds_since(then: datetime, now: datetime) -> float:
+    return round(max(0.0, (now - then).total_seconds()), 3)
 
 
 def health(store: Any) -> Dict[str, int]:

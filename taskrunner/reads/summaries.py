@@ -16,15 +16,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import peewee as pw
 
 from ..errors import InputError
-from ..store.models import (CANCELLED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, as_utc,
+from ..store.models import (CANCELLED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS, as_utc,
                             run_status_is, utcnow)
-from .records import TaskInfo, aware, task_info
+from .records import (TASK_STATUSES, TaskInfo, aware, failed_predicate, not_succeeded_predicate,
+                      status_condition, task_info)
 
-# What the dashboard's status filter offers: the task statuses, and two views of failure.
-STATUS_FILTERS = (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED, ERROR,
-                  TIMEOUT, "failed")
-# Seconds; the buckets of the run duration histogram.
-DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+# What the dashboard's status filter offers: the words of every task filter.
+STATUS_FILTERS = TASK_STATUSES
+# Seconds; the buckets of the run duration histogram, from 1 ms (most handlers of a busy
+# queue take a few milliseconds) to an hour.
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0, 60.0, 300.0, 1800.0, 3600.0)
 # The name under which the metrics sum the queues and periodic tasks they do not name (no
 # queue can be called so: config.QUEUE_NAME).
 OTHER = "(other)"
@@ -90,32 +92,11 @@ class DurationHistogram:
     total_seconds: float
 
 
-def _failed() -> Any:
-    """``last_status IN ('error', 'timeout')`` written out, not bound: SQLite and PostgreSQL
-    use the partial index of failed tasks (migration 0010) only for a query that names its
-    predicate. For queries of task_queue alone (the column is not qualified)."""
-    return pw.SQL("last_status IN ('%s')" % "', '".join(FAILED))
-
-
-def _not_succeeded() -> Any:
-    """``last_status <> 'success'`` written out: the predicate of the partial status index
-    (migration 0010), named by every query that should read it."""
-    return pw.SQL("last_status <> '%s'" % SUCCESS)
-
-
 def _task_conditions(store: Any, view: TaskFilter) -> List[Any]:
     Task = store.Task
     conditions = []
-    if view.status == "retrying":
-        conditions.append(_failed() & Task.finished_on.is_null())
-    elif view.status == "given-up":
-        conditions.append(_failed() & Task.finished_on.is_null(False))
-    elif view.status == "failed":
-        conditions.append(_failed())
-    elif view.status == SUCCESS:
-        conditions.append(Task.last_status == SUCCESS)
-    elif view.status is not None:
-        conditions.append(_not_succeeded() & (Task.last_status == view.status))
+    if view.status is not None:
+        conditions.append(status_condition(store, view.status))
     if view.handler:
         conditions.append(Task.handler == view.handler)
     if view.since is not None:
@@ -176,7 +157,7 @@ def succeeded_count(store: Any) -> int:
     a few seconds (`status_counts`)."""
     Task = store.Task
     total = Task.select(pw.fn.COUNT(pw.SQL("*"))).scalar() or 0
-    others = Task.select(pw.fn.COUNT(pw.SQL("*"))).where(_not_succeeded()).scalar() or 0
+    others = Task.select(pw.fn.COUNT(pw.SQL("*"))).where(not_succeeded_predicate()).scalar() or 0
     return int(total) - int(others)
 
 
@@ -188,12 +169,12 @@ def status_counts(store: Any, succeeded: Optional[int] = None) -> Dict[str, int]
     Task = store.Task
     counts = {s: 0 for s in (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED)}
     for status, n in Task.select(Task.last_status, pw.fn.COUNT(pw.SQL("*"))).where(
-            _not_succeeded()).group_by(Task.last_status).tuples():
+            not_succeeded_predicate()).group_by(Task.last_status).tuples():
         key = "given-up" if status in FAILED else status
         counts[key] = counts.get(key, 0) + n
     counts[SUCCESS] = succeeded_count(store) if succeeded is None else succeeded
     retrying = Task.select(pw.fn.COUNT(pw.SQL("*"))).where(
-        _failed() & Task.finished_on.is_null()).scalar() or 0
+        failed_predicate() & Task.finished_on.is_null()).scalar() or 0
     counts["retrying"] += retrying
     counts["given-up"] -= retrying
     return counts
@@ -236,11 +217,14 @@ def runs_per_minute(store: Any, minutes: int = 60, now: Optional[datetime] = Non
 
 
 def queue_lag(store: Any, now: Optional[datetime] = None) -> float:
-    """Seconds since the oldest due run was due (0 when none waits)."""
-    Run = store.Run
+    """Seconds since the oldest due run of a queue that is not paused was due (0 when none
+    waits): a queue paused on purpose must not trip a lag alert."""
+    Run, Queue = store.Run, store.Queue
     now = as_utc(now) if now else utcnow()
+    paused = Queue.select(Queue.name).where(Queue.paused == True)  # noqa: E712
     oldest = Run.select(pw.fn.MIN(Run.scheduled_on)).where(
-        run_status_is(Run, SCHEDULED) & (Run.scheduled_on <= now)).scalar()
+        run_status_is(Run, SCHEDULED) & (Run.scheduled_on <= now)
+        & Run.queue.not_in(paused)).scalar()
     if oldest is None:
         return 0.0
     if isinstance(oldest, str):       # SQLite returns an aggregate's datetime as text
@@ -251,13 +235,15 @@ def queue_lag(store: Any, now: Optional[datetime] = None) -> float:
 @dataclass(frozen=True)
 class QueueFigures:
     """A queue's figures in the metrics, or (named OTHER) those of the queues not named:
-    runs scheduled and running (their sum), seconds since the oldest scheduled run was due
-    (the oldest of all), and how many of the queues are paused (0 or 1 for one)."""
+    runs scheduled and running (their sum), seconds since the oldest scheduled run of a
+    queue not paused was due (the oldest of all; a pause is no lag), how many of the queues
+    are paused (0 or 1 for one) and for how long (the longest)."""
     name: str
     scheduled: int
     running: int
     lag: float
     paused: int
+    paused_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -297,29 +283,34 @@ def queue_figures(store: Any, named: Sequence[str], limit: int,
             len(named) + limit - len(chosen)).tuples())
     names = sorted(chosen)
 
-    def lag(oldest: Any) -> float:
-        oldest = _datetime(oldest)
-        return round(max(0.0, (now - oldest).total_seconds()), 3) if oldest else 0.0
+    def since(then: Any) -> float:
+        then = _datetime(then)
+        return round(max(0.0, (now - then).total_seconds()), 3) if then else 0.0
     waiting = {q: (n, oldest) for q, n, oldest in Run.select(
         Run.queue, count, pw.fn.MIN(Run.scheduled_on)).where(
         run_status_is(Run, SCHEDULED) & Run.queue.in_(names)).group_by(Run.queue).tuples()}
     running = dict(Run.select(Run.queue, count).where(
         run_status_is(Run, RUNNING) & Run.queue.in_(names)).group_by(Run.queue).tuples())
-    paused = {name for name, in Queue.select(Queue.name).where(
-        (Queue.paused == True) & Queue.name.in_(names)).tuples()}  # noqa: E712
+    paused = dict(Queue.select(Queue.name, Queue.paused_on).where(
+        (Queue.paused == True) & Queue.name.in_(names)).tuples())  # noqa: E712
     result = [QueueFigures(name, waiting.get(name, (0, None))[0], running.get(name, 0),
-                           lag(waiting.get(name, (0, None))[1]), int(name in paused))
+                           0.0 if name in paused else since(waiting.get(name, (0, None))[1]),
+                           int(name in paused), since(paused[name]) if name in paused else 0.0)
               for name in names]
-    others, others_paused = Queue.select(
-        pw.fn.COUNT(Queue.name),
-        pw.fn.SUM(pw.Case(None, [(Queue.paused == True, 1)], 0))).where(  # noqa: E712
+    is_paused = Queue.paused == True  # noqa: E712
+    others, others_paused, longest = Queue.select(
+        pw.fn.COUNT(Queue.name), pw.fn.SUM(pw.Case(None, [(is_paused, 1)], 0)),
+        pw.fn.MIN(pw.Case(None, [(is_paused, Queue.paused_on)], None))).where(
         Queue.name.not_in(names)).tuples().get()
-    scheduled, oldest = Run.select(count, pw.fn.MIN(Run.scheduled_on)).where(
-        run_status_is(Run, SCHEDULED) & Run.queue.not_in(names)).tuples().get()
+    scheduled = Run.select(count).where(
+        run_status_is(Run, SCHEDULED) & Run.queue.not_in(names)).scalar()
+    oldest = Run.select(pw.fn.MIN(Run.scheduled_on)).where(
+        run_status_is(Run, SCHEDULED) & Run.queue.not_in(names)
+        & Run.queue.not_in(Queue.select(Queue.name).where(is_paused))).scalar()
     busy = Run.select(count).where(run_status_is(Run, RUNNING) & Run.queue.not_in(names)).scalar()
     if others or scheduled or busy:
-        result.append(QueueFigures(OTHER, int(scheduled or 0), int(busy or 0), lag(oldest),
-                                   int(others_paused or 0)))
+        result.append(QueueFigures(OTHER, int(scheduled or 0), int(busy or 0), since(oldest),
+                                   int(others_paused or 0), since(longest)))
     return result
 
 
@@ -355,7 +346,7 @@ def failure_groups(store: Any, handler: Optional[str] = None) -> List[FailureGro
     retrying = pw.fn.SUM(pw.Case(None, [(Task.finished_on.is_null(), 1)], 0))
     query = (Task.select(Task.handler, Task.last_error_code, pw.fn.COUNT(pw.SQL("*")),
                          retrying, pw.fn.MAX(Task.id))
-             .where(_failed())
+             .where(failed_predicate())
              .group_by(Task.handler, Task.last_error_code))
     if handler:
         query = query.where(Task.handler == handler)

@@ -21,27 +21,59 @@ def retry(store, task_id, now=None):
     """Re-arm a failed or given-up task: runs_failed back to 0 and a run now.
     Race closed: retry against a runner finishing the task's run — the live-run unique index
     and the conditional state check inside one transaction."""
-    Task, Run = store.Task, store.Run
+    now = now or utcnow()
+    # next_run_on on the database's clock (create_missing_runs compares it with it).
+    store.write(lambda: _rearm(store, task_id, store.database_time(now)))
+    create_missing_runs(store, now)
+
+
+def retry_many(store, task_ids, now=None, batch=200, progress=None):
+    """`retry` of each task of `task_ids`, `batch` of them per transaction, each batch
+    followed by one pass creating their runs: re-armed one by one, a bulk retry paid a
+    transaction and a fleet-wide pass per task (about 74 tasks/s). `progress(done)` after
+    each batch. Returns {task id: None if re-armed, else the StateError or TaskNotFound
+    that refused it}; a refusal leaves the others re-armed."""
     now = now or utcnow()
     at = store.database_time(now)
+    task_ids = list(task_ids)
+    outcome = {}
 
-    def step():
-        task = _locked_task(store, task_id)
-        if task.last_status not in FAILED:
-            raise StateError("task %d is %s; only a failed or given-up task can be retried"
-                             % (task.id, task.last_status))
-        if Run.select().where(Run.active_task_id == task.id).exists():
-            raise StateError("task %d already has a run scheduled or running" % task.id)
-        try:
-            with store.db.atomic():
-                Task.update(runs_failed=0, next_run_on=at, finished_on=None,
-                            active_key=task.unique_key, updated_on=at
-                            ).where(Task.id == task.id).execute()
-        except pw.IntegrityError:
-            raise StateError("task %d cannot be retried: another live task holds its "
-                             "unique_key %r" % (task.id, task.unique_key)) from None
-    store.write(step)
-    create_missing_runs(store, now)
+    def step(chunk):
+        done = {}
+        for task_id in chunk:
+            try:
+                _rearm(store, task_id, at)
+                done[task_id] = None
+            except (StateError, TaskNotFound) as exc:
+                done[task_id] = exc
+        return done
+    for start in range(0, len(task_ids), batch):
+        chunk = task_ids[start:start + batch]
+        outcome.update(store.write(lambda: step(chunk)))
+        create_missing_runs(store, now)
+        if progress is not None:
+            progress(len(outcome))
+    return outcome
+
+
+def _rearm(store, task_id, at):
+    """Inside the caller's write transaction: the task re-armed with a run due `at` (the
+    database's clock), or StateError."""
+    Task, Run = store.Task, store.Run
+    task = _locked_task(store, task_id)
+    if task.last_status not in FAILED:
+        raise StateError("task %d is %s; only a failed or given-up task can be retried"
+                         % (task.id, task.last_status))
+    if Run.select().where(Run.active_task_id == task.id).exists():
+        raise StateError("task %d already has a run scheduled or running" % task.id)
+    try:
+        with store.db.atomic():
+            Task.update(runs_failed=0, next_run_on=at, finished_on=None,
+                        active_key=task.unique_key, updated_on=at
+                        ).where(Task.id == task.id).execute()
+    except pw.IntegrityError:
+        raise StateError("task %d cannot be retried: another live task holds its "
+                         "unique_key %r" % (task.id, task.unique_key)) from None
 
 
 def cancel(store, task_id, now=None):

@@ -18,7 +18,7 @@ from ..errors import InputError, StateError, check_text
 from ..handler import check_handler_path, encode_data, load_handler
 from ..store.models import DEFAULT_QUEUE, SCHEDULED, utcnow
 from ..host.wakeup import NOTIFY_SQL, notify_params
-from ..timespan import MAX_SPAN
+from ..timespan import parse_timespan
 
 MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
 BULK_ROWS = 500         # rows per INSERT: within every database's limit on bound parameters
@@ -46,11 +46,20 @@ def _check_int(name, value, low, high):
         raise InputError("%s must be between %d and %d" % (name, low, high))
 
 
-def _check_seconds(name, value):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not 0 < value <= MAX_SPAN):
-        raise InputError("%s must be a positive number of seconds (at most 100 years), not %r"
-                         % (name, value))
+def _span(name, value, zero=False):
+    """A duration option as seconds: a number, or a span as the config writes it ('5min');
+    positive, or also 0 with `zero` (as the config's check of the same key)."""
+    if value is None:
+        return None
+    try:
+        seconds = parse_timespan(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds < 0 or (seconds == 0 and not zero):
+        raise InputError("%s must be a %s number of seconds or a time span like '5min' (at "
+                         "most 100 years), not %r"
+                         % (name, "non-negative" if zero else "positive", value))
+    return seconds
 
 
 def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, priority=0,
@@ -85,9 +94,10 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
     scheduled_on = now if scheduled_on is None else utc_instant(scheduled_on)
     _check_int("max_retries", max_retries, 1, MAX_INT)
     _check_int("priority", priority, -MAX_INT, MAX_INT)
-    for name, value in (("run_timeout", run_timeout), ("max_runtime", max_runtime),
-                        ("retry_backoff", retry_backoff)):
-        _check_seconds(name, value)
+    run_timeout = _span("run_timeout", run_timeout)
+    max_runtime = _span("max_runtime", max_runtime)
+    # 0: retry at once, as [task] retry_backoff = 0 allows.
+    retry_backoff = _span("retry_backoff", retry_backoff, zero=True)
     check_text("unique_key", unique_key, empty=False)
     check_text("queued_by", queued_by)
     check_text("concurrency_key", concurrency_key, empty=False)

@@ -11,6 +11,7 @@ Pausing is stored in ``task_queues``: runners on every host re-read it every
 import peewee as pw
 
 from ..config import check_queue_name
+from ..errors import InputError
 from ..store.models import DEFAULT_QUEUE, SCHEDULED, run_status_is, utcnow
 
 
@@ -43,19 +44,47 @@ def claim_order(store, serving=None, with_work=False):
     return order, any(found[n][1] for n in order if n in found)
 
 
-def set_paused(store, name, paused, now=None):
-    """Pause or resume the queue `name` on every host (a queue not used yet is recorded, so
-    it can be paused before its first task). Returns whether that changed anything."""
+def set_paused(store, name, paused, now=None, create=False):
+    """Pause or resume the queue `name` on every host. A queue nobody used or configured is
+    refused (InputError: a typo would otherwise become a queue of its own), unless `create`
+    records it on purpose, so it can be paused before its first task. Returns whether that
+    changed anything."""
     Queue = store.Queue
     check_queue_name(name)
     now = now or utcnow()
 
     def step():
-        Queue.insert(name=name, paused=False, updated_on=now).on_conflict_ignore().execute()
+        if create or name in store.config.queues or name == DEFAULT_QUEUE:
+            Queue.insert(name=name, paused=False, updated_on=now).on_conflict_ignore().execute()
+        elif not Queue.select().where(Queue.name == name).exists():
+            raise InputError("no queue named %r (pause --create records a queue before its "
+                             "first task)" % name)
         return Queue.update(paused=paused, paused_on=now if paused else None, updated_on=now
                             ).where((Queue.name == name) & (Queue.paused != paused)).execute() > 0
     # Resuming makes runs claimable again: idle runners of this host look at once.
     return store.write_and_wake(step, lambda changed: changed and not paused, name)
+
+
+def remove_queue(store, name):
+    """Forget the queue `name` (a typo, a queue no longer used): refused while any task is
+    in it or the config names it. A process that added tasks to it before remembers it was
+    recorded (enqueue.record_queues): a queue must be removed only once nothing adds to it."""
+    Queue, Task = store.Queue, store.Task
+    check_queue_name(name)
+    if name in store.config.queues:
+        raise InputError("queue %r is configured ([queues.%s]); remove it from the config"
+                         % (name, name))
+
+    def step():
+        if not store.locked(Queue.select().where(Queue.name == name)).exists():
+            raise InputError("no queue named %r" % name)
+        tasks = Task.select().where(Task.queue == name).count()
+        if tasks:
+            raise InputError("queue %r has %d task%s; cancel them or wait for rotation"
+                             % (name, tasks, "" if tasks == 1 else "s"))
+        Queue.delete().where(Queue.name == name).execute()
+    store.write(step)
+    store.known_queues.discard(name)
 
 
 def paused_queues(store):

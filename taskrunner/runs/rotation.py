@@ -1,9 +1,10 @@
 """Rotation (``taskrunner rotate``, ``run-event task-queue:OnRotate``): delete ended tasks
 with their runs once they are old enough, and finished runner rows, in batches so a large
-backlog never holds one long transaction."""
+backlog never holds one long transaction; and an operator's delete of ended tasks."""
 import logging
 from datetime import timedelta
 
+from ..errors import StateError, TaskNotFound
 from ..store.models import CANCELLED, FAILED, RUNNING, SUCCESS
 
 log = logging.getLogger("taskrunner.rotation")
@@ -30,6 +31,35 @@ def _delete_tasks(store, condition):
         deleted += count
         if selected < batch:
             return deleted
+
+
+def delete_finished(store, task_ids, batch=200, progress=None):
+    """An operator's delete of the tasks `task_ids` with their runs, `batch` per
+    transaction; only ended tasks (success, given up, cancelled) go. `progress(done)` after
+    each batch. Returns {task id: None if deleted, else the TaskNotFound or StateError
+    saying why not}. Race closed: a retry committed meanwhile — the DELETE repeats
+    "finished_on IS NOT NULL" under the row lock, so a task live again stays."""
+    Task, Run = store.Task, store.Run
+    task_ids = list(task_ids)
+    outcome = {}
+
+    def step(chunk):
+        ended = Task.id.in_(chunk) & Task.finished_on.is_null(False)
+        found = dict(Task.select(Task.id, Task.last_status).where(Task.id.in_(chunk)).tuples())
+        Task.delete().where(ended).execute()
+        gone = set(chunk) - {row.id for row in Task.select(Task.id).where(Task.id.in_(chunk))}
+        if gone:
+            Run.delete().where(Run.task_id.in_(list(gone))).execute()
+        return {i: None if i in gone and i in found else
+                TaskNotFound("no task with id %d" % i) if i not in found else
+                StateError("task %d has not ended (%s); cancel it first" % (i, found[i]))
+                for i in chunk}
+    for start in range(0, len(task_ids), batch):
+        chunk = task_ids[start:start + batch]
+        outcome.update(store.write(lambda: step(chunk)))
+        if progress is not None:
+            progress(len(outcome))
+    return outcome
 
 
 def rotate(store, now):

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from ..runs import control, queues
+from ..runs import control, queues, rotation
 from ..periodic import scheduler as periodic
 from ..reads import summaries
 from ..errors import InputError, StateError, TaskNotFound
@@ -44,7 +44,7 @@ PAGES: Dict[str, Tuple[str, Callable[..., str], Optional[str]]] = {
     "/periodic": ("Periodic tasks", pages.periodic, None),
 }
 TASK_PATH = re.compile(r"^/tasks/([0-9]{1,18})$")
-TASK_ACTION = re.compile(r"^/tasks/([0-9]{1,18})/(retry|cancel)$")
+TASK_ACTION = re.compile(r"^/tasks/([0-9]{1,18})/(retry|cancel|delete)$")
 
 Response = Tuple[str, List[Tuple[str, str]], bytes]
 # The uid of the socket at the other end of the request's connection (auth.peer_uid), set by
@@ -169,6 +169,16 @@ class Dashboard:
         match = TASK_ACTION.match(path)
         if match:
             task_id, verb = int(match.group(1)), match.group(2)
+            if verb == "delete":
+                if form.get("confirm") != "yes":
+                    return _html(page("Confirm: delete task %d" % task_id, path,
+                                      pages.confirm_delete(self.view, task_id),
+                                      read_only=self.read_only))
+                refused = rotation.delete_finished(self.store, [task_id])[task_id]
+                if refused is None:
+                    return _redirect("/tasks?" + urlencode(
+                        {"notice": "task %d deleted" % task_id}))
+                return _redirect("/tasks/%d?%s" % (task_id, urlencode({"notice": str(refused)})))
             try:
                 if verb == "retry":
                     control.retry(self.store, task_id)
@@ -181,6 +191,14 @@ class Dashboard:
             except (StateError, TaskNotFound) as exc:
                 notice = str(exc)
             return _redirect("/tasks/%d?%s" % (task_id, urlencode({"notice": notice})))
+        if path == "/periodic/run":
+            name = form.get("name", "")
+            try:
+                notice = "periodic task %r: task %d submitted" % (
+                    name, periodic.run_now(self.store, name))
+            except StateError as exc:
+                notice = str(exc)
+            return _redirect("/periodic?" + urlencode({"notice": notice}))
         if path in ("/periodic/enable", "/periodic/disable"):
             enable = path == "/periodic/enable"
             periodic.set_enabled(self.store, form.get("name", ""), enable)
@@ -200,7 +218,7 @@ class Dashboard:
 
     def bulk(self, path: str, form: Dict[str, str]) -> Response:
         action = form.get("action")
-        if action not in ("retry", "cancel"):
+        if action not in ("retry", "cancel", "delete"):
             raise InputError("unknown bulk action %r" % action)
         ids = summaries.matching_task_ids(self.store, pages.task_filter(self.store, form),
                                                 BULK_LIMIT)
@@ -208,11 +226,14 @@ class Dashboard:
             return _html(page("Confirm: %s tasks" % action, path,
                               pages.confirm_bulk(self.view, form, len(ids), BULK_LIMIT),
                               read_only=self.read_only))
-        verb = control.retry if action == "retry" else control.cancel
         done = refused = stopping = 0
+        if action in ("retry", "delete"):   # in batches: a transaction per batch, not per task
+            verb = control.retry_many if action == "retry" else rotation.delete_finished
+            refusals = sum(1 for exc in verb(self.store, ids).values() if exc)
+            done, refused, ids = len(ids) - refusals, refusals, []
         for task_id in ids:
             try:
-                if verb(self.store, task_id) is not None and action == "cancel":
+                if control.cancel(self.store, task_id) is not None:
                     stopping += 1
                 done += 1
             except (StateError, TaskNotFound):

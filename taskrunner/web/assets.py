@@ -6,12 +6,14 @@ CSS = """
 * { box-sizing: border-box; }
 body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
        color: var(--fg); background: var(--bg); }
-header { display: flex; align-items: center; gap: 18px; padding: 10px 24px; background: #1d2330;
-         color: #fff; }
+header { display: flex; flex-wrap: wrap; align-items: center; gap: 6px 18px; padding: 10px 24px;
+         background: #1d2330; color: #fff; }
 header .brand { font-weight: 700; letter-spacing: .02em; }
-header nav a { color: #c9d2e3; text-decoration: none; margin-right: 14px; padding: 4px 0; }
+header nav { display: flex; flex-wrap: wrap; gap: 2px 14px; }
+header nav a { color: #c9d2e3; text-decoration: none; padding: 4px 0; white-space: nowrap; }
 header nav a.active, header nav a:hover { color: #fff; border-bottom: 2px solid var(--accent); }
 header .refreshed { margin-left: auto; color: #8d97aa; font-size: 12px; }
+header .zone { color: #8d97aa; font-size: 12px; }
 .badge { background: #f2994a; color: #1d2330; border-radius: 4px; padding: 1px 6px;
          font-size: 12px; }
 main { padding: 16px 24px 40px; max-width: 1400px; }
@@ -24,7 +26,7 @@ a { color: var(--accent); }
 .card { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 4px 16px 14px;
         margin-bottom: 16px; }
 .cols { display: flex; gap: 16px; flex-wrap: wrap; }
-.cols .card { flex: 1 1 260px; }
+.cols .card { flex: 1 1 260px; min-width: 0; }
 .cols .card.wide { flex: 3 1 560px; }
 .tiles { display: flex; gap: 10px; flex-wrap: wrap; margin-bottom: 10px; }
 .tile { flex: 1 1 120px; background: #fff; border: 1px solid var(--line); border-left-width: 5px;
@@ -38,6 +40,7 @@ a { color: var(--accent); }
 .chart .tick { font-size: 11px; fill: var(--muted); }
 .chart .axis { stroke: #c5cad3; }
 .big { font-size: 26px; font-weight: 700; margin: 4px 0 0; }
+.scroll { overflow-x: auto; max-width: 100%; }
 table { width: 100%; border-collapse: collapse; background: #fff; }
 th, td { text-align: left; padding: 6px 8px; border-bottom: 1px solid var(--line);
          vertical-align: top; }
@@ -78,23 +81,52 @@ button.danger { border-color: #e3a3a3; color: #962020; }
 .filters input, .filters select { font: inherit; padding: 3px 6px; }
 .bulk { margin: 0 0 10px; color: var(--muted); }
 .pager { display: flex; justify-content: space-between; }
-dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 4px 16px; background: #fff;
-           border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px; }
-dl.facts dt { color: var(--muted); } dl.facts dd { margin: 0; }
+dl.facts { display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: 4px 16px;
+           background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px; }
+dl.facts dt { color: var(--muted); } dl.facts dd { margin: 0; overflow-wrap: anywhere; }
 .empty { padding: 8px 0; }
 code, time { white-space: nowrap; }
+code.wrap { white-space: normal; }
+/* A phone (390 px): narrower margins; cards one under the other; tables scroll in .scroll. */
+@media (max-width: 700px) {
+  header { padding: 8px 12px; }
+  header .refreshed { margin-left: 0; }
+  main { padding: 12px 10px 32px; }
+  .card { padding: 4px 10px 12px; }
+  .cols .card, .cols .card.wide { flex-basis: 100%; }
+  dl.facts { grid-template-columns: minmax(0, 1fr); padding: 10px; }
+  dl.facts dd { margin-bottom: 6px; }
+}
 """
 
 JS = """
 (function () {
   'use strict';
+  // Times: the server writes UTC; shown in the viewer's zone, said once in the header.
+  function pad(n) { return (n < 10 ? '0' : '') + n; }
+  function localize(root) {
+    var today = new Date().toDateString();
+    root.querySelectorAll('time[datetime]').forEach(function (element) {
+      var at = new Date(element.getAttribute('datetime'));
+      if (isNaN(at.getTime())) { return; }
+      var clock = pad(at.getHours()) + ':' + pad(at.getMinutes()) + ':' + pad(at.getSeconds());
+      element.title = element.getAttribute('datetime');
+      element.textContent = at.toDateString() === today ? clock : at.getFullYear() + '-' +
+        pad(at.getMonth() + 1) + '-' + pad(at.getDate()) + ' ' + clock;
+    });
+  }
+  var zone = document.getElementById('zone');
+  if (zone && window.Intl) {
+    zone.textContent = 'times in ' + Intl.DateTimeFormat().resolvedOptions().timeZone;
+  }
+  localize(document);
   var url = document.body.getAttribute('data-parts');
   var stamp = document.getElementById('refreshed');
   if (!url) { return; }
   function swap(parts) {
     Object.keys(parts).forEach(function (id) {
       var element = document.getElementById(id);
-      if (element) { element.innerHTML = parts[id]; }
+      if (element) { element.innerHTML = parts[id]; localize(element); }
     });
     if (stamp) { stamp.textContent = 'live · updated ' + new Date().toLocaleTimeString(); }
     document.body.setAttribute('data-refreshes',

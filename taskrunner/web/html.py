@@ -29,7 +29,8 @@ def now() -> datetime:
 
 
 def when(value: Optional[datetime]) -> str:
-    """A time as UTC text in a <time> element ('' for none)."""
+    """A time in a <time> element ('' for none): UTC text, which the page's script turns
+    into the viewer's local time (the zone said once, in the header)."""
     if value is None:
         return ""
     return '<time datetime="%s">%s</time>' % (e(value.isoformat()),
@@ -87,14 +88,15 @@ def short(value: Any, width: int = 80) -> str:
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]], empty: str = "nothing here",
           css: str = "") -> str:
-    """A table of cells that are already HTML."""
+    """A table of cells that are already HTML, in a box of its own that scrolls sideways
+    when the table is wider than the screen (a phone), so the page itself never does."""
     rows = list(rows)
     if not rows:
         return '<p class="muted empty">%s</p>' % e(empty)
     head = "".join("<th>%s</th>" % e(h) for h in headers)
     body = "".join("<tr>%s</tr>" % "".join("<td>%s</td>" % c for c in row) for row in rows)
-    return '<table class="%s"><thead><tr>%s</tr></thead><tbody>%s</tbody></table>' % (
-        e(css), head, body)
+    return ('<div class="scroll"><table class="%s"><thead><tr>%s</tr></thead><tbody>%s'
+            '</tbody></table></div>' % (e(css), head, body))
 
 
 def csrf_form(action: str, token: str, button: str, fields: Optional[dict] = None,
@@ -121,7 +123,8 @@ def page(title: str, path: str, body: str, notice: Optional[str] = None,
             "<link rel=\"stylesheet\" href=\"/static/app.css\">"
             "<script src=\"/static/app.js\" defer></script></head>"
             "<body%s><header><span class=\"brand\">taskrunner</span><nav>%s</nav>%s"
-            "<span class=\"refreshed\" id=\"refreshed\"></span></header>"
+            "<span class=\"refreshed\" id=\"refreshed\"></span>"
+            "<span class=\"zone\" id=\"zone\">times in UTC</span></header>"
             "<main><h1>%s</h1>%s%s</main></body></html>"
             % (e(title), live, nav, badge, e(title), flash, body))
 

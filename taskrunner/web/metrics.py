@@ -57,7 +57,7 @@ class StoreCollector:
         yield duration
 
         yield GaugeMetricFamily("taskrunner_queue_lag_seconds", "Seconds since the oldest "
-                                "due run was due (0 when none waits).",
+                                "due run of a queue not paused was due (0 when none waits).",
                                 value=summaries.queue_lag(store))
 
         per_queue = [GaugeMetricFamily("taskrunner_queue_%s" % name, text, labels=["queue"])
@@ -65,13 +65,16 @@ class StoreCollector:
                          ("scheduled", "Runs waiting in a queue (due or not)."),
                          ("running", "Runs of a queue running now."),
                          ("lag_by_queue_seconds", "Seconds since a queue's oldest waiting "
-                          "run was due (0 when none waits)."),
+                          "run was due (0 when none waits or it is paused)."),
                          ("paused", "1 if the queue is paused (on every host); for "
-                          "(other), how many are."))]
+                          "(other), how many are."),
+                         ("paused_seconds", "Seconds since the queue was paused (0 when it "
+                          "is not; for (other), the longest)."))]
         limit = store.config.dashboard.metrics_series
         named = sorted(set(store.config.queues) | {DEFAULT_QUEUE})
         for q in summaries.queue_figures(store, named, limit):
-            for family, value in zip(per_queue, (q.scheduled, q.running, q.lag, q.paused)):
+            for family, value in zip(per_queue, (q.scheduled, q.running, q.lag, q.paused,
+                                                 q.paused_seconds)):
                 family.add_metric([q.name], value)
         yield from per_queue
 
@@ -79,15 +82,20 @@ class StoreCollector:
                                   "by host.", labels=["host"])
         rss = GaugeMetricFamily("taskrunner_runners_rss_bytes", "Resident memory of the "
                                 "running runners, by host.", labels=["host"])
+        busy = GaugeMetricFamily("taskrunner_runners_busy", "Runners executing a run now, "
+                                 "by host (alive minus busy: idle runners).", labels=["host"])
         hosts: dict = {}
         for r in reads.running_runners(store):
             if r.kind == "runner":
-                count, memory = hosts.get(r.host, (0, 0.0))
-                hosts[r.host] = (count + 1, memory + (r.rss_mb or 0.0) * 1048576)
-        for host, (count, memory) in sorted(hosts.items()):
+                count, working, memory = hosts.get(r.host, (0, 0, 0.0))
+                hosts[r.host] = (count + 1, working + (r.run_id is not None),
+                                 memory + (r.rss_mb or 0.0) * 1048576)
+        for host, (count, working, memory) in sorted(hosts.items()):
             alive.add_metric([host], count)
+            busy.add_metric([host], working)
             rss.add_metric([host], memory)
         yield alive
+        yield busy
         yield rss
 
         until = GaugeMetricFamily("taskrunner_periodic_seconds_until_due", "Seconds until a "

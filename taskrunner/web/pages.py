@@ -99,7 +99,8 @@ def overview_live(view: View, params: Mapping[str, str]) -> str:
             '<div class="cols"><section class="card wide"><h2>Runs finished per minute, last '
             'hour <small>%d succeeded · %d failed</small></h2>%s</section>'
             '<section class="card"><h2>Queue lag</h2><p class="big" id="queue-lag">%s</p>'
-            '<p class="muted">age of the oldest due run</p><h2>Runners alive</h2>%s</section>'
+            '<p class="muted">age of the oldest due run (paused queues left out)</p>'
+            '<h2>Runners alive</h2>%s</section>'
             '</div>%s' % (tiles, status_bar(counts), done[0], done[1], minute_chart(minutes),
                           span(lag) if lag else "none", table(
                               ["Host", "Runners", "Busy", "Overseer"], host_rows,
@@ -120,7 +121,8 @@ def queues_card(view: View) -> str:
                      '<a href="/tasks%s">%d</a>' % (e(query(queue=q.name, status="scheduled")),
                                                     q.scheduled),
                      "%d" % q.running, "%d" % q.runners,
-                     span(q.lag) if q.lag else '<span class="muted">none</span>', toggle])
+                     '<span class="muted">paused %s</span>' % span(q.paused_for) if q.paused
+                     else span(q.lag) if q.lag else '<span class="muted">none</span>', toggle])
     return '<section class="card" id="queues"><h2>Queues</h2>%s</section>' % table(
         ["Queue", "State", "Host limit", "Scheduled", "Running", "Runners", "Lag", ""], rows,
         "no queue is used yet", css="queues")
@@ -135,7 +137,7 @@ def overview(view: View, params: Mapping[str, str]) -> str:
              when(p.nextrun), e(ago(p.nextrun, at))] for p in due[:10]]
     return ('<div id="overview-live" data-live>%s</div><section class="card"><h2>Next periodic '
             'tasks due</h2>%s</section>' % (overview_live(view, params), table(
-                ["Periodic task", "Timer", "Next due (UTC)", ""], rows,
+                ["Periodic task", "Timer", "Next due", ""], rows,
                 "no enabled periodic task is due")))
 
 
@@ -215,9 +217,7 @@ def task_row(t: Any) -> list:
                                                       short(t.last_error_message or "", 60))
     return ['<a href="/tasks/%d">%d</a>' % (t.id, t.id), e(t.handler),
             '<a href="/tasks%s">%s</a>' % (e(query(queue=t.queue)), e(t.queue)),
-            status("given-up" if t.given_up else (
-                "retrying" if t.status in ("error", "timeout") and not t.finished_on
-                else t.status)),
+            status(reads.state_word(t.status, t.finished_on)),
             "%d / %d" % (t.runs_failed, t.max_retries), "%d" % t.runs,
             when(t.scheduled_on), when(t.finished_on), outcome]
 
@@ -238,11 +238,13 @@ def tasks(view: View, params: Mapping[str, str]) -> str:
         bulk = ('<div class="bulk">Every task matching this filter: %s %s</div>'
                 % (view.action("/tasks/bulk", "Retry all…", dict(fields, action="retry")),
                    view.action("/tasks/bulk", "Cancel all…", dict(fields, action="cancel"),
+                               css="danger") + " " +
+                   view.action("/tasks/bulk", "Delete all ended…", dict(fields, action="delete"),
                                css="danger")))
     return '%s%s%s<p class="pager">%s %s</p>' % (
         _filter_form(params), bulk,
-        table(["Task", "Handler", "Queue", "Status", "Failures", "Runs", "Scheduled (UTC)",
-               "Finished (UTC)", "Error"], rows, "no task matches this filter", css="tasks"),
+        table(["Task", "Handler", "Queue", "Status", "Failures", "Runs", "Scheduled",
+               "Finished", "Error"], rows, "no task matches this filter", css="tasks"),
         newest, more)
 
 
@@ -256,10 +258,19 @@ def confirm_bulk(view: View, params: Mapping[str, str], count: int, limit: int) 
             '</p><p>Tasks that cannot be %s (wrong state) are left as they are.</p>%s '
             '<a href="/tasks%s">Back</a></section>' % (
                 e(action.capitalize()), count, e(capped), e(described),
-                "retried" if action == "retry" else "cancelled",
+                {"retry": "retried", "cancel": "cancelled",
+                 "delete": "deleted (not ended)"}[action],
                 view.action("/tasks/bulk", "Yes, %s %d task(s)" % (action, count), fields,
-                            css="danger" if action == "cancel" else ""),
+                            css="" if action == "retry" else "danger"),
                 e(query(**filter_params(params)))))
+
+
+def confirm_delete(view: View, task_id: int) -> str:
+    return ('<section class="card confirm"><p>Delete task %d and its runs? This cannot be '
+            'undone; a task that has not ended is left as it is.</p>%s <a href="/tasks/%d">'
+            'Back</a></section>' % (task_id, view.action(
+                "/tasks/%d/delete" % task_id, "Yes, delete task %d" % task_id,
+                {"confirm": "yes"}, css="danger"), task_id))
 
 
 def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
@@ -280,18 +291,18 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
              ("Last error", '<span class="err">%s</span> %s' % (
                  e(t.last_error_code), e(t.last_error_message)) if t.last_error_code else "")]
     facts_html = "".join("<dt>%s</dt><dd>%s</dd>" % (k, v) for k, v in facts if v)
-    rows, tracebacks = [], []
+    rows = []
+    # Newest first: the latest run with a traceback shows it; older runs with the same one
+    # are listed under it (a task retried 20 times for one cause shows it once).
+    by_traceback: Dict[str, list] = OrderedDict()
     for r in reversed(runs):
         error = ""
         if r.error_code:
             error = '<span class="err">%s</span><pre class="error">%s</pre>' % (
                 e(r.error_code), e(r.error_message))
         if r.traceback:
-            error += '<a href="#traceback-%d">traceback ↓</a>' % r.id
-            tracebacks.append('<section class="card" id="traceback-%d"><h3>Run %d (attempt %d)'
-                              ': <span class="err">%s</span></h3><pre class="traceback">%s'
-                              '</pre></section>' % (r.id, r.id, r.attempt, e(r.error_code),
-                                                    e(r.traceback)))
+            by_traceback.setdefault(r.traceback, []).append(r)
+            error += '<a href="#traceback-%d">traceback ↓</a>' % by_traceback[r.traceback][0].id
         # A running run (live results, progress) asked to stop by a cancel shows as stopping.
         shown_run = reads.STOPPING if r.status == "running" and r.cancel_requested_on \
             else r.status
@@ -299,6 +310,17 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
                      progress(r.percent_completed), when(r.created_on), when(r.started_on),
                      when(r.finished_on), span(r.duration),
                      pretty(view.shown(r.results)) if r.results is not None else "", error])
+    tracebacks = []
+    for text, same in by_traceback.items():
+        latest = same[0]
+        repeats = ('<p class="muted">The same traceback in %d earlier run%s: attempt%s %s.</p>'
+                   % (len(same) - 1, "" if len(same) == 2 else "s", "" if len(same) == 2
+                      else "s", ", ".join("%d" % r.attempt for r in reversed(same[1:])))
+                   if len(same) > 1 else "")
+        tracebacks.append('<section class="card" id="traceback-%d"><h3>Run %d (attempt %d): '
+                          '<span class="err">%s</span></h3><pre class="traceback">%s</pre>%s'
+                          '</section>' % (latest.id, latest.id, latest.attempt,
+                                          e(latest.error_code), e(text), repeats))
     return ('<dl class="facts">%s</dl><h2>Runs</h2>%s%s' % (facts_html, table(
         ["Attempt", "Run", "Status", "Runner", "Progress", "Created", "Started", "Finished",
          "Duration", "Results", "Error"], rows, "no run yet", css="runs"),
@@ -312,6 +334,8 @@ def task(view: View, params: Mapping[str, str], task_id: int) -> str:
         actions += view.action("/tasks/%d/retry" % t.id, "Retry")
     if t.finished_on is None and t.status != "cancelled":
         actions += view.action("/tasks/%d/cancel" % t.id, "Cancel", css="danger")
+    if t.finished_on is not None:
+        actions += view.action("/tasks/%d/delete" % t.id, "Delete…", css="danger")
     return ('<p class="actions">%s</p><div id="task-live" data-live>%s</div><h2>Data</h2>%s'
             % (actions, task_live(view, params, task_id), pretty(view.shown(t.data))))
 
@@ -353,7 +377,7 @@ def _stats(p: Any) -> str:
     timing = "avg %s · p95 %s" % (span(st.avg_duration), span(st.p95_duration)) \
         if st.avg_duration is not None else ""
     success = "last success %s" % ago(st.last_success) if st.last_success else "never succeeded"
-    return '<span class="nowrap">%s</span><br><small class="nowrap">%s%s<br>%s</small>' % (
+    return '<span class="nowrap">%s</span><br><small>%s%s<br>%s</small>' % (
         " · ".join(parts), e(timing) + "<br>" if timing else "", e(success), submitted)
 
 
@@ -366,29 +390,35 @@ def periodic(view: View, params: Mapping[str, str]) -> str:
     for p in every:
         if group and p.group != group:
             continue
-        toggle = view.action("/periodic/%s" % ("disable" if p.enabled else "enable"),
-                             "Disable" if p.enabled else "Enable", {"name": p.name},
-                             css="danger" if p.enabled else "")
+        toggle = view.action("/periodic/run", "Run now", {"name": p.name}) + view.action(
+            "/periodic/%s" % ("disable" if p.enabled else "enable"),
+            "Disable" if p.enabled else "Enable", {"name": p.name},
+            css="danger" if p.enabled else "")
         name = '<a class="nowrap" href="/tasks%s">%s</a>' % (e(query(periodic=p.name)),
                                                              e(p.name))
         if p.subject:
             name += '<br><small class="muted">%s</small>' % e(p.subject)
+        name += '<br><small class="muted">%s</small>' % e(p.handler)
+        # At 1280 px the table fits: the handler under the name, the last run's status with
+        # its time, the enabled state as the next due time ("disabled") and the toggle.
         rows.append([name,
                      '<a href="/periodic%s">%s</a>' % (e(query(group=p.group)), e(p.group))
-                     if p.group else "", e(p.handler),
-                     "<code>%s</code>%s" % (e(p.timer), '<br><small class="muted">%s</small>'
-                                            % e(p.timezone) if p.timezone else ""),
+                     if p.group else "",
+                     '<code class="wrap">%s</code>%s' % (e(p.timer), '<br><small class="muted">'
+                                                         '%s</small>' % e(p.timezone)
+                                                         if p.timezone else ""),
                      "%s <small>%s</small>" % (when(p.nextrun), e(ago(p.nextrun, at)))
                      if p.enabled else '<span class="muted">disabled</span>',
-                     when(p.last_run), status(p.last_status), e(p.consecutive_failures),
-                     _stats(p), "yes" if p.enabled else "no", toggle])
+                     "%s<br>%s" % (status(p.last_status), when(p.last_run)) if p.last_run
+                     else '<span class="muted">never</span>',
+                     e(p.consecutive_failures), _stats(p), toggle])
     options = "".join('<option value="%s"%s>%s</option>' % (
         e(g), " selected" if g == group else "", e(g) or "every group") for g in [""] + groups)
     form = ('<form method="get" action="/periodic" class="filters" id="periodic-filters">'
             '<label>Group <select name="group">%s</select></label><button type="submit">'
             'Filter</button> <a href="/periodic">clear</a></form>' % options)
-    return form + table(["Name", "Group", "Handler", "Timer", "Next due (UTC)", "Last run",
-                         "Last status", "Failures in a row", "Runs", "Enabled", ""],
+    return form + table(["Name", "Group", "Timer", "Next due", "Last run",
+                         "Failures in a row", "Runs", ""],
                         rows, "no periodic task" + (" in group %s" % group if group else ""),
                         css="periodic")
 
