@@ -239,7 +239,8 @@ def test_kill_9_of_a_batched_runner_hands_back_the_runs_it_had_not_started_uncou
             "a claimed run that never started was counted as a crash"
         [run] = runs
         assert run.runner_id != row.id
-        assert run.status in (SCHEDULED, RUNNING)     # the overseer's next runner may hold it
+        # The overseer's next runner may hold it, or have run it already (a Record is quick).
+        assert run.status in (SCHEDULED, RUNNING, SUCCESS)
         assert Task.get_by_id(task_id).runs_failed == 0
     assert not os.path.exists(path), "the claim file was left behind"
 

@@ -572,6 +572,7 @@ def test_hup_applies_a_new_limit_and_keeps_the_old_config_when_the_new_one_is_in
     # new runners' registration by a moment on a loaded machine.
     wait_for(lambda: not set(before) & set(live_pids(proc.pid)), timeout=START_TIMEOUT,
              message="the old runners to exit")
+    after = live_pids(proc.pid)
     assert len(runner_rows(me.id)) == 4
 
     with open(config, "w") as fh:

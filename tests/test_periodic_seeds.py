@@ -445,7 +445,7 @@ def test_subject_and_group_are_listed_filtered_and_carried_to_the_submitted_task
     assert (acme["subject"], acme["group"], acme["timebox"], acme["tolerance"],
             acme["max_runtime"], acme["min_spacing"], acme["dropped"]) == (
         "Scan the acme inbox", "acme", "half", 300.0, 1800.0, 3300.0, 0)
-    table = ok(taskrunner("periodic", "list", url=url)).splitlines()
+    table = ok(taskrunner("periodic", "list", "--wide", url=url)).splitlines()
     for header in ("GROUP", "SUBJECT", "DROPPED"):
         assert header in table[0]
     [line] = [text for text in table if text.startswith("scan-acme ")]

@@ -71,7 +71,7 @@ def test_the_zone_is_shown_by_periodic_list(sqlite_db):
     assert zones == {"standup": ("Mon..Fri 07:30", "Europe/Berlin"),
                      "nyc": ("Mon..Fri 07:30 America/New_York", None),
                      "tick": ("every 5min", None)}
-    table = taskrunner("--database", sqlite_db.url, "periodic", "list", check=True).stdout
+    table = taskrunner("--database", sqlite_db.url, "periodic", "list", "--wide", check=True).stdout
     assert "Mon..Fri 07:30 Europe/Berlin" in table
 
 
