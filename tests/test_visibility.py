@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -372,6 +372,48 @@ def test_a_runner_winding_down_its_run_shows_as_stopping(sqlite_db, tmp_path, pr
     assert procs.wait(runner) == 0
     assert queue.wait(task_id, timeout=10).status == "success"
     assert state() == []
+    queue.close()
+
+
+def test_a_run_past_its_max_runtime_shows_as_stopping_until_the_runner_exits(
+        database_sp, tmp_path, procs):
+    """Issue 30, TimescaleDB's TERMINATING: a handler that ignores TERM and every
+    interruption; its run timed out (MaxRuntime) by the queue pass, a heartbeat before its
+    runner notices. From that moment until the runner's hard exit after kill_grace, `status`
+    shows the runner stopping, why and since when — not ``running`` with no run."""
+    config = database_sp.write_config(tmp_path / "c.toml", (
+        "[runner]\npoll_interval = 0.1\nheartbeat_interval = 2\n[overseer]\nkill_grace = 3\n"))
+    queue = database_sp.queue()
+    log = str(tmp_path / "run.log")
+    task_id = queue.add_task(H + "Stubborn", data={"log": log}, max_runtime=1, max_retries=1)
+    runner = procs.spawn("runner", config=config, name="runner")
+    wait_for(lambda: read_lines(log) == ["started"], timeout=START_TIMEOUT,
+             message="the handler to start")
+
+    def runners():
+        return json.loads(ok(taskrunner("status", "--json", url=database_sp.url)))["runners"]
+
+    def queue_pass():
+        ok(taskrunner("run-event", "task-queue:OnProcess", url=database_sp.url))
+        return final_run(queue, task_id).status == "timeout"
+    wait_for(queue_pass, timeout=10, message="the queue pass to time the run out")
+    [row] = runners()
+    run = final_run(queue, task_id)
+    assert row["state"] == "stopping", row
+    assert row["stopping_reason"] == "run %d timed out: running longer than 1s (max_runtime)" \
+        % run.id
+    since = row["stopping_since"]
+    assert datetime.fromisoformat(since) == run.finished_on
+    text = ok(taskrunner("status", url=database_sp.url))
+    assert "runner %d stopping since " % row["id"] in text and "(max_runtime)" in text
+    # The runner noticed and interrupted its handler, which runs on: its own reason, the
+    # same since.
+    wait_for(lambda: "interrupted" in (runners()[0]["stopping_reason"] or ""), timeout=5,
+             message="the runner's own reason")
+    assert runners()[0]["stopping_since"] == since
+    assert procs.wait(runner) != 0           # exited hard after kill_grace
+    queue_pass()                             # notices it gone
+    assert runners() == []
     queue.close()
 
 

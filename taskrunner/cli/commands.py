@@ -219,6 +219,10 @@ def cmd_status(args):
                    run_column(r),
                    "%d%%" % r["progress"] if r["progress"] is not None else "-", r["rss_mb"],
                    r["runs_done"], when(r["started_on"]), when(r["heartbeat_on"])] for r in rows])
+    for r in rows:
+        if r["stopping_reason"] is not None:
+            print("runner %d stopping since %s: %s" % (r["id"], when(r["stopping_since"]),
+                                                       r["stopping_reason"]))
 
 
 def run_column(runner):

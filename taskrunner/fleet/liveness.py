@@ -23,8 +23,8 @@ import psutil
 from ..host import claimfile
 from ..errors import RunnerLimitReached
 from ..runs.lifecycle import end_in_transaction, release_runs_of, runs_of_runner_query
-from ..store.models import (CRASHED, ERROR, OVERSEER, REQUEUED, RUNNER, RUNNING, SUCCESS, TIMEOUT,
-                            run_status_is, utcnow)
+from ..store.models import (CRASHED, ERROR, OVERSEER, REQUEUED, RUNNER, RUNNING, STOPPING_PREFIX,
+                            SUCCESS, TIMEOUT, run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.liveness")
 
@@ -196,9 +196,14 @@ def heartbeat(store, runner_id, rss=None, runs_done=None, stopping=None):
     `stopping`: why the runner is winding down its run (it then reads as ``stopping``); ""
     when that run has ended and the runner goes on."""
     Runner = store.Runner
-    values = {Runner.heartbeat_on: store.server_time()}
+    now = store.server_time()
+    values = {Runner.heartbeat_on: now}
     if stopping is not None:
-        values[Runner.exit_reason] = "stopping: %s" % stopping if stopping else None
+        values[Runner.exit_reason] = STOPPING_PREFIX + stopping if stopping else None
+        # Since the first reason: the one written for it by whoever timed its run out
+        # (lifecycle.timeout_overdue_runs), or its own.
+        values[Runner.stopping_since] = pw.fn.COALESCE(Runner.stopping_since, now) \
+            if stopping else None
     if rss is not None:
         values[Runner.rss] = rss
     if runs_done is not None:

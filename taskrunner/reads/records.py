@@ -14,7 +14,8 @@ from typing import Any, Dict, List, Optional
 import peewee as pw
 
 from ..errors import InputError, TaskNotFound, check_text
-from ..store.models import CRASHED, FAILED, RUN_STATUSES, RUNNING, SCHEDULED, SUCCESS, run_status_is
+from ..store.models import (CRASHED, FAILED, RUN_STATUSES, RUNNING, SCHEDULED, STOPPING_PREFIX,
+                            SUCCESS, run_status_is)
 from ..runs.sql import claim_order_of
 
 TASK_FILTERS = RUN_STATUSES + ("given-up",)
@@ -75,6 +76,8 @@ class TaskInfo(_Record):
     queue: str
     results: Any = None                # of its latest run that has results (live or final)
     last_traceback: Optional[str] = None   # of its latest run that failed with one
+    crash_count: int = 0        # runs ended by a dead runner, in all
+    runs_crashed: int = 0       # of those, in a row up to now: the crash backoff
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,9 @@ class RunnerInfo(_Record):
     # Runs it holds ``running``: 1 while it executes one; with [runner] batch > 1 also the
     # runs claimed with it and not started yet, and successes not written yet (batches.py).
     claimed: int = 0
+    # Winding down its run (TimescaleDB's TERMINATING): why, and since when; None otherwise.
+    stopping_reason: Optional[str] = None
+    stopping_since: Optional[datetime] = None
 
 
 @dataclass(frozen=True)
@@ -200,6 +206,8 @@ class PeriodicTaskInfo(_Record):
     queue: str
     anchor: str
     stats: Optional[RunStats] = None
+    crash_count: int = 0            # runs of its tasks ended by a dead runner, in all
+    consecutive_crashes: int = 0    # of those, in a row up to now
 
 
 def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = None) -> TaskInfo:
@@ -212,7 +220,8 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         run_timeout=row.run_timeout, max_runtime=row.max_runtime, unique_key=row.unique_key,
         periodic_task_id=row.periodic_task_id, last_error_code=row.last_error_code,
         last_error_message=row.last_error_message, subject=row.subject, group=row.group_name,
-        queue=row.queue, results=results, last_traceback=last_traceback)
+        queue=row.queue, results=results, last_traceback=last_traceback,
+        crash_count=row.crash_count, runs_crashed=row.runs_crashed)
 
 
 def run_info(row: Any) -> RunInfo:
@@ -238,7 +247,8 @@ def periodic_info(row: Any, stats: Optional[RunStats] = None) -> PeriodicTaskInf
         catch_up=row.catch_up, max_runtime=row.max_runtime, min_spacing=row.min_spacing,
         owner=row.owner, source=row.source, worker=row.worker, marked=aware(row.marked),
         subject=row.subject, group=row.group_name, timebox=row.timebox, tolerance=row.tolerance,
-        dropped=row.dropped_count, queue=row.queue, anchor=row.anchor, stats=stats)
+        dropped=row.dropped_count, queue=row.queue, anchor=row.anchor, stats=stats,
+        crash_count=row.crash_count, consecutive_crashes=row.consecutive_crashes)
 
 
 # -- queries ------------------------------------------------------------------------------------
@@ -370,8 +380,11 @@ def running_runners(store: Any) -> List[RunnerInfo]:
     result = []
     for r in rows:
         run = current.get(r.id)
-        # A runner winding down its run (told to stop, or its run taken away) said so.
-        state = STOPPING if r.exit_reason and r.exit_reason.startswith("stopping") else r.status
+        # A runner winding down its run (told to stop, its run cancelled or taken away) said
+        # so, or whoever took its run away said it for it (lifecycle.timeout_overdue_runs).
+        stopping = r.exit_reason[len(STOPPING_PREFIX):] \
+            if r.exit_reason and r.exit_reason.startswith(STOPPING_PREFIX) else None
+        state = STOPPING if stopping is not None else r.status
         result.append(RunnerInfo(
             id=r.id, kind=r.kind, host=r.host, pid=r.pid, state=state, slot=r.slot,
             parent_id=r.parent_id, run_id=run.id if run else None,
@@ -379,7 +392,8 @@ def running_runners(store: Any) -> List[RunnerInfo]:
             progress=run.percent_completed if run else None,
             rss_mb=round(r.rss / 1048576, 1) if r.rss else None, runs_done=r.runs_done,
             started_on=aware(r.started_on), heartbeat_on=aware(r.heartbeat_on),
-            claimed=held.get(r.id, 0)))
+            claimed=held.get(r.id, 0), stopping_reason=stopping,
+            stopping_since=aware(r.stopping_since) if stopping is not None else None))
     return result
 
 
