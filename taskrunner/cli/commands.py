@@ -244,10 +244,11 @@ def cmd_tasks(args):
     if args.json:
         print_json(tasks)
         return
-    print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "SCHEDULED", "NEXT RUN",
-                  "FINISHED", "RESULT / ERROR"],
+    print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "CRASHED", "SCHEDULED",
+                  "NEXT RUN", "FINISHED", "RESULT / ERROR"],
                  [[t["id"], t["handler"], "given-up" if t["given_up"] else t["status"], t["runs"],
-                   t["runs_failed"], when(t["scheduled_on"]), when(t["next_run_on"]),
+                   t["runs_failed"], t["runs_crashed"], when(t["scheduled_on"]),
+                   when(t["next_run_on"]),
                    when(t["finished_on"]),
                    cli_runs.outcome_column(t)] for t in tasks])
     total = reads.count_tasks(queue.store, **filters)

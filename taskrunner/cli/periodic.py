@@ -39,11 +39,12 @@ def cmd_periodic(args):
             print_json(rows)
             return
         print_table(["NAME", "ENABLED", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS",
-                      "FAILURES", "DROPPED", "GROUP", "SUBJECT", "HANDLER"] + STATS_HEADERS,
+                      "FAILURES", "CRASHED", "DROPPED", "GROUP", "SUBJECT", "HANDLER"]
+                     + STATS_HEADERS,
                      [[r["name"], "yes" if r["enabled"] else "no",
                        " ".join(filter(None, (r["timer"], r["timezone"]))), when(r["nextrun"]),
                        when(r["last_run"]), r["last_status"], r["consecutive_failures"],
-                       r["dropped"], r["group"], r["subject"], r["handler"]]
+                       r["consecutive_crashes"], r["dropped"], r["group"], r["subject"], r["handler"]]
                       + stats_cells(r["stats"]) for r in rows])
     elif args.all:
         count = periodic.remove_owned(store, args.owner) if args.action == "remove" else \
