@@ -92,7 +92,8 @@ class Heartbeat:
             deadline = run.abort_deadline if run is not None else None
             wait = min(interval, self.RESULTS_INTERVAL) if deadline is None else \
                 max(0.05, min(interval, deadline - time.monotonic()))
-            if run is not None and (run.stopping() or w.stop_reason) not in (None, shown_stopping):
+            if failing is None and run is not None \
+                    and (run.stopping() or w.stop_reason) not in (None, shown_stopping):
                 wait = 0.0      # a new reason to stop is shown now, not a heartbeat later
         outage.close_quietly(w.store.db)
 

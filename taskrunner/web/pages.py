@@ -166,6 +166,9 @@ def runners_live(view: View, params: Mapping[str, str]) -> str:
             else:
                 current, handler = '<span class="muted">idle</span>', ""
             state = status("stopping" if r.state != "running" else r.state)
+            if r.stopping_reason is not None:
+                state += '<br><small class="muted">%s, since %s</small>' % (
+                    e(r.stopping_reason), when(r.stopping_since))
             cells.append([e(r.id), e(r.kind), e(r.pid), state,
                           " ".join('<a class="queue" href="/tasks%s">%s</a>' % (
                               e(query(queue=name)), e(name)) for name in served.get(r.id, ())),
@@ -272,8 +275,9 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
              ("Queued", "%s by %s" % (when(t.queued_on), e(t.queued_by or "-"))),
              ("Scheduled", when(t.scheduled_on)), ("Next run", when(t.next_run_on)),
              ("Finished", when(t.finished_on)),
-             ("Runs", "%d, %d failed in a row of %d allowed" % (t.runs, t.runs_failed,
-                                                                t.max_retries)),
+             ("Runs", "%d, %d failed in a row of %d allowed, %d crashed in a row (%d crashes "
+                      "in all)" % (t.runs, t.runs_failed, t.max_retries, t.runs_crashed,
+                                   t.crash_count)),
              ("Run timeout", span(t.run_timeout)), ("Max runtime", span(t.max_runtime)),
              ("Unique key", e(t.unique_key)),
              ("Periodic task", e(t.periodic_task_id)),
@@ -380,7 +384,9 @@ def periodic(view: View, params: Mapping[str, str]) -> str:
                                             % e(p.timezone) if p.timezone else ""),
                      "%s <small>%s</small>" % (when(p.nextrun), e(ago(p.nextrun, at)))
                      if p.enabled else '<span class="muted">disabled</span>',
-                     when(p.last_run), status(p.last_status), e(p.consecutive_failures),
+                     when(p.last_run), status(p.last_status),
+                     "%d%s" % (p.consecutive_failures, " (%d crashed)" % p.consecutive_crashes
+                               if p.consecutive_crashes else ""),
                      _stats(p), "yes" if p.enabled else "no", toggle])
     options = "".join('<option value="%s"%s>%s</option>' % (
         e(g), " selected" if g == group else "", e(g) or "every group") for g in [""] + groups)
