@@ -479,8 +479,15 @@ def test_a_run_past_its_max_runtime_shows_as_stopping_until_the_runner_exits(
         % run.id
     since = row["stopping_since"]
     assert datetime.fromisoformat(since) == run.finished_on
+    assert (row["run_id"], row["task_id"]) == (run.id, task_id)      # the run it stops
     text = ok(taskrunner("status", url=database_sp.url))
     assert "runner %d stopping since " % row["id"] in text and "(max_runtime)" in text
+    [shown] = json.loads(ok(taskrunner("runs", str(task_id), "--json", url=database_sp.url)))
+    assert (shown["status"], shown["stopping_reason"], shown["stopping_since"]) == (
+        "timeout", row["stopping_reason"], since)
+    lines = ok(taskrunner("runs", str(task_id), url=database_sp.url)).splitlines()
+    assert lines[1].split()[:3] == [str(run.id), "1", "stopping"]
+    assert "run %d stopping since " % run.id in lines[2]
     # The runner noticed and interrupted its handler, which runs on: its own reason, the
     # same since.
     wait_for(lambda: "interrupted" in (runners()[0]["stopping_reason"] or ""), timeout=5,
@@ -489,6 +496,8 @@ def test_a_run_past_its_max_runtime_shows_as_stopping_until_the_runner_exits(
     assert procs.wait(runner) != 0           # exited hard after kill_grace
     queue_pass()                             # notices it gone
     assert runners() == []
+    [shown] = queue.runs_of(task_id)
+    assert (shown.status, shown.stopping_reason) == ("timeout", None)
     queue.close()
 
 

@@ -271,14 +271,18 @@ def cmd_runs(args):
         return
     print_table(["RUN", "ATTEMPT", "STATUS", "RUNNER", "%", "STARTED", "DURATION", "RESULTS",
                   "ERROR"],
-                 [[r["id"], r["attempt"], "stopping" if r["status"] == "running"
-                   and r["cancel_requested_on"] else r["status"], r["runner_id"],
+                 [[r["id"], r["attempt"], "stopping" if r["stopping_reason"] else r["status"],
+                   r["runner_id"],
                    r["percent_completed"],
                    when(r["started_on"]),
                    "%.3fs" % r["duration"] if r["duration"] is not None else None,
                    cli_runs.short(r["results"]),
                    "%s: %s" % (r["error_code"], r["error_message"]) if r["error_code"] else None]
                   for r in runs])
+    for r in runs:
+        if r["stopping_reason"]:
+            print("run %d stopping since %s: %s" % (r["id"], when(r["stopping_since"]),
+                                                    r["stopping_reason"]))
     cli_runs.print_tracebacks(runs)
 
 

@@ -190,11 +190,11 @@ def _take_queue_slots(store, row, serving):
                                      "%r ([queues.%s] limit)" % (config.limit, name, name))
 
 
-def heartbeat(store, runner_id, rss=None, runs_done=None, stopping=None):
+def heartbeat(store, runner_id, rss=None, runs_done=None, stopping=None, stopping_run_id=None):
     """Refresh the runner's heartbeat (the database server's time); False when the row is no
     longer ``running`` (someone declared this runner dead), so it must stop claiming.
     `stopping`: why the runner is winding down its run (it then reads as ``stopping``); ""
-    when that run has ended and the runner goes on."""
+    when that run has ended and the runner goes on; `stopping_run_id`: that run."""
     Runner = store.Runner
     now = store.server_time()
     values = {Runner.heartbeat_on: now}
@@ -204,6 +204,7 @@ def heartbeat(store, runner_id, rss=None, runs_done=None, stopping=None):
         # (lifecycle.timeout_overdue_runs), or its own.
         values[Runner.stopping_since] = pw.fn.COALESCE(Runner.stopping_since, now) \
             if stopping else None
+        values[Runner.stopping_run_id] = stopping_run_id if stopping else None
     if rss is not None:
         values[Runner.rss] = rss
     if runs_done is not None:

@@ -117,6 +117,10 @@ class RunInfo(_Record):
     error_message: Optional[str]
     traceback: Optional[str]
     cancel_requested_on: Optional[datetime] = None    # cancelled while running: stopping
+    # Being stopped (TimescaleDB's TERMINATING: cancelled, or timed out and its handler not
+    # returned yet): why, and since when; None otherwise.
+    stopping_reason: Optional[str] = None
+    stopping_since: Optional[datetime] = None
 
 
 @dataclass(frozen=True)
@@ -224,7 +228,7 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         crash_count=row.crash_count, runs_crashed=row.runs_crashed)
 
 
-def run_info(row: Any) -> RunInfo:
+def run_info(row: Any, stopping: Any = (None, None)) -> RunInfo:
     duration = (row.finished_on - row.started_on).total_seconds() \
         if row.finished_on and row.started_on else None
     return RunInfo(
@@ -234,7 +238,8 @@ def run_info(row: Any) -> RunInfo:
         updated_on=aware(row.updated_on), finished_on=aware(row.finished_on),
         duration=duration, results=_decoded(row.results), error_code=row.error_code,
         error_message=row.error_message, traceback=row.traceback,
-        cancel_requested_on=aware(row.cancel_requested_on))
+        cancel_requested_on=aware(row.cancel_requested_on), stopping_reason=stopping[0],
+        stopping_since=stopping[1])
 
 
 def periodic_info(row: Any, stats: Optional[RunStats] = None) -> PeriodicTaskInfo:
@@ -299,7 +304,26 @@ def runs_of(store: Any, task_id: int) -> List[RunInfo]:
     """Every run of a task, oldest first; TaskNotFound for an unknown id."""
     Run = store.Run
     get_task(store, task_id)
-    return [run_info(r) for r in Run.select().where(Run.task_id == task_id).order_by(Run.id)]
+    rows = list(Run.select().where(Run.task_id == task_id).order_by(Run.id))
+    stopping = _stopped_runs(store, [r.id for r in rows if r.runner_id is not None])
+    for r in rows:
+        if r.id not in stopping and r.status == RUNNING and r.cancel_requested_on is not None:
+            # Cancelled; its runner says so at its next heartbeat.
+            stopping[r.id] = ("cancelled by an operator", aware(r.cancel_requested_on))
+    return [run_info(r, stopping.get(r.id, (None, None))) for r in rows]
+
+
+def _stopped_runs(store: Any, run_ids: List[int]) -> Dict[int, Any]:
+    """run id -> (why, since when) of those of `run_ids` that a running runner is winding
+    down (its row says so until it has exited or the run has ended)."""
+    Runner = store.Runner
+    if not run_ids:
+        return {}
+    return {run_id: (reason[len(STOPPING_PREFIX):], aware(since))
+            for run_id, reason, since in Runner.select(
+                Runner.stopping_run_id, Runner.exit_reason, Runner.stopping_since).where(
+                Runner.stopping_run_id.in_(run_ids) & (Runner.status == RUNNING)
+                & Runner.exit_reason.startswith(STOPPING_PREFIX)).tuples()}
 
 
 def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str] = None,
@@ -377,6 +401,12 @@ def running_runners(store: Any) -> List[RunnerInfo]:
             *claim_order_of(Run)):
         current.setdefault(run.runner_id, run)
         held[run.runner_id] = held.get(run.runner_id, 0) + 1
+    stopped = [r.stopping_run_id for r in rows if r.id not in current and r.stopping_run_id
+               and r.exit_reason and r.exit_reason.startswith(STOPPING_PREFIX)]
+    if stopped:       # its run ended (timed out) while its handler runs on: that run
+        for run in Run.select(Run.id, Run.task_id, Run.percent_completed).where(
+                Run.id.in_(stopped)):
+            current[next(r.id for r in rows if r.stopping_run_id == run.id)] = run
     result = []
     for r in rows:
         run = current.get(r.id)

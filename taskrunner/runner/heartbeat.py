@@ -71,7 +71,8 @@ class Heartbeat:
                     beat_at = time.monotonic() + interval
                     rss = w.rss()
                     if not liveness.heartbeat(w.store, w.runner_id, rss=rss,
-                                              runs_done=w.runs_done, stopping=stopping):
+                                              runs_done=w.runs_done, stopping=stopping,
+                                              stopping_run_id=run and run.claimed.run_id):
                         w.disowned = True
                         w.stop_reason = w.stop_reason or "runner row is no longer running"
                     shown_stopping = shown_stopping if stopping is None else stopping

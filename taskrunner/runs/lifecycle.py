@@ -474,7 +474,7 @@ def _end_overdue(store, run, now, code, message):
         return False
     Runner = store.Runner
     Runner.update(exit_reason="%srun %d timed out: %s" % (STOPPING_PREFIX, run.id, message),
-                  stopping_since=now).where(
+                  stopping_since=now, stopping_run_id=run.id).where(
         (Runner.id == run.runner_id) & (Runner.status == RUNNING)
         & Runner.exit_reason.is_null()).execute()
     return True

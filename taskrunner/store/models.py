@@ -164,10 +164,11 @@ class Runner(BaseModel):
     slot = pw.IntegerField(null=True)
     rss = pw.BigIntegerField(null=True)
     runs_done = pw.IntegerField(default=0)
-    # "stopping: why" while it winds down its run (TimescaleDB's TERMINATING), since
-    # stopping_since (0018); why it exited once it has.
+    # "stopping: why" while it winds down its run stopping_run_id (TimescaleDB's
+    # TERMINATING), since stopping_since (0018); why it exited once it has.
     exit_reason = pw.TextField(null=True)
     stopping_since = pw.DateTimeField(null=True)
+    stopping_run_id = pw.IntegerField(null=True)
 
     class Meta:
         table_name = "task_runners"

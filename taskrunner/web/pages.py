@@ -296,10 +296,12 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
                               ': <span class="err">%s</span></h3><pre class="traceback">%s'
                               '</pre></section>' % (r.id, r.id, r.attempt, e(r.error_code),
                                                     e(r.traceback)))
-        # A running run (live results, progress) asked to stop by a cancel shows as stopping.
-        shown_run = reads.STOPPING if r.status == "running" and r.cancel_requested_on \
-            else r.status
-        rows.append([e(r.attempt), e(r.id), status(shown_run), e(r.runner_id),
+        # A run being stopped (cancelled; timed out, its handler not returned yet) shows as
+        # stopping, why and since when, until its runner is done with it.
+        shown_run = status(reads.STOPPING) + '<br><small class="muted">%s, since %s</small>' % (
+            e(r.stopping_reason), when(r.stopping_since)) if r.stopping_reason \
+            else status(r.status)
+        rows.append([e(r.attempt), e(r.id), shown_run, e(r.runner_id),
                      progress(r.percent_completed), when(r.created_on), when(r.started_on),
                      when(r.finished_on), span(r.duration),
                      pretty(view.shown(r.results)) if r.results is not None else "", error])

@@ -5,8 +5,8 @@ count the runs ended by a dead runner in a row (``RunnerDied``), next to the tot
 ends by itself).
 
 TimescaleDB's TERMINATING: ``task_runners.stopping_since`` is when the runner began
-winding down its run (told to stop, its run cancelled or timed out); ``exit_reason`` says
-why (``stopping: ...``) until the runner exits.
+winding down its run ``stopping_run_id`` (told to stop, its run cancelled or timed out);
+``exit_reason`` says why (``stopping: ...``) until the runner exits or the run has ended.
 """
 from peewee import PostgresqlDatabase
 
@@ -18,3 +18,4 @@ def up(migrator, db):
     # The type peewee gives a DateTimeField on each database.
     when = "TIMESTAMP" if isinstance(db, PostgresqlDatabase) else "DATETIME"
     db.execute_sql("ALTER TABLE task_runners ADD COLUMN stopping_since %s NULL" % when)
+    db.execute_sql("ALTER TABLE task_runners ADD COLUMN stopping_run_id INTEGER NULL")
