@@ -378,6 +378,7 @@ def test_runners_page_marks_a_runner_winding_down_and_shows_its_queues(sqlite_db
         body = fetch(served.url + "/runners")[1]
         row = next(r for r in re.findall(r"<tr>.*?</tr>", body, re.S) if "run %d" % run_id in r)
         assert "status-stopping" in row and ">stopping<" in row
+        assert "told to stop, since " in row       # why, and since when (issue 30)
     finally:
         served.stop()
         queue.close()

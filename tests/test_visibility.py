@@ -4,10 +4,11 @@ time. Real databases; real runner processes where the process boundary is the po
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -330,6 +331,80 @@ def test_run_statistics_per_handler_count_crashes_apart(database):
     queue.close()
 
 
+def test_consecutive_crashes_are_kept_apart_reset_and_back_off_a_crash(database):
+    """Issue 30, TimescaleDB's crash accounting: runs ended by a dead runner are counted in a
+    row per task and per periodic task, next to the totals; a run that ends by itself resets
+    the count, a success resets everything; a crash found at an overseer's start waits
+    crash_grace doubled by each crash before it in a row."""
+    from taskrunner.periodic import scheduler as periodic
+    from taskrunner.runs import lifecycle
+    queue = database.queue()
+    store = queue.store
+    t = utcnow()
+    periodic.add_periodic(store, "nightly", "taskrunner.handlers.Echo", "every 1h",
+                          max_retries=10, now=t - timedelta(hours=1, seconds=1))
+    periodic.PeriodicScheduler(store).run_pending(now=t)
+    [task_id] = [task.id for task in queue.tasks()]
+
+    def claimed_run(now):
+        runner = liveness.register(store, take_slot=False)
+        lifecycle.create_missing_runs(store, now=now)
+        claimed = lifecycle.claim(store, runner.id, now=now)
+        assert claimed is not None and claimed.task_id == task_id
+        return runner.id, claimed
+
+    def crash(now, grace=None):
+        runner_id, _ = claimed_run(now)
+        retry_at = now + timedelta(seconds=grace) if grace else None
+        assert liveness.mark_runner_dead(store, runner_id, "killed", now=now, retry_at=retry_at)
+
+    def end(now, status):
+        runner_id, claimed = claimed_run(now)
+        assert lifecycle.end_run(store, claimed.run_id, task_id, status, runner_id=runner_id,
+                                 error_code="Boom" if status == "error" else None, now=now,
+                                 periodic_task_id=claimed.periodic_task_id)
+
+    def counts():
+        task = queue.get_task(task_id)
+        [row] = json.loads(ok(taskrunner("periodic", "list", "--json", url=database.url)))
+        shown = json.loads(ok(taskrunner("show", str(task_id), "--json", url=database.url)))
+        assert (shown["runs_crashed"], shown["crash_count"]) == (task.runs_crashed,
+                                                                 task.crash_count)
+        return (task.runs_failed, task.runs_crashed, task.crash_count,
+                row["consecutive_failures"], row["consecutive_crashes"], row["crash_count"])
+
+    def waits(now):
+        return (queue.get_task(task_id).next_run_on - utc(now)).total_seconds()
+
+    crash(t, grace=60)
+    assert counts() == (1, 1, 1, 1, 1, 1)
+    assert 59 <= waits(t) <= 61                  # crash_grace
+    t += timedelta(hours=2)
+    crash(t, grace=60)
+    assert counts() == (2, 2, 2, 2, 2, 2)
+    assert 119 <= waits(t) <= 121                # doubled: the second crash in a row
+    t += timedelta(hours=2)
+    end(t, "error")                              # a failure of its own: no crash loop
+    assert counts() == (3, 0, 2, 3, 0, 2)
+    t += timedelta(hours=2)
+    crash(t, grace=60)
+    assert counts() == (4, 1, 3, 4, 1, 3)
+    # Counted again from the first: crash_grace, or the backoff of 4 failures if longer.
+    assert 59 <= waits(t) <= 81
+    table = ok(taskrunner("periodic", "list", url=database.url)).splitlines()
+    header = table[0].split()
+    assert header[header.index("FAILURES") + 1] == "CRASHED"
+    [line] = [line for line in table if line.startswith("nightly ")]
+    assert re.search(r" timeout +4 +1 ", line), line
+    tasks = ok(taskrunner("tasks", url=database.url)).splitlines()
+    assert tasks[0].split()[4:6] == ["FAILED", "CRASHED"]
+    assert tasks[1].split()[4:6] == ["4", "1"]
+    t += timedelta(hours=2)
+    end(t, "success")
+    assert counts() == (0, 0, 3, 0, 0, 3)
+    queue.close()
+
+
 def test_statistics_of_a_periodic_task_in_periodic_list(database):
     from taskrunner.periodic import scheduler as periodic
     queue = database.queue()
@@ -372,6 +447,57 @@ def test_a_runner_winding_down_its_run_shows_as_stopping(sqlite_db, tmp_path, pr
     assert procs.wait(runner) == 0
     assert queue.wait(task_id, timeout=10).status == "success"
     assert state() == []
+    queue.close()
+
+
+def test_a_run_past_its_max_runtime_shows_as_stopping_until_the_runner_exits(
+        database_sp, tmp_path, procs):
+    """Issue 30, TimescaleDB's TERMINATING: a handler that ignores TERM and every
+    interruption; its run timed out (MaxRuntime) by the queue pass, a heartbeat before its
+    runner notices. From that moment until the runner's hard exit after kill_grace, `status`
+    shows the runner stopping, why and since when — not ``running`` with no run."""
+    config = database_sp.write_config(tmp_path / "c.toml", (
+        "[runner]\npoll_interval = 0.1\nheartbeat_interval = 2\n[overseer]\nkill_grace = 3\n"))
+    queue = database_sp.queue()
+    log = str(tmp_path / "run.log")
+    task_id = queue.add_task(H + "Stubborn", data={"log": log}, max_runtime=1, max_retries=1)
+    runner = procs.spawn("runner", config=config, name="runner")
+    wait_for(lambda: read_lines(log) == ["started"], timeout=START_TIMEOUT,
+             message="the handler to start")
+
+    def runners():
+        return json.loads(ok(taskrunner("status", "--json", url=database_sp.url)))["runners"]
+
+    def queue_pass():
+        ok(taskrunner("run-event", "task-queue:OnProcess", url=database_sp.url))
+        return final_run(queue, task_id).status == "timeout"
+    wait_for(queue_pass, timeout=10, message="the queue pass to time the run out")
+    [row] = runners()
+    run = final_run(queue, task_id)
+    assert row["state"] == "stopping", row
+    assert row["stopping_reason"] == "run %d timed out: running longer than 1s (max_runtime)" \
+        % run.id
+    since = row["stopping_since"]
+    assert datetime.fromisoformat(since) == run.finished_on
+    assert (row["run_id"], row["task_id"]) == (run.id, task_id)      # the run it stops
+    text = ok(taskrunner("status", url=database_sp.url))
+    assert "runner %d stopping since " % row["id"] in text and "(max_runtime)" in text
+    [shown] = json.loads(ok(taskrunner("runs", str(task_id), "--json", url=database_sp.url)))
+    assert (shown["status"], shown["stopping_reason"], shown["stopping_since"]) == (
+        "timeout", row["stopping_reason"], since)
+    lines = ok(taskrunner("runs", str(task_id), url=database_sp.url)).splitlines()
+    assert lines[1].split()[:3] == [str(run.id), "1", "stopping"]
+    assert "run %d stopping since " % run.id in lines[2]
+    # The runner noticed and interrupted its handler, which runs on: its own reason, the
+    # same since.
+    wait_for(lambda: "interrupted" in (runners()[0]["stopping_reason"] or ""), timeout=5,
+             message="the runner's own reason")
+    assert runners()[0]["stopping_since"] == since
+    assert procs.wait(runner) != 0           # exited hard after kill_grace
+    queue_pass()                             # notices it gone
+    assert runners() == []
+    [shown] = queue.runs_of(task_id)
+    assert (shown.status, shown.stopping_reason) == ("timeout", None)
     queue.close()
 
 

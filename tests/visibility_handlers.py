@@ -102,3 +102,17 @@ class UntilStopped(TaskHandler):
                 time.sleep(0.05)
         finally:
             _append(run.data["log"], "should_stop" if run.should_stop() else "left")
+
+
+class Stubborn(TaskHandler):
+    """Ignores SIGTERM and every interruption: runs on until the runner exits hard."""
+
+    def handle(self, run):
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _append(run.data["log"], "started")
+        while True:
+            try:
+                time.sleep(0.05)
+            except BaseException:       # the interruption of a run past its max_runtime
+                _append(run.data["log"], "interrupted")

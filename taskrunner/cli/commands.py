@@ -220,6 +220,10 @@ def cmd_status(args):
                    "%d%%" % r["progress"] if r["progress"] is not None else "-", r["rss_mb"],
                    r["runs_done"], when(r["started_on"]), when(r["heartbeat_on"])] for r in rows],
                 wide=args.wide, zone=True)
+    for r in rows:
+        if r["stopping_reason"] is not None:
+            print("runner %d stopping since %s: %s" % (r["id"], when(r["stopping_since"]),
+                                                       r["stopping_reason"]))
 
 
 def run_column(runner):
@@ -241,11 +245,11 @@ def cmd_tasks(args):
     if args.json:
         print_json(tasks)
         return
-    print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "SCHEDULED", "NEXT RUN",
-                  "FINISHED", "RESULT / ERROR"],
+    print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "CRASHED", "SCHEDULED",
+                  "NEXT RUN", "FINISHED", "RESULT / ERROR"],
                  [[t["id"], t["handler"], reads.state_word(t["status"], t["finished_on"]),
-                   t["runs"],
-                   t["runs_failed"], when(t["scheduled_on"]), when(t["next_run_on"]),
+                   t["runs"], t["runs_failed"], t["runs_crashed"], when(t["scheduled_on"]),
+                   when(t["next_run_on"]),
                    when(t["finished_on"]),
                    cli_runs.outcome_column(t)] for t in tasks], wide=args.wide)
     total = reads.count_tasks(queue.store, **filters)
@@ -269,14 +273,18 @@ def cmd_runs(args):
         return
     print_table(["RUN", "ATTEMPT", "STATUS", "RUNNER", "%", "STARTED", "DURATION", "RESULTS",
                   "ERROR"],
-                 [[r["id"], r["attempt"], "stopping" if r["status"] == "running"
-                   and r["cancel_requested_on"] else r["status"], r["runner_id"],
+                 [[r["id"], r["attempt"], "stopping" if r["stopping_reason"] else r["status"],
+                   r["runner_id"],
                    r["percent_completed"],
                    when(r["started_on"]),
                    "%.3fs" % r["duration"] if r["duration"] is not None else None,
                    cli_runs.short(r["results"]),
                    "%s: %s" % (r["error_code"], r["error_message"]) if r["error_code"] else None]
                   for r in runs], wide=args.wide, zone=True)
+    for r in runs:
+        if r["stopping_reason"]:
+            print("run %d stopping since %s: %s" % (r["id"], when(r["stopping_since"]),
+                                                    r["stopping_reason"]))
     cli_runs.print_tracebacks(runs)
 
 

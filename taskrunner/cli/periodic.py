@@ -47,19 +47,22 @@ def cmd_periodic(args):
             return
         if args.wide:
             print_table(["NAME", "ENABLED", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS",
-                         "FAILURES", "DROPPED", "GROUP", "SUBJECT", "HANDLER"] + STATS_HEADERS,
+                         "FAILURES", "CRASHED", "DROPPED", "GROUP", "SUBJECT", "HANDLER"]
+                        + STATS_HEADERS,
                         [[r["name"], "yes" if r["enabled"] else "no",
                           " ".join(filter(None, (r["timer"], r["timezone"]))),
                           when(r["nextrun"]), when(r["last_run"]), r["last_status"],
-                          r["consecutive_failures"], r["dropped"], r["group"], r["subject"],
-                          r["handler"]] + stats_cells(r["stats"]) for r in rows],
+                          r["consecutive_failures"], r["consecutive_crashes"], r["dropped"],
+                          r["group"], r["subject"], r["handler"]] + stats_cells(r["stats"])
+                         for r in rows],
                         wide=True, zone=True)
             return
         # What an operator scans for; --wide (or --json) has the rest.
-        print_table(["NAME", "TIMER", "NEXT RUN", "LAST RUN", "LAST", "FAILS", "RUNS", "OK",
-                     "ERRORS", "P95"],
+        print_table(["NAME", "TIMER", "NEXT RUN", "LAST RUN", "LAST", "FAILS", "CRASHED", "RUNS",
+                     "OK", "ERRORS", "P95"],
                     [[r["name"], r["timer"], when(r["nextrun"]) if r["enabled"] else "disabled",
-                      when(r["last_run"]), r["last_status"], r["consecutive_failures"]]
+                      when(r["last_run"]), r["last_status"], r["consecutive_failures"],
+                      r["consecutive_crashes"]]
                      + [stats_cells(r["stats"])[i] for i in (0, 1, 2, 5)] for r in rows],
                     zone=True)
     elif args.all:

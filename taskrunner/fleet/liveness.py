@@ -23,8 +23,8 @@ import psutil
 from ..host import claimfile
 from ..errors import RunnerLimitReached
 from ..runs.lifecycle import end_in_transaction, release_runs_of, runs_of_runner_query
-from ..store.models import (CRASHED, ERROR, OVERSEER, REQUEUED, RUNNER, RUNNING, SUCCESS, TIMEOUT,
-                            run_status_is, utcnow)
+from ..store.models import (CRASHED, ERROR, OVERSEER, REQUEUED, RUNNER, RUNNING, STOPPING_PREFIX,
+                            SUCCESS, TIMEOUT, run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.liveness")
 
@@ -190,15 +190,21 @@ def _take_queue_slots(store, row, serving):
                                      "%r ([queues.%s] limit)" % (config.limit, name, name))
 
 
-def heartbeat(store, runner_id, rss=None, runs_done=None, stopping=None):
+def heartbeat(store, runner_id, rss=None, runs_done=None, stopping=None, stopping_run_id=None):
     """Refresh the runner's heartbeat (the database server's time); False when the row is no
     longer ``running`` (someone declared this runner dead), so it must stop claiming.
     `stopping`: why the runner is winding down its run (it then reads as ``stopping``); ""
-    when that run has ended and the runner goes on."""
+    when that run has ended and the runner goes on; `stopping_run_id`: that run."""
     Runner = store.Runner
-    values = {Runner.heartbeat_on: store.server_time()}
+    now = store.server_time()
+    values = {Runner.heartbeat_on: now}
     if stopping is not None:
-        values[Runner.exit_reason] = "stopping: %s" % stopping if stopping else None
+        values[Runner.exit_reason] = STOPPING_PREFIX + stopping if stopping else None
+        # Since the first reason: the one written for it by whoever timed its run out
+        # (lifecycle.timeout_overdue_runs), or its own.
+        values[Runner.stopping_since] = pw.fn.COALESCE(Runner.stopping_since, now) \
+            if stopping else None
+        values[Runner.stopping_run_id] = stopping_run_id if stopping else None
     if rss is not None:
         values[Runner.rss] = rss
     if runs_done is not None:

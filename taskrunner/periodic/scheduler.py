@@ -375,11 +375,15 @@ def unfinished_task(store, periodic_task_id):
 
 def record_outcome(store, periodic_task_id, status, now, error_code=None):
     """After a run of one of its tasks ended: the periodic task's last status, consecutive
-    failures and crashes (a hook of the run lifecycle)."""
+    failures, crashes (total) and consecutive crashes (a crash after a crash; any other end
+    but a cancel resets them) — a hook of the run lifecycle."""
     PeriodicTask = store.PeriodicTask
     values = {PeriodicTask.last_status: status, PeriodicTask.updated_on: now}
     if error_code == CRASHED:
         values[PeriodicTask.crash_count] = PeriodicTask.crash_count + 1
+        values[PeriodicTask.consecutive_crashes] = PeriodicTask.consecutive_crashes + 1
+    elif status != CANCELLED:
+        values[PeriodicTask.consecutive_crashes] = 0
     if status == SUCCESS:
         values[PeriodicTask.consecutive_failures] = 0
     elif status != CANCELLED:

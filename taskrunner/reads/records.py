@@ -14,8 +14,8 @@ from typing import Any, Dict, List, Optional
 import peewee as pw
 
 from ..errors import InputError, TaskNotFound, check_text
-from ..store.models import (CANCELLED, CRASHED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS,
-                            TIMEOUT, run_status_is)
+from ..store.models import (CANCELLED, CRASHED, ERROR, FAILED, RUNNING, SCHEDULED,
+                            STOPPING_PREFIX, SUCCESS, TIMEOUT, run_status_is)
 from ..runs.sql import claim_order_of
 
 # The words a task list is filtered by, everywhere (API, CLI, dashboard): its latest run's
@@ -80,6 +80,8 @@ class TaskInfo(_Record):
     queue: str
     results: Any = None                # of its latest run that has results (live or final)
     last_traceback: Optional[str] = None   # of its latest run that failed with one
+    crash_count: int = 0        # runs ended by a dead runner, in all
+    runs_crashed: int = 0       # of those, in a row up to now: the crash backoff
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,10 @@ class RunInfo(_Record):
     error_message: Optional[str]
     traceback: Optional[str]
     cancel_requested_on: Optional[datetime] = None    # cancelled while running: stopping
+    # Being stopped (TimescaleDB's TERMINATING: cancelled, or timed out and its handler not
+    # returned yet): why, and since when; None otherwise.
+    stopping_reason: Optional[str] = None
+    stopping_since: Optional[datetime] = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,9 @@ class RunnerInfo(_Record):
     # Runs it holds ``running``: 1 while it executes one; with [runner] batch > 1 also the
     # runs claimed with it and not started yet, and successes not written yet (batches.py).
     claimed: int = 0
+    # Winding down its run (TimescaleDB's TERMINATING): why, and since when; None otherwise.
+    stopping_reason: Optional[str] = None
+    stopping_since: Optional[datetime] = None
 
 
 @dataclass(frozen=True)
@@ -208,6 +217,8 @@ class PeriodicTaskInfo(_Record):
     queue: str
     anchor: str
     stats: Optional[RunStats] = None
+    crash_count: int = 0            # runs of its tasks ended by a dead runner, in all
+    consecutive_crashes: int = 0    # of those, in a row up to now
 
 
 def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = None) -> TaskInfo:
@@ -225,10 +236,11 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         last_error_code=row.last_error_code if current else None,
         last_error_message=row.last_error_message if current else None, subject=row.subject,
         group=row.group_name, queue=row.queue, results=results,
-        last_traceback=last_traceback if current else None)
+        last_traceback=last_traceback if current else None,
+        crash_count=row.crash_count, runs_crashed=row.runs_crashed)
 
 
-def run_info(row: Any) -> RunInfo:
+def run_info(row: Any, stopping: Any = (None, None)) -> RunInfo:
     duration = (row.finished_on - row.started_on).total_seconds() \
         if row.finished_on and row.started_on else None
     return RunInfo(
@@ -238,7 +250,8 @@ def run_info(row: Any) -> RunInfo:
         updated_on=aware(row.updated_on), finished_on=aware(row.finished_on),
         duration=duration, results=_decoded(row.results), error_code=row.error_code,
         error_message=row.error_message, traceback=row.traceback,
-        cancel_requested_on=aware(row.cancel_requested_on))
+        cancel_requested_on=aware(row.cancel_requested_on), stopping_reason=stopping[0],
+        stopping_since=stopping[1])
 
 
 def periodic_info(row: Any, stats: Optional[RunStats] = None) -> PeriodicTaskInfo:
@@ -251,7 +264,8 @@ def periodic_info(row: Any, stats: Optional[RunStats] = None) -> PeriodicTaskInf
         catch_up=row.catch_up, max_runtime=row.max_runtime, min_spacing=row.min_spacing,
         owner=row.owner, source=row.source, worker=row.worker, marked=aware(row.marked),
         subject=row.subject, group=row.group_name, timebox=row.timebox, tolerance=row.tolerance,
-        dropped=row.dropped_count, queue=row.queue, anchor=row.anchor, stats=stats)
+        dropped=row.dropped_count, queue=row.queue, anchor=row.anchor, stats=stats,
+        crash_count=row.crash_count, consecutive_crashes=row.consecutive_crashes)
 
 
 # -- queries ------------------------------------------------------------------------------------
@@ -319,7 +333,26 @@ def runs_of(store: Any, task_id: int) -> List[RunInfo]:
     """Every run of a task, oldest first; TaskNotFound for an unknown id."""
     Run = store.Run
     get_task(store, task_id)
-    return [run_info(r) for r in Run.select().where(Run.task_id == task_id).order_by(Run.id)]
+    rows = list(Run.select().where(Run.task_id == task_id).order_by(Run.id))
+    stopping = _stopped_runs(store, [r.id for r in rows if r.runner_id is not None])
+    for r in rows:
+        if r.id not in stopping and r.status == RUNNING and r.cancel_requested_on is not None:
+            # Cancelled; its runner says so at its next heartbeat.
+            stopping[r.id] = ("cancelled by an operator", aware(r.cancel_requested_on))
+    return [run_info(r, stopping.get(r.id, (None, None))) for r in rows]
+
+
+def _stopped_runs(store: Any, run_ids: List[int]) -> Dict[int, Any]:
+    """run id -> (why, since when) of those of `run_ids` that a running runner is winding
+    down (its row says so until it has exited or the run has ended)."""
+    Runner = store.Runner
+    if not run_ids:
+        return {}
+    return {run_id: (reason[len(STOPPING_PREFIX):], aware(since))
+            for run_id, reason, since in Runner.select(
+                Runner.stopping_run_id, Runner.exit_reason, Runner.stopping_since).where(
+                Runner.stopping_run_id.in_(run_ids) & (Runner.status == RUNNING)
+                & Runner.exit_reason.startswith(STOPPING_PREFIX)).tuples()}
 
 
 def failed_predicate() -> Any:
@@ -438,11 +471,20 @@ def running_runners(store: Any) -> List[RunnerInfo]:
             *claim_order_of(Run)):
         current.setdefault(run.runner_id, run)
         held[run.runner_id] = held.get(run.runner_id, 0) + 1
+    stopped = [r.stopping_run_id for r in rows if r.id not in current and r.stopping_run_id
+               and r.exit_reason and r.exit_reason.startswith(STOPPING_PREFIX)]
+    if stopped:       # its run ended (timed out) while its handler runs on: that run
+        for run in Run.select(Run.id, Run.task_id, Run.percent_completed).where(
+                Run.id.in_(stopped)):
+            current[next(r.id for r in rows if r.stopping_run_id == run.id)] = run
     result = []
     for r in rows:
         run = current.get(r.id)
-        # A runner winding down its run (told to stop, or its run taken away) said so.
-        state = STOPPING if r.exit_reason and r.exit_reason.startswith("stopping") else r.status
+        # A runner winding down its run (told to stop, its run cancelled or taken away) said
+        # so, or whoever took its run away said it for it (lifecycle.timeout_overdue_runs).
+        stopping = r.exit_reason[len(STOPPING_PREFIX):] \
+            if r.exit_reason and r.exit_reason.startswith(STOPPING_PREFIX) else None
+        state = STOPPING if stopping is not None else r.status
         result.append(RunnerInfo(
             id=r.id, kind=r.kind, host=r.host, pid=r.pid, state=state, slot=r.slot,
             parent_id=r.parent_id, run_id=run.id if run else None,
@@ -450,7 +492,8 @@ def running_runners(store: Any) -> List[RunnerInfo]:
             progress=run.percent_completed if run else None,
             rss_mb=round(r.rss / 1048576, 1) if r.rss else None, runs_done=r.runs_done,
             started_on=aware(r.started_on), heartbeat_on=aware(r.heartbeat_on),
-            claimed=held.get(r.id, 0)))
+            claimed=held.get(r.id, 0), stopping_reason=stopping,
+            stopping_since=aware(r.stopping_since) if stopping is not None else None))
     return result
 
 

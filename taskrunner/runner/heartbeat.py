@@ -71,7 +71,8 @@ class Heartbeat:
                     beat_at = time.monotonic() + interval
                     rss = w.rss()
                     if not liveness.heartbeat(w.store, w.runner_id, rss=rss,
-                                              runs_done=w.runs_done, stopping=stopping):
+                                              runs_done=w.runs_done, stopping=stopping,
+                                              stopping_run_id=run and run.claimed.run_id):
                         w.disowned = True
                         w.stop_reason = w.stop_reason or "runner row is no longer running"
                     shown_stopping = shown_stopping if stopping is None else stopping
@@ -92,6 +93,9 @@ class Heartbeat:
             deadline = run.abort_deadline if run is not None else None
             wait = min(interval, self.RESULTS_INTERVAL) if deadline is None else \
                 max(0.05, min(interval, deadline - time.monotonic()))
+            if failing is None and run is not None \
+                    and (run.stopping() or w.stop_reason) not in (None, shown_stopping):
+                wait = 0.0      # a new reason to stop is shown now, not a heartbeat later
         outage.close_quietly(w.store.db)
 
     def watch_current_run(self):

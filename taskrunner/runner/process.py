@@ -237,6 +237,9 @@ class Worker:
             log.warning("run %d of task %d finished %s in %.3fs, but it had been ended meanwhile "
                         "(timeout); its outcome is discarded", claimed.run_id, claimed.task_id,
                         status, elapsed)
+            if self.stop_reason is None:     # whoever ended it showed this runner stopping
+                self._with_database(lambda: liveness.heartbeat(self.store, self.runner_id,
+                                                               stopping=""))
         return following
 
     def _run_handler(self, run):

@@ -68,7 +68,7 @@ def _rearm(store, task_id, at):
         raise StateError("task %d already has a run scheduled or running" % task.id)
     try:
         with store.db.atomic():
-            Task.update(runs_failed=0, next_run_on=at, finished_on=None,
+            Task.update(runs_failed=0, runs_crashed=0, next_run_on=at, finished_on=None,
                         active_key=task.unique_key, updated_on=at
                         ).where(Task.id == task.id).execute()
     except pw.IntegrityError:

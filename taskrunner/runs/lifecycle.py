@@ -25,7 +25,8 @@ from . import sql
 from .concurrency import create_keyed_runs, release_waiting
 from ..errors import StateError
 from ..store.models import (CANCELLED, CRASHED, DEFAULT_QUEUE, FAILED, REQUEUED, RUNNING,
-                            SCHEDULED, SUCCESS, TIMEOUT, TRACEBACK_LIMIT, run_status_is, utcnow)
+                            SCHEDULED, STOPPING_PREFIX, SUCCESS, TIMEOUT, TRACEBACK_LIMIT,
+                            run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.lifecycle")
 
@@ -54,6 +55,18 @@ def retry_delay(runs_failed, base, cap, rand=random.random):
     # The exponent is capped: 2 ** 1025 no longer fits a float, and max_retries may be huge.
     delay = min(cap, base * 2 ** min(max(0, runs_failed - 1), 64))
     return delay / 2 + rand() * delay / 2
+
+
+def crash_backoff(not_before, now, crashed_before, cap):
+    """The earliest retry after a crash: `not_before` (crash_grace from now, given when an
+    overseer starts and finds crashed runs) doubled by each crash before it in a row,
+    capped at `cap` but never below crash_grace — TimescaleDB backs a crashed job off by its
+    consecutive crashes, so a task that takes its runner down on every start (a segfault,
+    the memory of the host) stops restarting every crash_grace."""
+    if not_before is None or not_before <= now:
+        return not_before
+    grace = (not_before - now).total_seconds()
+    return now + timedelta(seconds=max(grace, min(cap, grace * 2 ** min(crashed_before, 64))))
 
 
 def bounded_traceback(text):
@@ -387,8 +400,9 @@ def _aggregate(store, task_id, status, error_code, error_message, now, not_befor
     runs_failed, the last error, and when (if ever) its next run may be created; then the
     hooks, with the periodic task read from the (locked) task."""
     Task, config = store.Task, store.config
-    task = store.locked(Task.select(Task.runs_failed, Task.max_retries, Task.retry_backoff,
-                                    Task.periodic_task_id).where(Task.id == task_id)).get()
+    task = store.locked(Task.select(Task.runs_failed, Task.runs_crashed, Task.max_retries,
+                                    Task.retry_backoff, Task.periodic_task_id)
+                        .where(Task.id == task_id)).get()
     if status == CANCELLED:
         sql.end_task(store, task_id, CANCELLED, now)
     else:
@@ -397,6 +411,11 @@ def _aggregate(store, task_id, status, error_code, error_message, now, not_befor
                   "last_error_message": error_message}
         if error_code == CRASHED:
             values["crash_count"] = Task.crash_count + 1
+            values["runs_crashed"] = task.runs_crashed + 1
+            not_before = crash_backoff(not_before, now, task.runs_crashed,
+                                       config.task.retry_backoff_max)
+        else:
+            values["runs_crashed"] = 0      # a run that ended by itself: no crash loop
         if runs_failed >= task.max_retries:
             # Given up: final, with the reason kept in last_error_*.
             sql.end_task(store, task_id, status, now, **values)
@@ -436,8 +455,26 @@ def timeout_overdue_runs(store, now=None, reachable_since=None):
             code = "MaxRuntime"
         else:
             continue
-        if _end_run(store, run.id, run.task_id, TIMEOUT, now, error_code=code,
-                    error_message=message):
+        if store.write(lambda run=run, code=code, message=message: _end_overdue(
+                store, run, now, code, message)):
+            store.wake_waiters()
             log.warning("run %d of task %d timed out: %s", run.id, run.task_id, message)
             ended.append((run.id, run.runner_id))
     return ended
+
+
+def _end_overdue(store, run, now, code, message):
+    """End an overdue run ``timeout`` and, in the same transaction, show its runner as
+    stopping (TimescaleDB's TERMINATING): the runner notices only at its next heartbeat,
+    and its handler may run on until kill_grace — meanwhile `status` says why, and since
+    when, not ``running`` with no run. The runner writes its own reason over it (keeping
+    the time) and clears it when the run has ended (runner/process.py)."""
+    if not _end(store, run.id, run.task_id, TIMEOUT, None, None, code, message, now, None,
+                None, None):
+        return False
+    Runner = store.Runner
+    Runner.update(exit_reason="%srun %d timed out: %s" % (STOPPING_PREFIX, run.id, message),
+                  stopping_since=now, stopping_run_id=run.id).where(
+        (Runner.id == run.runner_id) & (Runner.status == RUNNING)
+        & Runner.exit_reason.is_null()).execute()
+    return True

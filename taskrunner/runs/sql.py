@@ -62,7 +62,8 @@ def in_claim_order(rows, width):
 RUN_SUCCESS = (("status", "'success'"), ("finished_on", "{at}"), ("updated_on", "{at}"),
                ("active_task_id", "NULL"), ("concurrency_slot", "NULL"), ("error_code", "NULL"),
                ("error_message", "NULL"), ("percent_completed", "100"), ("results", "{results}"))
-TASK_SUCCESS = (("last_status", "'success'"), ("runs_failed", "0"), ("next_run_on", "NULL"),
+TASK_SUCCESS = (("last_status", "'success'"), ("runs_failed", "0"), ("runs_crashed", "0"),
+                ("next_run_on", "NULL"),
                 ("finished_on", "{at}"), ("active_key", "NULL"), ("updated_on", "{at}"))
 SQLITE_APART = ("concurrency_slot", "next_run_on", "active_key")
 # The order the statements below bind the values in.

@@ -27,6 +27,8 @@ RUN_FINAL = (SUCCESS, ERROR, TIMEOUT, CANCELLED, REQUEUED)
 # error_code of a run whose runner process died under it: a crash, counted apart.
 CRASHED = "RunnerDied"
 FAILED = (ERROR, TIMEOUT)
+# A running runner's exit_reason while it winds down its run: "stopping: why".
+STOPPING_PREFIX = "stopping: "
 # How much of a failed run's traceback is kept: its end, where the error is.
 TRACEBACK_LIMIT = 65536
 
@@ -82,6 +84,9 @@ class Task(BaseModel):
     last_error_code = pw.CharField(null=True)
     last_error_message = pw.TextField(null=True)
     crash_count = pw.IntegerField(default=0)
+    # Runs ended by a dead runner in a row (TimescaleDB's consecutive crashes; 0018): the
+    # crash backoff; any other end of a run resets it.
+    runs_crashed = pw.IntegerField(default=0)
     # Carried from the periodic task that submitted it (Docspell's job subject and group_).
     subject = pw.CharField(null=True)
     group_name = pw.CharField(null=True)
@@ -159,7 +164,11 @@ class Runner(BaseModel):
     slot = pw.IntegerField(null=True)
     rss = pw.BigIntegerField(null=True)
     runs_done = pw.IntegerField(default=0)
+    # "stopping: why" while it winds down its run stopping_run_id (TimescaleDB's
+    # TERMINATING), since stopping_since (0018); why it exited once it has.
     exit_reason = pw.TextField(null=True)
+    stopping_since = pw.DateTimeField(null=True)
+    stopping_run_id = pw.IntegerField(null=True)
 
     class Meta:
         table_name = "task_runners"
@@ -198,6 +207,7 @@ class PeriodicTask(BaseModel):
     submitted_count = pw.IntegerField(default=0)
     skipped_count = pw.IntegerField(default=0)
     crash_count = pw.IntegerField(default=0)
+    consecutive_crashes = pw.IntegerField(default=0)
     updated_on = pw.DateTimeField()
     # Docspell's subject (a human title) and group_ (the tenant it belongs to).
     subject = pw.CharField(null=True)

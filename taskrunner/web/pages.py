@@ -168,6 +168,9 @@ def runners_live(view: View, params: Mapping[str, str]) -> str:
             else:
                 current, handler = '<span class="muted">idle</span>', ""
             state = status("stopping" if r.state != "running" else r.state)
+            if r.stopping_reason is not None:
+                state += '<br><small class="muted">%s, since %s</small>' % (
+                    e(r.stopping_reason), when(r.stopping_since))
             cells.append([e(r.id), e(r.kind), e(r.pid), state,
                           " ".join('<a class="queue" href="/tasks%s">%s</a>' % (
                               e(query(queue=name)), e(name)) for name in served.get(r.id, ())),
@@ -283,8 +286,9 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
              ("Queued", "%s by %s" % (when(t.queued_on), e(t.queued_by or "-"))),
              ("Scheduled", when(t.scheduled_on)), ("Next run", when(t.next_run_on)),
              ("Finished", when(t.finished_on)),
-             ("Runs", "%d, %d failed in a row of %d allowed" % (t.runs, t.runs_failed,
-                                                                t.max_retries)),
+             ("Runs", "%d, %d failed in a row of %d allowed, %d crashed in a row (%d crashes "
+                      "in all)" % (t.runs, t.runs_failed, t.max_retries, t.runs_crashed,
+                                   t.crash_count)),
              ("Run timeout", span(t.run_timeout)), ("Max runtime", span(t.max_runtime)),
              ("Unique key", e(t.unique_key)),
              ("Periodic task", e(t.periodic_task_id)),
@@ -303,10 +307,12 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
         if r.traceback:
             by_traceback.setdefault(r.traceback, []).append(r)
             error += '<a href="#traceback-%d">traceback ↓</a>' % by_traceback[r.traceback][0].id
-        # A running run (live results, progress) asked to stop by a cancel shows as stopping.
-        shown_run = reads.STOPPING if r.status == "running" and r.cancel_requested_on \
-            else r.status
-        rows.append([e(r.attempt), e(r.id), status(shown_run), e(r.runner_id),
+        # A run being stopped (cancelled; timed out, its handler not returned yet) shows as
+        # stopping, why and since when, until its runner is done with it.
+        shown_run = status(reads.STOPPING) + '<br><small class="muted">%s, since %s</small>' % (
+            e(r.stopping_reason), when(r.stopping_since)) if r.stopping_reason \
+            else status(r.status)
+        rows.append([e(r.attempt), e(r.id), shown_run, e(r.runner_id),
                      progress(r.percent_completed), when(r.created_on), when(r.started_on),
                      when(r.finished_on), span(r.duration),
                      pretty(view.shown(r.results)) if r.results is not None else "", error])
@@ -411,7 +417,9 @@ def periodic(view: View, params: Mapping[str, str]) -> str:
                      if p.enabled else '<span class="muted">disabled</span>',
                      "%s<br>%s" % (status(p.last_status), when(p.last_run)) if p.last_run
                      else '<span class="muted">never</span>',
-                     e(p.consecutive_failures), _stats(p), toggle])
+                     "%d%s" % (p.consecutive_failures, " (%d crashed)" % p.consecutive_crashes
+                               if p.consecutive_crashes else ""),
+                     _stats(p), toggle])
     options = "".join('<option value="%s"%s>%s</option>' % (
         e(g), " selected" if g == group else "", e(g) or "every group") for g in [""] + groups)
     form = ('<form method="get" action="/periodic" class="filters" id="periodic-filters">'
