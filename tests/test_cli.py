@@ -252,7 +252,7 @@ def test_cancel_of_a_running_task_asks_its_run_to_stop(database):
     assert run["status"] == RUNNING and run["cancel_requested_on"].endswith("+00:00")
     assert (run["stopping_reason"], run["stopping_since"]) == ("cancelled by an operator",
                                                                run["cancel_requested_on"])
-    assert "run %d stopping since " % claimed.run_id in runs[2]
+    assert "run %d stopping since " % claimed.run_id in runs[3]   # after the table and its zone line
 
 
 def test_retry_of_a_successful_task_is_refused(database):

@@ -391,7 +391,7 @@ def test_consecutive_crashes_are_kept_apart_reset_and_back_off_a_crash(database)
     assert counts() == (4, 1, 3, 4, 1, 3)
     # Counted again from the first: crash_grace, or the backoff of 4 failures if longer.
     assert 59 <= waits(t) <= 81
-    table = ok(taskrunner("periodic", "list", url=database.url)).splitlines()
+    table = ok(taskrunner("periodic", "list", "--wide", url=database.url)).splitlines()
     header = table[0].split()
     assert header[header.index("FAILURES") + 1] == "CRASHED"
     [line] = [line for line in table if line.startswith("nightly ")]
@@ -487,7 +487,7 @@ def test_a_run_past_its_max_runtime_shows_as_stopping_until_the_runner_exits(
         "timeout", row["stopping_reason"], since)
     lines = ok(taskrunner("runs", str(task_id), url=database_sp.url)).splitlines()
     assert lines[1].split()[:3] == [str(run.id), "1", "stopping"]
-    assert "run %d stopping since " % run.id in lines[2]
+    assert "run %d stopping since " % run.id in lines[3]   # after the table and its zone line
     # The runner noticed and interrupted its handler, which runs on: its own reason, the
     # same since.
     wait_for(lambda: "interrupted" in (runners()[0]["stopping_reason"] or ""), timeout=5,
