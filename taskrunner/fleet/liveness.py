@@ -435,6 +435,21 @@ def mark_child_dead(store, parent_id, pid, reason, now=None, stopped=False):
     return [row.id for row in rows if mark_runner_of_this_host_dead(store, row.id, reason, now)]
 
 
+def register_again(store, old_id):
+    """An overseer whose row `old_id` was declared dead (no heartbeat while it was cut off
+    from the database) and that lives on: a new row, and its children's live rows name it as
+    their parent, in one transaction — the overseer finds its children by that name when it
+    reaps them. Returns the new row."""
+    Runner = store.Runner
+
+    def step():
+        row = register(store, kind=OVERSEER)
+        Runner.update(parent_id=row.id).where(
+            (Runner.parent_id == old_id) & (Runner.status == RUNNING)).execute()
+        return row
+    return store.write(step)
+
+
 def others_running(store, parent_id):
     """Runners of this host that are not this overseer's children (supervisord numprocs,
     cron run-event, an earlier overseer's children still finishing): they share the limit."""
