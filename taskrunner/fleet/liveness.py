@@ -375,7 +375,10 @@ def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, reaped_
     for row in rows:
         reason = dead_reason(row, host, current_boot, bool(row.stale) and not just_back,
                              timeout)
-        if reason is None and row.host == host and row.kind == RUNNER and row.lagging:
+        # Slotless rows are work run inside an application's process (run_pending): not
+        # a runner's to kill for a run.
+        if reason is None and row.host == host and row.kind == RUNNER and row.lagging \
+                and row.slot is not None:
             reason = frozen_reason(store, row, lag)
         if not reason or (row.host == host and reaped_by is not None
                           and row.parent_id == reaped_by and "hung" not in reason):
