@@ -72,6 +72,7 @@ def measure(adds=300, jobs=300, page_size=None):
     commit's pages are named right after it (pages change hands as indexes grow and shrink).
     `page_size`: the database's (None: what a new taskrunner database gets)."""
     from taskrunner import TaskQueue
+    from taskrunner.fleet import liveness
     from taskrunner.runs import lifecycle
     from taskrunner.store.models import SUCCESS
     path = os.path.join(tempfile.mkdtemp(prefix="trpages-"), "pages.db")
@@ -93,14 +94,15 @@ def measure(adds=300, jobs=300, page_size=None):
         queue.add_task(NOOP)
         add_commits += named(wal.read(), page_names(conn))
     queue.add_tasks([{"handler": NOOP}] * max(0, jobs - adds - 2000))
+    runner_id = liveness.register(store, take_slot=False).id     # a claim requires its row
     store.db.execute_sql("PRAGMA wal_checkpoint(TRUNCATE)")
     wal = Wal(path)
-    claimed = lifecycle.claim(store, 1)
+    claimed = lifecycle.claim(store, runner_id)
     wal.read()
     job_commits = []
     while claimed is not None:
         _, claimed_next = lifecycle.end_run_and_claim(
-            store, claimed.run_id, claimed.task_id, SUCCESS, 1,
+            store, claimed.run_id, claimed.task_id, SUCCESS, runner_id,
             periodic_task_id=claimed.periodic_task_id)
         job_commits += named(wal.read(), page_names(conn))
         claimed = claimed_next

@@ -137,13 +137,16 @@ def _footprint(main, runners):
 
 # -- 4: scale ----------------------------------------------------------------------------
 
-def _drain_worker(url, runner_id, count, barrier):
+def _drain_worker(url, count, barrier):
     """One process of the claim/finish loop as a busy runner runs it: taskrunner's own
-    claim(), then end_run_and_claim() (end_run() for the last)."""
+    claim(), then end_run_and_claim() (end_run() for the last), under a runner row of its
+    own (a claim requires its runner to be registered)."""
+    from taskrunner.fleet.liveness import register
     from taskrunner.runs.lifecycle import claim, end_run, end_run_and_claim
     from taskrunner.store.models import SUCCESS
     queue = make_queue(url, migrate=False)
     store = queue.store
+    runner_id = register(store, take_slot=False).id
     barrier.wait(60)
     done = 0
     claimed = claim(store, runner_id)
@@ -165,7 +168,7 @@ def drain(url, runs, workers, timeout=300):
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(workers + 1)
     share = [runs // workers + (i < runs % workers) for i in range(workers)]
-    procs = [common.track(context.Process(target=_drain_worker, args=(url, -(i + 1), share[i], barrier)))
+    procs = [common.track(context.Process(target=_drain_worker, args=(url, share[i], barrier)))
              for i in range(workers)]
     for proc in procs:
         proc.start()

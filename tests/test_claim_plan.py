@@ -12,28 +12,29 @@ from taskrunner.runs import queues
 from taskrunner.store.models import Run, utcnow
 
 
-def _plans(queue, backend, name="default"):
+def _plans(queue, backend, runner_id, name="default"):
     """The plans of the statements claim() (a claim of one), a batch's claim of 16 and
-    end_run_and_claim() really send."""
-    now = utcnow()
+    end_run_and_claim() really send, for runner `runner_id` (registered: MySQL plans nothing
+    for a claim whose runner row is missing)."""
+    now, r = utcnow(), runner_id
     plans = []
     for limit in (1, 16):
         claim = catalogue.claim_statements(backend, limit)
         if backend == "sqlite":
             rows = queue.store.db.execute_sql("EXPLAIN QUERY PLAN " + claim[0],
-                                              (1, now, now, name)).fetchall()
+                                              (r, now, now, name, r)).fetchall()
             plans.append(" | ".join(str(r[-1]) for r in rows))
         elif backend == "postgresql":
             plans.append(" | ".join(r[0] for r in queue.store.db.execute_sql(
-                "EXPLAIN " + claim, (name, 1, now, now, now))))
+                "EXPLAIN " + claim, (name, r, r, now, now, now))))
         else:
-            cursor = queue.store.db.execute_sql("EXPLAIN " + claim, (name,))
+            cursor = queue.store.db.execute_sql("EXPLAIN " + claim, (name, r))
             names = [d[0] for d in cursor.description]
             plans.append(" | ".join(str(dict(zip(names, r))) for r in cursor.fetchall()))
     if backend == "postgresql":
         plans.append(" | ".join(r[0] for r in queue.store.db.execute_sql(
             "EXPLAIN " + catalogue.PG_SUCCESS_AND_CLAIM,
-            (now, now, None, 1, 1, now, now, name, 1, now, now, now))))
+            (now, now, None, 1, r, now, now, name, r, r, now, now, now))))
     return plans
 
 
@@ -47,8 +48,10 @@ def test_claim_uses_the_claim_index_without_sorting(database):
         queue.store.db.execute_sql("ANALYZE task_runs")
     elif database.backend == "mysql":
         queue.store.db.execute_sql("ANALYZE TABLE task_runs")
+    runner_id = liveness.register(queue.store).id
     with queue.store.db.atomic():
-        plans = _plans(queue, database.backend) + _plans(queue, database.backend, "reports")
+        plans = (_plans(queue, database.backend, runner_id)
+                 + _plans(queue, database.backend, runner_id, "reports"))
     for plan in plans:
         assert "task_runs_claim" in plan, plan
         assert "TEMP B-TREE" not in plan and "filesort" not in plan and "Sort" not in plan, plan
@@ -80,7 +83,8 @@ def test_live_runs_are_read_from_partial_indexes_not_the_history(database_sp):
         queue.store.db.execute_sql("ANALYZE task_runs")
     now = utcnow()
     finish = (catalogue.PG_SUCCESS_AND_CLAIM, (now, now, None, claimed.run_id, runner_id, now,
-                                                now, "default", runner_id, now, now, now)) \
+                                                now, "default", runner_id, runner_id, now, now,
+                                                now)) \
         if backend == "postgresql" \
         else (catalogue.SQLITE_SUCCESS[0], (now, now, None, claimed.run_id, runner_id))
     look = queues.claim_order(queue.store, None, with_work=True)      # idle runners' poll

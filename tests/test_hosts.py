@@ -292,3 +292,118 @@ def test_a_runner_whose_clock_is_off_is_judged_on_the_database_clock(backend, cl
     finally:
         procs.kill_all()
         database.drop()
+
+
+CUT_CONFIG = """\
+[database]
+url = "{url}"
+[runner]
+limit = 3
+poll_interval = 0.2
+heartbeat_interval = {heartbeat_interval}
+[overseer]
+check_interval = {check_interval}
+heartbeat_timeout = {heartbeat_timeout}
+crash_grace = 0
+[task]
+retry_backoff = 0
+"""
+CUT_TASKS, CUT_SLEEP = 40, 1.0
+
+
+def host_processes(host):
+    """{pid as the host numbers it: process name} of the host's taskrunner processes."""
+    found = {}
+    for pid in host.processes():
+        try:
+            with open("/proc/%d/status" % pid) as fh:
+                fields = dict(line.rstrip("\n").split(":\t", 1) for line in fh if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("Name", "").startswith("tr-"):
+            found[int(fields["NSpid"].split()[-1])] = fields["Name"]
+    return found
+
+
+@pytest.mark.timeout(180)
+def test_a_runner_declared_dead_while_cut_off_claims_nothing_after_the_heal(tmp_path):
+    """Host 2's network is cut for longer than heartbeat_timeout: host 1 declares its runners
+    (and its overseer) dead and runs their runs again. After the heal, host 2's processes,
+    whose rows are dead, claim nothing more: tasks executed twice are only the runs in
+    flight at the cut; and every process host 2 still has is registered again. Seen: 9
+    tasks executed twice where 3 were in flight, and 0 registered runners on host 2 while
+    its processes kept working."""
+    reason = hostnet.missing()
+    if reason:
+        pytest.fail(reason) if databases_required() else pytest.skip(reason)
+    with hostnet.Fleet(2, tmp_path, env=process_env()) as fleet:
+        config = tmp_path / "c.toml"
+        config.write_text(CUT_CONFIG.format(url=fleet.cluster.url,
+                                            heartbeat_interval=HEARTBEAT_INTERVAL,
+                                            check_interval=CHECK_INTERVAL,
+                                            heartbeat_timeout=HEARTBEAT_TIMEOUT))
+        queue = TaskQueue(Config.load(str(config)), migrate=True)
+        Runner, Run, Task = queue.store.Runner, queue.store.Run, queue.store.Task
+        try:
+            fleet.start(1, config)
+            cut_off = fleet.start(2, config)
+
+            def running_rows(host):
+                return list(Runner.select().where((Runner.status == RUNNING)
+                                                  & Runner.host.startswith(host + "/")))
+            wait_for(lambda: len([r for r in running_rows("host1") + running_rows("host2")
+                                  if r.kind == RUNNER]) == 6,
+                     timeout=60, message="two hosts with three runners each")
+            log = str(tmp_path / "records")
+            task_ids = queue.add_tasks([{"handler": "sample_handlers.PausedRecord",
+                                         "data": {"log": log, "sleep": CUT_SLEEP}}] * CUT_TASKS)
+            host2 = {r.id for r in running_rows("host2")}
+
+            def busy_on_host2():
+                return list(Run.select().where((Run.status == RUNNING)
+                                               & Run.runner_id.in_(list(host2))))
+            wait_for(lambda: len(busy_on_host2()) == 3, timeout=60,
+                     message="host2's three runners to be running tasks")
+            veth = "trv%s2" % fleet.tag
+            hostnet.run("ip", "link", "set", veth, "down")
+            in_flight = {r.task_id for r in busy_on_host2()}
+            try:
+                wait_for(lambda: not running_rows("host2"), timeout=HEARTBEAT_TIMEOUT + 30,
+                         message="host1 to declare host2's processes dead")
+                time.sleep(2 * CHECK_INTERVAL)     # the cut outlasts the verdict
+            finally:
+                hostnet.run("ip", "link", "set", veth, "up")
+            wait_for(lambda: Task.select().where(Task.id.in_(task_ids)
+                                                 & (Task.last_status == SUCCESS)).count()
+                     == CUT_TASKS, timeout=90, message="every task to succeed")
+
+            # Nothing claimed by host2's runners once cut off (the database's record of it:
+            # a handler interrupted early records nothing in the log): every run of theirs
+            # ended before the cut, or was in flight at it.
+            late = [(r.id, r.task_id, r.runner_id, r.status, r.error_code)
+                    for r in Run.select().where(Run.runner_id.in_(list(host2)))
+                    if r.status != SUCCESS and r.task_id not in in_flight]
+            assert not late, "claimed by runners declared dead: %r" % late
+            records = read_records(log)
+            counts = {t: sum(1 for r in records if r[0] == t) for t in task_ids}
+            twice = {t for t, c in counts.items() if c > 1}
+            print("in flight at the cut: %d; executed twice: %d" % (len(in_flight), len(twice)))
+            assert all(counts[t] >= 1 for t in task_ids), counts
+            assert twice <= in_flight, (sorted(in_flight), [
+                (r.task_id, r.status, r.error_code, r.error_message,
+                 Runner.get_by_id(r.runner_id).host)
+                for r in Run.select().where(Run.task_id.in_(list(twice - in_flight)))])
+
+            def unregistered():
+                """host2's processes that have no ``running`` row (the hub has none)."""
+                rows = {r.pid for r in running_rows("host2")}
+                return {pid: name for pid, name in host_processes(cut_off).items()
+                        if name != "tr-hub" and pid not in rows}
+            try:
+                wait_for(lambda: not unregistered(), timeout=HEARTBEAT_TIMEOUT + 30,
+                         message="every process of host2 to be registered again")
+            except AssertionError:
+                raise AssertionError("host2's processes without a row: %r\n%s" % (
+                    unregistered(), cut_off.log()[-3000:])) from None
+        finally:
+            queue.close()

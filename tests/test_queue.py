@@ -472,18 +472,36 @@ def test_dead_runner_rows_become_timeout_with_their_runs(queue, runner_id):
 def test_a_claim_committed_after_its_runner_was_marked_dead_is_ended_at_the_next_check(
         queue, runner_id):
     """The runner was killed with its claim in flight: the overseer marked it dead, then the
-    server committed the claim it had received. Seen in the kill -9 chaos test on PostgreSQL
+    server committed the claim it had received (its snapshot still saw the row ``running``,
+    so the claim's own check let it through). Seen in the kill -9 chaos test on PostgreSQL
     under load: the run stayed running under the ended runner until its run_timeout."""
     task_id = queue.add_task(ECHO)
+    claimed = lifecycle.claim(queue.store, runner_id)  # the claim, as its snapshot saw it...
     Runner.update(status=TIMEOUT, exit_reason="exited with signal SIGKILL").where(
-        Runner.id == runner_id).execute()              # marked dead: no run of it yet...
-    claimed = lifecycle.claim(queue.store, runner_id)  # ...then its claim commits
+        Runner.id == runner_id).execute()              # ...and a mark that did not see the run
     assert Run.get_by_id(claimed.run_id).status == RUNNING
     queue.process_queue()
     run = Run.get_by_id(claimed.run_id)
     assert (run.status, run.error_code) == (TIMEOUT, "RunnerDied")
     task = Task.get_by_id(task_id)
     assert (task.runs_failed, task.finished_on) == (1, None)     # to be retried, not given up
+
+
+def test_a_runner_whose_row_is_no_longer_running_claims_nothing_but_ends_its_run(
+        queue, runner_id):
+    """Declared dead while it was cut off from the database (its row ``timeout``), a runner
+    that comes back finishes the run it holds as rule 4 allows, and claims nothing: neither
+    alone nor with that success (PostgreSQL's one statement). Seen: a host cut off for 40 s
+    claimed 6 runs after the heal, which another host timed out and ran again."""
+    first, second = queue.add_task(ECHO), queue.add_task(ECHO)
+    claimed = lifecycle.claim(queue.store, runner_id)
+    Runner.update(status=TIMEOUT).where(Runner.id == runner_id).execute()
+    ended, following = lifecycle.end_run_and_claim(queue.store, claimed.run_id, claimed.task_id,
+                                                   SUCCESS, runner_id)
+    assert (ended, following) == (True, None)
+    assert lifecycle.claim(queue.store, runner_id) is None
+    assert [r.status for r in runs_of(first)] == [SUCCESS]
+    assert [(r.status, r.runner_id) for r in runs_of(second)] == [(SCHEDULED, None)]
 
 
 def test_other_hosts_are_dead_by_heartbeat_age_on_the_database_clock(queue):

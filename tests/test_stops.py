@@ -396,6 +396,39 @@ def test_a_hung_runner_is_noticed_by_its_heartbeat_and_killed_with_its_subproces
 
 
 @pytest.mark.timeout(120)
+def test_a_stopped_runner_whose_run_timed_out_is_killed_after_kill_grace(overseers, tmp_path):
+    """Rule 8 with a runner that cannot act (SIGSTOP): its run is timed out by the fleet's
+    pass, and its overseer's maintainer kills it once kill_grace has passed, long before
+    heartbeat_timeout would call it hung. Seen: the frozen child lived 60.8 s, its slot
+    blocked, after rule 8 moved into the runner."""
+    queue = overseers.database.queue()
+    log = str(tmp_path / "records")
+    task_id = queue.add_task("sample_handlers.Subprocess", data={"log": log}, run_timeout=3,
+                             max_retries=1)
+    proc = overseers.start(overseers.config(limit=1, check_interval=0.5, kill_grace=2,
+                                            heartbeat_interval=0.5, heartbeat_timeout=60))
+    wait_up(overseers, proc, 1)
+    [(_, run_id, runner_pid, child_pid)] = wait_for(
+        lambda: read_records(log + ".started"), timeout=START_TIMEOUT, message="the subprocess")
+    os.kill(runner_pid, signal.SIGSTOP)       # it can no longer enforce rule 8 itself
+    wait_for(lambda: Run.get_by_id(run_id).status == TIMEOUT, timeout=3 + 2 + MACHINE_SLACK,
+             message="the run to time out")
+    timed_out = time.monotonic()
+    wait_for(lambda: is_gone(runner_pid), timeout=30, message="the stopped runner to be killed")
+    assert time.monotonic() - timed_out <= 2 + 2 * 0.5 + MACHINE_SLACK, overseers.log()
+    wait_for(lambda: is_gone(child_pid), timeout=5, message="its handler's subprocess to go too")
+    row = wait_for(lambda: Runner.get_or_none((Runner.pid == runner_pid)
+                                              & (Runner.status == TIMEOUT)), timeout=10,
+                   message="the stopped runner's row to be marked")
+    # Marked by the maintainer that killed it, or by its overseer that reaped it first.
+    assert "kill_grace" in row.exit_reason or "SIGKILL" in row.exit_reason, row.exit_reason
+    assert Run.get_by_id(run_id).error_code == "RunTimeout"
+    wait_up(overseers, proc, 1)               # its slot is free again: a new runner took it
+    assert proc.poll() is None
+    queue.close()
+
+
+@pytest.mark.timeout(120)
 def test_a_periodic_task_that_cannot_be_submitted_does_not_stop_the_overseer(tmp_path, procs):
     """A 250-character name slipped past the checks (an older version, a manual INSERT):
     'periodic:' + name does not fit queued_by. The overseer logs it, records the error on

@@ -305,6 +305,24 @@ def dead_reason(row, host, current_boot, stale, heartbeat_timeout):
     return None
 
 
+def frozen_reason(store, row, lag):
+    """Why `row`, a runner of this host whose heartbeat is older than `lag` (kill_grace, or
+    heartbeat_interval when longer), is to be killed: a run of it was timed out (by anyone)
+    over `lag` ago, after its last heartbeat, and it has claimed no run since — its process
+    cannot enforce rule 8 itself (SIGSTOP, a handler holding the GIL), so the overseer's
+    side does, as before the runner took rule 8 over. None when no such run exists. Times on
+    the database's clock; the runs read along the finished_on index, since the heartbeat."""
+    Run = store.Run
+    ended = (Run.select(Run.id, Run.finished_on).where(
+        (Run.finished_on > row.heartbeat_on) & (Run.finished_on < store.server_time(-lag))
+        & (Run.runner_id == row.id) & run_status_is(Run, TIMEOUT)).first())
+    if ended is None or runs_of_runner_query(store, row.id).where(
+            Run.started_on > ended.finished_on).exists():
+        return None
+    return "pid %d is hung: run %d timed out over %gs ago and it has not ended it " \
+           "(kill_grace)" % (row.pid, ended.id, lag)
+
+
 def process_ended(store, host, pid, created):
     """Whether the process `pid` of `host` (another host's, created at `created`) is known to
     be gone: it registered, and every row it has is ended (it retired, or a sweep marked it
@@ -328,7 +346,8 @@ def kill_hung(row):
 def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, reaped_by=None,
                     reachable_since=None):
     """Check every ``running`` runner row (this host by PID and heartbeat, other hosts by
-    heartbeat age) and mark the dead ones; hung runners of this host are killed. Heartbeats
+    heartbeat age) and mark the dead ones; hung runners of this host are killed, and so are
+    those frozen with a run timed out over kill_grace ago (frozen_reason). Heartbeats
     are aged by the database's clock in the query that reads them; `now` stamps what is
     marked; `other_hosts` false: only this host's rows, and not the fleet-wide orphaned runs
     (end_orphaned_runs). Heartbeats are not judged until the database has been up for
@@ -344,7 +363,12 @@ def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, reaped_
     host, current_boot = host_id(store), boot_id()
     timeout = store.config.overseer.heartbeat_timeout
     stale = Runner.heartbeat_on < store.server_time(-timeout)
-    query = Runner.select(Runner, stale.alias("stale")).where(Runner.status == RUNNING)
+    # A runner enforces rule 8 from its heartbeat thread: one silent for longer than it takes
+    # to notice a timed-out run and stop it may be frozen with that run (frozen_reason).
+    lag = max(store.config.overseer.kill_grace, store.config.runner.heartbeat_interval)
+    lagging = Runner.heartbeat_on < store.server_time(-lag)
+    query = Runner.select(Runner, stale.alias("stale"), lagging.alias("lagging")).where(
+        Runner.status == RUNNING)
     if not other_hosts:
         query = query.where(Runner.host == host)
     retry_at = now + timedelta(seconds=crash_grace) if crash_grace else None
@@ -357,6 +381,11 @@ def refresh_runners(store, now=None, other_hosts=True, crash_grace=None, reaped_
     for row in rows:
         reason = dead_reason(row, host, current_boot, bool(row.stale) and not just_back,
                              timeout)
+        # Slotless rows are work run inside an application's process (run_pending): not
+        # a runner's to kill for a run.
+        if reason is None and row.host == host and row.kind == RUNNER and row.lagging \
+                and row.slot is not None:
+            reason = frozen_reason(store, row, lag)
         if not reason or (row.host == host and reaped_by is not None
                           and row.parent_id == reaped_by and "hung" not in reason):
             continue
@@ -413,6 +442,21 @@ def mark_child_dead(store, parent_id, pid, reason, now=None, stopped=False):
             claimfile.discard(store.wakeup_directory, row.id)
         return marked
     return [row.id for row in rows if mark_runner_of_this_host_dead(store, row.id, reason, now)]
+
+
+def register_again(store, old_id):
+    """An overseer whose row `old_id` was declared dead (no heartbeat while it was cut off
+    from the database) and that lives on: a new row, and its children's live rows name it as
+    their parent, in one transaction — the overseer finds its children by that name when it
+    reaps them. Returns the new row."""
+    Runner = store.Runner
+
+    def step():
+        row = register(store, kind=OVERSEER)
+        Runner.update(parent_id=row.id).where(
+            (Runner.parent_id == old_id) & (Runner.status == RUNNING)).execute()
+        return row
+    return store.write(step)
 
 
 def others_running(store, parent_id):

@@ -422,10 +422,22 @@ class Overseer:
         children reaped since, then this overseer's heartbeat — bounded statements; the
         database's maintenance is the maintainer's."""
         self.mark_children()
-        liveness.heartbeat(self.store, self.row_id, rss=self._process.memory_info().rss)
+        if not liveness.heartbeat(self.store, self.row_id, rss=self._process.memory_info().rss):
+            self.register_again()
         if self.db_lost_at is not None:
             log.info("database answering again after %.1fs", self.now - self.db_lost_at)
             self.db_lost_at = None
+
+    def register_again(self):
+        """Its row was declared dead while it lived (cut off from the database for longer
+        than heartbeat_timeout): it registers again, so that no live process of this host
+        goes unseen by the fleet, and replaces its maintainer, which works for the old row
+        (its runners, declared dead with it, exit by themselves and are replaced)."""
+        old = self.row_id
+        self.row_id = liveness.register_again(self.store, old).id
+        log.warning("overseer row %d was declared dead; registered again as %d", old,
+                    self.row_id)
+        self.maintainer.retire(self.now)
 
     def mark_children(self):
         """Each child reaped since: its row, if it did not retire, and its runs end now

@@ -88,12 +88,24 @@ def _sqlite_apart(columns):
     return apart, apart[0] if len(apart) == 1 else "coalesce(%s)" % ", ".join(apart)
 
 
+# -- the claimer is alive (DESIGN rule 11) -----------------------------------------------------
+
+# In every claim, on the runner row's primary key (one lookup, evaluated once per statement): a
+# runner declared dead claims nothing more. Race closed: a runner cut off from the database
+# (its network, a stop) whose row another host marked dead meanwhile — its claim, sent before
+# the verdict and delivered after the heal, found runs; they ran again elsewhere as RunnerDied
+# while it executed them. A claim whose snapshot still saw the row ``running`` as the row was
+# marked is the one left: the fleet's pass ends that run (liveness.end_orphaned_runs), and the
+# runner's heartbeat finds its row dead and its run taken away.
+RUNNER_ALIVE = "EXISTS (SELECT 1 FROM task_runners WHERE id = %s AND status = 'running')"
+
 # -- PostgreSQL --------------------------------------------------------------------------------
 
 def _pg_claim_ctes(limit):
     return """
     next AS (
         SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = %%s
+            AND %s
         ORDER BY %s LIMIT %d FOR UPDATE SKIP LOCKED),
     claimed AS (
         UPDATE task_runs AS r SET status = 'running', runner_id = %%s, started_on = %%s,
@@ -104,7 +116,7 @@ def _pg_claim_ctes(limit):
         WHERE t.id = claimed.task_id
         RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
             t.max_runtime, t.periodic_task_id, %s)""" % (
-        claim_order_sql(), int(limit),
+        RUNNER_ALIVE % "%s", claim_order_sql(), int(limit),
         "".join(", r." + c for c, _ in CLAIM_ORDER if c != "id"),
         ", ".join("claimed." + c for c, _ in CLAIM_ORDER))
 
@@ -117,8 +129,8 @@ PG_SUCCESS_CTES = """
         UPDATE task_queue AS t SET %s
         FROM ended WHERE t.id = ended.task_id RETURNING t.id)""" % (
     _assignments(RUN_SUCCESS), _assignments(TASK_SUCCESS))
-# Parameters: the claim's (queue, runner_id, at, at, at); the success's (at, at, results,
-# run_id, runner_id, at, at).
+# Parameters: the claim's (queue, runner_id, runner_id, at, at, at); the success's (at, at,
+# results, run_id, runner_id, at, at).
 PG_SUCCESS = "WITH" + PG_SUCCESS_CTES + " SELECT count(*) FROM ended_task"
 # Every data-modifying CTE runs to completion whether or not the final SELECT reads it: the
 # success happens even when the claim finds nothing, and the reverse.
@@ -148,8 +160,9 @@ def _sqlite_claim(limit):
     UPDATE task_runs SET status = 'running', runner_id = ?, started_on = ?, updated_on = ?
     WHERE id %s (SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = ?
                  ORDER BY %s LIMIT %d)
+        AND %s
     RETURNING id, task_id, attempt, %s""" % ("=" if limit == 1 else "IN", claim_order_sql(),
-                                             int(limit), CLAIM_COLUMNS), """
+                                             int(limit), RUNNER_ALIVE % "?", CLAIM_COLUMNS), """
     UPDATE task_queue SET last_status = 'running', updated_on = ? WHERE id = ?
     RETURNING handler, data, max_runtime, periodic_task_id""")
 
@@ -173,8 +186,9 @@ def _mysql_claim(limit):
     SELECT r.id, r.task_id, r.attempt, t.handler, t.data, t.max_runtime, t.periodic_task_id
     FROM task_runs AS r JOIN task_queue AS t ON t.id = r.task_id
     WHERE r.status = 'scheduled' AND r.queue = %%s
+        AND %s
     ORDER BY %s LIMIT %d
-    FOR UPDATE SKIP LOCKED""" % (claim_order_sql("r."), int(limit))
+    FOR UPDATE SKIP LOCKED""" % (RUNNER_ALIVE % "%s", claim_order_sql("r."), int(limit))
 
 
 MYSQL_START = ("UPDATE task_runs SET status = 'running', runner_id = %%s, started_on = %%s, "
@@ -218,13 +232,15 @@ def claim(store, runner_id, queue, at, limit=1):
     are one step."""
     execute, statements = store.db.execute_sql, claim_statements(store.backend, limit)
     if store.backend == "postgresql":
-        return in_claim_order(execute(statements, (queue, runner_id, at, at, at)), CLAIMED_WIDTH)
+        return in_claim_order(execute(statements, (queue, runner_id, runner_id, at, at, at)),
+                              CLAIMED_WIDTH)
     if store.is_sqlite:
         claim_runs, claim_task = statements
         stamp = at.isoformat(" ")         # bound as text once
-        runs = in_claim_order(execute(claim_runs, (runner_id, stamp, stamp, queue)), 3)
+        runs = in_claim_order(execute(claim_runs, (runner_id, stamp, stamp, queue, runner_id)),
+                              3)
         return [run + execute(claim_task, (stamp, run[1])).fetchone() for run in runs]
-    rows = execute(statements, (queue,)).fetchall()
+    rows = execute(statements, (queue, runner_id)).fetchall()
     if rows:
         marks = ", ".join(["%s"] * len(rows))
         execute(MYSQL_START[0] % marks, (runner_id, at, at, *[r[0] for r in rows]))
@@ -236,7 +252,8 @@ def end_success_and_claim(store, run_id, runner_id, results, at, queue):
     """PostgreSQL, one statement: `end_success` of a runner's run and the `claim` of its next
     from `queue`, with the races both close. Returns (ended, the claimed row or None)."""
     row = store.db.execute_sql(PG_SUCCESS_AND_CLAIM, (
-        at, at, results, run_id, runner_id, at, at, queue, runner_id, at, at, at)).fetchone()
+        at, at, results, run_id, runner_id, at, at, queue, runner_id, runner_id, at, at, at)
+    ).fetchone()
     return row[0] > 0, None if row[1] is None else tuple(row[1:1 + CLAIMED_WIDTH])
 
 
