@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from taskrunner.fleet import liveness
 from taskrunner.runs import lifecycle
 from taskrunner import TaskQueue
 from taskrunner.store.models import RUNNING, SCHEDULED, SUCCESS
@@ -238,7 +239,7 @@ def test_cancel_of_a_running_task_asks_its_run_to_stop(database):
     q = database.queue()
     try:
         task_id = q.add_task(ECHO)
-        claimed = lifecycle.claim(q.store, runner_id=4242)
+        claimed = lifecycle.claim(q.store, runner_id=liveness.register(q.store).id)
         assert claimed.task_id == task_id
     finally:
         q.close()

@@ -18,6 +18,7 @@ from taskrunner import InputError
 from taskrunner.config import Config
 from taskrunner.store.bound import Store
 from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
+from taskrunner.fleet import liveness
 from taskrunner.runs.lifecycle import claim, end_run, timeout_overdue_runs
 from taskrunner.store.models import CANCELLED, SUCCESS, TIMEOUT, PeriodicTask, Run, Task, utcnow
 from taskrunner.periodic.scheduler import (PeriodicScheduler, add_periodic, allow_start,
@@ -25,7 +26,12 @@ from taskrunner.periodic.scheduler import (PeriodicScheduler, add_periodic, allo
 
 ECHO = "taskrunner.handlers.Echo"
 T0 = datetime(2024, 1, 1, 12, 0, 0)
-RUNNER = 7  # a runner id for the runs claimed in-process
+def runner_of(store):
+    """The runner row the runs claimed in-process belong to (one per store, kept on it): a
+    claim takes runs only for a runner whose row is ``running``."""
+    if getattr(store, "seed_runner_id", None) is None:
+        store.seed_runner_id = liveness.register(store).id
+    return store.seed_runner_id
 
 
 def at(seconds):
@@ -43,13 +49,13 @@ def tasks_of(name):
 def start(store, now):
     """What a runner does when it takes the next run: claim it, then Nuntium's start check.
     Returns (claimed run, allowed)."""
-    claimed = claim(store, RUNNER, now=now)
+    claimed = claim(store, runner_of(store), now=now)
     assert claimed is not None
     return claimed, allow_start(store, claimed.periodic_task_id, now=now)
 
 
 def end(store, claimed, now, status=SUCCESS, code=None):
-    assert end_run(store, claimed.run_id, claimed.task_id, status, runner_id=RUNNER,
+    assert end_run(store, claimed.run_id, claimed.task_id, status, runner_id=runner_of(store),
                    error_code=code, now=now, periodic_task_id=claimed.periodic_task_id)
 
 
@@ -209,7 +215,7 @@ def test_nuntium_worked_tables(queue, table, anchor, caplog):
             # The timebox: interval / 2 after the start, the run is timed out.
             assert timeout_overdue_runs(store, now=now - timedelta(milliseconds=1)) == []
             ended = timeout_overdue_runs(store, now=now + timedelta(milliseconds=1))
-            assert ended == [(running.pop(label).run_id, RUNNER)]
+            assert ended == [(running.pop(label).run_id, runner_of(store))]
             assert Run.get_by_id(ended[0][0]).error_code == "MaxRuntime"
         current = row("A")
         assert current.nextrun == mmss(next_run), (clock, event)
