@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from taskrunner.runs import lifecycle
-from taskrunner.fleet import liveness
+from taskrunner.fleet import leadership, liveness
 from taskrunner.runner.current import CurrentRun
 from taskrunner.runner.process import Worker
 from taskrunner.store.models import (CANCELLED, REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
@@ -275,8 +275,11 @@ def test_a_run_timed_out_by_a_second_overseer_is_stopped_by_its_runner(stubborn,
     wait_up(pg_overseers, a, 2)
     wait_for(lambda: timed(log), timeout=START_TIMEOUT, message="the handler to start")
     [(_, _, run_id, victim, first_start)] = timed(log)
-    # A, checking every 60 s, holds the maintenance lease (for 180 s): end it as if it had
-    # expired, so that B becomes the holder that does the fleet's work (leadership.py).
+    # A, checking every 60 s, holds the maintenance lease (for 180 s) once its maintainer's
+    # first check has taken it: end it then as if it had expired, so that B becomes the
+    # holder that does the fleet's work (leadership.py).
+    wait_for(lambda: any(lease["held"] for lease in leadership.leases(queue.store)),
+             timeout=START_TIMEOUT, message="A's maintainer to take the lease")
     queue.store.Lease.update(expires_on=queue.store.server_time(-1)).execute()
     b = pg_overseers.start(config("b.toml", 0.2))    # the host's slots are taken: no runner
 
