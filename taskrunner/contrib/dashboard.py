@@ -39,7 +39,23 @@ def _forbidden(start_response: Callable[..., Any]) -> Iterable[bytes]:
     return [b"forbidden\n"]
 
 
-class MountedDashboard:
+class _Mounted:
+    """A WSGI application that asks the application's `allow(environ)` first, then answers
+    with `respond(environ)`: (status, headers, body)."""
+    allow: Callable[[Environ], bool]
+
+    def respond(self, environ: Environ) -> Tuple[str, List[Tuple[str, str]], bytes]:
+        raise NotImplementedError
+
+    def __call__(self, environ: Environ, start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if not self.allow(environ):
+            return _forbidden(start_response)
+        status, headers, body = self.respond(environ)
+        start_response(status, headers)
+        return [body]
+
+
+class MountedDashboard(_Mounted):
     """``MountedDashboard(queue, allow=...)``: the dashboard of a `TaskQueue` as a WSGI
     application to mount. `allow` is required: a dashboard mounted without a check would be
     open to whoever reaches the application (``allow=lambda environ: True`` only when the
@@ -63,13 +79,6 @@ class MountedDashboard:
         self.app = Dashboard(queue.store, guard,
                              config.read_only if read_only is None else read_only)
 
-    def __call__(self, environ: Environ, start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if not self.allow(environ):
-            return _forbidden(start_response)
-        status, headers, body = self.respond(environ)
-        start_response(status, headers)
-        return [body]
-
     def respond(self, environ: Environ) -> Tuple[str, List[Tuple[str, str]], bytes]:
         """(status, headers, body) of the dashboard's answer, its URLs under SCRIPT_NAME."""
         answer: Dict[str, Any] = {}
@@ -89,20 +98,13 @@ class MountedDashboard:
         return answer["status"], headers + [("Content-Length", str(len(body)))], body
 
 
-class MountedMetrics:
+class MountedMetrics(_Mounted):
     """``/metrics`` of a `TaskQueue` (Prometheus text) as a WSGI application of its own, to
     mount apart from the dashboard (a scraper needs no dashboard access); `allow` as for
     `MountedDashboard`."""
 
     def __init__(self, queue: Any, *, allow: Callable[[Environ], bool]) -> None:
         self.store, self.allow = queue.store, allow
-
-    def __call__(self, environ: Environ, start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if not self.allow(environ):
-            return _forbidden(start_response)
-        status, headers, body = self.respond(environ)
-        start_response(status, headers)
-        return [body]
 
     def respond(self, environ: Environ) -> Tuple[str, List[Tuple[str, str]], bytes]:
         from ..web.metrics import exposition

@@ -206,14 +206,10 @@ class Maintainer:
                 log.warning("database unavailable (%s); retrying", text)
             elif self.db_lost_at is None:
                 log.warning("database error (will retry): %s", text)
-            self._close_quietly()
+            outage.close_quietly(self.store.db)
         except Exception:
             log.exception("%s failed (will retry)", getattr(step, "__name__", "a step"))
-            self._close_quietly()
-
-    def _close_quietly(self):
-        with contextlib.suppress(pw.DatabaseError):
-            self.store.close()
+            outage.close_quietly(self.store.db)
 
     def shutdown(self):
         """Release the lease and retire the row (its lease goes with it anyway)."""
@@ -221,7 +217,7 @@ class Maintainer:
             self._guarded(self.lease.release)
         if self.row_id is not None:
             self._guarded(lambda: liveness.retire(self.store, self.row_id, self.stop_reason))
-        self._close_quietly()
+        outage.close_quietly(self.store.db)
         log.info("maintainer %s exiting: %s", self.row_id, self.stop_reason)
 
 

@@ -520,14 +520,10 @@ class Overseer:
                 self.db_lost_at = self.now
                 log.warning("database unavailable to the overseer (%s); retrying at each "
                             "check", outage.first_line(exc))
-            self._close_quietly()
+            outage.close_quietly(self.store.db)
         except Exception:
             log.exception("%s failed (will retry)", getattr(step, "__name__", "a step"))
-            self._close_quietly()
-
-    def _close_quietly(self):
-        with contextlib.suppress(pw.DatabaseError):
-            self.store.close()
+            outage.close_quietly(self.store.db)
 
     def _stopped(self):
         """During a stop: True once every child is gone; KILL the runners at the deadline
