@@ -113,6 +113,8 @@ def test_without_use_tz_times_are_naive_local_time(project):
 
 def test_overseer_runs_django_tasks_and_results_tell_their_runs(project, tmp_path):
     log = tmp_path / "overseer.log"
+    signals = tmp_path / "signals.jsonl"
+    project.env["DEMO_SIGNAL_LOG"] = str(signals)
     overseer = project.spawn(log, "taskrunner", "overseer")
     try:
         # Both runners idle before the first task: one that is just starting claims it
@@ -146,6 +148,20 @@ def test_overseer_runs_django_tasks_and_results_tell_their_runs(project, tmp_pat
     assert once["status"] == "SUCCESSFUL" and once["return_value"] == {"value": 7, "attempt": 2}
     assert [e["exception_class_path"] for e in once["errors"]] == ["demo.tasks.Boom"]
     assert seen["ready_while_retrying"], "a task waiting to retry was never READY"
+    # Django's task_started / task_finished, sent in the runner around each attempt, as
+    # Django's own backends send them, with the backend's class as sender.
+    sent = [json.loads(line) for line in signals.read_text().splitlines()]
+    by_task = {}
+    for line in sent:
+        assert line["sender"] == "TaskrunnerBackend" and line["pid"] != overseer.pid, line
+        by_task.setdefault(line["task"], []).append((line["signal"], line["status"]))
+    assert by_task["add"] == [("task_started", "RUNNING"), ("task_finished", "SUCCESSFUL")]
+    assert by_task["async_add"] == by_task["add"]
+    assert by_task["always_fails"] == [("task_started", "RUNNING"),
+                                       ("task_finished", "FAILED")] * 2
+    assert by_task["fails_once"] == [("task_started", "RUNNING"), ("task_finished", "FAILED"),
+                                     ("task_started", "RUNNING"),
+                                     ("task_finished", "SUCCESSFUL")]
 
 
 def test_manage_py_taskrunner_runs_taskrunner_commands(project):
