@@ -1,14 +1,24 @@
 """A full disk, a read-only database and a missing directory each get an error that names
-the cause, and nothing acknowledged is lost. The full disk is a real one: a 1 MB tmpfs
-(mounting needs root; outside CI the test is skipped when mounting is not permitted)."""
+the cause, and nothing acknowledged is lost; under a running overseer, a disk that fills up
+or turns read-only is ridden out like a database outage. The full disk is a real one: a
+small tmpfs (mounting needs root; outside CI the test is skipped when mounting is not
+permitted)."""
 import os
+import re
+import signal
 import subprocess
+import time
+from collections import Counter
 
 import pytest
 
 from taskrunner import TaskQueue
+from taskrunner.store.models import SUCCESS
 
-from conftest import databases_required, taskrunner, usage_error
+from sample_handlers import read_records
+
+from conftest import Database, databases_required, spawn, stop_process, taskrunner, \
+    usage_error, wait_for
 
 ECHO = "taskrunner.handlers.Echo"
 
@@ -19,11 +29,11 @@ def _mount(*args):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 1 MB tmpfs, unmounted afterwards."""
+    """A 2 MB tmpfs, unmounted afterwards."""
     where = tmp_path / "disk"
     where.mkdir()
     try:
-        result = _mount("-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where))
+        result = _mount("-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where))
     except OSError as exc:
         result = subprocess.CompletedProcess([], 1, "", str(exc))
     if result.returncode != 0:
@@ -101,3 +111,92 @@ def test_a_directory_where_the_file_should_be_names_it(tmp_path):
     usage_error(taskrunner("check", url="sqlite:///%s" % tmp_path),
                 "%s is a directory" % tmp_path)
 
+
+
+# -- under a running overseer ------------------------------------------------------------------
+
+RECORD = "sample_handlers.Record"
+HOLD = 12.0          # seconds the disk stays unwritable while the overseer works
+RESUME = 20.0        # the tasks acknowledged before must all have succeeded this soon after
+
+OVERSEER_CONFIG = """
+[runner]
+limit = 2
+poll_interval = 0.2
+heartbeat_interval = 0.5
+[overseer]
+check_interval = 0.5
+max_start_failures = 3
+"""
+
+
+def _ride_out(small_disk, tmp_path, make_unwritable, make_writable):
+    """An overseer with two runners on a database in `small_disk`; tasks acknowledged before
+    the disk turns unwritable (due while it is), the disk kept so for HOLD seconds, then
+    writable again: returns the overseer's log (before its stop) once they all succeeded."""
+    database = Database("sqlite", small_disk)
+    config = database.write_config(tmp_path / "c.toml", OVERSEER_CONFIG)
+    queue = database.queue()
+    log_path, records = tmp_path / "overseer.log", tmp_path / "records"
+    overseer = spawn("overseer", config=config, log_path=log_path)
+    try:
+        first = queue.add_task(ECHO)
+        wait_for(lambda: queue.get_task(first).status == SUCCESS, timeout=60,
+                 message="the overseer's runners to run a task")
+        # Two run while the disk turns unwritable, and end after; the rest wait their turn.
+        acknowledged = [queue.add_task(RECORD, data={"log": str(records), "sleep": 1.0})
+                        for n in range(6)]
+        queue.close()        # its connection would be the one to find the disk back
+        make_unwritable()
+        held_until = time.monotonic() + HOLD
+        while time.monotonic() < held_until:     # watched for the whole time, not slept
+            assert overseer.poll() is None, "the overseer exited with %s while the disk " \
+                "was unwritable:\n%s" % (overseer.returncode, log_path.read_text()[-4000:])
+            time.sleep(0.1)
+        make_writable()
+        queue = database.queue()
+        wait_for(lambda: all(queue.get_task(t).status == SUCCESS for t in acknowledged),
+                 timeout=RESUME, message="every task acknowledged before to succeed (log:\n%s)"
+                 % log_path.read_text()[-4000:])
+        assert overseer.poll() is None, log_path.read_text()[-4000:]
+        executed = sorted(task for task, _, _ in read_records(records))
+        assert executed == acknowledged, "executed %s:\n%s" % (executed,
+                                                               log_path.read_text()[-6000:])
+        return log_path.read_text()       # before the stop, whose lines say "exiting"
+    finally:
+        queue.close()
+        stop_process(overseer, signal.SIGTERM)
+
+
+START = re.compile(r"(WARNING|ERROR) .*(disk is full|no space left|read-only|readonly)",
+                   re.IGNORECASE)
+END = re.compile(r"(writable|reachable|answering|written) again", re.IGNORECASE)
+
+
+def _assert_ridden_out(log):
+    """No crash, no start failure, no exit; each process said when the outage began and
+    when it ended at most once (not a line per attempt)."""
+    for bad in ("Traceback", "crashed", "failed at start", "giving up", "exiting"):
+        assert bad not in log, "%r in the overseer's log:\n%s" % (bad, log[-6000:])
+    pid = re.compile(r"\[(\d+)\]: ")
+    starts = Counter(pid.search(line).group(1) for line in log.splitlines()
+                     if START.search(line) and pid.search(line))
+    ends = Counter(pid.search(line).group(1) for line in log.splitlines()
+                   if END.search(line) and pid.search(line))
+    assert starts, "the outage was never logged:\n%s" % log[-6000:]
+    assert max(starts.values()) == 1 and max(ends.values(), default=0) <= 1, \
+        "logged more than once per process:\n%s" % log[-6000:]
+
+
+@pytest.mark.timeout(150)
+def test_a_full_disk_under_an_overseer_is_ridden_out(small_disk, tmp_path):
+    """Finding 8 of issue 31: the disk of the SQLite database fills up under a running
+    overseer. Its runners must not crash nor count as failing to start, the overseer must
+    not exit, and every task acknowledged before runs once there is room again."""
+    filler = small_disk / "filler"
+    log = _ride_out(small_disk, tmp_path, lambda: fill(small_disk), lambda: os.unlink(filler))
+    _assert_ridden_out(log)
+
+
+def _check(result):
+    assert result.returncode == 0, result.stderr
