@@ -18,7 +18,7 @@ from taskrunner.store.models import SUCCESS
 from sample_handlers import read_records
 
 from conftest import Database, databases_required, spawn, stop_process, taskrunner, \
-    usage_error, wait_for
+    usage_error, wait_for, wait_started
 
 ECHO = "taskrunner.handlers.Echo"
 
@@ -115,7 +115,7 @@ def test_a_directory_where_the_file_should_be_names_it(tmp_path):
 
 # -- under a running overseer ------------------------------------------------------------------
 
-RECORD = "sample_handlers.Record"
+STARTED = "sample_handlers.Started"
 HOLD = 12.0          # seconds the disk stays unwritable while the overseer works
 RESUME = 20.0        # the tasks acknowledged before must all have succeeded this soon after
 
@@ -144,8 +144,9 @@ def _ride_out(small_disk, tmp_path, make_unwritable, make_writable):
         wait_for(lambda: queue.get_task(first).status == SUCCESS, timeout=60,
                  message="the overseer's runners to run a task")
         # Two run while the disk turns unwritable, and end after; the rest wait their turn.
-        acknowledged = [queue.add_task(RECORD, data={"log": str(records), "sleep": 1.0})
+        acknowledged = [queue.add_task(STARTED, data={"log": str(records), "sleep": 1.0})
                         for n in range(6)]
+        wait_started(str(records), 2)
         queue.close()        # its connection would be the one to find the disk back
         make_unwritable()
         held_until = time.monotonic() + HOLD
@@ -200,3 +201,36 @@ def test_a_full_disk_under_an_overseer_is_ridden_out(small_disk, tmp_path):
 
 def _check(result):
     assert result.returncode == 0, result.stderr
+
+
+# -- what counts as a database that cannot be written ------------------------------------------
+
+READ_ONLY_SESSION = {"postgresql": "SET default_transaction_read_only = on",
+                     "mysql": "SET SESSION TRANSACTION READ ONLY"}
+
+
+def test_an_unwritable_database_is_an_outage_by_its_code(database):
+    """A write refused because the database cannot take writes (here: a read-only
+    session, as on a standby or a read-only file) is an outage to wait out; an error in the
+    statement itself is not."""
+    import peewee
+    from taskrunner.store import outage
+    queue = database.queue()
+    db = queue.store.db
+    try:
+        with pytest.raises(peewee.DatabaseError) as wrong:
+            db.execute_sql("SELECT no_such_column FROM task_queue")
+        assert outage.outage_kind(wrong.value) is None
+        outage.close_quietly(db)
+        if database.backend == "sqlite":
+            db = peewee.SqliteDatabase("file:%s?mode=ro" % db.database, uri=True)
+        else:
+            db.execute_sql(READ_ONLY_SESSION[database.backend])
+        with pytest.raises(peewee.DatabaseError) as refused:
+            with db.atomic():
+                db.execute_sql("UPDATE task_queue SET priority = 1")
+        assert outage.is_unwritable(refused.value), repr(refused.value)
+        assert outage.outage_kind(refused.value) == "unwritable"
+    finally:
+        outage.close_quietly(db)
+        queue.close()
