@@ -10,7 +10,9 @@ began, whoever wrote it, so a runner that finds a sync covering its commit has n
 (PostgreSQL's WAL flush works this way).
 
 Shared state, per database on this host: ``<database>-sync`` (owner-only, 0600, like the
-host lock's file, never removed), three counters mapped into every process: `written`
+host lock's file, never removed; used only when it is this user's own, checked on what was
+opened — a file or link another user planted is never written or mapped, and each runner
+then syncs alone), three counters mapped into every process: `written`
 (commits counted), `synced` (of those, the ones known durable) and `flushes` (fdatasyncs
 done). A committer takes the next `written` number as its ticket right after COMMIT
 returned; then, under the flush lock (a ``flock`` of the file, held during the fdatasync), if
@@ -61,6 +63,8 @@ import struct
 import threading
 import weakref
 
+from .runtimedir import open_own_file
+
 log = logging.getLogger("taskrunner.db")
 
 SUFFIX = "-sync"
@@ -110,9 +114,10 @@ class GroupSync:
 
     def _open(self):
         self._opened = True
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
         try:
-            fd = os.open(self.path, flags, 0o600)
+            # Only a file of this user's: one another user planted could be read, rewritten
+            # (`synced` raised: commits acknowledged unsynced) or shrunk under the mapping.
+            fd = open_own_file(self.path, os.O_RDWR)
         except OSError as exc:
             return self._unavailable(exc)
         try:
