@@ -4,9 +4,11 @@ or turns read-only is ridden out like a database outage. The full disk is a real
 small tmpfs (mounting needs root; outside CI the test is skipped when mounting is not
 permitted)."""
 import os
+import json
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -17,8 +19,8 @@ from taskrunner.store.models import SUCCESS
 
 from sample_handlers import read_records
 
-from conftest import Database, databases_required, spawn, stop_process, taskrunner, \
-    usage_error, wait_for, wait_started
+from conftest import Database, databases_required, process_env, spawn, stop_process, \
+    taskrunner, usage_error, wait_for, wait_started
 
 ECHO = "taskrunner.handlers.Echo"
 
@@ -169,7 +171,7 @@ def _ride_out(small_disk, tmp_path, make_unwritable, make_writable):
         stop_process(overseer, signal.SIGTERM)
 
 
-START = re.compile(r"(WARNING|ERROR) .*(disk is full|no space left|read-only|readonly)",
+START = re.compile(r"(WARNING|ERROR) .*(disk is full|no space left|read-only|readonly|disk I/O)",
                    re.IGNORECASE)
 END = re.compile(r"(writable|reachable|answering|written) again", re.IGNORECASE)
 
@@ -197,6 +199,87 @@ def test_a_full_disk_under_an_overseer_is_ridden_out(small_disk, tmp_path):
     filler = small_disk / "filler"
     log = _ride_out(small_disk, tmp_path, lambda: fill(small_disk), lambda: os.unlink(filler))
     _assert_ridden_out(log)
+
+
+ADD_STARTED = """
+import json, sys
+from taskrunner import TaskQueue
+with TaskQueue(sys.argv[1]) as queue:
+    print(json.dumps([queue.add_task("sample_handlers.Started",
+                                     data={"log": sys.argv[2], "sleep": 1.0})
+                      for n in range(6)]))
+"""
+
+
+@pytest.fixture
+def ext4_disk(tmp_path):
+    """A small ext4 file system on a loop device, mounted errors=remount-ro (what a disk
+    that fails under a running system becomes), unmounted afterwards; yields (mount point,
+    device name)."""
+    image, where = tmp_path / "ext4.img", tmp_path / "ext4"
+    where.mkdir()
+    with open(image, "wb") as fh:
+        fh.truncate(16 * 1024 * 1024)
+    made = subprocess.run(["mkfs.ext4", "-q", str(image)], capture_output=True, text=True)
+    mounted = _mount("-o", "loop,errors=remount-ro", str(image), str(where)) \
+        if made.returncode == 0 else made
+    if mounted.returncode != 0:
+        reason = "cannot mount an ext4 image here: %s" % mounted.stderr.strip()
+        if databases_required():
+            pytest.fail(reason + " (required in CI)")
+        pytest.skip(reason)
+    source = subprocess.run(["findmnt", "-n", "-o", "SOURCE", str(where)], capture_output=True,
+                            text=True).stdout.strip()
+    yield where, os.path.basename(source), image
+    subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
+
+
+@pytest.mark.timeout(150)
+def test_a_disk_turned_read_only_under_an_overseer_is_ridden_out(ext4_disk, tmp_path):
+    """The file system of the database turns read-only under a running overseer (the kernel
+    does so on a disk error, errors=remount-ro): nothing crashes or exits; once it is
+    repaired and mounted again, every task acknowledged before is there and runs."""
+    where, device, image = ext4_disk
+    database = Database("sqlite", where)
+    # A run's outcome waits for the disk even through a stop: the overseer KILLs its runner
+    # at graceful_timeout, and the next start finds the run.
+    config = database.write_config(tmp_path / "c.toml", OVERSEER_CONFIG
+                                   + "graceful_timeout = 1\n")
+    log_path, records = tmp_path / "overseer.log", tmp_path / "records"
+    overseer = spawn("overseer", config=config, log_path=log_path)
+    # Tasks are added by processes of their own: nothing of this one's stays open on the
+    # file system, which is unmounted to be repaired.
+    try:
+        first = taskrunner("add", ECHO, config=config, process=True, check=True).stdout
+        taskrunner("wait", first.strip(), "--timeout", "60", config=config, process=True,
+                   check=True)
+        added = subprocess.run([sys.executable, "-c", ADD_STARTED, database.url, str(records)],
+                               env=process_env(), capture_output=True, text=True, check=True)
+        acknowledged = json.loads(added.stdout)
+        wait_started(str(records), 2)
+        with open("/sys/fs/ext4/%s/trigger_fs_error" % device, "w") as fh:
+            fh.write("taskrunner test\n")
+        held_until = time.monotonic() + HOLD
+        while time.monotonic() < held_until:     # watched for the whole time, not slept
+            assert overseer.poll() is None, "the overseer exited with %s while the disk " \
+                "was read-only:\n%s" % (overseer.returncode, log_path.read_text()[-4000:])
+            time.sleep(0.1)
+        log = log_path.read_text()
+    finally:
+        stop_process(overseer, signal.SIGTERM)
+    _assert_ridden_out(log)
+    # Repaired as an operator would: unmounted, checked, mounted again.
+    _check(subprocess.run(["umount", str(where)], capture_output=True, text=True, timeout=30))
+    subprocess.run(["e2fsck", "-fy", str(image)], capture_output=True, timeout=60)
+    _check(_mount("-o", "loop", str(image), str(where)))
+    queue = database.queue()
+    # The two runs in flight were killed by the stop: found crashed, they run again at once.
+    again = database.write_config(tmp_path / "again.toml", "[task]\nretry_backoff = 0\n")
+    try:
+        assert taskrunner("runner", "--burst", config=again, timeout=120).returncode == 0
+        assert [queue.get_task(t).status for t in acknowledged] == [SUCCESS] * len(acknowledged)
+    finally:
+        queue.close()
 
 
 def _check(result):

@@ -63,6 +63,8 @@ import struct
 import threading
 import weakref
 
+import peewee
+
 from .runtimedir import open_own_file
 
 log = logging.getLogger("taskrunner.db")
@@ -85,6 +87,13 @@ def _after_fork_in_child():
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class SyncFailed(peewee.OperationalError):
+    """The fdatasync that makes a commit durable failed (an I/O error, a file system turned
+    read-only or full): whether that commit survives a power failure is unknown, as after a
+    connection lost during COMMIT, and the caller treats it so (outage.is_unwritable by the
+    errno: the commit is tried again, idempotently, once the disk takes writes)."""
 
 
 class GroupSync:
@@ -230,16 +239,23 @@ class GroupSync:
         if self._wal is None:
             self._reopen_wal(self._wal_of)
         if self._wal is None:
-            fd = os.open(self.database, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                fd = os.open(self.database, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise SyncFailed(exc, "syncing %s failed: %s" % (self.database,
+                                                                  exc.strerror or exc)) from exc
             return
         try:
-            os.fdatasync(self._wal)
-        except OSError as exc:
-            if exc.errno == errno.EINVAL:     # a file system without fdatasync
+            try:
+                os.fdatasync(self._wal)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:     # EINVAL: a file system without fdatasync
+                    raise
                 os.fsync(self._wal)
-            else:
-                raise
+        except OSError as exc:
+            raise SyncFailed(exc, "syncing %s failed: %s" % (self.wal_path,
+                                                              exc.strerror or exc)) from exc

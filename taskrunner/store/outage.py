@@ -13,6 +13,7 @@ An outage is logged twice per process and database, whichever of its threads mee
 first: when it begins (`note_lost`) and when a write gets through again (`note_back`) —
 never a line per attempt.
 """
+import errno
 import logging
 import os
 import sqlite3
@@ -40,7 +41,8 @@ TRANSIENT_PATIENCE = 60.0
 
 # SQLite primary result codes: SQLITE_FULL (the disk, or a quota), SQLITE_READONLY (the file
 # or its file system turned read-only), SQLITE_IOERR (the kernel refused a write or a sync:
-# EIO, EROFS, ENOSPC met outside SQLite's own check).
+# EIO, EROFS, ENOSPC met outside SQLite's own check). The fdatasync of group commit
+# (groupsync.SyncFailed) by its errno likewise.
 SQLITE_UNWRITABLE = frozenset((SQLITE_FULL, SQLITE_READONLY, SQLITE_IOERR))
 # PostgreSQL: 53100 disk_full (a table or index could not grow; a WAL write that fails is a
 # PANIC instead: the server restarts, which is a disconnect), 58030 io_error, 25006
@@ -57,6 +59,9 @@ def is_unwritable(exc):
     server, an I/O error) — a condition to wait out, not a bug. By error code only."""
     err = driver_error(first_error(exc)) if isinstance(exc, pw.PeeweeException) \
         else driver_error(exc)
+    if isinstance(err, OSError):
+        # A failed fdatasync after a commit (groupsync.SyncFailed).
+        return err.errno in (errno.EIO, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
     if isinstance(err, sqlite3.Error):
         code = getattr(err, "sqlite_errorcode", None)
         return code is not None and code & 0xFF in SQLITE_UNWRITABLE
