@@ -15,7 +15,7 @@ import pytest
 from conftest import Database, spawn, stop_process, taskrunner, wait_for
 from local_users import as_user, other_user, run_as  # noqa: F401 - other_user: a fixture
 
-from taskrunner.host import groupsync, hostlock
+from taskrunner.host import groupsync, hostlock, runtimedir
 from taskrunner.store.models import SUCCESS, Task
 
 ECHO = "taskrunner.handlers.Echo"
@@ -145,3 +145,31 @@ def test_a_database_in_a_directory_others_may_write_is_reported(public):
     result = taskrunner("add", ECHO, url=database.url, process=True)
     assert result.returncode == 0, result.stderr
     assert "writable by other users" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("where, mode, used", [
+    ("public", "666", False),     # anyone's directory: another user's file is never used
+    ("public", "600", False),
+    ("group", "660", True),       # a setgid group directory: a member's file, closed to others
+    ("group", "666", False),      # ... but not one everyone may write
+])
+def test_a_file_beside_the_database_is_used_only_when_trusted(other_user, request, where,
+                                                               mode, used):
+    """A file another user made beside the database is used only where they are trusted on
+    purpose (a setgid group directory, as its group's member), and never when everyone may
+    write it."""
+    directory = Path(tempfile.mkdtemp(prefix="trdb-"))
+    request.addfinalizer(lambda: subprocess.run(["rm", "-rf", str(directory)], check=False))
+    if where == "group":
+        os.chown(directory, 0, other_user.pw_gid)
+        os.chmod(directory, 0o2770)
+    else:
+        os.chmod(directory, 0o1777)
+    path = str(directory / ("queue.db" + groupsync.SUFFIX))
+    run_as(other_user, "os.umask(0)\n" + PLANT_FILE.replace("0o666", "0o" + mode), path)
+    if used:
+        os.close(runtimedir.open_own_file(path, os.O_RDWR))
+    else:
+        with pytest.raises(runtimedir.RefusedFile):
+            runtimedir.open_own_file(path, os.O_RDWR)
+    assert os.stat(path).st_size == 0
