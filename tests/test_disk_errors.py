@@ -120,6 +120,7 @@ def test_a_directory_where_the_file_should_be_names_it(tmp_path):
 STARTED = "sample_handlers.Started"
 HOLD = 12.0          # seconds the disk stays unwritable while the overseer works
 RESUME = 20.0        # the tasks acknowledged before must all have succeeded this soon after
+RESUMED_WITHIN = 5.0    # ... and the runs in flight ended this soon (RECONNECT_DELAY is 1 s)
 
 OVERSEER_CONFIG = """
 [runner]
@@ -157,7 +158,14 @@ def _ride_out(small_disk, tmp_path, make_unwritable, make_writable):
                 "was unwritable:\n%s" % (overseer.returncode, log_path.read_text()[-4000:])
             time.sleep(0.1)
         make_writable()
+        freed = time.monotonic()
         queue = database.queue()
+        # The runs in flight end first: their outcomes waited in their runners' memory.
+        wait_for(lambda: all(queue.get_task(t).status == SUCCESS for t in acknowledged[:2]),
+                 timeout=RESUME, interval=0.02, message="the runs in flight to end")
+        resumed = time.monotonic() - freed
+        print("runs in flight ended %.2fs after the disk took writes again" % resumed)
+        assert resumed < RESUMED_WITHIN, "work resumed only after %.1fs" % resumed
         wait_for(lambda: all(queue.get_task(t).status == SUCCESS for t in acknowledged),
                  timeout=RESUME, message="every task acknowledged before to succeed (log:\n%s)"
                  % log_path.read_text()[-4000:])
