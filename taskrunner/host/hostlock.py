@@ -39,6 +39,7 @@ log = logging.getLogger("taskrunner.db")
 SUFFIX = "-hostlock"
 POLL = 0.005        # seconds between two tries of a lock taken with a timeout (it grows)
 _reported = set()
+_open_directories = set()     # databases whose directory everyone may write (said once)
 _instances = weakref.WeakSet()
 
 
@@ -89,8 +90,9 @@ class HostLock:
         self._threads = threading.Lock()
         self._holder, self._depth = None, 0
         self._fd = None
-        if self.path not in _reported and everyone_may_write(os.path.dirname(self.path)):
-            _reported.add(self.path)
+        if self.path not in _open_directories \
+                and everyone_may_write(os.path.dirname(self.path)):
+            _open_directories.add(self.path)
             log.warning("the directory of the SQLite database %s is writable by other users: "
                         "they could replace the database, or create its -wal and -shm files "
                         "before SQLite does; keep it in a directory only its users may write",
@@ -98,8 +100,8 @@ class HostLock:
         try:
             self._fd = open_own_file(self.path, os.O_RDONLY)
         except OSError as exc:
-            if self.path + "!" not in _reported:
-                _reported.add(self.path + "!")
+            if self.path not in _reported:
+                _reported.add(self.path)
                 log.warning("no host lock for SQLite writers (%s: %s): this host's writers "
                             "wait in SQLite's busy handler instead", self.path,
                             exc.strerror or exc)
