@@ -10,7 +10,9 @@ began, whoever wrote it, so a runner that finds a sync covering its commit has n
 (PostgreSQL's WAL flush works this way).
 
 Shared state, per database on this host: ``<database>-sync`` (owner-only, 0600, like the
-host lock's file, never removed), three counters mapped into every process: `written`
+host lock's file, never removed; used only when it is this user's own, checked on what was
+opened — a file or link another user planted is never written or mapped, and each runner
+then syncs alone), three counters mapped into every process: `written`
 (commits counted), `synced` (of those, the ones known durable) and `flushes` (fdatasyncs
 done). A committer takes the next `written` number as its ticket right after COMMIT
 returned; then, under the flush lock (a ``flock`` of the file, held during the fdatasync), if
@@ -61,6 +63,10 @@ import struct
 import threading
 import weakref
 
+import peewee
+
+from .runtimedir import open_own_file
+
 log = logging.getLogger("taskrunner.db")
 
 SUFFIX = "-sync"
@@ -81,6 +87,13 @@ def _after_fork_in_child():
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class SyncFailed(peewee.OperationalError):
+    """The fdatasync that makes a commit durable failed (an I/O error, a file system turned
+    read-only or full): whether that commit survives a power failure is unknown, as after a
+    connection lost during COMMIT, and the caller treats it so (outage.is_unwritable by the
+    errno: the commit is tried again, idempotently, once the disk takes writes)."""
 
 
 class GroupSync:
@@ -110,9 +123,10 @@ class GroupSync:
 
     def _open(self):
         self._opened = True
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
         try:
-            fd = os.open(self.path, flags, 0o600)
+            # Only a file of this user's: one another user planted could be read, rewritten
+            # (`synced` raised: commits acknowledged unsynced) or shrunk under the mapping.
+            fd = open_own_file(self.path, os.O_RDWR)
         except OSError as exc:
             return self._unavailable(exc)
         try:
@@ -225,16 +239,23 @@ class GroupSync:
         if self._wal is None:
             self._reopen_wal(self._wal_of)
         if self._wal is None:
-            fd = os.open(self.database, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                fd = os.open(self.database, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise SyncFailed(exc, "syncing %s failed: %s" % (self.database,
+                                                                  exc.strerror or exc)) from exc
             return
         try:
-            os.fdatasync(self._wal)
-        except OSError as exc:
-            if exc.errno == errno.EINVAL:     # a file system without fdatasync
+            try:
+                os.fdatasync(self._wal)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:     # EINVAL: a file system without fdatasync
+                    raise
                 os.fsync(self._wal)
-            else:
-                raise
+        except OSError as exc:
+            raise SyncFailed(exc, "syncing %s failed: %s" % (self.wal_path,
+                                                              exc.strerror or exc)) from exc

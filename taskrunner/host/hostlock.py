@@ -16,9 +16,12 @@ A process that must not wait long (the overseer's loop, a stopping runner) takes
 error the caller handles as a busy database.
 
 The lock file is ``<database>-hostlock``, created owner-only (0600) and never removed (a
-lock file removed while someone waits on it would let two writers in at once). When it
-cannot be opened (a read-only directory, a file of another user), the store works without
-it, as before, and says so once. The kernel releases a dead process's lock.
+lock file removed while someone waits on it would let two writers in at once). It is used
+only when it is this user's own, checked on what was opened (runtimedir.open_own_file): a
+file another user planted there first, which they could lock for ever, or a symbolic link,
+is never used. When it cannot be opened or is refused (a read-only directory, a file of
+another user), the store works without it, as before, and says so once. The kernel releases
+a dead process's lock.
 """
 import fcntl
 import logging
@@ -29,11 +32,14 @@ import weakref
 
 import peewee
 
+from .runtimedir import everyone_may_write, open_own_file
+
 log = logging.getLogger("taskrunner.db")
 
 SUFFIX = "-hostlock"
 POLL = 0.005        # seconds between two tries of a lock taken with a timeout (it grows)
 _reported = set()
+_open_directories = set()     # databases whose directory everyone may write (said once)
 _instances = weakref.WeakSet()
 
 
@@ -84,9 +90,15 @@ class HostLock:
         self._threads = threading.Lock()
         self._holder, self._depth = None, 0
         self._fd = None
-        flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        if self.path not in _open_directories \
+                and everyone_may_write(os.path.dirname(self.path)):
+            _open_directories.add(self.path)
+            log.warning("the directory of the SQLite database %s is writable by other users: "
+                        "they could replace the database, or create its -wal and -shm files "
+                        "before SQLite does; keep it in a directory only its users may write",
+                        self.path[:-len(SUFFIX)])
         try:
-            self._fd = os.open(self.path, flags, 0o600)
+            self._fd = open_own_file(self.path, os.O_RDONLY)
         except OSError as exc:
             if self.path not in _reported:
                 _reported.add(self.path)

@@ -16,6 +16,10 @@ once, on what was opened, and then used only through that descriptor:
   the directory opened whatever its path has become since (and has no length limit).
 - an entry is used or removed only when it is what it should be (a socket, a regular file)
   and its owner is trusted: this user, root, or in a shared base a member of its group.
+
+The files kept beside a SQLite database (the host lock, group commit's counters) sit in the
+database's directory, which others may write too: each is opened with `open_own_file`,
+which checks what was opened likewise and refuses a file or link planted by someone else.
 """
 import errno
 import functools
@@ -32,6 +36,55 @@ _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_NOFOLL
 
 class RefusedDirectory(OSError):
     """A runtime directory that another user could control: not used."""
+
+
+class RefusedFile(OSError):
+    """A file beside a database that another user could control: not used."""
+
+
+def open_own_file(path, flags, mode=0o600):
+    """A descriptor of the file `path` beside a database (created with `mode` if missing),
+    checked on what was opened: a symbolic link is refused (``O_NOFOLLOW``), and so is
+    anything but a regular file with one link of a trusted user, closed to everyone else —
+    this user's or root's; in a setgid directory (a group shares it on purpose, see
+    `RuntimeDir`) also a group member's, with that group. So a file another user planted
+    (which they could lock for ever, read, rewrite or shrink under a mapping: SIGBUS), a hard
+    link to a file of ours elsewhere or a FIFO (``O_NONBLOCK``: the open never waits) is
+    never used. RefusedFile (an OSError) says why; nothing was written."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
+                     | getattr(os, "O_NOFOLLOW", 0), mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RefusedFile(exc.errno, "a symbolic link, refused", path) from None
+        raise
+    try:
+        info = os.fstat(fd)
+        base = os.stat(os.path.dirname(os.path.abspath(path)))  # the operator's: followed
+        uid = os.geteuid()
+        if base.st_mode & stat.S_ISGID:
+            safe = (info.st_uid in (uid, 0) or member(info.st_uid, base.st_gid)) \
+                and info.st_gid == base.st_gid and not info.st_mode & 0o007
+        else:
+            safe = info.st_uid in (uid, 0) and not info.st_mode & 0o077
+        if not (safe and stat.S_ISREG(info.st_mode) and info.st_nlink == 1):
+            raise RefusedFile(errno.EPERM, "not this user's own file (owner uid %d, group %d, "
+                              "mode %04o, %d link(s)), refused" % (
+                                  info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode),
+                                  info.st_nlink), path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def everyone_may_write(directory):
+    """Whether every user may create entries in `directory` (/tmp: sticky or not — in a
+    sticky directory they cannot remove ours, but can take a name first)."""
+    try:
+        return bool(os.stat(directory).st_mode & 0o002)
+    except OSError:
+        return False
 
 
 # Cached for the process's life: a change of a group's members counts from the next start.

@@ -16,9 +16,9 @@ it reaps it, since only it knows why it died (its own stop, which hands the runs
 crash).
 
 Unlike the overseer it waits on the database as long as the database needs: a locked or
-unreachable database delays maintenance, never the overseer's signals, reaps and stops. No
-exception from one periodic task, one check or one database call ends it: it is logged (a
-database outage once) and the step is tried again at the next tick. A burst of due periodic
+unreachable database, or a full or read-only disk, delays maintenance, never the overseer's
+signals, reaps and stops. No exception from one periodic task, one check or one database
+call ends it: it is logged (an outage once when it begins, once when it ends) and the step is tried again at the next tick. A burst of due periodic
 tasks is handled in slices of one check_interval, with a check between two slices.
 
 Contract kept for the overseer: at every tick, at least once per check_interval, it writes a
@@ -43,7 +43,6 @@ from ..fleet import leadership, liveness, maintenance
 from ..periodic import scheduler as periodic
 from ..store import outage
 from ..store.bound import Store
-from ..store.db import is_disconnect
 from ..store.models import MAINTAINER, utcnow
 
 log = logging.getLogger("taskrunner.maintainer")
@@ -131,7 +130,7 @@ class Maintainer:
         maintenance.process_queue(self.store, reaped_by=self.overseer_id,
                                   reachable_since=self.db_back_at, lease=self.lease)
         if self.db_lost_at is not None:
-            log.info("database reachable again after %.1fs", self.now - self.db_lost_at)
+            outage.note_back(self.store.db)
             self.db_lost_at = None
         if not liveness.heartbeat(self.store, self.row_id, rss=self._process.memory_info().rss):
             log.warning("maintainer %d: its row was declared dead; exiting", self.row_id)
@@ -200,12 +199,13 @@ class Maintainer:
         try:
             step()
         except (pw.OperationalError, pw.InterfaceError) as exc:
-            text = outage.first_line(exc)
-            if is_disconnect(exc) and self.db_lost_at is None:
-                self.db_lost_at = self.now
-                log.warning("database unavailable (%s); retrying", text)
+            # An outage — a lost connection, a full or read-only disk — is logged when it
+            # begins and when `check` gets through again (outage.note_lost, note_back).
+            if outage.note_lost(self.store.db, exc):
+                if self.db_lost_at is None:
+                    self.db_lost_at = self.now
             elif self.db_lost_at is None:
-                log.warning("database error (will retry): %s", text)
+                log.warning("database error (will retry): %s", outage.first_line(exc))
             outage.close_quietly(self.store.db)
         except Exception:
             log.exception("%s failed (will retry)", getattr(step, "__name__", "a step"))

@@ -510,7 +510,7 @@ class Overseer:
 
     def _guarded(self, step):
         """No exception from one step ends the overseer: a database that refuses a bounded
-        statement (busy, locked, unreachable) is logged once until `check` gets through
+        statement (busy, locked, unreachable, a full or read-only disk) is logged once until `check` gets through
         again, anything else with its traceback; the step is tried again at a later tick."""
         try:
             step()
@@ -518,8 +518,9 @@ class Overseer:
             self.db_refused_at = self.now
             if self.db_lost_at is None:
                 self.db_lost_at = self.now
-                log.warning("database unavailable to the overseer (%s); retrying at each "
-                            "check", outage.first_line(exc))
+                log.warning("database %s to the overseer (%s); retrying at each check",
+                            "unwritable" if outage.is_unwritable(exc) else "unavailable",
+                            outage.first_line(exc))
             outage.close_quietly(self.store.db)
         except Exception:
             log.exception("%s failed (will retry)", getattr(step, "__name__", "a step"))

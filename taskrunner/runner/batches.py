@@ -257,8 +257,9 @@ class Batch:
                 try:
                     self._write(self.done[-1].finished_on)
                     failing = False
+                    outage.note_back(self.store.db)
                 except (pw.DatabaseError, pw.InterfaceError) as exc:
-                    if not failing:
+                    if not outage.note_lost(self.store.db, exc) and not failing:
                         log.warning("writing %d finished run(s) failed: %s; the runner tries "
                                     "again", len(self.done), outage.first_line(exc))
                         failing = True

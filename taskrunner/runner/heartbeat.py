@@ -4,7 +4,8 @@ run is no longer ``running`` under this runner (timed out by anyone, on any host
 its max_runtime or was cancelled by an operator, the handler is interrupted, and the runner
 exits hard if the handler has not returned within kill_grace. Every RESULTS_INTERVAL it
 stores the handler's run.results when they changed. Whatever the handler and the database
-do, it carries on until the runner exits (an outage is logged once)."""
+do, it carries on until the runner exits (an outage is logged once, for the whole process:
+outage.note_lost)."""
 import logging
 import os
 import signal
@@ -76,13 +77,16 @@ class Heartbeat:
                         w.disowned = True
                         w.stop_reason = w.stop_reason or "runner row is no longer running"
                     shown_stopping = shown_stopping if stopping is None else stopping
+                    outage.note_back(w.store.db)
                     if failing is not None:
                         log.info("heartbeat written again after %.1fs",
                                  time.monotonic() - failing)
                         failing = None
                     self.watch_current_run()
             except (pw.DatabaseError, pw.InterfaceError) as exc:
-                if failing is None:
+                # An outage (lost connection, full disk) is logged once for the process,
+                # whichever thread meets it first; anything else here once per streak.
+                if not outage.note_lost(w.store.db, exc) and failing is None:
                     failing = time.monotonic()
                     log.warning("heartbeat failed: %s", outage.first_line(exc))
                 outage.close_quietly(w.store.db)

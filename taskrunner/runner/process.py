@@ -11,7 +11,9 @@ is gone, or when someone declared it dead.
 Contract kept for the overseer: a heartbeat thread refreshes the runner row every
 ``[runner] heartbeat_interval``, whatever the handler is doing, and stops a run that was
 timed out (rule 8). A database outage, however long, ends neither: both wait it out
-(outage.py), and a run in flight keeps its outcome until the database is back.
+(outage.py), and a run in flight keeps its outcome until the database is back. A disk that
+is full or read-only is such an outage: nothing is written until it takes writes again,
+and the runner neither crashes nor exits for it.
 """
 import asyncio
 import inspect
@@ -417,6 +419,9 @@ class Worker:
         if self.memory_limit:       # a process of its own (not run_pending's): group sync
             self.store.use_group_sync()
         row = self._register()
+        if row is None:
+            log.info("runner not started: %s", self.stop_reason)
+            return 0
         self.runner_id = row.id
         if not burst:
             self._listener = wakeup.open_listener(self.store.wakeup_directory)
@@ -466,16 +471,31 @@ class Worker:
         return self.runs_done
 
     def _register(self):
-        """The runner row; RunnerLimitReached at the host's (or a queue's) limit — unless
-        `wait_for_slot`: then it waits, holding no slot, and registers as soon as one is
-        free, checking every poll_interval until a stop signal. Supervisord restarts a
+        """The runner row (None: stopped while the disk could not take it); RunnerLimitReached
+        at the host's (or a queue's) limit — unless `wait_for_slot`: then it waits, holding no
+        slot, and registers as soon as one is free, checking every poll_interval until a stop
+        signal. Supervisord restarts a
         process that exits however it exits, so `numprocs` above the limit would otherwise
         respawn the refused ones in a loop; waiting, they are standbys."""
         waiting = False
         while True:
             try:
-                return liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id,
-                                         take_slot=self.memory_limit, serving=self.serving)
+                row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id,
+                                        take_slot=self.memory_limit, serving=self.serving)
+                outage.note_back(self.store.db)
+                return row
+            except (pw.OperationalError, pw.InterfaceError) as exc:
+                # A full or read-only disk wrote nothing (unlike a connection lost in the
+                # commit, after which the row may exist): wait until it takes writes, so a
+                # runner forked meanwhile neither crashes nor counts as failing to start.
+                if not outage.is_unwritable(exc):
+                    raise
+                outage.note_lost(self.store.db, exc)
+                outage.close_quietly(self.store.db)
+                if self.stop_reason is not None:
+                    return None
+                self._wait(outage.RECONNECT_DELAY)
+                continue
             except RunnerLimitReached as exc:
                 if not self.wait_for_slot or self.stop_reason is not None:
                     raise
