@@ -112,13 +112,14 @@ class Steps(TaskHandler):
 
 
 class WaitUntilStopped(TaskHandler):
-    """Runs until asked to stop; records why and by when."""
+    """Runs until asked to stop; records why and by when, and gives up the run."""
 
     def handle(self, run):
         record(run.data["log"] + ".started", "%d" % os.getpid())
         while not run.should_stop():
             time.sleep(0.02)
         record(run.data["log"], "%s %s" % (run.stop_reason, run.stop_deadline.isoformat()))
+        raise TaskError("stopped: %s" % run.stop_reason, code="Stopped")
 
 
 class Chaos(TaskHandler):
