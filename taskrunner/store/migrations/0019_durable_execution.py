@@ -35,7 +35,6 @@ def up(migrator, db):
         class Meta:
             database = db
             table_name = "task_steps"
-            indexes = ((("task_id", "name"), True),)
 
     class Event(Model):
         task_id = IntegerField()
@@ -48,9 +47,12 @@ def up(migrator, db):
         class Meta:
             database = db
             table_name = "task_events"
-            indexes = ((("task_id", "name"), False),)
 
     db.create_tables([Step, Event])
+    # Rule 10: one record per (task, step), whoever records it; the steps of a task and its
+    # unconsumed events are read through these.
+    db.execute_sql("CREATE UNIQUE INDEX task_steps_task_name ON task_steps (task_id, name)")
+    db.execute_sql("CREATE INDEX task_events_task_name ON task_events (task_id, name)")
     if isinstance(db, MySQLDatabase):
         db.execute_sql("ALTER TABLE task_steps MODIFY result LONGTEXT NULL")
         db.execute_sql("ALTER TABLE task_events MODIFY payload LONGTEXT NULL")
