@@ -6,26 +6,28 @@ need no database) must not pay for peewee and the database drivers it imports.
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import (ConfigError, DatabaseUnavailable, HandlerError, InputError, Retry,
-                     SchemaBehind, StateError, TaskError, TaskNotFound, TaskRunnerError,
+from .errors import (ConfigError, DatabaseUnavailable, EventTimeout, HandlerError, InputError,
+                     Retry, SchemaBehind, StateError, TaskError, TaskNotFound, TaskRunnerError,
                      WaitTimeout)
 from .handler import RunContext, TaskHandler
 
 if TYPE_CHECKING:
     from .config import Config
     from .api import TaskQueue
-    from .reads.records import PeriodicTaskInfo, RunInfo, RunnerInfo, TaskInfo, TaskOutcome
+    from .reads.records import (PeriodicTaskInfo, RunInfo, RunnerInfo, StepInfo, TaskInfo,
+                                TaskOutcome)
 
 __version__ = "0.1.0"
 
 _LAZY = {"TaskQueue": "api", "Config": "config", "TaskInfo": "reads.records",
          "RunInfo": "reads.records", "RunnerInfo": "reads.records",
-         "PeriodicTaskInfo": "reads.records", "TaskOutcome": "reads.records"}
+         "PeriodicTaskInfo": "reads.records", "TaskOutcome": "reads.records",
+         "StepInfo": "reads.records"}
 
 __all__ = ["TaskQueue", "TaskHandler", "RunContext", "TaskError", "Retry", "Config", "TaskInfo",
            "RunInfo", "RunnerInfo", "PeriodicTaskInfo", "TaskRunnerError", "InputError",
            "ConfigError", "DatabaseUnavailable", "HandlerError", "StateError", "TaskNotFound",
-           "SchemaBehind", "TaskOutcome", "WaitTimeout"]
+           "SchemaBehind", "TaskOutcome", "WaitTimeout", "EventTimeout", "StepInfo"]
 
 
 def __getattr__(name: str) -> Any:

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
-from .runs import concurrency, control, enqueue, lifecycle, queues, rotation
+from .runs import concurrency, control, durable, enqueue, lifecycle, queues, rotation
 from .fleet import maintenance
 from .reads import records as reads
 from .host import wakeup
@@ -18,7 +18,7 @@ from .config import Config
 from .store.db import SCHEMES
 from .errors import InputError, TaskNotFound, WaitTimeout
 from .store.models import as_utc, utcnow
-from .reads.records import QueueInfo, RunInfo, TaskInfo, TaskOutcome
+from .reads.records import QueueInfo, RunInfo, StepInfo, TaskInfo, TaskOutcome
 from .store.bound import Store
 
 # TaskQueue.wait reads the task at least this often (seconds): the bound on seeing an end
@@ -142,6 +142,19 @@ class TaskQueue:
         """Every run of the task, oldest first."""
         return reads.runs_of(self.store, task_id)
 
+    def steps_of(self, task_id: int) -> List[StepInfo]:
+        """The steps the task has recorded (``run.step``, sleeps, events), in order."""
+        return reads.steps_of(self.store, task_id)
+
+    def send_event(self, task_id: int, name: str, payload: Any = None) -> bool:
+        """Send the event `name`, with a JSON `payload`, to a task: when the task is
+        ``waiting`` for it (``run.wait_for(name)``), its run is created at once, in the same
+        transaction that stores the event, and this host's runners are woken; an event the
+        task does not wait for yet is kept, and its first ``run.wait_for(name)`` takes it.
+        Returns whether the task was woken. TaskNotFound for an unknown task, StateError for
+        one that has ended."""
+        return bool(durable.send_event(self.store, task_id, name, payload))
+
     def tasks(self, status: Optional[str] = None, limit: Optional[int] = 100, offset: int = 0,
               handler: Optional[str] = None, since: Optional[datetime] = None,
               until: Optional[datetime] = None, periodic_task: Optional[str] = None,
@@ -259,6 +272,10 @@ class TaskQueue:
     async def runs_of_async(self, task_id: int) -> List[RunInfo]:
         """`runs_of`, awaitable."""
         return await self._in_thread(lambda: self.runs_of(task_id))
+
+    async def send_event_async(self, task_id: int, name: str, payload: Any = None) -> bool:
+        """`send_event`, awaitable."""
+        return await self._in_thread(lambda: self.send_event(task_id, name, payload))
 
     async def _in_thread(self, call: Any) -> Any:
         if self._executor is None:

@@ -89,3 +89,24 @@ class Retry(Exception):
         super().__init__(reason or "retry")
         self.in_seconds = in_seconds
         self.reason = reason
+
+
+class EventTimeout(TaskError):
+    """Raised by ``run.wait_for(name, timeout=...)`` when the event did not come in time
+    (on that attempt and on every later one: the timeout is recorded like a step)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="EventTimeout")
+
+
+class Waiting(BaseException):
+    """Raised by ``run.sleep`` and ``run.wait_for`` to end the run as ``waiting``: the runner
+    stores it (not a failure, no retry used) and the task runs again at `until` (naive UTC,
+    this host's clock) or when the event `event` is sent. A BaseException, so that a
+    handler's ``except Exception`` lets it through."""
+
+    def __init__(self, until: "object" = None, event: "str | None" = None,
+                 message: str = "waiting") -> None:
+        super().__init__(message)
+        self.until = until
+        self.event = event

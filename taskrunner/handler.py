@@ -12,7 +12,7 @@ import os
 import re
 from datetime import datetime, timezone
 import traceback
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Tuple
 
 from .errors import HandlerError
 
@@ -146,14 +146,21 @@ class RunContext:
     ``data`` (decoded JSON), ``results`` (set it to anything JSON-serialisable; while the
     run goes on the runner stores it within a second of each change, and finally when the
     run ends), ``progress(percent)``, ``deadline`` (aware UTC datetime or None) and
-    ``should_stop()``. ``id``, ``task_id`` and ``attempt`` identify the run; ``queue`` is the
-    TaskQueue executing it (to queue follow-up tasks).
+    ``should_stop()``, with ``stop_reason`` and ``stop_deadline`` saying why and by when.
+    ``id``, ``task_id`` and ``attempt`` identify the run; ``queue`` is the TaskQueue executing
+    it (to queue follow-up tasks).
+
+    Durable execution (docs: "Durable handlers"): ``checkpoint(value)`` and
+    ``resumed_from``, ``step(name, fn, ...)`` and ``transaction_step(name, fn, ...)`` (run
+    once per task), ``idempotency_key(name)``, ``sleep(...)`` and ``wait_for(name)``.
     """
 
     def __init__(self, run_id: int, task_id: int, attempt: int, data: Any, *,
                  queue: "TaskQueue", deadline: Optional[datetime] = None,
                  report: Optional[Callable[[Optional[int], Optional[str]], bool]] = None,
-                 stopping: Optional[Callable[[], bool]] = None) -> None:
+                 stopping: Optional[Callable[[], bool]] = None, durable: Any = None,
+                 stop_info: Optional[Callable[[], Tuple[Optional[str], Optional[datetime]]]]
+                 = None) -> None:
         self.id = run_id
         self.queue = queue
         self.task_id = task_id
@@ -164,6 +171,8 @@ class RunContext:
         self.lost = False
         self._report = report
         self._stopping = stopping
+        self._durable = durable
+        self._stop_info = stop_info
         self._pending_progress: Optional[int] = None   # a percent not stored yet
         self._progress_warned = False
         self._stored_results: Optional[str] = None     # results as last stored, JSON
@@ -253,7 +262,102 @@ class RunContext:
 
     def should_stop(self) -> bool:
         """True when the handler should wrap up: the runner is stopping, the deadline has
-        passed, or the run was taken away (marked timeout)."""
+        passed, or the run was taken away (marked timeout). `stop_reason` says which."""
         if self.lost or (self._stopping is not None and self._stopping()):
             return True
         return self.deadline is not None and datetime.now(timezone.utc) >= self.deadline
+
+    @property
+    def stop_reason(self) -> Optional[str]:
+        """Why the handler is asked to stop, or None while it is not: ``"hup"`` (a reload:
+        its runner is replaced by one with the new code), ``"term"`` / ``"int"`` (its runner
+        is stopping), ``"interrupt"`` (a fast stop), ``"cancel"`` (an operator cancelled the
+        task), ``"timeout"`` (its run was timed out or passed max_runtime), ``"deadline"``
+        (`deadline` has passed)."""
+        if self._stop_info is not None:
+            reason = self._stop_info()[0]
+            if reason is not None:
+                return reason
+        if self.lost:
+            return "timeout"
+        if self.deadline is not None and datetime.now(timezone.utc) >= self.deadline:
+            return "deadline"
+        return None
+
+    @property
+    def stop_deadline(self) -> Optional[datetime]:
+        """By when (aware UTC) the handler should have returned once asked to stop: after it,
+        the handler may be interrupted or its runner killed (``[overseer]
+        graceful_timeout`` after a stop signal, ``kill_grace`` after a cancel or a timeout,
+        the hard limit after `deadline`). None while it is not asked to stop. Time enough to
+        finish a short step and `checkpoint` is time enough to return cleanly."""
+        if self._stop_info is not None:
+            reason, when = self._stop_info()
+            if reason is not None:
+                return when
+        if self.stop_reason == "deadline":
+            return self.deadline
+        return None
+
+    # -- durable execution: see runs/durable.py
+
+    def _durable_run(self) -> Any:
+        if self._durable is None:
+            raise RuntimeError("durable execution needs a run executed by a runner")
+        return self._durable
+
+    @property
+    def resumed_from(self) -> Any:
+        """The last value given to `checkpoint` by an earlier attempt of this task (after a
+        stop, a deploy, a crash, a timeout or a retry), or None on its first attempt."""
+        return self._durable_run().resumed_from
+
+    def checkpoint(self, value: Any, progress: Optional[float] = None) -> bool:
+        """Store `value` (any JSON value) on the task, durably before returning, with
+        ``progress`` (percent) when given: every later attempt of the task starts with it as
+        `resumed_from`. Proves the run alive, as ``progress()`` does. Returns False (and
+        `should_stop()` turns true) when the run is no longer this runner's: it was timed
+        out, and the checkpoint was not stored."""
+        mine = self._durable_run().checkpoint(value, progress)
+        if not mine:
+            self.lost = True
+        return bool(mine)
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` once per task: its result (JSON) is recorded under `name`
+        and every later attempt gets the recorded result without calling `fn`. A step killed
+        before its record committed runs again: outside the database a step is at least
+        once — hand `idempotency_key(name)` to the API it calls."""
+        return self._durable_run().step(name, fn, args, kwargs)
+
+    def transaction_step(self, name: str, fn: Callable[..., Any], *args: Any,
+                         **kwargs: Any) -> Any:
+        """``fn(connection, *args, **kwargs)`` once per task, inside the transaction that
+        records the step: `connection` is the queue's own DB-API connection (sqlite3,
+        psycopg, PyMySQL), so what `fn` writes to this database commits with the step's
+        record or rolls back with it — exactly once. Keep `fn` to database work: it may run
+        again after a deadlock, and it holds a write transaction while it runs."""
+        return self._durable_run().step(name, fn, args, kwargs, in_transaction=True)
+
+    def idempotency_key(self, name: str) -> str:
+        """A key for the step `name` of this task, the same on every attempt: give it to an
+        external API that deduplicates requests (a payment, an e-mail), so that a step run
+        again after a crash does not act twice."""
+        return str(self._durable_run().idempotency_key(name))
+
+    def sleep(self, seconds: Optional[float] = None, *, until: Optional[datetime] = None,
+              name: Optional[str] = None) -> None:
+        """Sleep durably: the run ends ``waiting`` — not a failure, no retry used, the
+        runner free for other work — and the task runs again at that time (``until``: an
+        aware datetime), resuming from its checkpoint and steps; there this call returns.
+        The end of the sleep is recorded the first time (as the step ``sleep-N``, N counting
+        this attempt's unnamed sleeps, or `name`), so call it in the same order on every
+        attempt."""
+        self._durable_run().sleep(seconds, until, name)
+
+    def wait_for(self, name: str, timeout: Optional[float] = None) -> Any:
+        """Wait durably for the event `name` (``TaskQueue.send_event``) and return its
+        payload: until it is sent, the run ends ``waiting`` as for `sleep`, and the task runs
+        again as soon as it is; an event sent before the wait is kept for it. Raises
+        `EventTimeout` when `timeout` seconds (from the first call) pass without it."""
+        return self._durable_run().wait_for(name, timeout)

@@ -28,6 +28,7 @@ LEVELS = {
     "runs": 2.9, "runs.concurrency": 2.9, "runs.sql": 2.95,
     "runs.lifecycle": 3.0, "runs.enqueue": 3.0,
     "fleet": 3.1, "fleet.liveness": 3.1, "fleet.leadership": 3.15,
+    "runs.durable": 3.05,
     "runs.rotation": 3.1, "runs.control": 3.1, "runs.queues": 3.1,
     "reads": 3.1, "reads.records": 3.1, "reads.summaries": 3.2,
     "periodic": 3.2, "periodic.scheduler": 3.2, "fleet.maintenance": 3.2,

@@ -36,7 +36,8 @@ def test_every_surface_takes_the_same_status_words(database):
     assert STATUS_CHOICES == reads.TASK_STATUSES == summaries.STATUS_FILTERS
     queue = database.queue()
     ids = history(queue)
-    expected = {"scheduled": [ids["later"]], "running": [], "retrying": [ids["retrying"]],
+    expected = {"scheduled": [ids["later"]], "running": [], "waiting": [],
+                "retrying": [ids["retrying"]],
                 "given-up": [ids["given_up"]], "success": [ids["done"]],
                 "cancelled": [ids["cancelled"]], "error": [ids["retrying"], ids["given_up"]],
                 "timeout": [], "failed": [ids["retrying"], ids["given_up"]]}

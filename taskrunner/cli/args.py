@@ -154,10 +154,14 @@ def print_json(value):
 
 def shown(record, config):
     """A task's, run's or periodic task's JSON as the CLI shows it: the secret keys of its
-    data and results masked (``[task] secret_keys``, masking.py)."""
+    data, results, checkpoint and steps' results masked (``[task] secret_keys``, masking.py)."""
     words = config.task.secret_keys
-    return {key: masked(value, words) if key in ("data", "results") else value
-            for key, value in record.items()}
+    shown_record = {key: masked(value, words) if key in ("data", "results", "checkpoint")
+                    else value for key, value in record.items()}
+    if shown_record.get("steps"):
+        shown_record["steps"] = [dict(step, result=masked(step["result"], words))
+                                 for step in shown_record["steps"]]
+    return shown_record
 
 
 def queue_name(text):

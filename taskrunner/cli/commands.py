@@ -259,7 +259,9 @@ def cmd_tasks(args):
 
 
 def cmd_show(args):
-    task = shown(open_queue(args).get_task(args.id).to_json(), args.loaded_config)
+    from ..reads import records as reads
+    task = shown(reads.get_task(open_queue(args).store, args.id, with_steps=True).to_json(),
+                 args.loaded_config)
     if args.json:
         print_json(task)
         return
@@ -285,12 +287,27 @@ def cmd_runs(args):
         if r["stopping_reason"]:
             print("run %d stopping since %s: %s" % (r["id"], when(r["stopping_since"]),
                                                     r["stopping_reason"]))
+    for r in runs:
+        if r["steps"]:
+            print("\nrun %d (attempt %d) steps:" % (r["id"], r["attempt"]))
+            cli_runs.print_steps(r["steps"])
     cli_runs.print_tracebacks(runs)
 
 
 def cmd_wait(args):
     return cli_runs.wait(open_queue(args), args.id, args.timeout, args.json,
                          args.loaded_config)
+
+
+def cmd_send_event(args):
+    woken = open_queue(args).send_event(args.id, args.name, args.data)
+    if args.json:
+        print_json({"task_id": args.id, "event": args.name, "woken": woken})
+    elif woken:
+        print("task %d woken by event %s" % (args.id, args.name))
+    else:
+        print("event %s stored: task %d is not waiting for it yet (its wait_for takes it)"
+              % (args.name, args.id))
 
 
 def cmd_retry(args):
@@ -443,6 +460,12 @@ def build_parser(hidden=()):
                                   "success, 1 given up or cancelled, 3 timeout")
     p.add_argument("id", type=task_id_arg)
     p.add_argument("--timeout", type=span_arg, metavar="SPAN", help="give up after this long")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("send-event", cmd_send_event, "send an event to a task: wakes it if it waits "
+                                              "for it (run.wait_for), else kept for its wait")
+    p.add_argument("id", type=task_id_arg)
+    p.add_argument("name", help="the event's name")
+    p.add_argument("--data", type=json_arg, default=None, help="its payload, as JSON")
     p.add_argument("--json", action="store_true", help="print JSON")
     for name, func, text in (("retry", cmd_retry, "re-arm failed or given-up tasks"),
                              ("cancel", cmd_cancel, "cancel tasks (a running one stops "

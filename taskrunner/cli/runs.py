@@ -39,7 +39,17 @@ def outcome_column(task):
     else its latest results."""
     if task["status"] in FAILED_STATUSES and task["last_error_code"]:
         return short("%s: %s" % (task["last_error_code"], task["last_error_message"]))
+    if task["status"] == "waiting":
+        return short(waiting_text(task))
     return short(task["results"])
+
+
+def waiting_text(task):
+    """What a waiting task waits for: an event (until its timeout), or the end of a sleep."""
+    if task["waiting_for"]:
+        return "event %s%s" % (task["waiting_for"], " until %s" % when(task["waiting_until"])
+                               if task["waiting_until"] else "")
+    return "until %s" % when(task["waiting_until"])
 
 
 def print_task(task):
@@ -47,17 +57,35 @@ def print_task(task):
     under them."""
     from .args import zone_note
     for key, value in task.items():
-        if key == "last_traceback":
+        if key in ("last_traceback", "steps"):
             continue
-        if key in ("data", "results"):
+        if key in ("data", "results", "checkpoint"):
             value = json.dumps(value)
         elif key.endswith("_on"):
             value = when(value)
         print("%-18s %s" % (key + ":", value))
     print(zone_note())
+    if task.get("steps"):
+        print("steps:")
+        print_steps(task["steps"])
     if task["last_traceback"]:
         print("last traceback:")
         print(task["last_traceback"].rstrip())
+
+
+STEP_HEADERS = ["STEP", "KIND", "STATUS", "RUN", "ATTEMPT", "FINISHED", "DURATION", "RESULT"]
+
+
+def step_rows(steps):
+    return [[s["name"], s["kind"], s["status"], s["run_id"], s["attempt"], when(s["finished_on"]),
+             "%.3fs" % s["duration"] if s["duration"] is not None else None, short(s["result"])]
+            for s in steps]
+
+
+def print_steps(steps):
+    """The steps of a task (or of a run) as a table."""
+    from .args import print_table
+    print_table(STEP_HEADERS, step_rows(steps))
 
 
 def print_tracebacks(runs):
@@ -115,8 +143,8 @@ def wait(queue, task_id, timeout, as_json, config):
 # -- task filters and the bulk verbs -----------------------------------------------------
 
 # records.TASK_STATUSES (a test keeps them equal), written out: --help loads no peewee.
-STATUS_CHOICES = ("scheduled", "running", "retrying", "given-up", "success", "cancelled",
-                  "error", "timeout", "failed")
+STATUS_CHOICES = ("scheduled", "running", "waiting", "retrying", "given-up", "success",
+                  "cancelled", "error", "timeout", "failed")
 
 
 def non_negative_int(text):

@@ -160,7 +160,8 @@ class Overseer:
         self.maintainer.retire(self.now)
         self.next_manage = 0.0
         for child in self.children.values():
-            self._retire(child)
+            # HUP, not TERM: the handler learns it is a reload (run.stop_reason "hup").
+            self._retire(child, signal.SIGHUP)
 
     def handle_ttin(self, change=1):
         self.num_runners = max(0, min(self.num_runners + change, self.config.runner.limit))
@@ -201,11 +202,11 @@ class Overseer:
         except (ProcessLookupError, PermissionError):
             self._signal(child.pid, signal.SIGKILL)
 
-    def _retire(self, child):
-        """TERM: finish the current run, claim nothing more, exit."""
+    def _retire(self, child, sig=signal.SIGTERM):
+        """TERM (HUP for a reload): finish the current run, claim nothing more, exit."""
         if not child.retiring:
             child.retiring = True
-            self._signal(child.pid, signal.SIGTERM)
+            self._signal(child.pid, sig)
 
     def _interrupt(self, child):
         """USR1: the runner interrupts its handler and hands its run back. A signal of its

@@ -15,14 +15,14 @@ import peewee as pw
 
 from ..errors import InputError, TaskNotFound, check_text
 from ..store.models import (CANCELLED, CRASHED, ERROR, FAILED, RUNNING, SCHEDULED,
-                            STOPPING_PREFIX, SUCCESS, TIMEOUT, run_status_is)
+                            STOPPING_PREFIX, SUCCESS, TIMEOUT, WAITING, run_status_is, utcnow)
 from ..runs.sql import claim_order_of
 
 # The words a task list is filtered by, everywhere (API, CLI, dashboard): its latest run's
 # status, and three views of failure: retrying (failed, a run will come), given-up
 # (failed max_retries times in a row) and failed (either). docs/index.md, "Words".
-TASK_STATUSES = (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED, ERROR, TIMEOUT,
-                 "failed")
+TASK_STATUSES = (SCHEDULED, RUNNING, WAITING, "retrying", "given-up", SUCCESS, CANCELLED, ERROR,
+                 TIMEOUT, "failed")
 STOPPING = "stopping"       # the state of a running runner that is winding down its run
 MAX_LIMIT = 10000   # tasks in one listing
 
@@ -41,6 +41,8 @@ def _json_ready(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, dict):
         return {key: _json_ready(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_ready(item) for item in value]
     return value
 
 
@@ -82,6 +84,30 @@ class TaskInfo(_Record):
     last_traceback: Optional[str] = None   # of its latest run that failed with one
     crash_count: int = 0        # runs ended by a dead runner, in all
     runs_crashed: int = 0       # of those, in a row up to now: the crash backoff
+    # Durable execution: the last run.checkpoint() value and when it was stored; while the
+    # task is ``waiting``, the event it waits for and until when (its next_run_on).
+    checkpoint: Any = None
+    checkpoint_on: Optional[datetime] = None
+    waiting_for: Optional[str] = None
+    waiting_until: Optional[datetime] = None
+    # Its steps (`get_task` only; None in listings).
+    steps: Optional[List["StepInfo"]] = None
+
+
+@dataclass(frozen=True)
+class StepInfo(_Record):
+    """A step a task recorded: ``step`` (run.step, run.transaction_step), ``sleep``,
+    ``event`` (consumed by run.wait_for, or its timeout), ``deadline`` (of a wait)."""
+    name: str
+    kind: str
+    # done; a sleep or a deadline still to come: waiting; an event that timed out: timeout
+    status: str
+    run_id: Optional[int]
+    attempt: Optional[int]
+    started_on: Optional[datetime]
+    finished_on: datetime
+    duration: Optional[float]          # seconds the step took (its function, its record)
+    result: Any
 
 
 @dataclass(frozen=True)
@@ -125,6 +151,7 @@ class RunInfo(_Record):
     # returned yet): why, and since when; None otherwise.
     stopping_reason: Optional[str] = None
     stopping_since: Optional[datetime] = None
+    steps: List[StepInfo] = dataclasses.field(default_factory=list)   # recorded by this run
 
 
 @dataclass(frozen=True)
@@ -221,7 +248,8 @@ class PeriodicTaskInfo(_Record):
     consecutive_crashes: int = 0    # of those, in a row up to now
 
 
-def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = None) -> TaskInfo:
+def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = None,
+              steps: Optional[List[StepInfo]] = None) -> TaskInfo:
     # A task that succeeded has no current error: the error columns (and the traceback) of
     # an earlier failed attempt stay with that run, in `runs_of`, not on the task.
     current = row.last_status != SUCCESS
@@ -237,10 +265,41 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         last_error_message=row.last_error_message if current else None, subject=row.subject,
         group=row.group_name, queue=row.queue, results=results,
         last_traceback=last_traceback if current else None,
-        crash_count=row.crash_count, runs_crashed=row.runs_crashed)
+        crash_count=row.crash_count, runs_crashed=row.runs_crashed,
+        checkpoint=_decoded(row.checkpoint), checkpoint_on=aware(row.checkpoint_on),
+        waiting_for=row.waiting_for if row.last_status == WAITING else None,
+        waiting_until=aware(row.next_run_on) if row.last_status == WAITING else None,
+        steps=steps)
 
 
-def run_info(row: Any, stopping: Any = (None, None)) -> RunInfo:
+def step_info(row: Any, now: datetime) -> StepInfo:
+    result = _decoded(row.result)
+    status = "done"
+    if row.kind in ("sleep", "deadline") and isinstance(result, dict) and "until" in result:
+        if datetime.fromisoformat(result["until"]).replace(tzinfo=None) > now:
+            status = WAITING
+    elif row.kind == "event" and isinstance(result, dict) and result.get("timeout"):
+        status = TIMEOUT
+    duration = (row.finished_on - row.started_on).total_seconds() \
+        if row.started_on is not None else None
+    return StepInfo(name=row.name, kind=row.kind, status=status, run_id=row.run_id,
+                    attempt=row.attempt, started_on=aware(row.started_on),
+                    finished_on=aware(row.finished_on), duration=duration, result=result)
+
+
+def steps_of(store: Any, task_id: int, known: bool = False) -> List[StepInfo]:
+    """The steps of a task in the order they were recorded (`known`: the task exists);
+    TaskNotFound for an unknown id."""
+    Step = store.Step
+    if not known:
+        get_task(store, task_id)
+    now = store.database_time(utcnow())
+    return [step_info(row, now) for row in Step.select().where(
+        Step.task_id == task_id).order_by(Step.id)]
+
+
+def run_info(row: Any, stopping: Any = (None, None),
+             steps: Optional[List[StepInfo]] = None) -> RunInfo:
     duration = (row.finished_on - row.started_on).total_seconds() \
         if row.finished_on and row.started_on else None
     return RunInfo(
@@ -251,7 +310,7 @@ def run_info(row: Any, stopping: Any = (None, None)) -> RunInfo:
         duration=duration, results=_decoded(row.results), error_code=row.error_code,
         error_message=row.error_message, traceback=row.traceback,
         cancel_requested_on=aware(row.cancel_requested_on), stopping_reason=stopping[0],
-        stopping_since=stopping[1])
+        stopping_since=stopping[1], steps=steps or [])
 
 
 def periodic_info(row: Any, stats: Optional[RunStats] = None) -> PeriodicTaskInfo:
@@ -289,12 +348,16 @@ def _task_infos(store: Any, rows: List[Any]) -> List[TaskInfo]:
             for row in rows]
 
 
-def get_task(store: Any, task_id: int) -> TaskInfo:
+def get_task(store: Any, task_id: int, with_steps: bool = False) -> TaskInfo:
+    """The task (`with_steps`: and its steps); TaskNotFound for an unknown id."""
     Task = store.Task
     row = Task.get_or_none(Task.id == task_id)
     if row is None:
         raise TaskNotFound("no task with id %s" % task_id)
-    return _task_infos(store, [row])[0]
+    task = _task_infos(store, [row])[0]
+    if with_steps:
+        task = dataclasses.replace(task, steps=steps_of(store, task_id, known=True))
+    return task
 
 
 def task_outcome(store: Any, task_id: int) -> Optional[TaskOutcome]:
@@ -339,7 +402,10 @@ def runs_of(store: Any, task_id: int) -> List[RunInfo]:
         if r.id not in stopping and r.status == RUNNING and r.cancel_requested_on is not None:
             # Cancelled; its runner says so at its next heartbeat.
             stopping[r.id] = ("cancelled by an operator", aware(r.cancel_requested_on))
-    return [run_info(r, stopping.get(r.id, (None, None))) for r in rows]
+    steps: Dict[Any, List[StepInfo]] = {}
+    for step in steps_of(store, task_id, known=True):
+        steps.setdefault(step.run_id, []).append(step)
+    return [run_info(r, stopping.get(r.id, (None, None)), steps.get(r.id)) for r in rows]
 
 
 def _stopped_runs(store: Any, run_ids: List[int]) -> Dict[int, Any]:

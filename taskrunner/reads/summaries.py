@@ -16,8 +16,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import peewee as pw
 
 from ..errors import InputError
-from ..store.models import (CANCELLED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS, as_utc,
-                            run_status_is, utcnow)
+from ..store.models import (CANCELLED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS, WAITING,
+                            as_utc, run_status_is, utcnow)
 from .records import (TASK_STATUSES, TaskInfo, aware, failed_predicate, not_succeeded_predicate,
                       status_condition, task_info)
 
@@ -162,12 +162,13 @@ def succeeded_count(store: Any) -> int:
 
 
 def status_counts(store: Any, succeeded: Optional[int] = None) -> Dict[str, int]:
-    """Tasks by where they stand: scheduled, running, retrying, given-up, success,
+    """Tasks by where they stand: scheduled, running, waiting, retrying, given-up, success,
     cancelled (every status present, 0 when none). The statuses other than success are
     few index entries, read every time; `succeeded` is the caller's recent
     `succeeded_count`, or None to count them now."""
     Task = store.Task
-    counts = {s: 0 for s in (SCHEDULED, RUNNING, "retrying", "given-up", SUCCESS, CANCELLED)}
+    counts = {s: 0 for s in (SCHEDULED, RUNNING, WAITING, "retrying", "given-up", SUCCESS,
+                             CANCELLED)}
     for status, n in Task.select(Task.last_status, pw.fn.COUNT(pw.SQL("*"))).where(
             not_succeeded_predicate()).group_by(Task.last_status).tuples():
         key = "given-up" if status in FAILED else status

@@ -10,9 +10,9 @@ from datetime import timedelta
 from typing import Any, NamedTuple, Optional
 
 from ..reads import records as reads
-from ..errors import Retry, TaskError
+from ..errors import Retry, TaskError, Waiting
 from ..logs import run_fields
-from ..store.models import ERROR, FAILED, REQUEUED, TIMEOUT
+from ..store.models import ERROR, FAILED, REQUEUED, TIMEOUT, WAITING
 
 log = logging.getLogger("taskrunner.runner")
 
@@ -29,9 +29,10 @@ class Outcome(NamedTuple):
     code: Optional[str] = None
     message: Optional[str] = None
     results: Optional[str] = None        # JSON text
-    retry_at: Any = None                 # naive UTC datetime of a snoozed run
+    retry_at: Any = None                 # naive UTC datetime of a snoozed or waiting run
     traceback: Optional[str] = None
     exc: Optional[BaseException] = None
+    waiting_for: Optional[str] = None    # the event a waiting run waits for
 
 
 def failed(code, message, traceback=None, exc=None, status=ERROR):
@@ -41,7 +42,11 @@ def failed(code, message, traceback=None, exc=None, status=ERROR):
 def of_exception(exc, now, aborted=False, stopping=None):
     """The outcome of a handler that raised `exc`: an interrupt is a timeout when its run
     was taken away (`aborted`), else a hand-back; `Retry` requeues (at `now` + in_seconds);
-    a failure while its runner was told to stop (`stopping`: why) hands the run back too."""
+    a failure while its runner was told to stop (`stopping`: why) hands the run back too;
+    `Waiting` (run.sleep, run.wait_for) ends it waiting, stopping or not."""
+    if isinstance(exc, Waiting):
+        return Outcome(WAITING, "Sleeping" if exc.event is None else "WaitingForEvent",
+                       str(exc), retry_at=exc.until, waiting_for=exc.event)
     if isinstance(exc, Interrupted):
         if aborted:
             return failed("Interrupted", str(exc), format_traceback(exc), exc, TIMEOUT)

@@ -23,18 +23,18 @@ import os
 import select
 import signal
 import time
-from datetime import timedelta, timezone
+from datetime import datetime, timedelta, timezone
 
 import peewee as pw
 
 from . import batches, outcomes, stops
 from ..fleet import leadership, liveness, maintenance
-from ..runs import lifecycle, queues
+from ..runs import durable, lifecycle, queues
 from ..store import outage
 from ..store.bound import BRIEF
 from ..periodic import scheduler as periodic
 from ..host import wakeup
-from ..errors import HandlerError, RunnerLimitReached
+from ..errors import HandlerError, RunnerLimitReached, Waiting
 from ..handler import RunContext, load_handler
 from .current import CurrentRun
 from .heartbeat import Heartbeat
@@ -96,6 +96,7 @@ class Worker:
         self.runner_id = None
         self.stop_reason = None
         self.told_to_stop = None      # monotonic time of the first stop signal
+        self.stop_signal = None       # its name ("SIGHUP")
         # The run executing, shared with the heartbeat thread (current.py): a new CurrentRun
         # for each run, so that nothing decided about one run lands on the next.
         self.current = None
@@ -137,6 +138,7 @@ class Worker:
                 raise Interrupted(run.abort_reason)
             return
         now = time.monotonic()
+        self.stop_signal = self.stop_signal or name
         if name == self.INTERRUPT_SIGNAL:
             self._stop("received %s" % name, now)
             self._interrupt("interrupted by %s" % name)
@@ -220,7 +222,7 @@ class Worker:
         args = (claimed.run_id, claimed.task_id, status, self.runner_id, outcome.results,
                 outcome.code, outcome.message)
         options = dict(periodic_task_id=claimed.periodic_task_id, retry_at=outcome.retry_at,
-                       traceback=outcome.traceback, now=now)
+                       traceback=outcome.traceback, now=now, waiting_for=outcome.waiting_for)
         if claim_next and outcome.exc is None and not self._should_exit():
             ended, following = self._with_database(lambda: lifecycle.end_run_and_claim(
                 self.store, *args, queues=self._claim_order(), **options),
@@ -276,7 +278,9 @@ class Worker:
             report=lambda pct, results: lifecycle.report_progress(
                 self.store, claimed.run_id, self.runner_id, pct, results),
             stopping=lambda: self.told_to_stop is not None or run.stopping() is not None,
-            queue=self._queue_facade())
+            queue=self._queue_facade(), stop_info=lambda: self._stop_info(run),
+            durable=durable.DurableRun(self.store, claimed.run_id, claimed.task_id,
+                                       claimed.attempt, self.runner_id, clock=self.now))
         handler = cls()
         outcome = outcomes.Outcome(SUCCESS)
         try:
@@ -289,7 +293,7 @@ class Worker:
                     asyncio.run(coroutine)
             finally:
                 run.close()      # from here on, what the heartbeat decided is final
-        except (Interrupted, Exception, SystemExit) as exc:
+        except (Interrupted, Waiting, Exception, SystemExit) as exc:
             # Interrupted: its run was taken away (rule 8) when an abort reason is set, else
             # a stop; any failure of a runner told to stop hands the run back.
             outcome = outcomes.of_exception(
@@ -310,6 +314,21 @@ class Worker:
                 outcome = outcomes.failed("ResultsNotJSON", "run.results is not JSON-serialisable: "
                                        "%s" % exc, outcomes.format_traceback(exc), exc)
         return outcome, handler, context
+
+    STOP_REASONS = {"SIGHUP": "hup", "SIGTERM": "term", "SIGINT": "int",
+                    INTERRUPT_SIGNAL: "interrupt"}
+
+    def _stop_info(self, run):
+        """(why, by when: aware UTC) the handler of `run` (a CurrentRun) is asked to stop,
+        or (None, None): cancelled or taken away, kill_grace from then; told to stop by a
+        signal, graceful_timeout from its arrival (what an overseer gives its runners)."""
+        if run.cancel_reason is not None or run.abort_reason is not None:
+            return ("cancel" if run.cancel_reason is not None else "timeout",
+                    _wall_time(run.abort_deadline))
+        if self.told_to_stop is not None:
+            return (self.STOP_REASONS.get(self.stop_signal, "term"), _wall_time(
+                self.told_to_stop + self.config.overseer.graceful_timeout))
+        return None, None
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -552,6 +571,13 @@ class Worker:
                         self.runner_id, outage.first_line(exc))
         finally:
             store.close()
+
+
+def _wall_time(monotonic):
+    """A time of the monotonic clock as an aware UTC datetime (None stays None)."""
+    if monotonic is None:
+        return None
+    return datetime.now(timezone.utc) + timedelta(seconds=monotonic - time.monotonic())
 
 
 def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=(DEFAULT_QUEUE,),

@@ -26,7 +26,7 @@ from .concurrency import create_keyed_runs, release_waiting
 from ..errors import StateError
 from ..store.models import (CANCELLED, CRASHED, DEFAULT_QUEUE, FAILED, REQUEUED, RUNNING,
                             SCHEDULED, STOPPING_PREFIX, SUCCESS, TIMEOUT, TRACEBACK_LIMIT,
-                            run_status_is, utcnow)
+                            WAITING, run_status_is, utcnow)
 
 log = logging.getLogger("taskrunner.lifecycle")
 
@@ -257,21 +257,23 @@ def report_progress(store, run_id, runner_id, percent=None, results=None, now=No
 # -- ending -------------------------------------------------------------------------------------
 
 def end_run(store, run_id, task_id, status, runner_id=None, results=None, error_code=None,
-            error_message=None, now=None, periodic_task_id=None, retry_at=None, traceback=None):
+            error_message=None, now=None, periodic_task_id=None, retry_at=None, traceback=None,
+            waiting_for=None):
     """End a running run with `status` and aggregate its task (`end_in_transaction`).
     Returns False when it lost the race of rule 4 (someone ended the run meanwhile).
     Whoever waits for a task on this host (`TaskQueue.wait`) is woken after the commit.
     """
     return _end_run(store, run_id, task_id, status, store.database_time(now), runner_id,
                     results, error_code, error_message, periodic_task_id,
-                    _on_database_clock(store, retry_at), traceback)
+                    _on_database_clock(store, retry_at), traceback, waiting_for)
 
 
 def _end_run(store, run_id, task_id, status, at, runner_id=None, results=None, error_code=None,
-             error_message=None, periodic_task_id=None, retry_at=None, traceback=None):
+             error_message=None, periodic_task_id=None, retry_at=None, traceback=None,
+             waiting_for=None):
     """end_run() on the database's clock (`at`, `retry_at`)."""
     args = (store, run_id, task_id, status, runner_id, results, error_code, error_message, at,
-            periodic_task_id, retry_at, traceback)
+            periodic_task_id, retry_at, traceback, waiting_for)
     if _single_statement_end(store, status, runner_id, periodic_task_id):
         ended = _end(*args)
     else:
@@ -283,7 +285,7 @@ def _end_run(store, run_id, task_id, status, at, runner_id=None, results=None, e
 
 def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, error_code=None,
                       error_message=None, now=None, periodic_task_id=None, retry_at=None,
-                      traceback=None, queues=(DEFAULT_QUEUE,)):
+                      traceback=None, queues=(DEFAULT_QUEUE,), waiting_for=None):
     """end_run() of a runner's own run and claim() of its next from `queues` in one
     transaction, so a busy runner pays one commit per job (one statement on PostgreSQL for
     a success and a run of the first queue). Same rules as the two calls; the claim happens
@@ -299,7 +301,7 @@ def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, e
         retry_at = _on_database_clock(store, retry_at)
         ended, claimed = store.write(lambda: (
             _end(store, run_id, task_id, status, runner_id, results, error_code,
-                 error_message, at, periodic_task_id, retry_at, traceback),
+                 error_message, at, periodic_task_id, retry_at, traceback, waiting_for),
             _claim_step(store, runner_id, queues, now, at)))
     if ended:
         store.wake_waiters()
@@ -331,16 +333,18 @@ def _on_database_clock(store, when):
 
 
 def end_in_transaction(store, run_id, task_id, status, runner_id, results, error_code,
-                       error_message, now, periodic_task_id=None, retry_at=None, traceback=None):
+                       error_message, now, periodic_task_id=None, retry_at=None, traceback=None,
+                       waiting_for=None):
     """end_run() inside the caller's write transaction. `retry_at`: when a requeued task
-    runs again, or for a failure the earliest time of its retry (crash_grace)."""
+    runs again, for a failure the earliest time of its retry (crash_grace), for a waiting
+    one the end of its sleep or of its wait for the event `waiting_for` (None: no end)."""
     return _end(store, run_id, task_id, status, runner_id, results, error_code, error_message,
                 store.database_time(now), periodic_task_id, _on_database_clock(store, retry_at),
-                traceback)
+                traceback, waiting_for)
 
 
 def _end(store, run_id, task_id, status, runner_id, results, error_code, error_message, at,
-         periodic_task_id, retry_at, traceback):
+         periodic_task_id, retry_at, traceback, waiting_for=None):
     """end_in_transaction() on the database's clock. A success is its runner's, and needs no
     read: the caller passes the periodic task id it knows from the claim."""
     if status == SUCCESS:
@@ -352,13 +356,15 @@ def _end(store, run_id, task_id, status, runner_id, results, error_code, error_m
                            results, traceback and bounded_traceback(traceback)):
         return False
     Run = store.Run
-    if status in (REQUEUED,) + FAILED and Run.select(Run.id).where(
+    if status in (REQUEUED, WAITING) + FAILED and Run.select(Run.id).where(
             (Run.id == run_id) & Run.cancel_requested_on.is_null(False)).exists():
         # An operator cancelled it while it ran, and its runner died, timed out or handed it
         # back before honouring that: the task ends cancelled all the same, not run again.
         status = CANCELLED
     if status == REQUEUED:
         _requeue(store, task_id, at, retry_at)
+    elif status == WAITING:
+        _wait(store, task_id, at, retry_at, waiting_for)
     else:
         _aggregate(store, task_id, status, error_code, error_message, at, not_before=retry_at)
     return True
@@ -393,6 +399,35 @@ def _requeue(store, task_id, now, retry_at):
     if due:
         _create_runs(store, [task_id], now)
         store.wake_after_commit(1)
+
+
+def _wait(store, task_id, now, until, event):
+    """The task of a run that ended ``waiting`` (run.sleep, run.wait_for): ``waiting`` until
+    `until` (None: for the event alone) or the event `event`, its failures not counted; a run
+    at once when that time has come or the event was sent already.
+    Race closed: an event sent while the run was ending (TaskQueue.send_event stores it and
+    wakes only a task that waits for it) — both lock the task row first, and this reads the
+    events with a locking read (MySQL's repeatable read would show an older snapshot)."""
+    Task, Event = store.Task, store.Event
+    store.locked(Task.select(Task.id).where(Task.id == task_id)).get()
+    due = until is None and event is None or until is not None and until <= now
+    if event is not None and not due:
+        due = store.locked(Event.select(Event.id).where(
+            (Event.task_id == task_id) & (Event.name == event)
+            & Event.consumed_on.is_null()).limit(1)).first() is not None
+    Task.update(last_status=WAITING, waiting_for=event, runs_crashed=0,
+                next_run_on=now if due else until, updated_on=now).where(
+        Task.id == task_id).execute()
+    if due:
+        _create_runs(store, [task_id], now)
+        store.wake_after_commit(1)
+
+
+def wake_waiting(store, task_id, now):
+    """Inside the caller's write transaction, the task locked and ``waiting``: its run now
+    (the event it waits for was sent)."""
+    _create_runs(store, [task_id], now)
+    store.wake_after_commit(1)
 
 
 def _aggregate(store, task_id, status, error_code, error_message, now, not_before=None):

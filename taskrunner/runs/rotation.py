@@ -1,9 +1,10 @@
 """Rotation (``taskrunner rotate``, ``run-event task-queue:OnRotate``): delete ended tasks
-with their runs once they are old enough, and finished runner rows, in batches so a large
+with their runs (and steps and events) once they are old enough, and finished runner rows, in batches so a large
 backlog never holds one long transaction; and an operator's delete of ended tasks."""
 import logging
 from datetime import timedelta
 
+from . import durable
 from ..errors import StateError, TaskNotFound
 from ..store.models import CANCELLED, FAILED, RUNNING, SUCCESS
 
@@ -26,6 +27,9 @@ def _delete_tasks(store, condition):
             count = Task.delete().where(Task.id.in_(ids) & condition).execute()
             Run.delete().where(Run.task_id.in_(ids) & Run.task_id.not_in(
                 Task.select(Task.id).where(Task.id.in_(ids)))).execute()
+            if count:
+                durable.forget_tasks(store, set(ids) - {t.id for t in Task.select(Task.id).where(
+                    Task.id.in_(ids))})
             return len(ids), count
         selected, count = store.write(step)
         deleted += count
@@ -50,6 +54,7 @@ def delete_finished(store, task_ids, batch=200, progress=None):
         gone = set(chunk) - {row.id for row in Task.select(Task.id).where(Task.id.in_(chunk))}
         if gone:
             Run.delete().where(Run.task_id.in_(list(gone))).execute()
+            durable.forget_tasks(store, gone)
         return {i: None if i in gone and i in found else
                 TaskNotFound("no task with id %d" % i) if i not in found else
                 StateError("task %d has not ended (%s); cancel it first" % (i, found[i]))

@@ -23,7 +23,10 @@ CANCELLED = "cancelled"
 # The run ended without an outcome of its own and the task runs again, not counted as a
 # failure: its runner was told to stop (error_code Stopped) or the handler snoozed.
 REQUEUED = "requeued"
-RUN_FINAL = (SUCCESS, ERROR, TIMEOUT, CANCELLED, REQUEUED)
+# The handler ended the run to sleep or to wait for an event (run.sleep, run.wait_for): final
+# for the run, not a failure; the task is `waiting` until its time or its event comes.
+WAITING = "waiting"
+RUN_FINAL = (SUCCESS, ERROR, TIMEOUT, CANCELLED, REQUEUED, WAITING)
 # error_code of a run whose runner process died under it: a crash, counted apart.
 CRASHED = "RunnerDied"
 FAILED = (ERROR, TIMEOUT)
@@ -96,6 +99,11 @@ class Task(BaseModel):
     concurrency_key = pw.CharField(null=True)
     concurrency_limit = pw.IntegerField(null=True)
     waiting_key = pw.CharField(null=True)
+    # Durable execution (0019): the last run.checkpoint() value (JSON) and when it was
+    # stored; the event a `waiting` task waits for (its next_run_on: until when).
+    checkpoint = pw.TextField(null=True)
+    checkpoint_on = pw.DateTimeField(null=True)
+    waiting_for = pw.CharField(null=True)
 
     class Meta:
         table_name = "task_queue"
@@ -265,7 +273,40 @@ class Lease(BaseModel):
         table_name = "task_leases"
 
 
-MODELS = (Task, Run, Runner, PeriodicTask, Queue, RunnerQueue, Lease)
+class Step(BaseModel):
+    """A step of a task that has run (run.step, and the sleeps and events of run.sleep and
+    run.wait_for): its JSON result, stored once per (task, name) — the unique index is rule
+    10's, the same in the transaction that records the step and any write of the step's."""
+    task_id = pw.IntegerField()
+    name = pw.CharField()
+    kind = pw.CharField(max_length=16)
+    run_id = pw.IntegerField(null=True)
+    attempt = pw.IntegerField(null=True)
+    result = pw.TextField(null=True)
+    started_on = pw.DateTimeField(null=True)
+    finished_on = pw.DateTimeField()
+
+    class Meta:
+        table_name = "task_steps"
+        indexes = ((("task_id", "name"), True),)
+
+
+class Event(BaseModel):
+    """An event sent to a task (TaskQueue.send_event), kept until a run.wait_for of its name
+    consumes it (consumed_on, by the run consumed_by)."""
+    task_id = pw.IntegerField()
+    name = pw.CharField()
+    payload = pw.TextField(null=True)
+    sent_on = pw.DateTimeField()
+    consumed_on = pw.DateTimeField(null=True)
+    consumed_by = pw.IntegerField(null=True)
+
+    class Meta:
+        table_name = "task_events"
+        indexes = ((("task_id", "name"), False),)
+
+
+MODELS = (Task, Run, Runner, PeriodicTask, Queue, RunnerQueue, Lease, Step, Event)
 
 
 class BoundModels(NamedTuple):
@@ -277,6 +318,8 @@ class BoundModels(NamedTuple):
     Queue: Type[Queue]
     RunnerQueue: Type[RunnerQueue]
     Lease: Type[Lease]
+    Step: Type[Step]
+    Event: Type[Event]
 
 
 def bind_models(database):

@@ -58,6 +58,7 @@ h3 { font-size: 13px; margin: 10px 0 6px; }
 .status-success { background: #dcf5e6; color: #146c3b; }
 .status-running { background: #dbe9fd; color: #1c4f9c; }
 .status-scheduled { background: #e5ecf6; color: #38527a; }
+.status-waiting { background: #ece6f6; color: #4b3a7a; }
 .status-error, .status-timeout, .status-given-up { background: #fde2e2; color: #962020; }
 .status-retrying { background: #fdebd8; color: #8a4a10; }
 .status-stopping { background: #fdebd8; color: #8a4a10; }

@@ -276,8 +276,26 @@ def confirm_delete(view: View, task_id: int) -> str:
                 {"confirm": "yes"}, css="danger"), task_id))
 
 
+def _waiting(t: Any) -> str:
+    """What a waiting task waits for: an event (until its timeout), or a sleep's end."""
+    if t.status != "waiting":
+        return ""
+    if t.waiting_for:
+        return "event <code>%s</code>%s" % (e(t.waiting_for), " until %s" % when(
+            t.waiting_until) if t.waiting_until else "")
+    return "until %s" % when(t.waiting_until)
+
+
+def steps_table(view: View, steps: Any) -> str:
+    rows = [[e(s.name), e(s.kind), status(s.status), e(s.run_id), e(s.attempt),
+             when(s.finished_on), span(s.duration),
+             pretty(view.shown(s.result)) if s.result is not None else ""] for s in steps]
+    return '<h2>Steps</h2>%s' % table(["Step", "Kind", "Status", "Run", "Attempt", "Finished",
+                                        "Duration", "Result"], rows, "no step", css="steps")
+
+
 def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
-    t = reads.get_task(view.store, task_id)
+    t = reads.get_task(view.store, task_id, with_steps=True)
     runs = reads.runs_of(view.store, task_id)
     shown = "given-up" if t.given_up else t.status
     facts = [("Status", status(shown)), ("Handler", e(t.handler)),
@@ -293,7 +311,11 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
              ("Unique key", e(t.unique_key)),
              ("Periodic task", e(t.periodic_task_id)),
              ("Last error", '<span class="err">%s</span> %s' % (
-                 e(t.last_error_code), e(t.last_error_message)) if t.last_error_code else "")]
+                 e(t.last_error_code), e(t.last_error_message)) if t.last_error_code else ""),
+             ("Waiting for", _waiting(t)),
+             ("Checkpoint", "%s<small class=\"muted\">stored %s</small>" % (
+                 pretty(view.shown(t.checkpoint)), when(t.checkpoint_on))
+              if t.checkpoint_on is not None else "")]
     facts_html = "".join("<dt>%s</dt><dd>%s</dd>" % (k, v) for k, v in facts if v)
     rows = []
     # Newest first: the latest run with a traceback shows it; older runs with the same one
@@ -327,9 +349,10 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
                           '<span class="err">%s</span></h3><pre class="traceback">%s</pre>%s'
                           '</section>' % (latest.id, latest.id, latest.attempt,
                                           e(latest.error_code), e(text), repeats))
-    return ('<dl class="facts">%s</dl><h2>Runs</h2>%s%s' % (facts_html, table(
+    return ('<dl class="facts">%s</dl><h2>Runs</h2>%s%s%s' % (facts_html, table(
         ["Attempt", "Run", "Status", "Runner", "Progress", "Created", "Started", "Finished",
          "Duration", "Results", "Error"], rows, "no run yet", css="runs"),
+        steps_table(view, t.steps) if t.steps else "",
         '<h2>Tracebacks</h2>%s' % "".join(tracebacks) if tracebacks else ""))
 
 

@@ -1,0 +1,349 @@
+"""Durable execution (DESIGN "Durable execution", rule 10): checkpoints, steps that run once,
+durable sleep and events — the statements, and `DurableRun`, the durable side of one run
+behind a handler's ``run``.
+
+- A **checkpoint** is a JSON value on the task (``task_queue.checkpoint``), written with the
+  run's progress in one transaction, conditional on the run still being its runner's; every
+  later attempt starts from it (``run.resumed_from``).
+- A **step** is a row of ``task_steps``, unique per (task, name). It is inserted after the
+  step's function returned, in one transaction; a step run ``in_transaction`` calls its
+  function inside that same transaction, with its connection, so what the function writes
+  to this database commits together with the step's record or not at all (exactly once).
+  A step recorded is never run again: every later attempt reads its result.
+- **Sleep** and **events**: the run ends ``waiting`` (`errors.Waiting`, stored by
+  lifecycle's end) and the task's next run is created at its time (the maintainer's pass,
+  through next_run_on) or at once by `send_event`. A sleep's end, an event's deadline and
+  the event consumed are recorded as steps too, so a resumed attempt replays them instead
+  of starting them again.
+
+Everything here rides out a database outage (store.outage): a handler never sees a
+database error from these calls.
+"""
+import hashlib
+import json
+from datetime import datetime, timedelta, timezone
+
+import peewee as pw
+
+from . import lifecycle
+from ..errors import (EventTimeout, InputError, StateError, TaskError, TaskNotFound, Waiting,
+                      check_text)
+from ..store import outage
+from ..store.models import RUNNING, WAITING, as_utc, utcnow
+
+# Step kinds: a function's result, the end of a sleep, an event consumed (or timed out), the
+# deadline of a wait for an event.
+STEP, SLEEP, EVENT, DEADLINE = "step", "sleep", "event", "deadline"
+NAME_LIMIT = 200        # characters of a step's or an event's name
+NOT_SENT = object()
+
+
+def encode(value, what):
+    """`value` as JSON text; TaskError (code NotJSON) naming `what` when it is not JSON."""
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise TaskError("%s is not JSON-serialisable: %s" % (what, exc), code="NotJSON") \
+            from None
+
+
+def _decoded(text):
+    return None if text is None else json.loads(text)
+
+
+def check_name(what, name):
+    """InputError unless `name` is a non-empty text of at most NAME_LIMIT characters."""
+    return check_text(what, name, NAME_LIMIT, empty=False)
+
+
+# -- the statements --------------------------------------------------------------------------
+
+def save_checkpoint(store, run_id, task_id, runner_id, text, percent, at):
+    """Inside the caller's write transaction: the run's progress (and updated_on, which its
+    run_timeout counts from) and the task's checkpoint `text`. False when the run is no
+    longer this runner's.
+    Race closed: an attempt whose run was taken away (timed out; its task resumed elsewhere)
+    writing over the newer attempt's checkpoint — the run's UPDATE is conditional (rule 4)
+    and the task is written only when it matched."""
+    Run, Task = store.Run, store.Task
+    values = {Run.updated_on: at}
+    if percent is not None:
+        values[Run.percent_completed] = percent
+    if not Run.update(values).where((Run.id == run_id) & (Run.status == RUNNING)
+                                    & (Run.runner_id == runner_id)).execute():
+        return False
+    Task.update(checkpoint=text, checkpoint_on=at).where(Task.id == task_id).execute()
+    return True
+
+
+def read_state(store, task_id):
+    """(checkpoint text, {name: (kind, result text)}) of a task: what an attempt resumes from,
+    in two reads of indexes (the task's primary key, the steps' unique index)."""
+    Task, Step = store.Task, store.Step
+    row = Task.select(Task.checkpoint).where(Task.id == task_id).first()
+    steps = {name: (kind, result) for name, kind, result in Step.select(
+        Step.name, Step.kind, Step.result).where(Step.task_id == task_id).tuples()}
+    return (row.checkpoint if row is not None else None), steps
+
+
+def insert_step(store, task_id, name, kind, run_id, attempt, result, started_on, at):
+    """Inside the caller's transaction: the step's record. IntegrityError when the task has a
+    step of that name already (rule 10: the unique index on (task_id, name))."""
+    Step = store.Step
+    Step.insert({Step.task_id: task_id, Step.name: name, Step.kind: kind, Step.run_id: run_id,
+                 Step.attempt: attempt, Step.result: result, Step.started_on: started_on,
+                 Step.finished_on: at}).execute()
+
+
+def stored_step(store, task_id, name):
+    """(kind, result text) of the task's step `name`, or None."""
+    Step = store.Step
+    return Step.select(Step.kind, Step.result).where(
+        (Step.task_id == task_id) & (Step.name == name)).tuples().first()
+
+
+def consume_event(store, task_id, name, run_id, at):
+    """Inside the caller's write transaction: the oldest event `name` of the task not
+    consumed yet becomes consumed by `run_id`; returns its payload text, or NOT_SENT.
+    Race closed: two attempts taking one event — the locking read, and the UPDATE is
+    conditional on the event still unconsumed (the step's unique index backs it)."""
+    Event = store.Event
+    row = store.locked(Event.select(Event.id, Event.payload).where(
+        (Event.task_id == task_id) & (Event.name == name) & Event.consumed_on.is_null())
+        .order_by(Event.id).limit(1)).first()
+    if row is None or not Event.update(consumed_on=at, consumed_by=run_id).where(
+            (Event.id == row.id) & Event.consumed_on.is_null()).execute():
+        return NOT_SENT
+    return row.payload
+
+
+def send_event(store, task_id, name, payload=None, now=None):
+    """Store the event `name` (its JSON `payload`) for the task; when the task is
+    ``waiting`` for that event, its run is created in the same transaction (and the runners
+    woken after it). An event the task does not wait for yet is kept: the task's first
+    ``run.wait_for(name)`` consumes it. Returns whether the task was woken. TaskNotFound for
+    an unknown task, StateError for one that has ended.
+    Race closed: the event and a run ending ``waiting`` for it — both lock the task row
+    first; the one that comes second sees the other (lifecycle._wait)."""
+    check_name("event name", name)
+    try:
+        text = json.dumps(payload, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InputError("event payload is not JSON-serialisable: %s" % exc) from None
+    if len(text.encode("utf-8")) > store.config.task.max_data_size:
+        raise InputError("event payload is over [task] max_data_size (%d bytes)"
+                         % store.config.task.max_data_size)
+    at = store.database_time(now)
+    Task, Event = store.Task, store.Event
+
+    def step():
+        task = store.locked(Task.select(Task.id, Task.last_status, Task.waiting_for,
+                                        Task.finished_on).where(Task.id == task_id)).first()
+        if task is None:
+            raise TaskNotFound("no task with id %s" % task_id)
+        if task.finished_on is not None:
+            raise StateError("task %d has ended (%s): it takes no more events"
+                             % (task.id, task.last_status))
+        Event.insert({Event.task_id: task_id, Event.name: name, Event.payload: text,
+                      Event.sent_on: at}).execute()
+        if task.last_status == WAITING and task.waiting_for == name:
+            lifecycle.wake_waiting(store, task_id, at)
+            return True
+        return False
+    return store.write(step)
+
+
+def forget_tasks(store, task_ids):
+    """Inside the caller's transaction: the steps and events of deleted tasks."""
+    if task_ids:
+        store.Step.delete().where(store.Step.task_id.in_(list(task_ids))).execute()
+        store.Event.delete().where(store.Event.task_id.in_(list(task_ids))).execute()
+
+
+# -- one run's durable side ------------------------------------------------------------------
+
+class DurableRun:
+    """The durable side of one run (`RunContext` delegates to it): what the task resumed
+    from, its steps, sleeps and waits. Made by the runner for each run; used by the
+    handler's thread alone. `clock()`: this host's naive UTC now (run_pending's injected
+    time); `stored()` is called after each write that proves the run alive."""
+
+    def __init__(self, store, run_id, task_id, attempt, runner_id, clock=None):
+        self.store, self.run_id, self.task_id = store, run_id, task_id
+        self.attempt, self.runner_id = attempt, runner_id
+        self.clock = clock or utcnow
+        self.lost = False            # a checkpoint found the run no longer this runner's
+        self._loaded = False
+        self._resumed = None
+        self._steps = {}
+        self._calls = {}             # kind -> calls made this attempt (unnamed sleeps)
+
+    def _through(self, fn):
+        return outage.call_through(self.store.db, fn)[0]
+
+    def _now(self):
+        """This host's time on the database's clock."""
+        return self.store.database_time(self.clock())
+
+    def _load(self):
+        if not self._loaded:
+            text, self._steps = self._through(lambda: read_state(self.store, self.task_id))
+            self._resumed = _decoded(text)
+            self._loaded = True
+
+    @property
+    def resumed_from(self):
+        self._load()
+        return self._resumed
+
+    def checkpoint(self, value, percent=None):
+        self._load()
+        text = encode(value, "the checkpoint")
+        if percent is not None:
+            percent = max(0, min(100, int(percent)))
+        mine = self._through(lambda: self.store.write(lambda: save_checkpoint(
+            self.store, self.run_id, self.task_id, self.runner_id, text, percent,
+            self._now())))
+        if not mine:
+            self.lost = True
+        return mine
+
+    def idempotency_key(self, name):
+        """A key stable for the task's step `name` on every attempt: taskrunner-TASK-NAME,
+        the name hashed when it is not plain ASCII or is long."""
+        check_name("step name", name)
+        plain = name if name.isascii() and name.isprintable() and len(name) <= 64 \
+            else hashlib.sha256(name.encode("utf-8")).hexdigest()[:32]
+        return "taskrunner-%d-%s" % (self.task_id, plain)
+
+    def step(self, name, fn, args, kwargs, in_transaction=False):
+        check_name("step name", name)
+        self._load()
+        if name in self._steps:
+            return _decoded(self._steps[name][1])
+        started = self._now()
+        if in_transaction:
+            return self._record_with(name, STEP, lambda conn: fn(conn, *args, **kwargs),
+                                     started)
+        value = fn(*args, **kwargs)
+        return self._record(name, STEP, encode(value, "the result of step %r" % name),
+                            started)
+
+    def _record(self, name, kind, text, started):
+        """Record a step whose value is known; the value recorded first wins (another
+        attempt's, when this one lost its run meanwhile)."""
+        return self._record_with(name, kind, lambda conn: None, started, text)
+
+    def _record_with(self, name, kind, body, started, text=None):
+        """In one write transaction: body(the connection) — its value is the step's result
+        unless `text` is given — and the step's record; returns the step's result. When
+        the task has the step already (recorded by another attempt meanwhile), the
+        transaction rolls back, body's writes with it, and the stored result is returned."""
+        store = self.store
+
+        def transaction():
+            value = body(store.db.connection())
+            recorded = text if text is not None else encode(
+                value, "the result of step %r" % name)
+            insert_step(store, self.task_id, name, kind, self.run_id, self.attempt,
+                        recorded, started, self._now())
+            return recorded
+        try:
+            recorded = self._through(lambda: store.write(transaction))
+        except pw.IntegrityError:
+            found = self._through(lambda: stored_step(store, self.task_id, name))
+            if found is None:
+                raise          # the body's own write broke a constraint
+            recorded = found[1]
+            kind = found[0]
+        self._steps[name] = (kind, recorded)
+        return _decoded(recorded)
+
+    def _ordinal_name(self, kind, name):
+        if name is not None:
+            return check_name("%s name" % kind, name)
+        count = self._calls[kind] = self._calls.get(kind, 0) + 1
+        return "%s-%d" % (kind, count)
+
+    def sleep(self, seconds=None, until=None, name=None):
+        """Return when the sleep's end has come; else end the run ``waiting`` until then
+        (raises errors.Waiting). The end is recorded as a step the first time, so a resumed
+        attempt that comes back to this call goes on."""
+        if (seconds is None) == (until is None):
+            raise InputError("run.sleep takes seconds or until=, one of them")
+        if until is not None and (not isinstance(until, datetime) or until.tzinfo is None):
+            raise InputError("run.sleep(until=...) takes an aware datetime, not %r" % (until,))
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(
+                seconds, (int, float)) or not 0 <= seconds <= 3153600000):
+            raise InputError("run.sleep takes a number of seconds, not %r" % (seconds,))
+        step = self._ordinal_name(SLEEP, name)
+        self._load()
+        if step in self._steps:
+            end = _time(_decoded(self._steps[step][1])["until"])
+        else:
+            end = as_utc(until) if until is not None else self._now() + timedelta(
+                seconds=seconds)
+            end = _time(self._record(step, SLEEP, encode({"until": _iso(end)}, "until"),
+                                     self._now())["until"])
+        if end <= self._now():
+            return
+        raise Waiting(until=end - self.store.clock_offset(), message="sleeping until %s"
+                      % _iso(end))
+
+    def wait_for(self, name, timeout=None):
+        """The payload of the event `name` sent to the task (TaskQueue.send_event), consumed
+        once: recorded as the step ``event:NAME``, so every later attempt gets the same
+        payload. Until it comes, the run ends ``waiting`` (errors.Waiting); after `timeout`
+        seconds (counted from the first call, on any attempt) EventTimeout."""
+        check_name("event name", name)
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+                timeout, (int, float)) or not 0 <= timeout <= 3153600000):
+            raise InputError("run.wait_for(timeout=...) takes seconds, not %r" % (timeout,))
+        self._load()
+        step = "event:" + name
+        if step not in self._steps:
+            deadline = None
+            if timeout is not None:
+                key = "deadline:" + name
+                if key in self._steps:
+                    deadline = _time(_decoded(self._steps[key][1])["until"])
+                else:
+                    deadline = _time(self._record(key, DEADLINE, encode({"until": _iso(
+                        self._now() + timedelta(seconds=timeout))}, "until"),
+                        self._now())["until"])
+            self._consume(step, name, deadline)
+        outcome = _decoded(self._steps[step][1])
+        if outcome.get("timeout"):
+            raise EventTimeout("event %r did not come within its timeout" % name)
+        return outcome.get("payload")
+
+    def _consume(self, step, name, deadline):
+        """Record the event `name` as the step `step` when it was sent, or its timeout when
+        `deadline` has passed; else end the run waiting for it."""
+        store, started = self.store, self._now()
+
+        def body(conn):
+            payload = consume_event(store, self.task_id, name, self.run_id, self._now())
+            if payload is not NOT_SENT:
+                return {"payload": _decoded(payload)}
+            if deadline is not None and deadline <= self._now():
+                return {"timeout": True}
+            raise _NoEvent()
+        try:
+            self._record_with(step, EVENT, body, started)
+        except _NoEvent:
+            until = None if deadline is None else deadline - store.clock_offset()
+            raise Waiting(until=until, event=name, message="waiting for event %r%s" % (
+                name, "" if deadline is None else " until %s" % _iso(deadline))) from None
+
+
+class _NoEvent(Exception):
+    """Rolls back a wait's transaction when its event has not come."""
+
+
+def _iso(when):
+    return when.replace(tzinfo=timezone.utc).isoformat()
+
+
+def _time(text):
+    return as_utc(datetime.fromisoformat(text))

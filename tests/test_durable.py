@@ -1,0 +1,331 @@
+"""Durable execution in-process, on SQLite, PostgreSQL and MariaDB (DESIGN "Durable
+execution", rule 10): checkpoints seen by the next attempt, steps run once (a step's own
+write to the queue's database exactly once), durable sleep and events, and how each is
+shown (API, CLI --json and text, dashboard, metrics). The real-process tests (stops, HUP,
+kill -9, chaos) are in test_durable_processes.py."""
+import json
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from conftest import ok, taskrunner, usage_error
+from dashboard_helpers import Served, fetch
+from durable_handlers import insert_app_row, lines
+from taskrunner import EventTimeout
+from taskrunner.errors import InputError, StateError, TaskNotFound
+from taskrunner.runs import durable
+from taskrunner.store.models import Run, Task, utcnow
+from taskrunner.web.metrics import exposition
+
+H = "durable_handlers."
+T0 = datetime(2030, 1, 7, 9, 0, tzinfo=timezone.utc)     # a Monday
+
+
+def app_table(queue, name="app_rows"):
+    queue.store.db.execute_sql("CREATE TABLE %s (task_id INTEGER NOT NULL, step VARCHAR(64) "
+                               "NOT NULL)" % name)
+    return name
+
+
+def app_rows(queue, name="app_rows"):
+    return sorted(tuple(r) for r in queue.store.db.execute_sql(
+        "SELECT task_id, step FROM %s" % name).fetchall())
+
+
+def quick(database, **task):
+    return database.queue(task=dict({"retry_backoff": 0}, **task))
+
+
+def drain(queue, now=None):
+    """run_pending until nothing is left (a retry's run is created by the next pass)."""
+    total = 0
+    while True:
+        done = queue.run_pending(now=now)
+        if not done:
+            return total
+        total += done
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_is_what_the_next_attempt_resumes_from(database, tmp_path):
+    queue = quick(database)
+    log = str(tmp_path / "log")
+    task_id = queue.add_task(H + "CheckpointThenFail", {"log": log})
+    drain(queue)
+    assert lines(log) == [["1", "None"], ["2", "{'done':", "3}"]]
+    task = queue.get_task(task_id)
+    assert task.status == "success" and task.results == {"resumed_from": {"done": 3}}
+    assert task.checkpoint == {"done": 3} and task.checkpoint_on is not None
+    first = queue.runs_of(task_id)[0]
+    assert (first.status, first.percent_completed) == ("error", 30)
+    shown = json.loads(ok(taskrunner("show", str(task_id), "--json", url=database.url)))
+    assert shown["checkpoint"] == {"done": 3}
+    text = ok(taskrunner("show", str(task_id), url=database.url))
+    assert 'checkpoint:' in text and '{"done": 3}' in text
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_steps_run_once_and_a_step_write_commits_exactly_once(database, tmp_path):
+    """The plain step's function and the transaction step's are called once each, on the
+    first attempt; the retry gets their stored results; the app row written inside the step's
+    transaction exists once. Listed with status, duration and result in the API, show/runs
+    (--json and text)."""
+    queue = quick(database)
+    table = app_table(queue)
+    log = str(tmp_path / "log")
+    task_id = queue.add_task(H + "StepsThenFail", {"log": log, "table": table})
+    drain(queue)
+    assert lines(log) == [["charge", "1"], ["write", "1"]]
+    assert app_rows(queue) == [(task_id, "write")]
+    task = queue.get_task(task_id)
+    assert task.status == "success", task
+    assert task.results == {"first": {"charged": 42},
+                            "second": {"task": task_id, "step": "write"},
+                            "key": "taskrunner-%d-charge" % task_id}
+    steps = queue.steps_of(task_id)
+    assert [(s.name, s.kind, s.status, s.attempt) for s in steps] == [
+        ("charge", "step", "done", 1), ("write", "step", "done", 1)]
+    assert steps[0].result == {"charged": 42} and steps[0].duration >= 0
+    first_run = queue.runs_of(task_id)[0]
+    assert [s.name for s in first_run.steps] == ["charge", "write"]
+    shown = json.loads(ok(taskrunner("show", str(task_id), "--json", url=database.url)))
+    assert [(s["name"], s["status"], s["result"]) for s in shown["steps"]] == [
+        ("charge", "done", {"charged": 42}), ("write", "done", {"task": task_id,
+                                                               "step": "write"})]
+    runs = json.loads(ok(taskrunner("runs", str(task_id), "--json", url=database.url)))
+    assert [s["name"] for s in runs[0]["steps"]] == ["charge", "write"] and runs[1]["steps"] == []
+    text = ok(taskrunner("runs", str(task_id), url=database.url))
+    assert "steps:" in text and "charge" in text and '{"charged":42}' in text
+    assert "charge" in ok(taskrunner("show", str(task_id), url=database.url))
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_transaction_step_that_raises_keeps_nothing(database):
+    queue = quick(database, max_retries=2)
+    table = app_table(queue)
+    task_id = queue.add_task(H + "FailingTransactionStep", {"table": table})
+    drain(queue)
+    assert queue.get_task(task_id).given_up
+    assert app_rows(queue) == [] and queue.steps_of(task_id) == []
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_two_attempts_racing_on_one_step_record_it_once_and_keep_one_app_write(database):
+    """An attempt that lost its run (timed out while it ran) and the attempt that took over
+    both run a transaction step: the unique (task, name) record lets one commit; the other's
+    app write rolls back with its transaction and it gets the first one's result."""
+    queue = quick(database)
+    table = app_table(queue)
+    task_id = queue.add_task("taskrunner.handlers.Echo")
+    a = durable.DurableRun(queue.store, 1, task_id, 1, None)
+    b = durable.DurableRun(queue.store, 2, task_id, 2, None)
+    a._load(), b._load()          # both read the task before either recorded the step
+    first = a.step("pay", lambda conn: insert_app_row(conn, table, task_id, "a"), (), {},
+                   in_transaction=True)
+    second = b.step("pay", lambda conn: insert_app_row(conn, table, task_id, "b"), (), {},
+                    in_transaction=True)
+    assert first == second == {"task": task_id, "step": "a"}
+    assert app_rows(queue) == [(task_id, "a")]
+    assert [s.name for s in queue.steps_of(task_id)] == ["pay"]
+    # A plain step: the later value is discarded, the stored one returned.
+    assert a.step("n", lambda: 1, (), {}) == 1 and b.step("n", lambda: 2, (), {}) == 1
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_transaction_steps_in_threads_write_once(database):
+    """Eight threads, each its own connection, run the same transaction step of one task at
+    once: one app row, one step record, and every thread returns the recorded result."""
+    queue = quick(database)
+    table = app_table(queue)
+    task_id = queue.add_task("taskrunner.handlers.Echo")
+    results, errors, barrier = [], [], threading.Barrier(8)
+
+    def attempt(n):
+        try:
+            run = durable.DurableRun(queue.store, n, task_id, n, None)
+            run._load()
+            barrier.wait(10)
+            results.append(run.step("pay", lambda conn: insert_app_row(
+                conn, table, task_id, "t%d" % n), (), {}, in_transaction=True))
+        except Exception as exc:    # reported below
+            errors.append(exc)
+        finally:
+            queue.store.close()
+    threads = [threading.Thread(target=attempt, args=(n,)) for n in range(1, 9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    rows = app_rows(queue)
+    assert len(rows) == 1 and results == [{"task": task_id, "step": rows[0][1]}] * 8
+    assert len(queue.steps_of(task_id)) == 1
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_durable_sleep_ends_the_run_waiting_and_resumes_after_the_steps_done(database,
+                                                                            tmp_path):
+    queue = quick(database, max_retries=1)
+    log = str(tmp_path / "log")
+    task_id = queue.add_task(H + "SleepBetweenSteps", {"log": log, "seconds": 3600})
+    assert queue.run_pending(now=T0) == 1
+    task = queue.get_task(task_id)
+    assert task.status == "waiting" and task.finished_on is None and task.runs_failed == 0
+    assert task.waiting_until == T0.replace(tzinfo=timezone.utc) + timedelta(hours=1)
+    assert task.waiting_for is None and not task.given_up
+    run = queue.runs_of(task_id)[0]
+    assert (run.status, run.error_code) == ("waiting", "Sleeping")
+    assert Run.select().where(Run.status.in_(["scheduled", "running"])).count() == 0
+    # Nothing is due before the time: the claim has nothing to take.
+    assert queue.run_pending(now=T0 + timedelta(minutes=59)) == 0
+    listed = json.loads(ok(taskrunner("tasks", "--status", "waiting", "--json",
+                                      url=database.url)))
+    assert [(t["id"], t["status"]) for t in listed] == [(task_id, "waiting")]
+    assert listed[0]["waiting_until"].startswith("2030-01-07T10:00:00")
+    assert "until" in ok(taskrunner("tasks", url=database.url))
+    assert 'taskrunner_tasks{status="waiting"} 1.0' in exposition(queue.store).decode()
+    assert queue.run_pending(now=T0 + timedelta(hours=1, seconds=1)) == 1
+    task = queue.get_task(task_id)
+    assert task.status == "success" and task.results == {"attempt": 2}
+    assert lines(log) == [["before", "1"], ["after", "2"]]
+    assert [(s.name, s.kind) for s in queue.steps_of(task_id)] == [
+        ("before", "step"), ("sleep-1", "sleep"), ("after", "step")]
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_event_wakes_its_waiting_task_at_once_with_its_payload(database, tmp_path):
+    queue = quick(database)
+    log = str(tmp_path / "log")
+    task_id = queue.add_task(H + "WaitForApproval", {"log": log})
+    assert queue.run_pending() == 1
+    task = queue.get_task(task_id)
+    assert (task.status, task.waiting_for, task.waiting_until) == ("waiting", "approved", None)
+    assert queue.run_pending() == 0           # waits for ever: no due time, no run
+    # Another event is kept, and wakes nothing.
+    assert queue.send_event(task_id, "other", 1) is False
+    assert queue.get_task(task_id).status == "waiting"
+    assert queue.send_event(task_id, "approved", {"by": "ann"}) is True
+    # The run was created with the event, in its transaction.
+    assert Run.select().where((Run.task_id == task_id) & (Run.status == "scheduled")).count() == 1
+    assert queue.run_pending() == 1
+    task = queue.get_task(task_id)
+    assert task.status == "success" and task.results == {"approved": {"by": "ann"}}
+    assert [(s.name, s.result) for s in queue.steps_of(task_id)] == [
+        ("event:approved", {"payload": {"by": "ann"}})]
+    with pytest.raises(StateError):
+        queue.send_event(task_id, "approved", 2)
+    with pytest.raises(TaskNotFound):
+        queue.send_event(task_id + 1000, "approved")
+    with pytest.raises(InputError):
+        queue.send_event(task_id, "", 1)
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_event_sent_before_the_wait_is_kept_for_it(database, tmp_path):
+    queue = quick(database)
+    log = str(tmp_path / "log")
+    task_id = queue.add_task(H + "WaitForApproval", {"log": log})
+    assert queue.send_event(task_id, "approved", "early") is False
+    assert queue.run_pending() == 1
+    assert queue.get_task(task_id).results == {"approved": "early"}
+    assert lines(log) == [["start", "1"]]
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_wait_with_a_timeout_fails_with_event_timeout_when_nothing_comes(database, tmp_path):
+    queue = quick(database, max_retries=1)
+    log = str(tmp_path / "log")
+    task_id = queue.add_task(H + "WaitForApproval", {"log": log, "timeout": 600})
+    queue.run_pending(now=T0)
+    task = queue.get_task(task_id)
+    assert task.status == "waiting" and task.waiting_for == "approved"
+    assert task.waiting_until == T0 + timedelta(minutes=10)
+    drain(queue, now=T0 + timedelta(minutes=11))
+    task = queue.get_task(task_id)
+    assert task.given_up and task.last_error_code == "EventTimeout", task
+    assert issubclass(EventTimeout, Exception)
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_waiting_task_can_be_cancelled(database, tmp_path):
+    queue = quick(database)
+    task_id = queue.add_task(H + "WaitForApproval", {"log": str(tmp_path / "log")})
+    drain(queue)
+    assert queue.cancel(task_id) is None
+    assert queue.get_task(task_id).status == "cancelled"
+    with pytest.raises(StateError):
+        queue.send_event(task_id, "approved")
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_send_event_command(database, tmp_path):
+    queue = quick(database)
+    task_id = queue.add_task(H + "WaitForApproval", {"log": str(tmp_path / "log")})
+    drain(queue)
+    shown = ok(taskrunner("show", str(task_id), url=database.url))
+    assert "waiting_for:" in shown and "approved" in shown
+    out = json.loads(ok(taskrunner("send-event", str(task_id), "approved", "--data",
+                                   '{"ok": true}', "--json", url=database.url)))
+    assert out == {"task_id": task_id, "event": "approved", "woken": True}
+    usage_error(taskrunner("send-event", str(task_id), "approved", "--data", "{nope",
+                           url=database.url), "JSON")
+    usage_error(taskrunner("send-event", "99999", "approved", url=database.url), "99999")
+    drain(queue)
+    assert queue.get_task(task_id).results == {"approved": {"ok": True}}
+    usage_error(taskrunner("send-event", str(task_id), "approved", url=database.url),
+                "has ended")
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_dashboard_task_page_shows_checkpoint_steps_and_waiting(database, tmp_path):
+    queue = quick(database)
+    table = app_table(queue)
+    log = str(tmp_path / "log")
+    stepped = queue.add_task(H + "StepsThenFail", {"log": log, "table": table})
+    waiting = queue.add_task(H + "WaitForApproval", {"log": log, "timeout": 3600})
+    checkpointed = queue.add_task(H + "CheckpointThenFail", {"log": log})
+    drain(queue)
+    served = Served(queue.store)
+    try:
+        status, body, _ = fetch(served.url + "/tasks/%d" % stepped)
+        assert status == 200 and "<h2>Steps</h2>" in body and "charge" in body
+        status, body, _ = fetch(served.url + "/tasks/%d" % waiting)
+        assert "Waiting for" in body and "approved" in body and "status-waiting" in body
+        status, body, _ = fetch(served.url + "/tasks/%d" % checkpointed)
+        assert "Checkpoint" in body and "&quot;done&quot;: 3" in body
+    finally:
+        served.stop()
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_bad_arguments_of_the_durable_verbs_are_refused(sqlite_db, tmp_path):
+    queue = sqlite_db.queue()
+    task_id = queue.add_task("taskrunner.handlers.Echo")
+    run = durable.DurableRun(queue.store, 1, task_id, 1, None)
+    for call, fragment in (
+            (lambda: run.sleep(), "one of them"), (lambda: run.sleep(5, until=T0), "one of"),
+            (lambda: run.sleep(until=datetime(2030, 1, 1)), "aware"),
+            (lambda: run.sleep(-1), "seconds"), (lambda: run.step("", len, (), {}), "empty"),
+            (lambda: run.wait_for("x" * 201), "longer"),
+            (lambda: run.wait_for("x", timeout="soon"), "seconds")):
+        with pytest.raises(InputError, match=fragment):
+            call()
+    from taskrunner import TaskError
+    with pytest.raises(TaskError, match="not JSON"):
+        run.step("s", lambda: object(), (), {})
+    assert run.idempotency_key("é" * 3) == run.idempotency_key("é" * 3) != \
+        run.idempotency_key("e")
+    queue.close()
