@@ -199,7 +199,7 @@ def _assert_ridden_out(log):
         "logged more than once per process:\n%s" % log[-6000:]
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 def test_a_full_disk_under_an_overseer_is_ridden_out(small_disk, tmp_path):
     """Finding 8 of issue 31: the disk of the SQLite database fills up under a running
     overseer. Its runners must not crash nor count as failing to start, the overseer must
@@ -242,7 +242,7 @@ def ext4_disk(tmp_path):
     subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 def test_a_disk_turned_read_only_under_an_overseer_is_ridden_out(ext4_disk, tmp_path):
     """The file system of the database turns read-only under a running overseer (the kernel
     does so on a disk error, errors=remount-ro): nothing crashes or exits; once it is
