@@ -149,7 +149,7 @@ def test_concurrent_transaction_steps_in_threads_write_once(database):
         try:
             run = durable.DurableRun(queue.store, n, task_id, n, None)
             run._load()
-            barrier.wait(10)
+            barrier.wait(60)
             results.append(run.step("pay", lambda conn: insert_app_row(
                 conn, table, task_id, "t%d" % n), (), {}, in_transaction=True))
         except Exception as exc:    # reported below

@@ -7,12 +7,11 @@ import signal
 import time
 from datetime import datetime, timezone
 
-import psutil
 import pytest
 
 from conftest import Database, wait_for
 from durable_handlers import lines
-from test_overseer import Overseers, live_pids, runner_rows, wait_all_final, wait_up
+from test_overseer import Overseers, is_gone, live_pids, runner_rows, wait_all_final, wait_up
 from taskrunner.store.models import Run, Task
 
 H = "durable_handlers."
@@ -51,8 +50,7 @@ def test_600_steps_through_three_hups_and_a_kill_9_execute_at_most_604(overseers
             victim = wait_for(lambda: [r.pid for r in runner_rows()
                                        if r.pid in live_pids(proc.pid)], timeout=30)[0]
             os.kill(victim, signal.SIGKILL)
-            wait_for(lambda: not psutil.pid_exists(victim) or psutil.Process(
-                victim).status() == psutil.STATUS_ZOMBIE, timeout=10)
+            wait_for(lambda: is_gone(victim), timeout=10)
     wait_all_final(overseers, timeout=120)
     task = queue.get_task(task_id)
     assert task.status == "success", (task, overseers.log())
