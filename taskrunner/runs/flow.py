@@ -347,6 +347,16 @@ def buckets(store, now=None):
     return out
 
 
+def held_by_keys(store, keys):
+    """{queue: scheduled runs with one of `keys`} (the keys whose bucket is empty)."""
+    if not keys:
+        return {}
+    Run = store.Run
+    return dict(Run.select(Run.queue, pw.fn.COUNT(Run.id)).where(
+        run_status_is(Run, SCHEDULED) & Run.rate_key.in_(list(keys))).group_by(Run.queue)
+        .tuples())
+
+
 def tenants_waiting(store, queue):
     """How many tenants of `queue` have a run waiting."""
     Tenant, Run = store.Tenant, store.Run
