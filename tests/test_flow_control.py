@@ -232,3 +232,49 @@ def test_flow_statements_are_built_for_every_combination():
             for keys in (False, True):
                 for fair in (False, True):
                     assert catalogue.flow_claim_statements(backend, rate, keys, fair)
+
+
+def test_rate_cli_sets_lists_and_clears_limits_and_status_shows_them(sqlite_db, tmp_path):
+    import json
+    from conftest import taskrunner, usage_error
+    config = sqlite_db.write_config(tmp_path / "c.toml", '[queues.api]\nrate = "20/s"\n'
+                                    'fair_by = "tenant"\naging = "30s"\n')
+    out = taskrunner("rate", "set", "api:stripe", "25/s", "--burst", "5", config=config,
+                     check=True).stdout
+    assert "rate limit of 'api:stripe': 25/s" in out
+    taskrunner("add", ECHO, "--rate-key", "api:stripe", "--tenant", "acme", "--queue", "api",
+               config=config, check=True)
+    listed = json.loads(taskrunner("rate", "list", "--json", config=config, check=True).stdout)
+    assert [(r["pattern"], r["limit"], r["burst"], r["source"]) for r in listed["limits"]] == [
+        ("api:stripe", "25/s", 5.0, "set")]
+    assert [(b["kind"], b["name"], b["allowance"]) for b in listed["buckets"]] == [
+        ("key", "api:stripe", 5.0)]
+    text = taskrunner("rate", "list", config=config, check=True).stdout
+    assert "api:stripe" in text and "ALLOWANCE" in text
+    status = json.loads(taskrunner("status", "--json", config=config, check=True).stdout)
+    [api] = [q for q in status["queues"] if q["name"] == "api"]
+    assert (api["fair_by"], api["tenants_waiting"], api["aging"]) == ("tenant", 1, 30.0)
+    assert status["rate_limits"][0]["name"] == "api:stripe"
+    table = taskrunner("queue", "list", config=config, check=True).stdout
+    assert "TENANTS WAITING" in table and "RATE" in table
+    assert "cleared" in taskrunner("rate", "clear", "api:stripe", config=config,
+                                   check=True).stdout
+    usage_error(taskrunner("rate", "clear", "api:stripe", config=config), "no rate limit set")
+    usage_error(taskrunner("rate", "set", "k", "fast", config=config), "expected a rate")
+    usage_error(taskrunner("rate", "set", "k", "1/s", "--burst", "0.5", config=config),
+                "--burst")
+    usage_error(taskrunner("add", ECHO, "--tenant", "", config=config), "tenant")
+
+
+def test_async_rate_limit_verbs(sqlite_db):
+    import asyncio
+    queue = sqlite_db.queue()
+
+    async def main():
+        await queue.set_rate_limit_async("k", "2/s")
+        found = await queue.rate_limits_async()
+        await queue.clear_rate_limit_async("k")
+        return found
+    found = asyncio.run(main())
+    assert found["limits"][0]["pattern"] == "k" and queue.rate_limits()["limits"] == []
+    queue.close()

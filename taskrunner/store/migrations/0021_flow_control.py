@@ -73,4 +73,4 @@ def up(migrator, db):
         db.execute_sql("ALTER TABLE %s ADD COLUMN %s" % (table, column))
     db.execute_sql(MYSQL_FAIR if isinstance(db, MySQLDatabase) else PARTIAL_FAIR)
     db.create_tables([RateBucket, RateLimit, Tenant])
-    db.execute_sql("CREATE INDEX task_tenants_served ON task_tenants (queue, served)")
+    db.execute_sql("CREATE INDEX task_tenants_served ON task_tenants (queue, served, tenant)")
