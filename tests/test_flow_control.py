@@ -278,3 +278,39 @@ def test_async_rate_limit_verbs(sqlite_db):
     found = asyncio.run(main())
     assert found["limits"][0]["pattern"] == "k" and queue.rate_limits()["limits"] == []
     queue.close()
+
+
+def test_dashboard_and_metrics_show_limits_allowance_throttled_runs_and_tenants(sqlite_db,
+                                                                             tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+    from conftest import taskrunner
+    from dashboard_helpers import Served, fetch
+    config = sqlite_db.write_config(tmp_path / "c.toml", '[queues.api]\nrate = "1/min"\n'
+                                    'fair_by = "tenant"\n')
+    queue = sqlite_db.queue(queues={"api": {"rate": "1/min", "fair_by": "tenant"}})
+    store = queue.store
+    queue.set_rate_limit("api:stripe", "1/h")
+    for tenant in ("acme", "globex"):
+        queue.add_task(ECHO, queue="api", tenant=tenant)
+    queue.add_task(ECHO, rate_key="api:stripe")
+    queue.add_task(ECHO, rate_key="api:stripe")
+    runner_id = liveness.register(store).id
+    flow.prepare(store, ["api", "default"])
+    assert _claims(store, runner_id, ["api", "default"], utcnow(), 4)[:2] != [None, None]
+    text = taskrunner("metrics", config=config, check=True).stdout
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("taskrunner_rate_limit_per_second",
+                    (("kind", "key"), ("name", "api:stripe")))] == pytest.approx(1 / 3600)
+    assert samples[("taskrunner_rate_allowance", (("kind", "queue"), ("name", "api")))] < 1
+    assert samples[("taskrunner_rate_throttled_runs", (("kind", "queue"), ("name", "api")))] == 1
+    assert samples[("taskrunner_rate_throttled_runs",
+                    (("kind", "key"), ("name", "api:stripe")))] == 1
+    assert samples[("taskrunner_queue_tenants_waiting", (("queue", "api"),))] == 1
+    served = Served(store)
+    try:
+        page = fetch(served.url + "/")[1]
+    finally:
+        served.stop()
+    assert 'id="flow"' in page and "api:stripe" in page and "Tenants waiting" in page
+    queue.close()
