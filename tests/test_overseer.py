@@ -785,8 +785,6 @@ def test_each_runner_has_its_own_postgresql_connection(pg_overseers, tmp_path):
 
 # -- 11. chaos ------------------------------------------------------------------------------
 
-@pytest.mark.slow
-@pytest.mark.timeout(420)
 # Flow control (issue 27): the queue rate-limited and fair between tenants, half the tasks
 # with rate keys of their own limit.
 FLOW = {"queues": {"default": {"limit": 4, "rate": "100/s", "fair_by": "tenant"}},
@@ -795,6 +793,8 @@ FLOW_TOML = ('[queues.default]\nlimit = 4\nrate = "100/s"\nfair_by = "tenant"\n'
              '[rate_limits]\n"k:*" = "40/s"\n')
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(420)
 @pytest.mark.parametrize("batch,flow", [(1, False), (16, False), (1, True)])
 def test_chaos_kill_9_runners_every_quarter_second_loses_no_task(batch, flow, database_sp,
                                                                  overseers, tmp_path):
