@@ -64,7 +64,7 @@ def _cell(text):
 
 def config_markdown():
     from taskrunner.config import (DESCRIPTIONS, PERIODIC_DESCRIPTIONS, QUEUE_DESCRIPTIONS,
-                                   QUEUE_SCHEMA, SCHEMA)
+                                   QUEUE_SCHEMA, RATE_LIMITS_DESCRIPTION, SCHEMA)
     out = []
     for section, keys in SCHEMA.items():
         out += ["## [%s]" % section, "", "| key | default | meaning |", "|---|---|---|"]
@@ -78,6 +78,8 @@ def config_markdown():
     for key, (default, _check) in QUEUE_SCHEMA.items():
         out.append("| `%s` | %s | %s |" % (key, _default(default),
                                            _cell(QUEUE_DESCRIPTIONS[key])))
+    out += ["", "## [rate_limits]", "", RATE_LIMITS_DESCRIPTION,
+            "See [Flow control](../how-to/flow-control.md)."]
     out += ["", "## [[periodic]]", "",
             "One table per periodic task (see [Periodic tasks](../how-to/periodic.md)).", "",
             "| key | meaning |", "|---|---|"]

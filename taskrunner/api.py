@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
-from .runs import concurrency, control, durable, enqueue, lifecycle, queues, rotation
+from .runs import concurrency, control, durable, enqueue, flow, lifecycle, queues, rotation
 from .fleet import maintenance
 from .reads import records as reads
 from .host import wakeup
@@ -97,7 +97,8 @@ class TaskQueue:
                  max_runtime: Union[float, str, None] = None,
                  retry_backoff: Union[float, str, None] = None, queue: Optional[str] = None,
                  concurrency_key: Optional[str] = None,
-                 concurrency_limit: Optional[int] = None, connection: Any = None) -> int:
+                 concurrency_limit: Optional[int] = None, rate_key: Optional[str] = None,
+                 tenant: Optional[str] = None, connection: Any = None) -> int:
         """Queue one task and return its id. `scheduled_on` is an aware datetime (a naive
         one is refused) or None for now. With `unique_key`, adding a key that a not-yet-final
         task holds stores nothing and returns that task's id. `queue`: None for the
@@ -105,7 +106,10 @@ class TaskQueue:
         most `concurrency_limit` (default 1) runs of the tasks sharing the key are live at
         once, on all hosts; such a task's run is created by the next pass of the queue.
         `run_timeout`, `max_runtime` and `retry_backoff` are seconds or spans as the config
-        writes them (``"5min"``); `retry_backoff` may be 0 (retry at once).
+        writes them (``"5min"``); `retry_backoff` may be 0 (retry at once). `rate_key`:
+        its runs start no faster than that key's rate limit allows, on all hosts
+        (`set_rate_limit`, ``[rate_limits]``); `tenant`: whose task it is, which a queue
+        with ``fair_by = "tenant"`` round-robins between.
 
         `connection`: the application's open DB-API connection (sqlite3, psycopg, PyMySQL;
         or a SQLAlchemy ``Connection`` / Django ``connection``) to this queue's database:
@@ -117,7 +121,7 @@ class TaskQueue:
             priority=priority, run_timeout=run_timeout, unique_key=unique_key,
             queued_by=queued_by, max_runtime=max_runtime, retry_backoff=retry_backoff,
             queue=queue, concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
-            connection=connection))
+            rate_key=rate_key, tenant=tenant, connection=connection))
 
     def add_tasks(self, tasks: Iterable[Mapping[str, Any]], *,
                   connection: Any = None) -> List[int]:
@@ -202,6 +206,38 @@ class TaskQueue:
     def queues(self) -> List[QueueInfo]:
         """Every queue: paused, limit, runs scheduled and running, runners, lag."""
         return reads.queue_stats(self.store)
+
+    def set_rate_limit(self, key: str, rate: str, burst: float = 0) -> List[str]:
+        """Limit the runs of tasks added with ``rate_key=key`` — or, for ``"PREFIX*"``, with
+        any key starting with PREFIX — to `rate` (``"25/s"``, ``"/min"``, ``"/h"``) on all
+        hosts together, from now on (runners see a first limit within check_interval).
+        `burst`: the bucket's size, 0 for a tenth of a second of the rate (at least 1).
+        Overrides the config's ``[rate_limits]`` for that pattern; an exact key wins over the
+        longest prefix. Returns the keys of live tasks it applies to. InputError on bad
+        input."""
+        return flow.set_rate_limit(self.store, key, rate, burst)
+
+    def clear_rate_limit(self, key: str) -> None:
+        """Remove the limit `set_rate_limit` gave `key` (the config's applies again, if
+        any); InputError when it has none."""
+        flow.clear_rate_limit(self.store, key)
+
+    def rate_limits(self) -> Dict[str, Any]:
+        """``limits``: the key limits in force (pattern, limit, rate, burst, source), and
+        ``buckets``: every queue's and key's bucket (limit, allowance now, runs throttled)."""
+        return {"limits": flow.limits(self.store), "buckets": flow.buckets(self.store)}
+
+    async def set_rate_limit_async(self, key: str, rate: str, burst: float = 0) -> List[str]:
+        """`set_rate_limit`, awaitable."""
+        return await self._in_thread(lambda: self.set_rate_limit(key, rate, burst))
+
+    async def clear_rate_limit_async(self, key: str) -> None:
+        """`clear_rate_limit`, awaitable."""
+        await self._in_thread(lambda: self.clear_rate_limit(key))
+
+    async def rate_limits_async(self) -> Dict[str, Any]:
+        """`rate_limits`, awaitable."""
+        return await self._in_thread(self.rate_limits)
 
     def process_queue(self) -> Dict[str, Any]:
         """Mark dead runners, time out overdue runs, create due runs (what the overseer does

@@ -125,10 +125,47 @@ SECRET_KEYS = ["password", "passwd", "secret", "token", "api_key", "apikey", "pr
                "authorization", "credential"]
 
 
+# A rate limit: "100/s", "6000/min", "20/h" (runs/flow.py's token buckets).
+RATE_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0,
+              "h": 3600.0, "hour": 3600.0}
+RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*([a-z]+)\s*$")
+
+
+def parse_rate(text):
+    """``"25/s"`` as tokens per second (25.0); ValueError for anything else."""
+    match = RATE.match(text) if isinstance(text, str) else None
+    if match is None or match.group(2) not in RATE_UNITS or float(match.group(1)) <= 0:
+        raise ValueError("expected a rate like '100/s', '6000/min' or '20/h', not %r" % (text,))
+    return float(match.group(1)) / RATE_UNITS[match.group(2)]
+
+
+def default_burst(rate):
+    """The burst of a rate limit that sets none: a tenth of a second of it, at least 1."""
+    return max(1.0, float(int(rate / 10)))
+
+
+def _rate(value):
+    if value != "":
+        parse_rate(value)
+    return value
+
+
+def _burst(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (value != 0 and value < 1):
+        raise ValueError("expected 0 (a tenth of a second of the rate) or a number >= 1")
+    return float(value)
+
+
 # Each [queues.NAME] table: key -> (default, check).
 QUEUE_SCHEMA = {
     "limit": (1, _int(1)),
     "priority": (0, _int()),
+    "rate": ("", _rate),
+    "burst": (0, _burst),
+    "fair_by": ("", _choice("", "tenant")),
+    "aging": (0.0, _seconds),
+    "aging_max": (100, _int()),
 }
 
 # section -> key -> (default, check). config.example.toml documents each of these.
@@ -233,7 +270,7 @@ class Config(SimpleNamespace):
         if not isinstance(data, dict):
             raise ConfigError("%s: expected a table of sections" % source)
         for section in data:
-            if section not in SCHEMA and section not in ("periodic", "queues"):
+            if section not in SCHEMA and section not in ("periodic", "queues", "rate_limits"):
                 raise ConfigError("%s: unknown section [%s]" % (source, section))
         periodic = data.get("periodic", [])
         if not isinstance(periodic, list) or not all(isinstance(p, dict) for p in periodic):
@@ -267,7 +304,7 @@ class Config(SimpleNamespace):
         # [[periodic]] entries are checked when they are synced or by `taskrunner check`
         # (periodic.validate_definitions: that needs the timers and the handlers).
         return cls(source=source, periodic=[dict(p) for p in periodic], queues=queues,
-                   **sections)
+                   rate_limits=_rate_limits(data.get("rate_limits", {}), source), **sections)
 
     def queue_groups(self):
         """The runners an overseer keeps, as {queues served (a tuple): how many}: ``limit``
@@ -350,6 +387,10 @@ def _queues(given, source, host_limit):
                 values[key] = check(table[key]) if key in table else default
             except ValueError as exc:
                 raise ConfigError("%s: [queues.%s] %s: %s" % (source, name, key, exc)) from None
+        # The rate in tokens per second (None: no limit), and the burst it implies.
+        values["per_second"] = parse_rate(values["rate"]) if values["rate"] else None
+        if values["per_second"] is not None and not values["burst"]:
+            values["burst"] = default_burst(values["per_second"])
         queues[name] = SimpleNamespace(**values)
     total = sum(q.limit for q in queues.values())
     spare = 0 if DEFAULT_QUEUE in queues else 1
@@ -358,6 +399,43 @@ def _queues(given, source, host_limit):
                           % (source, total, host_limit,
                              "" if not spare else " less one runner for the default queue"))
     return queues
+
+
+def check_rate_pattern(value, what="rate key"):
+    """A rate key, or a prefix of keys ending in ``*`` (``tenant:*``); InputError if not."""
+    if not isinstance(value, str) or not value or len(value) > 255 or \
+            "*" in value[:-1] or value.strip() != value:
+        raise InputError("%s must be 1 to 255 characters without surrounding spaces, with "
+                         "'*' only at the end (a prefix), not %r" % (what, value))
+    return value
+
+
+def rate_limit(value):
+    """A ``[rate_limits]`` value: ``"25/s"`` or ``{rate = "25/s", burst = 5}``, as
+    (tokens per second, burst, the rate as written); ValueError if not."""
+    if isinstance(value, dict):
+        unknown = set(value) - {"rate", "burst"}
+        if unknown or "rate" not in value:
+            raise ValueError("expected \"25/s\" or {rate = \"25/s\", burst = 5}")
+        text, burst = value["rate"], _burst(value.get("burst", 0))
+    else:
+        text, burst = value, 0.0
+    rate = parse_rate(text)
+    return rate, burst or default_burst(rate), text
+
+
+def _rate_limits(given, source):
+    """The [rate_limits] table: key or prefix -> (rate, burst, text)."""
+    if not isinstance(given, dict):
+        raise ConfigError("%s: [rate_limits] must be a table" % source)
+    limits = {}
+    for pattern, value in given.items():
+        try:
+            check_rate_pattern(pattern)
+            limits[pattern] = rate_limit(value)
+        except (InputError, ValueError) as exc:
+            raise ConfigError("%s: [rate_limits] %r: %s" % (source, pattern, exc)) from None
+    return limits
 
 
 # What each key means, in words: the configuration reference (docs/reference/configuration.md)
@@ -490,7 +568,26 @@ DESCRIPTIONS = {
 QUEUE_DESCRIPTIONS = {
     "limit": "Runners serving this queue at once on one host, however they were started.",
     "priority": "A runner serving several queues claims from higher ones first.",
+    "rate": "Runs of this queue started per second/minute/hour on all hosts together "
+            "(`\"100/s\"`, `\"6000/min\"`, `\"20/h\"`), a token bucket in the database; "
+            "`\"\"`: no limit. See [Flow control](../how-to/flow-control.md).",
+    "burst": "The bucket's size with `rate`: up to this many runs start at once after a quiet "
+             "spell, so any window of T seconds holds at most `burst + rate * T` starts. 0: "
+             "a tenth of a second of the rate, at least 1.",
+    "fair_by": "`tenant`: claims round-robin between the tenants of the queue's waiting "
+               "tasks (`add_task(..., tenant=...)`), FIFO within priority inside each; "
+               "`\"\"`: plain FIFO within priority.",
+    "aging": "Priority aging: a scheduled run's priority grows by 1 for each `aging` it has "
+             "waited (`\"30s\"`), up to `aging_max`; 0 = off.",
+    "aging_max": "The highest priority aging raises a run to.",
 }
+
+# The [rate_limits] table: key or key prefix -> rate.
+RATE_LIMITS_DESCRIPTION = (
+    "`\"KEY\" = \"25/s\"` or `\"PREFIX*\" = {rate = \"25/s\", burst = 5}`: the rate "
+    "limit of the tasks added with `rate_key=KEY` (an exact key wins over the longest "
+    "prefix; `taskrunner rate set` overrides a pattern at run time). Each key has a bucket "
+    "of its own.")
 
 # The keys of a [[periodic]] table (periodic.definitions checks them).
 PERIODIC_DESCRIPTIONS = {

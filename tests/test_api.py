@@ -21,7 +21,9 @@ PUBLIC_METHODS = {"add_task", "add_tasks", "get_task", "runs_of", "tasks", "retr
                   "wait", "process_queue", "rotate", "run_pending", "migrate", "close",
                   "pause_queue", "resume_queue", "remove_queue", "queues", "wake",
                   "add_task_async", "add_tasks_async", "get_task_async", "runs_of_async",
-                  "wait_async", "send_event", "send_event_async", "steps_of"}
+                  "wait_async", "send_event", "send_event_async", "steps_of",
+                  "set_rate_limit", "clear_rate_limit", "rate_limits",
+                  "set_rate_limit_async", "clear_rate_limit_async", "rate_limits_async"}
 
 
 def test_the_facade_offers_the_user_api_and_nothing_of_the_engine():

@@ -146,3 +146,52 @@ def test_postgresql_indexes_leave_out_nulls_and_queries_still_use_them(tmp_path)
         queue.close()
     finally:
         database.drop()
+
+
+FLOWS = [(True, False, False), (False, True, False), (False, False, True), (True, True, True)]
+
+
+@pytest.mark.timeout(180)
+def test_flow_claims_read_the_claim_indexes_too(database):
+    """The claims of issue 27 (a queue's rate, keys' rates, fairness between tenants): the
+    runs are read off task_runs_claim (or task_runs_fair, for a tenant's), never by a scan
+    of task_runs; the buckets and tenants by their primary keys and index."""
+    from taskrunner.runs import flow
+    backend = database.backend
+    queue = database.queue(queues={"api": {"rate": "10/s", "fair_by": "tenant"}})
+    queue.set_rate_limit("k:*", "5/s")
+    queue.add_tasks([{"handler": "taskrunner.handlers.Echo", "queue": "api",
+                      "tenant": "t%d" % (i % 7), "rate_key": "k:%d" % (i % 3) if i % 2 else None,
+                      "priority": i % 3} for i in range(3000)])
+    queue.add_tasks([{"handler": "taskrunner.handlers.Echo"} for i in range(500)])
+    if backend == "postgresql":
+        queue.store.db.execute_sql("ANALYZE")
+    elif backend == "mysql":
+        queue.store.db.execute_sql("ANALYZE TABLE task_runs, task_tenants, task_rate_buckets")
+    runner_id = liveness.register(queue.store).id
+    flow.prepare(queue.store, ["api"])
+    now = utcnow()
+    values = {"q": "api", "runner": runner_id, "at": now, "e": catalogue.epoch_seconds(now)}
+    for mode in FLOWS:
+        statements = catalogue.flow_claim_statements(backend, *mode)
+        if backend == "sqlite":
+            plan = " | ".join(str(r[-1]) for r in queue.store.db.execute_sql(
+                "EXPLAIN QUERY PLAN " + statements[0], dict(values, at=now.isoformat(" "))))
+            assert not any(step.strip().startswith("SCAN task_runs") and "INDEX" not in step
+                           for step in plan.split(" | ")), (mode, plan)
+        elif backend == "postgresql":
+            with queue.store.db.atomic():
+                plan = " | ".join(r[0] for r in queue.store.db.execute_sql(
+                    "EXPLAIN " + statements, values))
+            assert "Seq Scan on task_runs" not in plan, (mode, plan)
+        else:
+            cursor = queue.store.db.execute_sql("EXPLAIN " + statements[1], values)
+            names = [d[0] for d in cursor.description]
+            rows = [dict(zip(names, r)) for r in cursor.fetchall()]
+            plan = " | ".join(str(r) for r in rows)
+            assert all(r["type"] != "ALL" for r in rows if r["table"] in ("r", "w")), (
+                mode, "\n".join(plan.split(" | ")))
+        expected = "task_runs_fair" if mode[2] else "task_runs_claim"
+        assert expected in plan, (mode, plan)
+        assert "filesort" not in plan or mode[2], (mode, plan)
+    queue.close()

@@ -785,21 +785,35 @@ def test_each_runner_has_its_own_postgresql_connection(pg_overseers, tmp_path):
 
 # -- 11. chaos ------------------------------------------------------------------------------
 
+# Flow control (issue 27): the queue rate-limited and fair between tenants, half the tasks
+# with rate keys of their own limit.
+FLOW = {"queues": {"default": {"limit": 4, "rate": "100/s", "fair_by": "tenant"}},
+        "rate_limits": {"k:*": "40/s"}}
+FLOW_TOML = ('[queues.default]\nlimit = 4\nrate = "100/s"\nfair_by = "tenant"\n'
+             '[rate_limits]\n"k:*" = "40/s"\n')
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("batch", [1, 16])
-def test_chaos_kill_9_runners_every_quarter_second_loses_no_task(batch, database_sp, overseers,
-                                                                 tmp_path):
+@pytest.mark.parametrize("batch,flow", [(1, False), (16, False), (1, True)])
+def test_chaos_kill_9_runners_every_quarter_second_loses_no_task(batch, flow, database_sp,
+                                                                 overseers, tmp_path):
     """A random runner SIGKILLed every 0.25 s while the queue is being worked (30 kills, or
     until no task is left): nothing lost, no run executed twice, the limit never exceeded;
-    with batched acknowledgements too (a run then holds its runner's batch). The tasks are
-    added with the overseer's retries (a task keeps the max_retries it was added with): with
-    the default 5, a task claimed into five victims' batches was given up."""
-    queue = database_sp.queue(task={"max_retries": 50, "retry_backoff": 0})
+    with batched acknowledgements too (a run then holds its runner's batch), and with rate
+    limits and fairness configured (`flow`). The tasks are added with the overseer's retries
+    (a task keeps the max_retries it was added with): with the default 5, a task claimed
+    into five victims' batches was given up."""
+    queue = database_sp.queue(task={"max_retries": 50, "retry_backoff": 0},
+                              **(FLOW if flow else {}))
     log = str(tmp_path / "records")
     task_ids = queue.add_tasks([{"handler": "sample_handlers.Record",
-                                 "data": {"log": log, "sleep": 0.02}} for _ in range(1000)])
-    proc = overseers.start(overseers.config(limit=4, max_retries=50, batch=batch))
+                                 "data": {"log": log, "sleep": 0.02},
+                                 **({"tenant": "t%d" % (i % 3),
+                                     "rate_key": "k:%d" % (i % 2) if i % 4 else None}
+                                    if flow else {})} for i in range(1000)])
+    proc = overseers.start(overseers.config(limit=4, max_retries=50, batch=batch,
+                                            extra=FLOW_TOML if flow else ""))
     wait_up(overseers, proc, 4)
 
     rng = random.Random(os.getpid())

@@ -19,7 +19,7 @@ from .periodic import add_periodic_parser
 from .runs import when
 from ..config import Config
 from ..errors import InputError
-from .queues import add_queue_command, print_queues
+from .queues import add_queue_command, add_rate_command, print_queues, print_rates
 from ..handler import encode_data, load_handler
 from ..logs import setup_logging
 from ..runner import stops
@@ -100,7 +100,7 @@ def cmd_add(args):
         max_retries=args.max_retries, priority=args.priority, run_timeout=args.timeout,
         unique_key=args.unique_key, queued_by=args.queued_by, max_runtime=args.max_runtime,
         queue=args.queue, concurrency_key=args.concurrency_key,
-        concurrency_limit=args.concurrency_limit)
+        concurrency_limit=args.concurrency_limit, rate_key=args.rate_key, tenant=args.tenant)
     if args.json:   # existed: a live task held --unique-key; nothing was added
         print_json({"id": task_id, "existed": not created})
         return
@@ -192,10 +192,12 @@ def cmd_status(args):
     handlers = {name: stats.to_json() for name, stats in
                 sorted(reads.run_stats(queue.store, by="handler").items())}
     queues = [q.to_json() for q in reads.queue_stats(queue.store)]
+    rates = reads.rate_limits(queue.store)["buckets"]
     if args.json:
         print_json({"database": masked_url(queue), "runners": rows, "tasks": counts,
                     "retrying": figures["tasks_retrying"], "given_up": figures["tasks_given_up"],
-                    "handlers": handlers, "queues": queues, "leases": leases})
+                    "handlers": handlers, "queues": queues, "leases": leases,
+                    "rate_limits": rates})
         return
     print("database: %s" % masked_url(queue))
     for lease in leases:
@@ -210,6 +212,9 @@ def cmd_status(args):
         print_table(*cli_runs.stats_table("HANDLER", handlers), wide=args.wide)
         print()
     print_queues(queues, wide=args.wide)
+    if rates:
+        print()
+        print_rates(rates, wide=args.wide)
     if not rows:
         print("no runners running")
         return
@@ -416,6 +421,11 @@ def build_parser(hidden=()):
     p.add_argument("--concurrency-key", metavar="KEY",
                    help="at most --concurrency-limit runs of tasks with KEY at once, all hosts")
     p.add_argument("--concurrency-limit", type=positive_int, metavar="N", help="default 1")
+    p.add_argument("--rate-key", metavar="KEY",
+                   help="its runs spend KEY's rate limit (`taskrunner rate set`), all hosts")
+    p.add_argument("--tenant", metavar="NAME",
+                   help="whose task it is: a queue with fair_by = \"tenant\" round-robins "
+                        "between tenants")
     p.add_argument("--json", action="store_true",
                    help='print {"id": N, "existed": false|true (a --unique-key hit)}')
     command("overseer", cmd_overseer, "the supervised parent of the runners, foreground")
@@ -481,6 +491,7 @@ def build_parser(hidden=()):
     command("check", cmd_check, "check the config and the database").add_argument(
         "--json", action="store_true", help="print JSON")
     add_queue_command(command)
+    add_rate_command(command)
 
     add_periodic_parser(command, parser_class)
 

@@ -1,4 +1,7 @@
-"""``taskrunner queue pause|resume|remove|list``, and the queues part of ``status``."""
+"""``taskrunner queue pause|resume|remove|list``, ``taskrunner rate set|list|clear`` (flow
+control, runs/flow.py), and the queues and rate limits parts of ``status``."""
+import argparse
+
 from .args import add_wide, open_queue, print_json, print_table, queue_name
 
 
@@ -58,7 +61,8 @@ def add_queue_command(command):
 
 
 def print_queues(queues, wide=False):
-    """The queues table of ``status`` and ``queue list``."""
+    """The queues table of ``status`` and ``queue list``; the flow-control columns when a
+    queue has a rate, fairness or aging, or runs held back by a key's rate."""
     if not queues:
         return
     headers = ["QUEUE", "STATE", "LIMIT", "SCHEDULED", "RUNNING", "RUNNERS", "LAG"]
@@ -66,4 +70,88 @@ def print_queues(queues, wide=False):
              q["limit"] if q["limit"] is not None else "-", q["scheduled"], q["running"],
              q["runners"], "paused %.0fs" % q["paused_for"] if q["paused"]
              else "%.1fs" % q["lag"] if q["lag"] is not None else "-"] for q in queues]
+    if any(q["rate"] or q["fair_by"] or q["aging"] or q["throttled"] for q in queues):
+        headers += ["RATE", "ALLOWANCE", "THROTTLED", "TENANTS WAITING", "AGING"]
+        for row, q in zip(rows, queues):
+            row += [q["rate"] or "-",
+                    "%.1f" % q["allowance"] if q["allowance"] is not None else "-",
+                    q["throttled"],
+                    q["tenants_waiting"] if q["tenants_waiting"] is not None else "-",
+                    "%gs" % q["aging"] if q["aging"] else "-"]
     print_table(headers, rows, wide=wide)
+
+
+def print_rates(buckets, wide=False):
+    """The rate limits table of ``status`` and ``rate list``: every bucket."""
+    print_table(["KIND", "NAME", "LIMIT", "BURST", "ALLOWANCE", "THROTTLED"], [
+        [b["kind"], b["name"], b["limit"], "%g" % b["burst"], "%.1f" % b["allowance"],
+         b["throttled"]] for b in buckets], wide=wide)
+
+
+def cmd_rate(args):
+    queue = open_queue(args)
+    try:
+        if args.action == "set":
+            keys = queue.set_rate_limit(args.key, args.rate, args.burst)
+            if args.json:
+                print_json({"key": args.key, "rate": args.rate, "keys": keys})
+            else:
+                print("rate limit of %r: %s (on every host; %d live key(s) now: %s)" % (
+                    args.key, args.rate, len(keys), ", ".join(keys) or "none"))
+        elif args.action == "clear":
+            queue.clear_rate_limit(args.key)
+            if args.json:
+                print_json({"key": args.key, "cleared": True})
+            else:
+                print("rate limit of %r cleared" % args.key)
+        else:
+            found = queue.rate_limits()
+            if args.json:
+                print_json(found)
+                return
+            if found["limits"]:
+                print_table(["KEY", "LIMIT", "BURST", "SOURCE"], [
+                    [r["pattern"], r["limit"], "%g" % r["burst"], r["source"]]
+                    for r in found["limits"]], wide=args.wide)
+            if found["buckets"]:
+                if found["limits"]:
+                    print()
+                print_rates(found["buckets"], wide=args.wide)
+            if not found["limits"] and not found["buckets"]:
+                print("no rate limits")
+    finally:
+        queue.close()
+
+
+def _burst(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value != 0 and value < 1:
+        raise argparse.ArgumentTypeError("--burst must be 0 or a number >= 1, not %r" % text)
+    return value
+
+
+def add_rate_command(command):
+    """Add ``rate`` to the CLI's parser."""
+    p = command("rate", cmd_rate, "set, list or clear rate limits of keys (on every host)")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
+    actions.required = True
+    a = actions.add_parser("set", help="limit the runs of tasks added with --rate-key KEY "
+                                       "(or PREFIX*) to RATE, on all hosts together",
+                           description="limit the runs of tasks added with --rate-key KEY "
+                                       "(or any key starting with PREFIX, for PREFIX*) to RATE "
+                                       "on all hosts together, from now on")
+    a.add_argument("key", metavar="KEY")
+    a.add_argument("rate", metavar="RATE", help="25/s, 1500/min or 90/h")
+    a.add_argument("--burst", type=_burst, default=0.0, metavar="N",
+                   help="the bucket's size (default: a tenth of a second of RATE, at least 1)")
+    a.add_argument("--json", action="store_true", help="print JSON")
+    a = actions.add_parser("clear", help="remove the limit `rate set` gave KEY")
+    a.add_argument("key", metavar="KEY")
+    a.add_argument("--json", action="store_true", help="print JSON")
+    a = actions.add_parser("list", help="the limits of keys, and every bucket: limit, "
+                                        "allowance now, runs throttled")
+    add_wide(a)
+    a.add_argument("--json", action="store_true", help="print JSON")

@@ -12,6 +12,7 @@ out a fresh run nor creates a run early.
 """
 import logging
 
+from ..runs import flow
 from ..runs.lifecycle import create_missing_runs, timeout_overdue_runs
 from .liveness import refresh_runners
 from ..store.models import utcnow
@@ -38,6 +39,8 @@ def process_queue(store, now=None, reaped_by=None, reachable_since=None, lease=N
         overdue = timeout_overdue_runs(store, now, reachable_since=reachable_since)
     if fleet and (lease is None or lease.held()):
         created = create_missing_runs(store, now)
+        flow.age_runs(store, now)          # the queues with [queues.NAME] aging
+        flow.sync_keys(store, now)
     if fleet:
         log.debug("fleet maintenance pass: %d dead runners, %d runs timed out, %d runs created",
                   len(dead), len(overdue), created)

@@ -16,6 +16,7 @@ import peewee as pw
 from ..errors import InputError, TaskNotFound, check_text
 from ..store.models import (CANCELLED, CRASHED, ERROR, FAILED, RUNNING, SCHEDULED,
                             STOPPING_PREFIX, SUCCESS, TIMEOUT, WAITING, run_status_is, utcnow)
+from ..runs import flow
 from ..runs.sql import claim_order_of
 
 # The words a task list is filtered by, everywhere (API, CLI, dashboard): its latest run's
@@ -208,6 +209,15 @@ class QueueInfo(_Record):
     # (a queue paused on purpose is not late: its pause is `paused_for`).
     lag: Optional[float]
     paused_for: Optional[float] = None   # seconds since it was paused; None: not paused
+    # Flow control (runs/flow.py): the queue's rate limit as written and its bucket's
+    # tokens now (None: no rate); runs held back by an empty bucket (the queue's, or their
+    # key's); fair_by and how many tenants have a run waiting; the aging interval.
+    rate: Optional[str] = None
+    allowance: Optional[float] = None
+    throttled: int = 0
+    fair_by: Optional[str] = None
+    tenants_waiting: Optional[int] = None
+    aging: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -578,6 +588,10 @@ def queue_stats(store: Any, now: Optional[datetime] = None) -> List[QueueInfo]:
     paused = {name: (bool(flag), since) for name, flag, since in Queue.select(
         Queue.name, Queue.paused, Queue.paused_on).tuples()}
     configured = store.config.queues
+    buckets = flow.buckets(store, now)
+    by_queue = {b["name"]: b for b in buckets if b["kind"] == flow.QUEUE}
+    held = flow.held_by_keys(store, [b["name"] for b in buckets
+                                     if b["kind"] == flow.KEY and b["throttled"]])
     result = []
     for name in sorted(set(paused) | set(configured) | set(waiting) | set(running)):
         count, oldest = waiting.get(name, (0, None))
@@ -589,8 +603,28 @@ def queue_stats(store: Any, now: Optional[datetime] = None) -> List[QueueInfo]:
             limit=configured[name].limit if name in configured else None,
             scheduled=count, running=running.get(name, 0), runners=runners.get(name, 0),
             lag=_seconds_since(oldest, now) if oldest and not is_paused else None,
-            paused_for=_seconds_since(since or now, now) if is_paused else None))
+            paused_for=_seconds_since(since or now, now) if is_paused else None,
+            **_flow_of(store, name, configured.get(name), by_queue.get(name), held)))
     return result
+
+
+def _flow_of(store: Any, name: str, configured: Any, bucket: Any,
+             held: Dict[str, int]) -> Dict[str, Any]:
+    """QueueInfo's flow-control fields of the queue `name`."""
+    fair = configured is not None and configured.fair_by or None
+    return {"rate": bucket["limit"] if bucket else None,
+            "allowance": bucket["allowance"] if bucket else None,
+            "throttled": bucket["throttled"] if bucket and bucket["throttled"]
+            else held.get(name, 0),
+            "fair_by": fair,
+            "tenants_waiting": flow.tenants_waiting(store, name) if fair else None,
+            "aging": configured.aging or None if configured is not None else None}
+
+
+def rate_limits(store: Any, now: Optional[datetime] = None) -> Dict[str, Any]:
+    """The key limits in force and every bucket (queue and key: limit, allowance now, runs
+    throttled): ``taskrunner rate list``, ``status``, the dashboard and /metrics."""
+    return {"limits": flow.limits(store), "buckets": flow.buckets(store, now)}
 
 
 def _seconds_since(then: datetime, now: datetime) -> float:

@@ -29,7 +29,7 @@ import peewee as pw
 
 from . import batches, outcomes, stops
 from ..fleet import leadership, liveness, maintenance
-from ..runs import durable, lifecycle, queues
+from ..runs import durable, flow, lifecycle, queues
 from ..store import outage
 from ..store.bound import BRIEF
 from ..periodic import scheduler as periodic
@@ -105,6 +105,7 @@ class Worker:
         self.disowned = False
         self.db_back_at = None        # when the database answered again after an outage
         self.lease = None             # standalone: the maintenance lease (leadership.py)
+        self._maintained_at = None    # standalone: monotonic time of its last queue pass
         self._handlers = {}
         self.rss = None
         self._wake_r = self._wake_w = self._listener = self._pg_listener = None
@@ -387,6 +388,7 @@ class Worker:
         """Idle: re-read the claim order and whether a run waits in it, in one read."""
         order, work = queues.claim_order(self.store, self.serving, with_work=True)
         self.claim_order, self._order_read_at = tuple(order), time.monotonic()
+        flow.prepare(self.store, order)
         return work
 
     def _idle(self, standalone):
@@ -398,13 +400,20 @@ class Worker:
         interval = self.config.runner.poll_interval
         listener = self._listener
         while not self._should_exit():
-            if standalone:
+            if standalone and (self._maintained_at is None
+                               or time.monotonic() - self._maintained_at >= interval):
                 self.lease = self.lease or leadership.Lease(self.store, self.runner_id, RUNNER)
                 maintenance.process_queue(self.store, reachable_since=self.db_back_at,
                                           lease=self.lease)
+                self._maintained_at = time.monotonic()
             # Told before looking: news sent after the look still wakes this runner.
             told = listener is None or listener.idle(self.serving)
             if self._look():
+                # Runs wait, but a rate limit holds them back: sleep until its next token
+                # (a signal or news of other work wakes it sooner), never polling faster.
+                throttled = flow.throttled_for(self.store, self.claim_order)
+                if throttled > 0:
+                    self._wait(min(throttled, interval))
                 if listener is not None:
                     listener.drain()
                     listener.leave()

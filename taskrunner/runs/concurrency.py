@@ -41,7 +41,8 @@ def create_keyed_run(store, task_id, now):
     concurrency_slot) refuses a slot taken twice, and this one tries the next."""
     Task, Run = store.Task, store.Run
     task = Task.select(Task.id, Task.concurrency_key, Task.concurrency_limit, Task.run_count,
-                       Task.priority, Task.scheduled_on, Task.queue).where(
+                       Task.priority, Task.scheduled_on, Task.queue, Task.rate_key,
+                       Task.tenant).where(
         Task.id == task_id).get()
     if Run.select(Run.id).where(Run.active_task_id == task_id).exists():
         return
@@ -56,7 +57,8 @@ def create_keyed_run(store, task_id, now):
                            attempt=task.run_count + 1, active_task_id=task_id,
                            priority=task.priority, scheduled_on=task.scheduled_on,
                            status=SCHEDULED, percent_completed=0, queue=task.queue,
-                           concurrency_key=task.concurrency_key, concurrency_slot=slot).execute()
+                           concurrency_key=task.concurrency_key, concurrency_slot=slot,
+                           rate_key=task.rate_key, tenant=task.tenant).execute()
         except pw.IntegrityError:
             continue          # taken a moment ago by another process
         Task.update(next_run_on=None, run_count=Task.run_count + 1, last_status=SCHEDULED,

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 import peewee as pw
 
-from . import sql
+from . import flow, sql
 from ..config import check_queue_name
 from ..errors import InputError, StateError, check_text
 from ..handler import check_handler_path, encode_data, load_handler
@@ -24,7 +24,7 @@ MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
 BULK_ROWS = 500         # rows per INSERT: within every database's limit on bound parameters
 TASK_OPTIONS = ("data", "scheduled_on", "max_retries", "priority", "run_timeout", "unique_key",
                 "queued_by", "max_runtime", "retry_backoff", "periodic_task_id", "queue",
-                "concurrency_key", "concurrency_limit")
+                "concurrency_key", "concurrency_limit", "rate_key", "tenant")
 
 
 def utc_instant(value, name="scheduled_on"):
@@ -66,14 +66,15 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
              run_timeout=None, unique_key=None, queued_by=None, max_runtime=None,
              retry_backoff=None, periodic_task_id=None, now=None, known_handlers=None,
              import_handler=True, subject=None, group=None, queue=None, concurrency_key=None,
-             concurrency_limit=None):
+             concurrency_limit=None, rate_key=None, tenant=None):
     """Validate one task and return the row to insert; InputError on bad input.
     `known_handlers`, a dict, skips loading a handler already loaded in this batch; without
     `import_handler` the path is checked but not imported (the overseer's scheduler).
     `subject` and `group` come from a periodic task's definition, checked there. `queue`:
     None for the handler class's ``queue``, else ``default``. A task with a
     `concurrency_key` gets its runs from `lifecycle.create_missing_runs` (which takes a
-    slot of the key), never at insert."""
+    slot of the key), never at insert. `rate_key`: the key whose rate limit its runs spend;
+    `tenant`: the value a fair queue round-robins between (runs/flow.py)."""
     defaults = config.task
     cls = None
     if not import_handler:
@@ -104,6 +105,7 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
     _check_int("concurrency_limit", concurrency_limit, 1, MAX_INT)
     if concurrency_limit is not None and concurrency_key is None:
         raise InputError("concurrency_limit needs a concurrency_key")
+    flow.check_task_options(rate_key, tenant)
     due = scheduled_on <= now and concurrency_key is None
     return {
         "queued_on": now, "queued_by": queued_by, "scheduled_on": scheduled_on,
@@ -118,7 +120,7 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
         "queue": queue, "concurrency_key": concurrency_key,
         "concurrency_limit": (concurrency_limit or 1) if concurrency_key is not None else None,
         "next_run_on": None if due else scheduled_on,
-        "updated_on": now,
+        "updated_on": now, "rate_key": rate_key, "tenant": tenant,
     }
 
 
@@ -130,7 +132,7 @@ def first_run(task_id, row):
     return {"task_id": task_id, "created_on": row["queued_on"], "updated_on": row["queued_on"],
             "attempt": 1, "active_task_id": task_id, "priority": row["priority"],
             "scheduled_on": row["scheduled_on"], "status": SCHEDULED, "percent_completed": 0,
-            "queue": row["queue"]}
+            "queue": row["queue"], "rate_key": row["rate_key"], "tenant": row["tenant"]}
 
 
 def record_queues(store, names, execute=None):
@@ -162,6 +164,7 @@ def insert_tasks(store, rows, execute=None):
     transaction, one row at a time; returns the task ids. `execute`: the caller's connection
     instead of the store's (errors then are its driver's, not peewee's)."""
     record_queues(store, [row["queue"] for row in rows], execute)
+    flow.record_rows(store, rows, execute)
     return [_insert_task(store, row, execute or store.db.execute_sql) for row in rows]
 
 
@@ -214,6 +217,7 @@ def _add_unique(store, row):
             task_id = store.write_and_wake(lambda: insert_tasks(store, [row])[0],
                                            lambda _: int(is_due(row)), row["queue"])
             remember_queues(store, [row["queue"]])
+            remember_flow(store, [row])
             return task_id, True
         except pw.IntegrityError:
             existing = Task.select(Task.id).where(Task.active_key == row["unique_key"]).first()
@@ -244,7 +248,7 @@ def _store_row(store, row):
     if row["unique_key"] is not None:
         return _add_unique(store, row)
     if store.backend == "postgresql" and row["queue"] in store.known_queues \
-            and not store.db.in_transaction():
+            and not store.db.in_transaction() and flow_known(store, row):
         task_id = store.statement(lambda: _add_in_one_statement(store, row))
         if is_due(row):
             store.wake_local(1, row["queue"])
@@ -252,7 +256,20 @@ def _store_row(store, row):
     task_id = store.write_and_wake(lambda: insert_tasks(store, [row])[0],
                                    lambda _: int(is_due(row)), row["queue"])
     remember_queues(store, [row["queue"]])
+    remember_flow(store, [row])
     return task_id, True
+
+
+def flow_known(store, row):
+    """Whether `row`'s rate key and tenant need no row written first (flow.record_rows)."""
+    return (row["rate_key"] is None or row["rate_key"] in store.known_rate_keys) and \
+        (row["tenant"] is None or (row["queue"], row["tenant"]) in store.known_tenants)
+
+
+def remember_flow(store, rows):
+    """After the commit: the rate keys and tenants of `rows` have their rows."""
+    flow.remember(store, ({r["rate_key"] for r in rows if r["rate_key"] is not None},
+                          {(r["queue"], r["tenant"]) for r in rows if r["tenant"] is not None}))
 
 
 def add_tasks(store, tasks, now=None, connection=None):
@@ -276,6 +293,7 @@ def add_tasks(store, tasks, now=None, connection=None):
     plain_rows = [row for row in rows if row["unique_key"] is None]
     plain = store.write(lambda: _insert_many_and_wake(store, plain_rows)) if plain_rows else []
     remember_queues(store, [row["queue"] for row in plain_rows])
+    remember_flow(store, plain_rows)
     ids, plain_ids = [], iter(plain)
     for row in rows:
         ids.append(next(plain_ids) if row["unique_key"] is None
@@ -307,6 +325,7 @@ def _insert_many(store, rows):
     if not store.insert_returning():
         return insert_tasks(store, rows)
     record_queues(store, [row["queue"] for row in rows])
+    flow.record_rows(store, rows)
     ids = []
     for start in range(0, len(rows), BULK_ROWS):
         chunk = rows[start:start + BULK_ROWS]
@@ -380,6 +399,7 @@ def add_in_transaction(store, raw, rows):
         return cursor
     try:
         record_queues(store, [row["queue"] for row in rows], execute)
+        flow.record_rows(store, rows, execute)
         ids = []
         for row in rows:
             existing = None
@@ -409,6 +429,7 @@ async def add_in_transaction_async(store, connection, rows):
     queues = []
     record_queues(store, [row["queue"] for row in rows],
                   lambda statement, params: queues.append((statement, params)))
+    flow.record_rows(store, rows, lambda statement, params: queues.append((statement, params)))
     ids = []
     async with connection.cursor() as cursor:
         for statement, params in queues:

@@ -21,7 +21,7 @@ from datetime import timedelta
 
 import peewee as pw
 
-from . import sql
+from . import flow, sql
 from .concurrency import create_keyed_runs, release_waiting
 from ..errors import StateError
 from ..store.models import (CANCELLED, CRASHED, DEFAULT_QUEUE, FAILED, REQUEUED, RUNNING,
@@ -122,11 +122,13 @@ def _create_runs(store, ids, now):
     live = Run.select(Run.id).where(Run.active_task_id == Task.id)
     source = (Task.select(Task.id, pw.Value(now), pw.Value(now), Task.run_count + 1,
                           Task.id, Task.priority, Task.scheduled_on,
-                          pw.Value(SCHEDULED), pw.Value(0), Task.queue)
+                          pw.Value(SCHEDULED), pw.Value(0), Task.queue, Task.rate_key,
+                          Task.tenant)
               .where(Task.id.in_(ids) & ~pw.fn.EXISTS(live)))
     Run.insert_from(source, [Run.task_id, Run.created_on, Run.updated_on, Run.attempt,
                              Run.active_task_id, Run.priority, Run.scheduled_on, Run.status,
-                             Run.percent_completed, Run.queue]).execute()
+                             Run.percent_completed, Run.queue, Run.rate_key,
+                             Run.tenant]).execute()
     (Task.update(next_run_on=None, run_count=Task.run_count + 1, last_status=SCHEDULED,
                  updated_on=now).where(Task.id.in_(ids)).execute())
 
@@ -178,14 +180,14 @@ def claim_many(store, runner_id, queues, now, limit):
         if len(claimed) >= limit:
             break
         claimed += [ClaimedRun(*row, now) for row in sql.claim(
-            store, runner_id, queue, at, limit - len(claimed))]
+            store, runner_id, queue, at, limit - len(claimed), flow.claim_flow(store, queue))]
     return claimed
 
 
 def _claim_step(store, runner_id, queues, now, at):
     """claim() inside the caller's write transaction: each queue in turn."""
     for queue in queues:
-        rows = sql.claim(store, runner_id, queue, at)
+        rows = sql.claim(store, runner_id, queue, at, flow=flow.claim_flow(store, queue))
         if rows:
             return ClaimedRun(*rows[0], now)
     return None
@@ -292,7 +294,8 @@ def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, e
     even when the end lost its race. Returns (ended, ClaimedRun or None)."""
     now = now or utcnow()
     at = store.database_time(now)
-    if _single_statement_end(store, status, runner_id, periodic_task_id) and queues:
+    if _single_statement_end(store, status, runner_id, periodic_task_id) and queues \
+            and flow.claim_flow(store, queues[0]) is None:
         ended, row = sql.end_success_and_claim(store, run_id, runner_id, results, at, queues[0])
         claimed = None if row is None else ClaimedRun(*row, now)
         if claimed is None and len(queues) > 1:

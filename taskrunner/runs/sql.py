@@ -201,6 +201,229 @@ MYSQL_SUCCESS = (
     % _assignments(RUN_SUCCESS),
     "UPDATE task_queue SET %s WHERE id = %%s" % _assignments(TASK_SUCCESS))
 
+# -- flow control in the claim (runs/flow.py) --------------------------------------------------
+# A claim of a queue with a rate, of any queue while some key has a rate limit, or of a fair
+# queue is one of these; any other claim is the plain one above, unchanged. Named parameters:
+# q (queue), runner, at (the claim's time), e (the same on the database's clock in epoch
+# seconds: a bucket's arithmetic is plain numbers on every database). A flow claim takes one
+# run. Races closed, besides the plain claim's:
+# - two claimers spending one token: the spend is an UPDATE of the bucket row conditional on
+#   a token being there when it runs (PostgreSQL re-evaluates it on the row's latest version
+#   after waiting for its lock; SQLite holds the write lock; MySQL locks the row first), and
+#   the run is claimed only when its spend succeeded;
+# - a token spent for nothing: PostgreSQL spends the queue's token only once `next` locked a
+#   run; a run lost to its key's empty bucket after the queue's token was spent (the key's
+#   last token taken meanwhile) wastes that token, which only slows the queue down.
+
+def _refill(backend, b=""):
+    """A bucket's tokens now: refilled at `rate` since `stamp`, up to `burst`."""
+    least, greatest = ("min", "max") if backend == "sqlite" else ("LEAST", "GREATEST")
+    return "%s(%sburst, %stokens + %s(0, {e} - %sstamp) * %srate)" % (
+        least, b, b, greatest, b, b)
+
+
+def _params(backend, text):
+    """`text` with {name} placeholders written for `backend`'s driver (named parameters)."""
+    mark = ":%s" if backend == "sqlite" else "%%(%s)s"
+    return text.replace("%", "%%" if backend != "sqlite" else "%").format(
+        **{n: mark % n for n in ("q", "runner", "at", "e", "key", "tenant")})
+
+
+def _key_filter(backend, column):
+    """`column`'s run has no rate key, or one whose bucket holds a token now."""
+    return ("({c} IS NULL OR {c} NOT IN (SELECT name FROM task_rate_buckets WHERE kind = 'key' "
+            "AND %s < 1))" % _refill(backend)).replace("{c}", column)
+
+
+def _fair_pick(backend, keys):
+    """The queue's tenant served longest ago that has a scheduled run (claimable now)."""
+    waiting = ("SELECT 1 FROM task_runs AS w WHERE w.status = 'scheduled' AND w.queue = "
+               "f.queue AND w.tenant = f.tenant%s" % (
+                   " AND " + _key_filter(backend, "w.rate_key") if keys else ""))
+    # MariaDB turns an EXISTS into a semi-join it materializes by scanning task_runs; a
+    # scalar subquery stays a lookup of task_runs_fair per tenant.
+    waiting = "(%s LIMIT 1) IS NOT NULL" % waiting if backend == "mysql" \
+        else "EXISTS (%s)" % waiting
+    return ("(SELECT f.tenant FROM task_tenants AS f WHERE f.queue = {q} AND %s "
+            "ORDER BY f.served, f.tenant LIMIT 1)" % waiting)
+
+
+def _spend(backend, kind, name, b=""):
+    """UPDATE of one bucket taking a token, when it has one."""
+    refill = _refill(backend, b)
+    return ("UPDATE task_rate_buckets%s SET tokens = %s - 1, stamp = %s(%sstamp, {e}), "
+            "updated_on = {at} WHERE %skind = '%s' AND %sname = %s AND %s >= 1" % (
+                " AS b" if b else "", refill, "max" if backend == "sqlite" else "GREATEST", b, b,
+                kind, b, name, refill))
+
+
+def _served(backend, tenant):
+    """UPDATE of the tenant just served: the queue's next sequence number."""
+    highest = "SELECT coalesce(max(served), 0) + 1 FROM task_tenants WHERE queue = {q}"
+    if backend == "mysql":          # MySQL reads the table it updates only through a copy
+        highest = "SELECT m FROM (SELECT coalesce(max(served), 0) + 1 AS m FROM task_tenants " \
+                  "WHERE queue = {q}) AS x"
+    return "UPDATE task_tenants SET served = (%s) WHERE queue = {q} AND tenant = %s" % (
+        highest, tenant)
+
+
+def _pg_flow_claim(rate, keys, fair):
+    ctes = []
+    if fair:
+        ctes.append("pick AS %s" % _fair_pick("postgresql", keys))
+    ctes.append("""next AS (
+        SELECT id, rate_key, tenant FROM task_runs WHERE status = 'scheduled' AND queue = {q}
+            %s%s AND %s
+        ORDER BY %s LIMIT 1 FOR UPDATE SKIP LOCKED)""" % (
+        "AND tenant = (SELECT tenant FROM pick) " if fair else "",
+        "AND " + _key_filter("postgresql", "rate_key") if keys else "",
+        RUNNER_ALIVE % "{runner}", claim_order_sql()))
+    allowed = ""
+    if rate:
+        ctes.append("queue_token AS (%s AND EXISTS (SELECT 1 FROM next) RETURNING 1)"
+                    % _spend("postgresql", "queue", "{q}"))
+        allowed += " AND EXISTS (SELECT 1 FROM queue_token)"
+    if keys:
+        ctes.append("key_token AS (%s RETURNING b.name)" % _spend(
+            "postgresql", "key", "(SELECT rate_key FROM next)", "b."))
+        allowed += (" AND (next.rate_key IS NULL OR EXISTS (SELECT 1 FROM key_token) OR NOT "
+                    "EXISTS (SELECT 1 FROM task_rate_buckets AS k WHERE k.kind = 'key' AND "
+                    "k.name = next.rate_key))")
+    ctes.append("""claimed AS (
+        UPDATE task_runs AS r SET status = 'running', runner_id = {runner}, started_on = {at},
+            updated_on = {at}
+        FROM next WHERE r.id = next.id%s RETURNING r.id, r.task_id, r.attempt, r.tenant)"""
+                % allowed)
+    ctes.append("""claimed_task AS (
+        UPDATE task_queue AS t SET last_status = 'running', updated_on = {at} FROM claimed
+        WHERE t.id = claimed.task_id
+        RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
+            t.max_runtime, t.periodic_task_id)""")
+    if fair:
+        ctes.append("served AS (%s AND EXISTS (SELECT 1 FROM claimed) RETURNING 1)"
+                    % _served("postgresql", "(SELECT tenant FROM claimed)"))
+    return _params("postgresql", "WITH " + ",\n    ".join(ctes) + " SELECT * FROM claimed_task")
+
+
+def _sqlite_flow_claim(rate, keys, fair):
+    """(the claim of the run, the spends that follow it): under SQLite's write lock the
+    candidate's buckets cannot change between the two."""
+    run = """
+    UPDATE task_runs SET status = 'running', runner_id = {runner}, started_on = {at},
+        updated_on = {at}
+    WHERE id = (SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = {q}
+                 %s%s ORDER BY %s LIMIT 1)
+        AND %s%s
+    RETURNING id, task_id, attempt, rate_key, tenant""" % (
+        "AND tenant = %s " % _fair_pick("sqlite", keys) if fair else "",
+        "AND " + _key_filter("sqlite", "rate_key") if keys else "",
+        claim_order_sql(), RUNNER_ALIVE % "{runner}",
+        " AND EXISTS (SELECT 1 FROM task_rate_buckets WHERE kind = 'queue' AND name = {q} "
+        "AND %s >= 1)" % _refill("sqlite") if rate else "")
+    return tuple(_params("sqlite", text) for text in (
+        run, _spend("sqlite", "queue", "{q}"), _spend("sqlite", "key", "{key}"),
+        _served("sqlite", "{tenant}")))
+
+
+def _mysql_flow_claim(rate, keys, fair):
+    """(the queue bucket's check, locking its row; the locking read of the run; the spends)."""
+    run = """
+    SELECT r.id, r.task_id, r.attempt, t.handler, t.data, t.max_runtime, t.periodic_task_id,
+        r.rate_key, r.tenant
+    FROM task_runs AS r JOIN task_queue AS t ON t.id = r.task_id
+    WHERE r.status = 'scheduled' AND r.queue = {q}
+        %s%s AND %s
+    ORDER BY %s LIMIT 1
+    FOR UPDATE SKIP LOCKED""" % (
+        "AND r.tenant = %s " % _fair_pick("mysql", keys) if fair else "",
+        "AND " + _key_filter("mysql", "r.rate_key") if keys else "",
+        RUNNER_ALIVE % "{runner}", claim_order_sql("r."))
+    check = ("SELECT %s >= 1 FROM task_rate_buckets WHERE kind = 'queue' AND name = {q} "
+             "FOR UPDATE" % _refill("mysql"))
+    return tuple(_params("mysql", text) for text in (
+        check, run, _spend("mysql", "queue", "{q}"), _spend("mysql", "key", "{key}"),
+        _served("mysql", "{tenant}")))
+
+
+_FLOW_CLAIMS = {}     # (backend, rate, keys, fair) -> the statement(s) of a flow claim
+
+
+def flow_claim_statements(backend, rate, keys, fair):
+    """The statement(s) of a claim of one run of a queue under flow control: its `rate`
+    (token bucket), the rate limits of keys (`keys`), fairness between tenants (`fair`)."""
+    key = (backend, bool(rate), bool(keys), bool(fair))
+    if key not in _FLOW_CLAIMS:
+        build = {"postgresql": _pg_flow_claim, "sqlite": _sqlite_flow_claim}.get(
+            backend, _mysql_flow_claim)
+        _FLOW_CLAIMS[key] = build(*key[1:])
+    return _FLOW_CLAIMS[key]
+
+
+def epoch_seconds(at):
+    """A naive UTC datetime as seconds since the epoch (a bucket's stamp)."""
+    return (at - EPOCH).total_seconds()
+
+
+EPOCH = datetime(1970, 1, 1)
+
+
+def flow_claim(store, runner_id, queue, at, rate, keys, fair):
+    """The claim of one run of `queue` under flow control (flow_claim_statements), inside
+    the caller's write transaction but on PostgreSQL (one statement). A fair claim that finds
+    no tenant with a run (only runs without a tenant, or its tenant's run locked by another
+    claimer) claims as the queue would without fairness. A list of at most one row, as
+    `claim`'s."""
+    execute, backend = store.db.execute_sql, store.backend
+    statements = flow_claim_statements(backend, rate, keys, fair)
+    stamp = at.isoformat(" ") if backend == "sqlite" else at
+    values = {"q": queue, "runner": runner_id, "at": stamp, "e": epoch_seconds(at)}
+    if backend == "postgresql":
+        rows = [tuple(row) for row in execute(statements, values)]
+    elif backend == "sqlite":
+        claim_run, spend_queue, spend_key, served = statements
+        row = execute(claim_run, values).fetchone()
+        rows = []
+        if row is not None:
+            if rate:
+                execute(spend_queue, values)
+            if keys and row[3] is not None:
+                execute(spend_key, dict(values, key=row[3]))
+            if fair and row[4] is not None:
+                execute(served, dict(values, tenant=row[4]))
+            task = execute(_sqlite_claim(1)[1], (stamp, row[1])).fetchone()
+            rows = [tuple(row[:3]) + tuple(task)]
+    else:
+        rows = _mysql_flow_claim_rows(store, statements, values, rate, keys, fair)
+    if not rows and fair:
+        return flow_claim(store, runner_id, queue, at, rate, keys, False) \
+            if (rate or keys) else claim(store, runner_id, queue, at)
+    return rows
+
+
+def _mysql_flow_claim_rows(store, statements, values, rate, keys, fair):
+    execute = store.db.execute_sql
+    check, claim_run, spend_queue, spend_key, served = statements
+    if rate:
+        allowed = execute(check, values).fetchone()
+        if allowed is not None and not allowed[0]:
+            return []
+    row = execute(claim_run, values).fetchone()
+    if row is None:
+        return []
+    if keys and row[7] is not None and not execute(spend_key, dict(values, key=row[7])
+                                                   ).rowcount:
+        Bucket = store.RateBucket
+        if Bucket.select().where((Bucket.kind == "key") & (Bucket.name == row[7])).exists():
+            return []         # its key's last token went to another claimer meanwhile
+    if rate:
+        execute(spend_queue, values)
+    if fair and row[8] is not None:
+        execute(served, dict(values, tenant=row[8]))
+    execute(MYSQL_START[0] % "%s", (values["runner"], values["at"], values["at"], row[0]))
+    execute(MYSQL_START[1] % "%s", (values["at"], row[1]))
+    return [tuple(row[:CLAIMED_WIDTH])]
+
+
 # -- claiming ----------------------------------------------------------------------------------
 
 _CLAIMS = {}      # (backend, limit) -> the statement(s) of a claim of up to `limit` runs
@@ -221,7 +444,7 @@ def claim_statements(backend, limit):
 CLAIMED_WIDTH = 7     # run id, task id, attempt, handler, data, max_runtime, periodic_task_id
 
 
-def claim(store, runner_id, queue, at, limit=1):
+def claim(store, runner_id, queue, at, limit=1, flow=None):
     """Up to `limit` scheduled runs of `queue` become ``running`` under `runner_id` (and
     their tasks), in the claim order: a list of (run id, task id, attempt, handler, data,
     max_runtime, periodic_task_id). Inside the caller's write transaction, but on PostgreSQL
@@ -229,7 +452,10 @@ def claim(store, runner_id, queue, at, limit=1):
     Race closed: two runners taking the same run — PostgreSQL and MySQL lock the candidates
     FOR UPDATE SKIP LOCKED, so a concurrent claimer passes over them instead of waiting;
     SQLite takes the write lock up front (BEGIN IMMEDIATE), so the select and the update
-    are one step."""
+    are one step.
+    `flow`: (rate, keys, fair) of a queue under flow control (`flow_claim`, one run)."""
+    if flow is not None and any(flow):
+        return flow_claim(store, runner_id, queue, at, *flow)
     execute, statements = store.db.execute_sql, claim_statements(store.backend, limit)
     if store.backend == "postgresql":
         return in_claim_order(execute(statements, (queue, runner_id, runner_id, at, at, at)),

@@ -97,8 +97,14 @@ class Store:
         self.Task, self.Run, self.Runner, self.PeriodicTask = models[:4]
         self.Queue, self.RunnerQueue, self.Lease = models.Queue, models.RunnerQueue, models.Lease
         self.Step, self.Event = models.Step, models.Event
+        self.RateBucket, self.RateLimit, self.Tenant = (models.RateBucket, models.RateLimit,
+                                                        models.Tenant)
         # Queue names known to have their task_queues row (rows are never deleted).
         self.known_queues = set()
+        # Flow control (runs/flow.py): rate keys and (queue, tenant) pairs known to have
+        # their rows, and whether any key has a rate limit (re-read with the claim order:
+        # while none has, claims read no bucket).
+        self.known_rate_keys, self.known_tenants, self.flow_keys = set(), set(), False
         self._returning = None
         self._clock = None        # (offset, wall - monotonic, monotonic) when measured
         # Per thread (a runner's heartbeat thread writes too): how deep in write() it is,

@@ -104,6 +104,10 @@ class Task(BaseModel):
     checkpoint = pw.TextField(null=True)
     checkpoint_on = pw.DateTimeField(null=True)
     waiting_for = pw.CharField(null=True)
+    # Flow control (0021, runs/flow.py): the key whose rate limit its runs spend, and the
+    # tenant a fair queue round-robins between.
+    rate_key = pw.CharField(null=True)
+    tenant = pw.CharField(null=True)
 
     class Meta:
         table_name = "task_queue"
@@ -139,6 +143,9 @@ class Run(BaseModel):
     # The task's concurrency key, and the slot of it this run holds while it is live.
     concurrency_key = pw.CharField(null=True)
     concurrency_slot = pw.IntegerField(null=True)
+    # The task's rate key and tenant, copied for the claim (runs/flow.py).
+    rate_key = pw.CharField(null=True)
+    tenant = pw.CharField(null=True)
 
     class Meta:
         table_name = "task_runs"
@@ -306,7 +313,50 @@ class Event(BaseModel):
         indexes = ((("task_id", "name"), False),)
 
 
-MODELS = (Task, Run, Runner, PeriodicTask, Queue, RunnerQueue, Lease, Step, Event)
+class RateBucket(BaseModel):
+    """A token bucket (runs/flow.py) of a queue (kind ``queue``) or a rate key (``key``):
+    ``rate`` tokens a second up to ``burst``; ``tokens`` held at ``stamp`` (epoch seconds on
+    the database's clock). The claim refills and spends it."""
+    kind = pw.CharField(max_length=8)
+    name = pw.CharField(max_length=255)
+    rate = pw.DoubleField()
+    burst = pw.DoubleField()
+    tokens = pw.DoubleField()
+    stamp = pw.DoubleField()
+    updated_on = pw.DateTimeField()
+
+    class Meta:
+        table_name = "task_rate_buckets"
+        primary_key = pw.CompositeKey("kind", "name")
+
+
+class RateLimit(BaseModel):
+    """A rate limit of a key or key prefix (``tenant:*``) set at run time; ``text`` as given
+    (``25/s``)."""
+    pattern = pw.CharField(max_length=255, primary_key=True)
+    rate = pw.DoubleField()
+    burst = pw.DoubleField()
+    text = pw.CharField(max_length=64)
+    updated_on = pw.DateTimeField()
+
+    class Meta:
+        table_name = "task_rate_limits"
+
+
+class Tenant(BaseModel):
+    """A tenant of a queue; ``served``: the sequence number of the claim that served it last
+    (a fair claim serves the lowest)."""
+    queue = pw.CharField(max_length=64)
+    tenant = pw.CharField(max_length=255)
+    served = pw.BigIntegerField(default=0)
+
+    class Meta:
+        table_name = "task_tenants"
+        primary_key = pw.CompositeKey("queue", "tenant")
+
+
+MODELS = (Task, Run, Runner, PeriodicTask, Queue, RunnerQueue, Lease, Step, Event,
+          RateBucket, RateLimit, Tenant)
 
 
 class BoundModels(NamedTuple):
@@ -320,6 +370,9 @@ class BoundModels(NamedTuple):
     Lease: Type[Lease]
     Step: Type[Step]
     Event: Type[Event]
+    RateBucket: Type[RateBucket]
+    RateLimit: Type[RateLimit]
+    Tenant: Type[Tenant]
 
 
 def bind_models(database):

@@ -78,6 +78,23 @@ class StoreCollector:
                 family.add_metric([q.name], value)
         yield from per_queue
 
+        rates = [GaugeMetricFamily("taskrunner_rate_%s" % name, text, labels=["kind", "name"])
+                 for name, text in (
+                     ("limit_per_second", "A queue's or a rate key's rate limit, per second."),
+                     ("allowance", "Tokens in a rate limit's bucket now: runs that may start "
+                      "at once."),
+                     ("throttled_runs", "Runs waiting that an empty bucket holds back."))]
+        for b in reads.rate_limits(store)["buckets"]:
+            for family, value in zip(rates, (b["rate"], b["allowance"], b["throttled"])):
+                family.add_metric([b["kind"], b["name"]], value)
+        yield from rates
+        tenants = GaugeMetricFamily("taskrunner_queue_tenants_waiting", "Tenants with a run "
+                                    "waiting in a queue with fair_by.", labels=["queue"])
+        for q in reads.queue_stats(store):
+            if q.tenants_waiting is not None:
+                tenants.add_metric([q.name], q.tenants_waiting)
+        yield tenants
+
         alive = GaugeMetricFamily("taskrunner_runners_alive", "Runners registered running, "
                                   "by host.", labels=["host"])
         rss = GaugeMetricFamily("taskrunner_runners_rss_bytes", "Resident memory of the "

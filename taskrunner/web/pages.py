@@ -125,7 +125,26 @@ def queues_card(view: View) -> str:
                      else span(q.lag) if q.lag else '<span class="muted">none</span>', toggle])
     return '<section class="card" id="queues"><h2>Queues</h2>%s</section>' % table(
         ["Queue", "State", "Host limit", "Scheduled", "Running", "Runners", "Lag", ""], rows,
-        "no queue is used yet", css="queues")
+        "no queue is used yet", css="queues") + rates_card(view)
+
+
+def rates_card(view: View) -> str:
+    """Flow control: each rate-limited queue's and key's bucket (limit, allowance now, runs
+    throttled) and the fair queues' tenants waiting; nothing when none is configured."""
+    limits = reads.rate_limits(view.store)["buckets"]
+    fair = [q for q in reads.queue_stats(view.store) if q.fair_by or q.aging]
+    if not limits and not fair:
+        return ""
+    rows = [[e(b["kind"]), e(b["name"]), e(b["limit"]), "%g" % b["burst"],
+             "%.1f" % b["allowance"], "%d" % b["throttled"]] for b in limits]
+    tenants = [[e(q.name), e(q.fair_by or "-"),
+                "%d" % q.tenants_waiting if q.tenants_waiting is not None else "-",
+                span(q.aging) if q.aging else "-"] for q in fair]
+    return ('<section class="card" id="flow"><h2>Flow control</h2>%s%s</section>' % (
+        table(["Kind", "Name", "Limit", "Burst", "Allowance", "Throttled runs"], rows,
+              "no rate limit", css="rates"),
+        table(["Queue", "Fair by", "Tenants waiting", "Aging"], tenants, "no fair queue",
+              css="fair") if tenants else ""))
 
 
 def overview(view: View, params: Mapping[str, str]) -> str:
