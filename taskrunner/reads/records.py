@@ -41,15 +41,20 @@ def _json_ready(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, dict):
         return {key: _json_ready(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_ready(item) for item in value]
     return value
 
 
-class _Record:
+class Record:
     """What every record can do: turn into JSON-ready data (ISO 8601 datetimes)."""
 
     def to_json(self) -> Dict[str, Any]:
         return {key: _json_ready(value)
                 for key, value in dataclasses.asdict(self).items()}  # type: ignore[call-overload]
+
+
+_Record = Record
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,9 @@ class TaskInfo(_Record):
     last_traceback: Optional[str] = None   # of its latest run that failed with one
     crash_count: int = 0        # runs ended by a dead runner, in all
     runs_crashed: int = 0       # of those, in a row up to now: the crash backoff
+    workflow_id: Optional[int] = None     # the workflow it was added in (graph.py)
+    # The tasks it runs after that have not succeeded yet, while it waits for them (no run).
+    waiting_parents: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -237,7 +245,9 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         last_error_message=row.last_error_message if current else None, subject=row.subject,
         group=row.group_name, queue=row.queue, results=results,
         last_traceback=last_traceback if current else None,
-        crash_count=row.crash_count, runs_crashed=row.runs_crashed)
+        crash_count=row.crash_count, runs_crashed=row.runs_crashed,
+        workflow_id=row.workflow_id,
+        waiting_parents=row.waiting_parents if row.finished_on is None else None)
 
 
 def run_info(row: Any, stopping: Any = (None, None)) -> RunInfo:

@@ -96,6 +96,7 @@ class Store:
         self.models = models
         self.Task, self.Run, self.Runner, self.PeriodicTask = models[:4]
         self.Queue, self.RunnerQueue, self.Lease = models.Queue, models.RunnerQueue, models.Lease
+        self.Dependency, self.Workflow = models.Dependency, models.Workflow
         # Queue names known to have their task_queues row (rows are never deleted).
         self.known_queues = set()
         self._returning = None

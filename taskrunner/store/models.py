@@ -96,6 +96,14 @@ class Task(BaseModel):
     concurrency_key = pw.CharField(null=True)
     concurrency_limit = pw.IntegerField(null=True)
     waiting_key = pw.CharField(null=True)
+    # The graph (migration 0020, runs/graph.py): the workflow of the tasks added together;
+    # how many edges lead from this task to its dependents (0: its success releases nothing);
+    # the edges to its parents not satisfied yet while it waits for them (NULL once released,
+    # or for a task that never waited); what a failed parent does to it (NULL: cancel).
+    workflow_id = pw.IntegerField(null=True, index=True)
+    dependents = pw.IntegerField(default=0)
+    waiting_parents = pw.IntegerField(null=True)
+    on_parent_failure = pw.CharField(max_length=8, null=True)
 
     class Meta:
         table_name = "task_queue"
@@ -265,7 +273,30 @@ class Lease(BaseModel):
         table_name = "task_leases"
 
 
-MODELS = (Task, Run, Runner, PeriodicTask, Queue, RunnerQueue, Lease)
+class Dependency(BaseModel):
+    """An edge of the graph: the task `task_id` runs after `parent_id` succeeded;
+    `satisfied` once that edge no longer holds it back (counted once, whatever happens to the
+    parent later)."""
+    task_id = pw.IntegerField()
+    parent_id = pw.IntegerField()
+    satisfied = pw.BooleanField(default=False)
+
+    class Meta:
+        table_name = "task_dependencies"
+        indexes = ((("parent_id", "task_id"), True), (("task_id", "parent_id"), False))
+
+
+class Workflow(BaseModel):
+    """Tasks added together (`TaskQueue.add_workflow`, `chain`, `group`)."""
+    name = pw.CharField(null=True)
+    created_on = pw.DateTimeField()
+    task_count = pw.IntegerField(default=0)
+
+    class Meta:
+        table_name = "task_workflows"
+
+
+MODELS = (Task, Run, Runner, PeriodicTask, Queue, RunnerQueue, Lease, Dependency, Workflow)
 
 
 class BoundModels(NamedTuple):
@@ -277,6 +308,8 @@ class BoundModels(NamedTuple):
     Queue: Type[Queue]
     RunnerQueue: Type[RunnerQueue]
     Lease: Type[Lease]
+    Dependency: Type[Dependency]
+    Workflow: Type[Workflow]
 
 
 def bind_models(database):
