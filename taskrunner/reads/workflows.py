@@ -72,11 +72,12 @@ def workflow_info(store: Any, workflow_id: int, graph: bool = True) -> WorkflowI
     if row is None:
         raise WorkflowNotFound("no workflow with id %s" % workflow_id)
     counts: Dict[str, int] = {}
-    waiting = (Task.finished_on.is_null() & (Task.waiting_parents > 0))
-    query = (Task.select(Task.last_status, Task.finished_on.is_null(False).alias("final"),
-                         waiting.alias("waits"), pw.fn.COUNT(Task.id).alias("n"))
+    # Written out, not bound: GROUP BY must repeat the selected expressions word for word.
+    final = pw.SQL("CASE WHEN finished_on IS NULL THEN 0 ELSE 1 END")
+    waiting = pw.SQL("CASE WHEN finished_on IS NULL AND waiting_parents > 0 THEN 1 ELSE 0 END")
+    query = (Task.select(Task.last_status, final, waiting, pw.fn.COUNT(Task.id))
              .where(Task.workflow_id == workflow_id)
-             .group_by(Task.last_status, Task.finished_on.is_null(False), waiting))
+             .group_by(Task.last_status, final, waiting))
     for status, final, waits, count in query.tuples():
         word = WAITING if waits else state_word(status, True if final else None)
         counts[word] = counts.get(word, 0) + count

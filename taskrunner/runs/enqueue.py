@@ -301,8 +301,8 @@ def check_spec(spec, extra=()):
     return spec
 
 
-def _parent_list(after, keys, index):
-    """`after` of the spec at `index` as parents for graph.plan: task ids, and ("row", j)
+def _parent_list(after, keys):
+    """`after` of a spec as parents for graph.plan: task ids, and ("row", j)
     for the key of an earlier spec of the same add."""
     if isinstance(after, (int, str)) and not isinstance(after, bool):
         after = [after]
@@ -310,9 +310,7 @@ def _parent_list(after, keys, index):
         raise InputError("after must be a list of task ids, not %r" % (after,))
     parents = []
     for parent in after:
-        if isinstance(parent, str) and parent in keys:
-            if keys[parent] >= index:
-                raise InputError("after: %r is not a task added before it" % parent)
+        if isinstance(parent, str) and parent in keys:     # only the keys before it
             parents.append(("row", keys[parent]))
         elif isinstance(parent, int) and not isinstance(parent, bool) and parent > 0:
             parents.append(parent)
@@ -341,7 +339,7 @@ def add_graph(store, specs, workflow=None, now=None):
         spec = dict(check_spec(spec, ("key",)))
         key = spec.pop("key", None)
         after = spec.pop("after", None)
-        parents.append(_parent_list(after, keys, index) if after is not None else [])
+        parents.append(_parent_list(after, keys) if after is not None else [])
         if key is not None:
             if not isinstance(key, str) or key in keys:
                 raise InputError("key %r: a key is a string, unique within the tasks added "

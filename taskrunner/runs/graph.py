@@ -137,30 +137,52 @@ def release(store, parent_id, at, only_run_anyway=False):
     satisfied and each dependent still waiting counts one fewer; returns the ids of the
     dependents released (their count reached 0, now NULL), for the lifecycle to start.
     `only_run_anyway`: the parent failed, and only the dependents added with
-    ``on_parent_failure="run"`` go on."""
-    policy = " AND on_parent_failure = 'run'" if only_run_anyway else ""
+    ``on_parent_failure="run"`` go on. The dependents are read off the edges' index first
+    and then written by primary key: a join the planner could drive from task_queue would
+    read the whole table for each parent."""
     execute = store.db.execute_sql
-    execute(_sql(store, "UPDATE task_queue SET waiting_parents = waiting_parents - 1, "
-                        "updated_on = %s WHERE id IN (SELECT task_id FROM task_dependencies "
-                        "WHERE parent_id = %s AND NOT satisfied) AND waiting_parents > 0 "
-                        "AND finished_on IS NULL" + policy), (_at(store, at), parent_id))
-    execute(_sql(store, "UPDATE task_dependencies SET satisfied = %s WHERE parent_id = %s "
-                        "AND NOT satisfied" + (
-                            " AND task_id IN (SELECT id FROM task_queue WHERE "
-                            "on_parent_failure = 'run')" if only_run_anyway else "")),
-            (True, parent_id))
-    released = [row[0] for row in execute(_sql(
-        store, "SELECT id FROM task_queue WHERE id IN (SELECT task_id FROM task_dependencies "
-               "WHERE parent_id = %s) AND waiting_parents = 0 AND finished_on IS NULL"),
-        (parent_id,))]
-    for chunk in chunks(released):
-        execute(_sql(store, "UPDATE task_queue SET waiting_parents = NULL WHERE id IN (%s)"
-                     % ", ".join(["%s"] * len(chunk))), chunk)
+    if only_run_anyway:
+        children = [row[0] for row in execute(_sql(
+            store, "SELECT d.task_id FROM task_dependencies AS d JOIN task_queue AS t "
+                   "ON t.id = d.task_id WHERE d.parent_id = %s AND NOT d.satisfied "
+                   "AND t.on_parent_failure = 'run'"), (parent_id,))]
+    else:
+        children = [row[0] for row in execute(_sql(
+            store, "SELECT task_id FROM task_dependencies WHERE parent_id = %s "
+                   "AND NOT satisfied"), (parent_id,))]
+    if not children:
+        return []
+    if not only_run_anyway:
+        execute(_sql(store, "UPDATE task_dependencies SET satisfied = %s WHERE parent_id = %s "
+                            "AND NOT satisfied"), (True, parent_id))
+    released = []
+    for chunk in chunks(children):
+        marks = ", ".join(["%s"] * len(chunk))
+        if only_run_anyway:
+            execute(_sql(store, "UPDATE task_dependencies SET satisfied = %%s WHERE "
+                                "parent_id = %%s AND task_id IN (%s)" % marks),
+                    [True, parent_id] + chunk)
+        execute(_sql(store, "UPDATE task_queue SET waiting_parents = waiting_parents - 1, "
+                            "updated_on = %%s WHERE id IN (%s) AND waiting_parents > 0 "
+                            "AND finished_on IS NULL" % marks), [_at(store, at)] + chunk)
+        ready = [row[0] for row in execute(_sql(
+            store, "SELECT id FROM task_queue WHERE id IN (%s) AND waiting_parents = 0 "
+                   "AND finished_on IS NULL" % marks), chunk)]
+        if ready:
+            execute(_sql(store, "UPDATE task_queue SET waiting_parents = NULL WHERE id IN (%s)"
+                         % ", ".join(["%s"] * len(ready))), ready)
+            released += ready
     return released
 
 
 def _at(store, at):
     return at.isoformat(" ") if store.is_sqlite else at
+
+
+def _unsatisfied_children(store, parent_id):
+    Dependency = store.Dependency
+    return [d.task_id for d in Dependency.select(Dependency.task_id).where(
+        (Dependency.parent_id == parent_id) & ~Dependency.satisfied)]
 
 
 # -- a parent failed ------------------------------------------------------------------------
@@ -175,10 +197,10 @@ def parent_failed(store, parent_id, status, at):
     while frontier:
         parent, why = frontier.pop()
         released += release(store, parent, at, only_run_anyway=True)
-        waiting = list(Task.select(Task.id, Task.dependents).where(
-            Task.id.in_(store.Dependency.select(store.Dependency.task_id).where(
-                (store.Dependency.parent_id == parent) & ~store.Dependency.satisfied))
-            & (Task.waiting_parents > 0) & Task.finished_on.is_null()))
+        waiting = [task for chunk in chunks(_unsatisfied_children(store, parent))
+                   for task in Task.select(Task.id, Task.dependents).where(
+                       Task.id.in_(chunk) & (Task.waiting_parents > 0)
+                       & Task.finished_on.is_null())]
         message = "task %d it runs after %s" % (
             parent, "was cancelled" if why == CANCELLED else "gave up (%s)" % why)
         for chunk in chunks([t.id for t in waiting]):
@@ -198,10 +220,10 @@ def rearm(store, parent_id, at):
     count, released, frontier = 0, [], [parent_id]
     while frontier:
         parent = frontier.pop()
-        cancelled = list(Task.select(Task.id, Task.dependents).where(
-            Task.id.in_(Dependency.select(Dependency.task_id).where(
-                (Dependency.parent_id == parent) & ~Dependency.satisfied))
-            & (Task.last_status == CANCELLED) & (Task.last_error_code == PARENT_FAILED)))
+        cancelled = [task for chunk in chunks(_unsatisfied_children(store, parent))
+                     for task in Task.select(Task.id, Task.dependents).where(
+                         Task.id.in_(chunk) & (Task.last_status == CANCELLED)
+                         & (Task.last_error_code == PARENT_FAILED))]
         for task in cancelled:
             left = Dependency.select().where((Dependency.task_id == task.id)
                                              & ~Dependency.satisfied).count()

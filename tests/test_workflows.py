@@ -1,0 +1,161 @@
+"""Workflows (DESIGN "Graph", rule 10; issue 26): tasks that run after others — released in
+the transaction of their last parent's success, exactly once, never before; chains, groups
+and fan-in over results; the failure policy; a workflow read, waited for and cancelled."""
+import os
+import random
+import time
+
+import pytest
+
+from conftest import Database, wait_for
+from taskrunner import TaskQueue
+from taskrunner.errors import InputError, WaitTimeout
+from taskrunner.fleet import liveness
+from taskrunner.runs import lifecycle
+from taskrunner.store.models import CANCELLED, SUCCESS, utcnow
+
+STEP = "workflow_handlers.Step"
+SUM = "workflow_handlers.Sum"
+
+
+def test_a_task_after_others_has_no_run_until_its_last_parent_succeeded(queue):
+    a = queue.add_task(STEP, {"value": 1})
+    b = queue.add_task(STEP, {"value": 2})
+    c = queue.add_task(STEP, {"value": 3}, after=[a, b])
+    Run = queue.store.Run
+    assert Run.select().where(Run.task_id == c).count() == 0
+    assert queue.get_task(c).waiting_parents == 2
+    queue.run_pending(max_runs=1)
+    assert Run.select().where(Run.task_id == c).count() == 0
+    assert queue.get_task(c).waiting_parents == 1
+    queue.run_pending(max_runs=1)
+    # Released by b's success: its run exists now (created in that transaction).
+    assert Run.select().where(Run.task_id == c).count() == 1
+    assert queue.get_task(c).waiting_parents is None
+    queue.run_pending()
+    assert queue.get_task(c).status == SUCCESS
+    assert dict(queue.parent_results(c).items()) == {a: 1, b: 2}
+
+
+def test_a_parent_that_already_succeeded_counts_as_done_and_an_unknown_one_is_refused(queue):
+    a = queue.add_task(STEP)
+    queue.run_pending()
+    b = queue.add_task(STEP, after=[a])
+    assert queue.get_task(b).waiting_parents is None and queue.get_task(b).runs == 1
+    with pytest.raises(InputError, match="after: no task with id 999999"):
+        queue.add_task(STEP, after=[a, 999999])
+    with pytest.raises(InputError, match="on_parent_failure"):
+        queue.add_task(STEP, after=[a], on_parent_failure="maybe")
+
+
+def test_chain_group_and_fan_in_over_results(queue):
+    chain = queue.chain({"handler": STEP, "data": {"value": 1}}, STEP, STEP, name="c")
+    group = queue.group([{"handler": STEP, "data": {"value": i}} for i in range(1, 21)],
+                        then=SUM)
+    assert queue.workflow(chain.id).counts == {"scheduled": 1, "waiting": 2}
+    queue.run_pending()
+    info = queue.workflow(group.id)
+    assert info.outcome == SUCCESS and info.progress == 1.0 and info.total == 21
+    assert queue.get_task(group.task_ids[-1]).results == {"sum": 210, "parents": 20}
+    assert info.tasks[-1].after == group.task_ids[:-1]
+    runs = [queue.runs_of(t)[0] for t in chain.task_ids]
+    assert runs[0].finished_on <= runs[1].started_on and runs[1].finished_on <= runs[2].started_on
+    assert queue.wait_workflow(chain.id, timeout=5).outcome == SUCCESS
+
+
+def test_a_given_up_parent_cancels_its_dependents_transitively_unless_they_run_anyway(queue):
+    a = queue.add_task(STEP, {"fail": True}, max_retries=1)
+    b = queue.add_task(STEP, after=[a])
+    c = queue.add_task(STEP, after=[b])
+    d = queue.add_task(STEP, after=[a], on_parent_failure="run")
+    queue.run_pending()
+    for task_id in (b, c):
+        task = queue.get_task(task_id)
+        assert task.status == CANCELLED and task.last_error_code == "ParentFailed", task
+    assert "task %d" % a in queue.get_task(b).last_error_message
+    assert queue.get_task(d).status == SUCCESS
+    assert queue.parent_results(d)[a] is None
+    # A retry of the given-up parent re-arms what its failure cancelled.
+    queue.store.Task.update(data='{}').where(queue.store.Task.id == a).execute()
+    assert queue.retry(a) == 2
+    assert queue.get_task(b).waiting_parents == 1 and queue.get_task(c).waiting_parents == 1
+    queue.run_pending()
+    assert [queue.get_task(t).status for t in (a, b, c, d)] == [SUCCESS] * 4
+    assert len(queue.runs_of(d)) == 1     # ran once: its edge from a was satisfied
+
+
+def test_a_cancelled_parent_cancels_its_dependents_and_a_workflow_cancels_as_one(queue):
+    wf = queue.add_workflow([{"key": "a", "handler": STEP},
+                             {"key": "b", "handler": STEP, "after": ["a"]},
+                             {"key": "c", "handler": STEP, "after": ["b"]}], name="three")
+    a, b, c = wf.task_ids
+    queue.cancel(a)
+    assert queue.get_task(b).status == CANCELLED == queue.get_task(c).status
+    wf2 = queue.chain(STEP, STEP, STEP)
+    assert queue.cancel_workflow(wf2.id) == {"cancelled": 3, "stopping": 0}
+    info = queue.workflow(wf2.id)
+    assert info.outcome == CANCELLED and info.counts == {CANCELLED: 3}
+    assert queue.workflow(wf.id).outcome == CANCELLED
+    # A task added after a cancelled one is cancelled at once; "run" lets it run.
+    x = queue.add_task(STEP, after=[a])
+    y = queue.add_task(STEP, after=[a], on_parent_failure="run")
+    assert queue.get_task(x).status == CANCELLED and queue.get_task(y).runs == 1
+
+
+def test_wait_workflow_times_out_while_tasks_wait(queue):
+    wf = queue.chain(STEP, STEP)
+    with pytest.raises(WaitTimeout):
+        queue.wait_workflow(wf.id, timeout=0.2)
+
+
+def test_workflow_specs_are_checked(queue):
+    with pytest.raises(InputError, match="neither a task id nor the key"):
+        queue.add_workflow([{"handler": STEP, "after": ["nope"]}])
+    with pytest.raises(InputError, match="key of a task added before it"):
+        queue.add_workflow([{"key": "a", "handler": STEP, "after": ["a"]}])
+    with pytest.raises(InputError, match="at least one task"):
+        queue.add_workflow([])
+    assert queue.store.Task.select().count() == 0
+
+
+@pytest.mark.timeout(180)
+def test_fan_out_and_fan_in_of_10000_tasks_in_set_based_inserts(database):
+    """10,000 tasks and a report over their results, added in one transaction with
+    multi-row INSERTs (not one statement per task: counted), the report released by the
+    last of them and reading their results in pages."""
+    queue = database.queue()
+    n = 10000 if database.backend != "mysql" else 2000     # MySQL inserts tasks row by row
+    statements = []
+    original = queue.store.db.execute_sql
+
+    def counting(sql, params=None, *args, **kwargs):
+        statements.append(sql)
+        return original(sql, params, *args, **kwargs)
+    queue.store.db.execute_sql = counting
+    started = time.monotonic()
+    wf = queue.group([{"handler": STEP, "data": {"value": 1}} for _ in range(n)],
+                     then={"handler": SUM, "queue": "reports"})
+    added = time.monotonic() - started
+    queue.store.db.execute_sql = original
+    if database.backend != "mysql":
+        assert len(statements) < n / 50, len(statements)
+    Task, Run = queue.store.Task, queue.store.Run
+    report = wf.task_ids[-1]
+    assert Task.get_by_id(report).waiting_parents == n
+    # Every parent succeeds, ended as a batched runner ends them (lifecycle.end_successes).
+    runner_id = liveness.register(queue.store).id
+    while True:
+        def batch():
+            claimed = lifecycle.claim_many(queue.store, runner_id, ["default"], utcnow(), 500)
+            if claimed:
+                lifecycle.end_successes(queue.store, runner_id, [
+                    (c.run_id, c.task_id, "1", utcnow(), None) for c in claimed])
+            return len(claimed)
+        if not queue.store.write(batch):
+            break
+    assert Run.select().where(Run.task_id == report).count() == 1
+    queue.run_pending()
+    assert queue.get_task(report).results == {"sum": n, "parents": n}
+    assert Run.select().where(Run.task_id == report).count() == 1
+    print("added %d tasks in %.2fs" % (n + 1, added))
+    queue.close()

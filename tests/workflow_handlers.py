@@ -1,0 +1,35 @@
+"""Handlers of the workflow tests (tests/test_workflows.py)."""
+import os
+import time
+
+from taskrunner import TaskError, TaskHandler
+
+
+class Step(TaskHandler):
+    """Sleeps data["sleep"] (if given), records "task run pid" in data["log"] (if given),
+    and returns data["value"] (or its task id) as its results; fails with data["fail"]."""
+
+    def handle(self, run):
+        data = run.data or {}
+        if data.get("sleep"):
+            time.sleep(data["sleep"])
+        if data.get("fail"):
+            raise TaskError("planned failure", code="Planned")
+        if data.get("log"):
+            fd = os.open(data["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, ("%d %d %d\n" % (run.task_id, run.id, os.getpid())).encode())
+            finally:
+                os.close(fd)
+        run.results = data.get("value", run.task_id)
+
+
+class Sum(TaskHandler):
+    """Fan-in: the sum of its parents' results, read page by page."""
+
+    def handle(self, run):
+        total = count = 0
+        for _, value in run.parent_results.items():
+            total += value or 0
+            count += 1
+        run.results = {"sum": total, "parents": count}
