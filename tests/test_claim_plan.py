@@ -34,7 +34,7 @@ def _plans(queue, backend, runner_id, name="default"):
     if backend == "postgresql":
         plans.append(" | ".join(r[0] for r in queue.store.db.execute_sql(
             "EXPLAIN " + catalogue.PG_SUCCESS_AND_CLAIM,
-            (now, now, None, 1, r, now, now, name, r, r, now, now, now))))
+            (1, now, now, None, 1, r, now, now, name, r, r, now, now, now))))
     return plans
 
 

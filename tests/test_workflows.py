@@ -118,7 +118,7 @@ def test_workflow_specs_are_checked(queue):
     assert queue.store.Task.select().count() == 0
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(400)
 def test_fan_out_and_fan_in_of_10000_tasks_in_set_based_inserts(database):
     """10,000 tasks and a report over their results, added in one transaction with
     multi-row INSERTs (not one statement per task: counted), the report released by the
@@ -158,4 +158,53 @@ def test_fan_out_and_fan_in_of_10000_tasks_in_set_based_inserts(database):
     assert queue.get_task(report).results == {"sum": n, "parents": n}
     assert Run.select().where(Run.task_id == report).count() == 1
     print("added %d tasks in %.2fs" % (n + 1, added))
+    queue.close()
+
+
+@pytest.mark.timeout(240)
+def test_eight_runner_processes_release_every_dependent_once_and_never_early(database, procs,
+                                                                              tmp_path):
+    """Rule 10 under 8 concurrent runner processes: chains, a fan-out with a fan-in, and
+    tasks added after running ones while the runners work. No dependent starts before all
+    its parents finished successfully (database times), none runs twice, none is forgotten."""
+    queue = database.queue()
+    log = str(tmp_path / "records")
+    step = {"handler": STEP, "data": {"log": log, "sleep": 0.01}}
+    chains = [queue.chain(*[step] * 4) for _ in range(10)]
+    fan = queue.group([step] * 30, then=SUM)
+    config = database.write_config(tmp_path / "c.toml",
+                                   "[runner]\nlimit = 8\npoll_interval = 0.2\n")
+    for _ in range(8):
+        procs.spawn("runner", config=config, name="runner")
+    rng = random.Random(os.getpid())
+    existing = [t for wf in chains for t in wf.task_ids] + fan.task_ids
+    late = []
+    for _ in range(40):          # after whatever state their parents are in now
+        parents = rng.sample(existing, rng.randint(1, 3))
+        late.append(queue.add_task(STEP, {"log": log}, after=parents))
+        existing.append(late[-1])
+    Task, Run, Dependency = queue.store.Task, queue.store.Run, queue.store.Dependency
+    wait_for(lambda: not Task.select().where(Task.finished_on.is_null()).exists(),
+             timeout=180, interval=0.2, message="every task to end")
+    tasks = list(Task.select(Task.id, Task.last_status))
+    assert {t.last_status for t in tasks} == {SUCCESS}, procs.logs()
+    runs = {}
+    for run in Run.select():
+        runs.setdefault(run.task_id, []).append(run)
+    twice = {t: [(r.status, r.error_code, r.error_message) for r in rs]
+             for t, rs in runs.items() if len(rs) != 1 or rs[0].status != SUCCESS}
+    assert not twice, (twice, procs.logs())
+    assert set(runs) == {t.id for t in tasks}, "a task never ran"
+    # The order of the records (appended): a dependent starts after each parent ended.
+    lines = [line.split() for line in open(log)]
+    started = {int(task): at for at, (word, task, _) in enumerate(lines) if word == "start"}
+    ended = {int(task): at for at, (word, task, _) in enumerate(lines) if word == "end"}
+    assert len(started) == len([x for x in lines if x[0] == "start"]), "a handler ran twice"
+    for edge in Dependency.select():
+        assert edge.satisfied
+        if edge.task_id in started:       # the fan-in (Sum) records nothing
+            assert ended[edge.parent_id] < started[edge.task_id], (edge.task_id,
+                                                                   edge.parent_id)
+    assert queue.get_task(fan.task_ids[-1]).results == {"sum": sum(fan.task_ids[:-1]),
+                                                         "parents": 30}
     queue.close()

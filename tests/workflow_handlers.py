@@ -5,22 +5,30 @@ import time
 from taskrunner import TaskError, TaskHandler
 
 
+def _record(path, line):
+    """One line appended (O_APPEND: lines of concurrent processes never interleave)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
 class Step(TaskHandler):
-    """Sleeps data["sleep"] (if given), records "task run pid" in data["log"] (if given),
+    """Records "start TASK RUN" in data["log"] (if given), sleeps data["sleep"], records
+    "end TASK RUN",
     and returns data["value"] (or its task id) as its results; fails with data["fail"]."""
 
     def handle(self, run):
         data = run.data or {}
+        if data.get("log"):
+            _record(data["log"], "start %d %d" % (run.task_id, run.id))
         if data.get("sleep"):
             time.sleep(data["sleep"])
         if data.get("fail"):
             raise TaskError("planned failure", code="Planned")
         if data.get("log"):
-            fd = os.open(data["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, ("%d %d %d\n" % (run.task_id, run.id, os.getpid())).encode())
-            finally:
-                os.close(fd)
+            _record(data["log"], "end %d %d" % (run.task_id, run.id))
         run.results = data.get("value", run.task_id)
 
 

@@ -452,21 +452,34 @@ def _release(store, task_id, at):
 def start_released(store, ids, at):
     """Inside the caller's write transaction: the tasks `ids`, released from waiting for
     their parents, get their first run when due (or wait for their scheduled_on, or a slot
-    of their concurrency key, as any task), and idle runners are woken for them."""
-    Task = store.Task
+    of their concurrency key, as any task), and idle runners are woken for them. The runs
+    are multi-row INSERTs of values: MariaDB fails an INSERT ... SELECT that waits on its
+    table's AUTO-INC lock under concurrency (error 1467), which a success may meet."""
+    Task, Run = store.Task, store.Run
     for chunk in graph.chunks(ids):
-        due = list(Task.select(Task.id, Task.queue).where(
+        due = list(Task.select(Task.id, Task.queue, Task.priority, Task.scheduled_on,
+                               Task.run_count, Task.concurrency_key).where(
             Task.id.in_(chunk) & (Task.scheduled_on <= at)))
         if len(due) < len(chunk):
             Task.update(next_run_on=Task.scheduled_on).where(
                 Task.id.in_(chunk) & (Task.scheduled_on > at)).execute()
-        if due:
-            _create_runs(store, [t.id for t in due], at)
-            by_queue = {}
-            for task in due:
-                by_queue[task.queue] = by_queue.get(task.queue, 0) + 1
-            for queue, count in by_queue.items():
-                store.wake_after_commit(count, queue)
+        keyed = [t.id for t in due if t.concurrency_key is not None]
+        if keyed:
+            _create_runs(store, keyed, at)
+        plain = [t for t in due if t.concurrency_key is None]
+        if plain:
+            store.db.execute_sql(*sql.insert_rows(store.backend, Run, [
+                {"task_id": t.id, "created_on": at, "updated_on": at,
+                 "attempt": t.run_count + 1, "active_task_id": t.id, "priority": t.priority,
+                 "scheduled_on": t.scheduled_on, "status": SCHEDULED,
+                 "percent_completed": 0, "queue": t.queue} for t in plain]))
+            Task.update(next_run_on=None, run_count=Task.run_count + 1, last_status=SCHEDULED,
+                        updated_on=at).where(Task.id.in_([t.id for t in plain])).execute()
+        by_queue = {}
+        for task in due:
+            by_queue[task.queue] = by_queue.get(task.queue, 0) + 1
+        for queue, count in by_queue.items():
+            store.wake_after_commit(count, queue)
 
 
 def timeout_overdue_runs(store, now=None, reachable_since=None):
