@@ -208,3 +208,33 @@ def test_eight_runner_processes_release_every_dependent_once_and_never_early(dat
     assert queue.get_task(fan.task_ids[-1]).results == {"sum": sum(fan.task_ids[:-1]),
                                                          "parents": 30}
     queue.close()
+
+
+def test_cli_add_after_and_workflow_show_and_cancel(database):
+    from conftest import taskrunner, usage_error
+    import json
+    queue = database.queue()
+    wf = queue.chain(STEP, STEP)
+    first, second = wf.task_ids
+    result = taskrunner("add", STEP, "--after", "%d,%d" % (first, second),
+                        "--on-parent-failure", "run", url=database.url)
+    assert result.returncode == 0, result.stderr
+    third = int(result.stdout)
+    assert queue.get_task(third).waiting_parents == 2
+    assert queue.get_task(third).workflow_id == wf.id
+    shown = json.loads(taskrunner("workflow", "show", str(wf.id), "--json",
+                                  url=database.url).stdout)
+    assert shown["counts"] == {"scheduled": 1, "waiting": 2} and shown["outcome"] == "running"
+    assert [t["after"] for t in shown["tasks"]] == [[], [first], [first, second]]
+    text = taskrunner("workflow", "show", str(wf.id), url=database.url).stdout
+    assert "waiting" in text and "%d,%d" % (first, second) in text
+    usage_error(taskrunner("add", STEP, "--after", "999999", url=database.url),
+                "after: no task with id 999999")
+    usage_error(taskrunner("workflow", "show", "999999", url=database.url),
+                "no workflow with id 999999")
+    usage_error(taskrunner("add", STEP, "--after", "x", url=database.url), "--after")
+    cancelled = json.loads(taskrunner("workflow", "cancel", str(wf.id), "--json",
+                                      url=database.url).stdout)
+    assert cancelled == {"cancelled": 3, "stopping": 0, "workflow": wf.id}
+    assert queue.workflow(wf.id).outcome == CANCELLED
+    queue.close()
