@@ -238,3 +238,41 @@ def test_cli_add_after_and_workflow_show_and_cancel(database):
     assert cancelled == {"cancelled": 3, "stopping": 0, "workflow": wf.id}
     assert queue.workflow(wf.id).outcome == CANCELLED
     queue.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
+def test_migration_0020_keeps_history_and_old_tasks_release_nothing(backend, tmp_path):
+    """A database with history at 0019's schema (or before): migrated, its tasks have no
+    dependents and no workflow, finish as before, and can be parents of new tasks."""
+    from playhouse.migrations import Runner as MigrationRunner
+    from taskrunner.config import Config
+    from taskrunner.store.bound import Store
+    from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
+    db = Database(backend, tmp_path, empty=True)
+    try:
+        store = Store(Config.from_dict({"database": {"url": db.url}}))
+        store.connect()
+        MigrationRunner(store.db, DIRECTORY, table_name=HISTORY_TABLE).up(
+            target="0018_consecutive_crashes_and_stopping_since")
+        for status in ("success", "scheduled"):
+            store.db.execute_sql(
+                "INSERT INTO task_queue (queued_on, scheduled_on, handler, data, priority, "
+                "last_status, max_retries, runs_failed, run_count, run_timeout, updated_on) "
+                "VALUES ('2026-01-01 00:00:00', '2026-01-01 00:00:00', '%s', '{}', 0, "
+                "'%s', 5, 0, 1, 60, '2026-01-01 00:00:00')" % (STEP, status))
+        store.db.execute_sql(
+            "INSERT INTO task_runs (task_id, created_on, updated_on, attempt, active_task_id, "
+            "priority, scheduled_on, status, percent_completed, queue) VALUES (2, "
+            "'2026-01-01 00:00:00', '2026-01-01 00:00:00', 1, 2, 0, '2026-01-01 00:00:00', "
+            "'scheduled', 0, 'default')")
+        store.close()
+        queue = TaskQueue(db.url, migrate=True)
+        old = queue.store.Task.get_by_id(2)
+        assert old.dependents == 0 and old.workflow_id is None and old.waiting_parents is None
+        child = queue.add_task(STEP, after=[1, 2])
+        assert queue.get_task(child).waiting_parents == 1
+        queue.run_pending()
+        assert queue.get_task(2).status == SUCCESS == queue.get_task(child).status
+        queue.close()
+    finally:
+        db.drop()
