@@ -21,7 +21,9 @@ PUBLIC_METHODS = {"add_task", "add_tasks", "get_task", "runs_of", "tasks", "retr
                   "wait", "process_queue", "rotate", "run_pending", "migrate", "close",
                   "pause_queue", "resume_queue", "remove_queue", "queues", "wake",
                   "add_task_async", "add_tasks_async", "get_task_async", "runs_of_async",
-                  "wait_async"}
+                  "wait_async", "add_workflow", "chain", "group", "workflow", "wait_workflow",
+                  "cancel_workflow", "parent_results", "add_workflow_async",
+                  "wait_workflow_async"}
 
 
 def test_the_facade_offers_the_user_api_and_nothing_of_the_engine():
