@@ -19,6 +19,8 @@ from .store.db import SCHEMES
 from .errors import InputError, TaskNotFound, WaitTimeout
 from .store.models import as_utc, utcnow
 from .reads.records import QueueInfo, RunInfo, StepInfo, TaskInfo, TaskOutcome
+from .reads import workflows as workflow_reads
+from .reads.workflows import ParentResults, WorkflowInfo
 from .store.bound import Store
 
 # TaskQueue.wait reads the task at least this often (seconds): the bound on seeing an end
@@ -98,7 +100,9 @@ class TaskQueue:
                  retry_backoff: Union[float, str, None] = None, queue: Optional[str] = None,
                  concurrency_key: Optional[str] = None,
                  concurrency_limit: Optional[int] = None, rate_key: Optional[str] = None,
-                 tenant: Optional[str] = None, connection: Any = None) -> int:
+                 tenant: Optional[str] = None, connection: Any = None,
+                 after: Optional[Iterable[int]] = None,
+                 on_parent_failure: Optional[str] = None) -> int:
         """Queue one task and return its id. `scheduled_on` is an aware datetime (a naive
         one is refused) or None for now. With `unique_key`, adding a key that a not-yet-final
         task holds stores nothing and returns that task's id. `queue`: None for the
@@ -115,13 +119,21 @@ class TaskQueue:
         or a SQLAlchemy ``Connection`` / Django ``connection``) to this queue's database:
         the task is written inside its transaction and commits or rolls back with it. Call
         `wake()` after the commit (PostgreSQL needs none unless through a pooler: the server
-        delivers a NOTIFY at commit)."""
+        delivers a NOTIFY at commit).
+
+        `after`: ids of tasks this one runs after. It waits, without a run, until all of
+        them succeeded (one that already did counts as done; an unknown id is refused),
+        and gets its run in the transaction of the last success. A parent given up or
+        cancelled cancels it (``ParentFailed``, and its own dependents in turn), unless
+        `on_parent_failure` is ``"run"``: then it runs anyway. It joins the workflow of
+        its first parent that has one. Not with `connection` or `unique_key`."""
         return int(enqueue.add_task(
             self.store, handler, data=data, scheduled_on=scheduled_on, max_retries=max_retries,
             priority=priority, run_timeout=run_timeout, unique_key=unique_key,
             queued_by=queued_by, max_runtime=max_runtime, retry_backoff=retry_backoff,
             queue=queue, concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
-            rate_key=rate_key, tenant=tenant, connection=connection))
+            rate_key=rate_key, tenant=tenant, connection=connection,
+            after=None if after is None else list(after), on_parent_failure=on_parent_failure))
 
     def add_tasks(self, tasks: Iterable[Mapping[str, Any]], *,
                   connection: Any = None) -> List[int]:
@@ -130,6 +142,103 @@ class TaskQueue:
         `connection`, all in the caller's, as for add_task)."""
         return [int(task_id) for task_id in enqueue.add_tasks(self.store, [
             dict(spec) for spec in tasks], connection=connection)]
+
+    # -- workflows: tasks that run after others -------------------------------------------------
+
+    def add_workflow(self, tasks: Iterable[Union[str, Mapping[str, Any]]],
+                     name: Optional[str] = None) -> "WorkflowAdded":
+        """Queue `tasks` together, in one transaction, as one workflow: each a dict of
+        add_task's arguments with its "handler" (or just a handler path), plus "key" (a
+        name for the tasks after it to refer to) and "after" (keys of tasks before it in
+        `tasks`, and ids of existing tasks). Returns the workflow's id and its task ids;
+        read it with `workflow`, `wait_workflow`, `cancel_workflow`."""
+        specs = [_spec(task) for task in tasks]
+        if not specs:
+            raise InputError("a workflow needs at least one task")
+        workflow_id, ids = enqueue.add_graph(self.store, specs, workflow=name or "")
+        return WorkflowAdded(int(workflow_id), [int(i) for i in ids])
+
+    def chain(self, *tasks: Union[str, Mapping[str, Any]], name: Optional[str] = None,
+              on_parent_failure: Optional[str] = None) -> "WorkflowAdded":
+        """A workflow of `tasks` (as `add_workflow`'s, without "key" and "after") each run
+        after the one before it succeeded. `on_parent_failure` for every task after the
+        first (default: a failure cancels the rest)."""
+        specs = []
+        for index, task in enumerate(tasks):
+            spec = dict(_spec(task), key="#%d" % index)
+            if index:
+                spec["after"] = ["#%d" % (index - 1)]
+                if on_parent_failure is not None:
+                    spec.setdefault("on_parent_failure", on_parent_failure)
+            specs.append(spec)
+        return self.add_workflow(specs, name=name)
+
+    def group(self, tasks: Iterable[Union[str, Mapping[str, Any]]],
+              then: Union[str, Mapping[str, Any], None] = None,
+              name: Optional[str] = None) -> "WorkflowAdded":
+        """A workflow of `tasks` run side by side (fan-out) and, with `then`, one task after
+        all of them (fan-in: its handler reads their results in ``run.parent_results``);
+        its task id is the last of the returned ids. Thousands of tasks are added in
+        multi-row INSERTs."""
+        specs = [dict(_spec(task), key="#%d" % index) for index, task in enumerate(tasks)]
+        if then is not None:
+            specs.append(dict(_spec(then), after=[spec["key"] for spec in specs]))
+        return self.add_workflow(specs, name=name)
+
+    def workflow(self, workflow_id: int, graph: bool = True) -> WorkflowInfo:
+        """A workflow's state: counts per state, progress, outcome and (with `graph`) its
+        tasks with the tasks each runs after."""
+        return workflow_reads.workflow_info(self.store, workflow_id, graph=graph)
+
+    def wait_workflow(self, workflow_id: int, timeout: Optional[float] = None) -> WorkflowInfo:
+        """Block until every task of the workflow is final; its state then (without the
+        graph). `WaitTimeout` after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        try:
+            listener: Optional[wakeup.Listener] = wakeup.Listener(self.store.waiters_directory)
+        except OSError:
+            listener = None
+        try:
+            while True:
+                info = workflow_reads.workflow_info(self.store, workflow_id, graph=False)
+                if info.done:
+                    return info
+                left = WAIT_POLL if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeout("workflow %d did not end within %gs"
+                                      % (workflow_id, timeout or 0))
+                if listener is None:
+                    time.sleep(min(left, WAIT_POLL))
+                elif select.select([listener], [], [], min(left, WAIT_POLL))[0]:
+                    listener.drain()
+        finally:
+            if listener is not None:
+                listener.close()
+
+    def cancel_workflow(self, workflow_id: int) -> Dict[str, int]:
+        """Cancel every unfinished task of the workflow (running ones cooperatively, as
+        `cancel`): {"cancelled": ended now, "stopping": running ones asked to stop}."""
+        workflow_reads.workflow_info(self.store, workflow_id, graph=False)   # exists
+        ids = workflow_reads.workflow_task_ids(self.store, workflow_id, unfinished=True)
+        # The last first: each is cancelled by the operator, not by its parent's cancel.
+        cancelled, stopping = control.cancel_workflow(self.store, reversed(ids))
+        return {"cancelled": cancelled, "stopping": stopping}
+
+    def parent_results(self, task_id: int) -> ParentResults:
+        """The results of the tasks `task_id` runs after, keyed by task id, read in pages
+        (a handler's ``run.parent_results``)."""
+        return ParentResults(self.store, task_id)
+
+    async def add_workflow_async(self, tasks: Iterable[Union[str, Mapping[str, Any]]],
+                                 name: Optional[str] = None) -> "WorkflowAdded":
+        """`add_workflow`, awaitable."""
+        specs = list(tasks)
+        return await self._in_thread(lambda: self.add_workflow(specs, name=name))
+
+    async def wait_workflow_async(self, workflow_id: int,
+                                  timeout: Optional[float] = None) -> WorkflowInfo:
+        """`wait_workflow`, awaitable (in a thread of the queue's executor)."""
+        return await self._in_thread(lambda: self.wait_workflow(workflow_id, timeout))
 
     def wake(self) -> None:
         """Wake this host's idle runners now: after committing tasks added with
@@ -176,9 +285,11 @@ class TaskQueue:
 
     # -- the operator's verbs -----------------------------------------------------------------
 
-    def retry(self, task_id: int) -> None:
-        """Re-arm a failed or given-up task: its failures count from zero, a run now."""
-        control.retry(self.store, task_id)
+    def retry(self, task_id: int, dependents: bool = True) -> int:
+        """Re-arm a failed or given-up task: its failures count from zero, a run now. With
+        `dependents`, the tasks that its giving up cancelled (and theirs in turn) wait for
+        it again. Returns how many dependents were re-armed."""
+        return int(control.retry(self.store, task_id, dependents=dependents))
 
     def cancel(self, task_id: int) -> Optional[int]:
         """Cancel a task that has not ended. A running task is stopped cooperatively: its
@@ -368,6 +479,30 @@ class TaskQueue:
         return done
 
 
+class WorkflowAdded:
+    """What `add_workflow`, `chain` and `group` return: the workflow's id (also its
+    ``int()``) and its tasks' ids, in the order they were given."""
+
+    def __init__(self, workflow_id: int, task_ids: List[int]) -> None:
+        self.id, self.task_ids = workflow_id, task_ids
+
+    def __int__(self) -> int:
+        return self.id
+
+    def __repr__(self) -> str:
+        return "<workflow %d: %d tasks>" % (self.id, len(self.task_ids))
+
+
+def _spec(task: Union[str, Mapping[str, Any]]) -> Dict[str, Any]:
+    """A task spec of a workflow: a dict, or a handler path alone."""
+    if isinstance(task, str):
+        return {"handler": task}
+    if not isinstance(task, Mapping):
+        raise InputError("invalid task %r: expected a dict with a 'handler' or a handler path"
+                         % (task,))
+    return dict(task)
+
+
 class _EndWatch:
     """The waiters of one queue in one event loop: one wake-up listener, and one read of the
     outcomes of every awaited task per wake-up (wake-ups that arrive during a read make one
@@ -446,4 +581,4 @@ class _EndWatch:
                     future.set_result(value)
 
 
-__all__ = ["TaskQueue"]
+__all__ = ["TaskQueue", "WorkflowAdded"]

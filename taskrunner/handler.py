@@ -177,6 +177,14 @@ class RunContext:
         self._progress_warned = False
         self._stored_results: Optional[str] = None     # results as last stored, JSON
 
+    @property
+    def parent_results(self) -> Any:
+        """The results of the tasks this one runs after (``after=``), keyed by task id: a
+        mapping read from the database in pages when iterated (``items()``, ``values()``),
+        or one at a time (``run.parent_results[task_id]``) — a fan-in over thousands of
+        parents never holds them all in memory."""
+        return self.queue.parent_results(self.task_id)
+
     def progress(self, percent: float) -> None:
         """Store percent_completed (0..100) and mark the run as alive.
 

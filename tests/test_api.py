@@ -23,7 +23,10 @@ PUBLIC_METHODS = {"add_task", "add_tasks", "get_task", "runs_of", "tasks", "retr
                   "add_task_async", "add_tasks_async", "get_task_async", "runs_of_async",
                   "wait_async", "send_event", "send_event_async", "steps_of",
                   "set_rate_limit", "clear_rate_limit", "rate_limits",
-                  "set_rate_limit_async", "clear_rate_limit_async", "rate_limits_async"}
+                  "set_rate_limit_async", "clear_rate_limit_async", "rate_limits_async",
+                  "add_workflow", "chain", "group", "workflow", "wait_workflow",
+                  "cancel_workflow", "parent_results", "add_workflow_async",
+                  "wait_workflow_async"}
 
 
 def test_the_facade_offers_the_user_api_and_nothing_of_the_engine():

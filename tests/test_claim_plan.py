@@ -34,7 +34,7 @@ def _plans(queue, backend, runner_id, name="default"):
     if backend == "postgresql":
         plans.append(" | ".join(r[0] for r in queue.store.db.execute_sql(
             "EXPLAIN " + catalogue.PG_SUCCESS_AND_CLAIM,
-            (now, now, None, 1, r, now, now, name, r, r, now, now, now))))
+            (1, now, now, None, 1, r, now, now, name, r, r, now, now, now))))
     return plans
 
 
@@ -82,7 +82,8 @@ def test_live_runs_are_read_from_partial_indexes_not_the_history(database_sp):
     if backend == "postgresql":
         queue.store.db.execute_sql("ANALYZE task_runs")
     now = utcnow()
-    finish = (catalogue.PG_SUCCESS_AND_CLAIM, (now, now, None, claimed.run_id, runner_id, now,
+    finish = (catalogue.PG_SUCCESS_AND_CLAIM, (claimed.run_id, now, now, None, claimed.run_id,
+                                                runner_id, now,
                                                 now, "default", runner_id, runner_id, now, now,
                                                 now)) \
         if backend == "postgresql" \

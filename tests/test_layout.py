@@ -26,11 +26,12 @@ LEVELS = {
     "store.bound": 2.1, "store.outage": 2.1, "host.hub": 2.1,
     # 3. the rules: the run lifecycle and its SQL catalogue, liveness, periodic, reads
     "runs": 2.9, "runs.concurrency": 2.9, "runs.sql": 2.95, "runs.flow": 2.97,
+    "runs.graph": 2.97,
     "runs.lifecycle": 3.0, "runs.enqueue": 3.0,
     "fleet": 3.1, "fleet.liveness": 3.1, "fleet.leadership": 3.15,
     "runs.durable": 3.05,
     "runs.rotation": 3.1, "runs.control": 3.1, "runs.queues": 3.1,
-    "reads": 3.1, "reads.records": 3.1, "reads.summaries": 3.2,
+    "reads": 3.1, "reads.records": 3.1, "reads.summaries": 3.2, "reads.workflows": 3.2,
     "periodic": 3.2, "periodic.scheduler": 3.2, "fleet.maintenance": 3.2,
     # 4. processes and faces: peers, kept apart from each other by the circle check
     "runner": 3.3, "runner.stops": 3.3, "runner.current": 3.3, "runner.outcomes": 3.3,

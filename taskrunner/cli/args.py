@@ -70,6 +70,14 @@ def task_id_arg(text):
     return value
 
 
+def task_id_list(text):
+    """ID,ID,...: task ids, at least one."""
+    ids = [task_id_arg(part.strip()) for part in text.split(",") if part.strip()]
+    if not ids:
+        raise argparse.ArgumentTypeError("expected task ids like 12,13")
+    return ids
+
+
 def positive_int(text):
     try:
         value = int(text)

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 from . import runs as cli_runs
 from .args import (add_wide, iso_time, json_arg, masked_url, one_line, open_queue, positive_int,
-                   print_json, print_password_hash, print_table, queue_list, queue_name, shown,
+                   task_id_list, print_json, print_password_hash, print_table, queue_list, queue_name, shown,
                    span_arg, task_id_arg, zone_note)
 from .calendar import MAX_ITERATIONS, cmd_calendar, iterations
 from .periodic import add_periodic_parser
@@ -20,6 +20,7 @@ from .runs import when
 from ..config import Config
 from ..errors import InputError
 from .queues import add_queue_command, add_rate_command, print_queues, print_rates
+from .workflows import add_workflow_command
 from ..handler import encode_data, load_handler
 from ..logs import setup_logging
 from ..runner import stops
@@ -94,6 +95,23 @@ def cmd_add(args):
             scheduled_on = datetime.now(timezone.utc) + timedelta(seconds=args.delay)
         except OverflowError:
             raise InputError("--in %gs is too far in the future" % args.delay) from None
+    if args.after is not None:
+        from ..runs.enqueue import add_task
+        if args.unique_key is not None:
+            raise InputError("--after cannot be combined with --unique-key")
+        task_id = add_task(
+            open_queue(args).store, args.handler, data=args.data, scheduled_on=scheduled_on,
+            max_retries=args.max_retries, priority=args.priority, run_timeout=args.timeout,
+            queued_by=args.queued_by, max_runtime=args.max_runtime, queue=args.queue,
+            concurrency_key=args.concurrency_key, concurrency_limit=args.concurrency_limit,
+            after=args.after, on_parent_failure=args.on_parent_failure)
+        if args.json:
+            print_json({"id": task_id, "existed": False})
+        else:
+            print(task_id)
+        return
+    if args.on_parent_failure is not None:
+        raise InputError("--on-parent-failure needs --after")
     from ..runs.enqueue import add_task_created
     task_id, created = add_task_created(
         open_queue(args).store, args.handler, data=args.data, scheduled_on=scheduled_on,
@@ -426,6 +444,11 @@ def build_parser(hidden=()):
     p.add_argument("--tenant", metavar="NAME",
                    help="whose task it is: a queue with fair_by = \"tenant\" round-robins "
                         "between tenants")
+    p.add_argument("--after", type=task_id_list, metavar="ID,...",
+                   help="run after these tasks succeeded (it waits without a run until then)")
+    p.add_argument("--on-parent-failure", choices=("cancel", "run"),
+                   help="when a task it runs after is given up or cancelled: cancel this one "
+                        "too (default) or run it anyway")
     p.add_argument("--json", action="store_true",
                    help='print {"id": N, "existed": false|true (a --unique-key hit)}')
     command("overseer", cmd_overseer, "the supervised parent of the runners, foreground")
@@ -492,6 +515,7 @@ def build_parser(hidden=()):
         "--json", action="store_true", help="print JSON")
     add_queue_command(command)
     add_rate_command(command)
+    add_workflow_command(command)
 
     add_periodic_parser(command, parser_class)
 

@@ -47,12 +47,15 @@ def _json_ready(value: Any) -> Any:
     return value
 
 
-class _Record:
+class Record:
     """What every record can do: turn into JSON-ready data (ISO 8601 datetimes)."""
 
     def to_json(self) -> Dict[str, Any]:
         return {key: _json_ready(value)
                 for key, value in dataclasses.asdict(self).items()}  # type: ignore[call-overload]
+
+
+_Record = Record
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,9 @@ class TaskInfo(_Record):
     waiting_until: Optional[datetime] = None
     # Its steps (`get_task` only; None in listings).
     steps: Optional[List["StepInfo"]] = None
+    workflow_id: Optional[int] = None     # the workflow it was added in (graph.py)
+    # The tasks it runs after that have not succeeded yet, while it waits for them (no run).
+    waiting_parents: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -279,7 +285,8 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         checkpoint=_decoded(row.checkpoint), checkpoint_on=aware(row.checkpoint_on),
         waiting_for=row.waiting_for if row.last_status == WAITING else None,
         waiting_until=aware(row.next_run_on) if row.last_status == WAITING else None,
-        steps=steps)
+        steps=steps, workflow_id=row.workflow_id,
+        waiting_parents=row.waiting_parents if row.finished_on is None else None)
 
 
 def step_info(row: Any, now: datetime) -> StepInfo:

@@ -4,8 +4,9 @@ which race it closes.
 """
 import peewee as pw
 
+from . import graph
 from ..errors import StateError, TaskNotFound
-from .lifecycle import cancel_in_transaction, create_missing_runs
+from .lifecycle import cancel_in_transaction, create_missing_runs, start_released
 from ..store.models import CANCELLED, FAILED, utcnow
 
 
@@ -17,14 +18,18 @@ def _locked_task(store, task_id):
     return task
 
 
-def retry(store, task_id, now=None):
-    """Re-arm a failed or given-up task: runs_failed back to 0 and a run now.
+def retry(store, task_id, now=None, dependents=True):
+    """Re-arm a failed or given-up task: runs_failed back to 0 and a run now. With
+    `dependents`, the tasks its giving up cancelled (``ParentFailed``, and theirs in turn)
+    wait for it again (graph.rearm). Returns how many dependents were re-armed.
     Race closed: retry against a runner finishing the task's run — the live-run unique index
     and the conditional state check inside one transaction."""
     now = now or utcnow()
     # next_run_on on the database's clock (create_missing_runs compares it with it).
-    store.write(lambda: _rearm(store, task_id, store.database_time(now)))
+    rearmed = store.write(lambda: _rearm(store, task_id, store.database_time(now),
+                                         dependents))
     create_missing_runs(store, now)
+    return rearmed
 
 
 def retry_many(store, task_ids, now=None, batch=200, progress=None):
@@ -42,7 +47,7 @@ def retry_many(store, task_ids, now=None, batch=200, progress=None):
         done = {}
         for task_id in chunk:
             try:
-                _rearm(store, task_id, at)
+                _rearm(store, task_id, at, True)
                 done[task_id] = None
             except (StateError, TaskNotFound) as exc:
                 done[task_id] = exc
@@ -56,9 +61,10 @@ def retry_many(store, task_ids, now=None, batch=200, progress=None):
     return outcome
 
 
-def _rearm(store, task_id, at):
+def _rearm(store, task_id, at, dependents=False):
     """Inside the caller's write transaction: the task re-armed with a run due `at` (the
-    database's clock), or StateError."""
+    database's clock), or StateError; with `dependents`, those its failure cancelled too.
+    Returns how many dependents were re-armed."""
     Task, Run = store.Task, store.Run
     task = _locked_task(store, task_id)
     if task.last_status not in FAILED:
@@ -74,6 +80,11 @@ def _rearm(store, task_id, at):
     except pw.IntegrityError:
         raise StateError("task %d cannot be retried: another live task holds its "
                          "unique_key %r" % (task.id, task.unique_key)) from None
+    if not (dependents and task.dependents):
+        return 0
+    count, released = graph.rearm(store, task.id, at)
+    start_released(store, released, at)
+    return count
 
 
 def cancel(store, task_id, now=None):
@@ -95,3 +106,30 @@ def cancel(store, task_id, now=None):
     running = store.write(step)
     store.wake_waiters()
     return running
+
+
+def cancel_workflow(store, task_ids, now=None, batch=200):
+    """Cancel every task of `task_ids` (a workflow's unfinished tasks) that has not ended, as
+    `cancel` does, `batch` per transaction; a task that ended meanwhile is left alone.
+    Returns (how many were cancelled now, how many running ones were asked to stop)."""
+    Run = store.Run
+    cancelled = stopping = 0
+
+    def step(chunk):
+        done = asked = 0
+        for task_id in chunk:
+            task = _locked_task(store, task_id)
+            if task.last_status == CANCELLED or task.finished_on is not None:
+                continue
+            live = Run.select(Run.id).where(Run.active_task_id == task.id).first()
+            if cancel_in_transaction(store, task.id, live.id if live else None, now) is None:
+                done += 1
+            else:
+                asked += 1
+        return done, asked
+    task_ids = list(task_ids)
+    for start in range(0, len(task_ids), batch):
+        done, asked = store.write(lambda: step(task_ids[start:start + batch]))
+        cancelled, stopping = cancelled + done, stopping + asked
+    store.wake_waiters()
+    return cancelled, stopping

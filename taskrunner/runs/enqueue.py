@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 import peewee as pw
 
-from . import flow, sql
+from . import flow, graph, sql
 from ..config import check_queue_name
 from ..errors import InputError, StateError, check_text
 from ..handler import check_handler_path, encode_data, load_handler
@@ -24,7 +24,8 @@ MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
 BULK_ROWS = 500         # rows per INSERT: within every database's limit on bound parameters
 TASK_OPTIONS = ("data", "scheduled_on", "max_retries", "priority", "run_timeout", "unique_key",
                 "queued_by", "max_runtime", "retry_backoff", "periodic_task_id", "queue",
-                "concurrency_key", "concurrency_limit", "rate_key", "tenant")
+                "concurrency_key", "concurrency_limit", "rate_key", "tenant", "after",
+                "on_parent_failure")
 
 
 def utc_instant(value, name="scheduled_on"):
@@ -66,7 +67,7 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
              run_timeout=None, unique_key=None, queued_by=None, max_runtime=None,
              retry_backoff=None, periodic_task_id=None, now=None, known_handlers=None,
              import_handler=True, subject=None, group=None, queue=None, concurrency_key=None,
-             concurrency_limit=None, rate_key=None, tenant=None):
+             concurrency_limit=None, rate_key=None, tenant=None, on_parent_failure=None):
     """Validate one task and return the row to insert; InputError on bad input.
     `known_handlers`, a dict, skips loading a handler already loaded in this batch; without
     `import_handler` the path is checked but not imported (the overseer's scheduler).
@@ -106,6 +107,7 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
     if concurrency_limit is not None and concurrency_key is None:
         raise InputError("concurrency_limit needs a concurrency_key")
     flow.check_task_options(rate_key, tenant)
+    graph.check_policy(on_parent_failure)
     due = scheduled_on <= now and concurrency_key is None
     return {
         "queued_on": now, "queued_by": queued_by, "scheduled_on": scheduled_on,
@@ -121,11 +123,15 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
         "concurrency_limit": (concurrency_limit or 1) if concurrency_key is not None else None,
         "next_run_on": None if due else scheduled_on,
         "updated_on": now, "rate_key": rate_key, "tenant": tenant,
+        # "cancel" is the default, stored as NULL.
+        "on_parent_failure": "run" if on_parent_failure == "run" else None,
     }
 
 
 def is_due(row):
-    return row["next_run_on"] is None
+    """Whether the row gets its first run as it is added (not delayed, waiting for a slot
+    of its concurrency key, or waiting for its parents)."""
+    return row["next_run_on"] is None and row["run_count"] == 1
 
 
 def first_run(task_id, row):
@@ -230,6 +236,11 @@ def add_task(store, handler, now=None, connection=None, **options):
     """Queue one task and return its id. With `unique_key`, adding a key that a not-yet-final
     task holds stores nothing and returns that task's id. With `connection`, the caller's
     open DB-API connection writes it inside the caller's transaction (`add_in_transaction`)."""
+    after = options.pop("after", None)
+    if after is not None:
+        if connection is not None:
+            raise InputError("after= cannot be combined with connection=")
+        return add_graph(store, [dict(options, handler=handler, after=after)], now=now)[1][0]
     raw = None if connection is None else application_connection(store, connection)
     row = task_row(store.config, handler, now=_database_time(store, now, raw), **options)
     if raw is not None:
@@ -277,17 +288,15 @@ def add_tasks(store, tasks, now=None, connection=None):
     is stored; those without a unique_key are stored in one transaction, those with one each
     as add_task() stores them (with `connection`: all in the caller's transaction). Returns
     their ids in order."""
+    tasks = [check_spec(spec) for spec in tasks]
+    if any(spec.get("after") is not None for spec in tasks):
+        if connection is not None:
+            raise InputError("after= cannot be combined with connection=")
+        return add_graph(store, tasks, now=now)[1]
     raw = None if connection is None else application_connection(store, connection)
     now = _database_time(store, now, raw)
     seen = {}
-    rows = []
-    for spec in tasks:
-        if not isinstance(spec, dict) or not isinstance(spec.get("handler"), str):
-            raise InputError("invalid task %r: expected a dict with a 'handler'" % (spec,))
-        unknown = set(spec) - set(TASK_OPTIONS) - {"handler"}
-        if unknown:
-            raise InputError("invalid task: unknown key %s" % ", ".join(sorted(unknown)))
-        rows.append(task_row(store.config, now=now, known_handlers=seen, **spec))
+    rows = [task_row(store.config, now=now, known_handlers=seen, **spec) for spec in tasks]
     if raw is not None:
         return add_in_transaction(store, raw, rows)
     plain_rows = [row for row in rows if row["unique_key"] is None]
@@ -299,6 +308,88 @@ def add_tasks(store, tasks, now=None, connection=None):
         ids.append(next(plain_ids) if row["unique_key"] is None
                    else _add_unique(store, row)[0])
     return ids
+
+
+def check_spec(spec, extra=()):
+    """A task spec (a dict of add_task's arguments with its "handler"), or InputError."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("handler"), str):
+        raise InputError("invalid task %r: expected a dict with a 'handler'" % (spec,))
+    unknown = set(spec) - set(TASK_OPTIONS) - {"handler"} - set(extra)
+    if unknown:
+        raise InputError("invalid task: unknown key %s" % ", ".join(sorted(unknown)))
+    return spec
+
+
+def _parent_list(after, keys):
+    """`after` of a spec as parents for graph.plan: task ids, and ("row", j)
+    for the key of an earlier spec of the same add."""
+    if isinstance(after, (int, str)) and not isinstance(after, bool):
+        after = [after]
+    if not isinstance(after, (list, tuple)):
+        raise InputError("after must be a list of task ids, not %r" % (after,))
+    parents = []
+    for parent in after:
+        if isinstance(parent, str) and parent in keys:     # only the keys before it
+            parents.append(("row", keys[parent]))
+        elif isinstance(parent, int) and not isinstance(parent, bool) and parent > 0:
+            parents.append(parent)
+        else:
+            raise InputError("after: %r is neither a task id nor the key of a task added "
+                             "before it" % (parent,))
+    if len(set(parents)) < len(parents):
+        raise InputError("after: a task is named twice")
+    return parents
+
+
+# The columns graph.plan may write in some rows of an add and not in others.
+GRAPH_COLUMNS = ("dependents", "waiting_parents", "finished_on", "last_error_code",
+                 "last_error_message")
+
+
+def add_graph(store, specs, workflow=None, now=None):
+    """Queue `specs` (dicts of add_task's arguments, with "after": ids of existing tasks and
+    the "key" of earlier specs) in one write transaction, with their edges: a task whose
+    parents have not all succeeded waits without a run (graph.py). `workflow`: None, or
+    the name of a new workflow they form ("" for none); without it the tasks join their
+    first parent's workflow. Returns (the workflow id or None, the task ids in order)."""
+    now = store.database_time(now)
+    keys, rows, parents, seen = {}, [], [], {}
+    for index, spec in enumerate(specs):
+        spec = dict(check_spec(spec, ("key",)))
+        key = spec.pop("key", None)
+        after = spec.pop("after", None)
+        parents.append(_parent_list(after, keys) if after is not None else [])
+        if key is not None:
+            if not isinstance(key, str) or key in keys:
+                raise InputError("key %r: a key is a string, unique within the tasks added "
+                                 "together" % (key,))
+            keys[key] = index
+        row = task_row(store.config, now=now, known_handlers=seen, **spec)
+        if row["unique_key"] is not None and (parents[-1] or workflow is not None):
+            raise InputError("unique_key cannot be used for tasks of a workflow or with after")
+        rows.append(row)
+    existing = [p for after in parents for p in after if not isinstance(p, tuple)]
+
+    def step():
+        states = graph.parent_states(store, existing)
+        edges = graph.plan(rows, parents, states, now)
+        workflow_id = None
+        if workflow is not None:
+            workflow_id = store.Workflow.insert(name=workflow or None, created_on=now,
+                                                task_count=len(rows)).execute()
+        elif existing:
+            workflow_id = graph.workflow_of(store, existing)
+        for row in rows:        # one set of columns for the multi-row INSERTs
+            row["workflow_id"] = workflow_id
+            for name in GRAPH_COLUMNS:
+                row.setdefault(name, None)
+            row["dependents"] = row["dependents"] or 0
+        ids = _insert_many_and_wake(store, rows)
+        graph.insert_edges(store, edges, ids)
+        return workflow_id, ids
+    result = store.write(step)
+    remember_queues(store, [row["queue"] for row in rows])
+    return result
 
 
 def _insert_many_and_wake(store, rows):

@@ -21,7 +21,7 @@ from datetime import timedelta
 
 import peewee as pw
 
-from . import flow, sql
+from . import flow, graph, sql
 from .concurrency import create_keyed_runs, release_waiting
 from ..errors import StateError
 from ..store.models import (CANCELLED, CRASHED, DEFAULT_QUEUE, FAILED, REQUEUED, RUNNING,
@@ -276,9 +276,10 @@ def _end_run(store, run_id, task_id, status, at, runner_id=None, results=None, e
     """end_run() on the database's clock (`at`, `retry_at`)."""
     args = (store, run_id, task_id, status, runner_id, results, error_code, error_message, at,
             periodic_task_id, retry_at, traceback, waiting_for)
+    ended = None
     if _single_statement_end(store, status, runner_id, periodic_task_id):
-        ended = _end(*args)
-    else:
+        ended = sql.end_success_alone(store, run_id, runner_id, results, at)
+    if ended is None:       # not a lone success, or one whose task has dependents
         ended = store.write(lambda: _end(*args))
     if ended:
         store.wake_waiters()
@@ -298,6 +299,9 @@ def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, e
             and flow.claim_flow(store, queues[0]) is None:
         ended, row = sql.end_success_and_claim(store, run_id, runner_id, results, at, queues[0])
         claimed = None if row is None else ClaimedRun(*row, now)
+        if ended is None:   # its task has dependents: ended with their release
+            ended = store.write(lambda: _end(store, run_id, task_id, status, runner_id,
+                                             results, None, None, at, None, None, None))
         if claimed is None and len(queues) > 1:
             claimed = _claim_step(store, runner_id, queues[1:], now, at)
     else:
@@ -322,7 +326,9 @@ def end_successes(store, runner_id, done):
     for run_id, _, _, at, periodic_task_id in done:
         if run_id in ended and periodic_task_id is not None:
             _outcome(store, periodic_task_id, SUCCESS, at)
-    return ended
+        if ended.get(run_id) is not None:
+            _release(store, ended[run_id], at)
+    return set(ended)
 
 
 def _single_statement_end(store, status, runner_id, periodic_task_id):
@@ -354,7 +360,9 @@ def _end(store, run_id, task_id, status, runner_id, results, error_code, error_m
         ended = sql.end_success(store, run_id, task_id, runner_id, results, at)
         if ended and periodic_task_id is not None:
             _outcome(store, periodic_task_id, status, at)
-        return ended
+        if ended == sql.RELEASE:
+            _release(store, task_id, at)
+        return bool(ended)
     if not sql.end_running(store, run_id, runner_id, status, at, error_code, error_message,
                            results, traceback and bounded_traceback(traceback)):
         return False
@@ -439,8 +447,9 @@ def _aggregate(store, task_id, status, error_code, error_message, now, not_befor
     hooks, with the periodic task read from the (locked) task."""
     Task, config = store.Task, store.config
     task = store.locked(Task.select(Task.runs_failed, Task.runs_crashed, Task.max_retries,
-                                    Task.retry_backoff, Task.periodic_task_id)
-                        .where(Task.id == task_id)).get()
+                                    Task.retry_backoff, Task.periodic_task_id,
+                                    Task.dependents).where(Task.id == task_id)).get()
+    final = status == CANCELLED or task.runs_failed + 1 >= task.max_retries
     if status == CANCELLED:
         sql.end_task(store, task_id, CANCELLED, now)
     else:
@@ -464,8 +473,51 @@ def _aggregate(store, task_id, status, error_code, error_message, now, not_befor
             Task.update(last_status=status, updated_on=now, next_run_on=max(
                 now + timedelta(seconds=delay), not_before or now), **values).where(
                 Task.id == task_id).execute()
+    if final and task.dependents:
+        start_released(store, graph.parent_failed(store, task_id, status, now), now)
     if task.periodic_task_id is not None:
         _outcome(store, task.periodic_task_id, status, now, error_code)
+
+
+# -- the graph (graph.py) ---------------------------------------------------------------------
+
+def _release(store, task_id, at):
+    """Inside the transaction of the task's success: its dependents whose last parent it was
+    get their run now (rule 10: released in that transaction, exactly once)."""
+    start_released(store, graph.release(store, task_id, at), at)
+
+
+def start_released(store, ids, at):
+    """Inside the caller's write transaction: the tasks `ids`, released from waiting for
+    their parents, get their first run when due (or wait for their scheduled_on, or a slot
+    of their concurrency key, as any task), and idle runners are woken for them. The runs
+    are multi-row INSERTs of values: MariaDB fails an INSERT ... SELECT that waits on its
+    table's AUTO-INC lock under concurrency (error 1467), which a success may meet."""
+    Task, Run = store.Task, store.Run
+    for chunk in graph.chunks(ids):
+        due = list(Task.select(Task.id, Task.queue, Task.priority, Task.scheduled_on,
+                               Task.run_count, Task.concurrency_key).where(
+            Task.id.in_(chunk) & (Task.scheduled_on <= at)))
+        if len(due) < len(chunk):
+            Task.update(next_run_on=Task.scheduled_on).where(
+                Task.id.in_(chunk) & (Task.scheduled_on > at)).execute()
+        keyed = [t.id for t in due if t.concurrency_key is not None]
+        if keyed:
+            _create_runs(store, keyed, at)
+        plain = [t for t in due if t.concurrency_key is None]
+        if plain:
+            store.db.execute_sql(*sql.insert_rows(store.backend, Run, [
+                {"task_id": t.id, "created_on": at, "updated_on": at,
+                 "attempt": t.run_count + 1, "active_task_id": t.id, "priority": t.priority,
+                 "scheduled_on": t.scheduled_on, "status": SCHEDULED,
+                 "percent_completed": 0, "queue": t.queue} for t in plain]))
+            Task.update(next_run_on=None, run_count=Task.run_count + 1, last_status=SCHEDULED,
+                        updated_on=at).where(Task.id.in_([t.id for t in plain])).execute()
+        by_queue = {}
+        for task in due:
+            by_queue[task.queue] = by_queue.get(task.queue, 0) + 1
+        for queue, count in by_queue.items():
+            store.wake_after_commit(count, queue)
 
 
 def timeout_overdue_runs(store, now=None, reachable_since=None):

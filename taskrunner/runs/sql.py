@@ -121,23 +121,50 @@ def _pg_claim_ctes(limit):
         ", ".join("claimed." + c for c, _ in CLAIM_ORDER))
 
 
-PG_SUCCESS_CTES = """
+# A task with dependents (task_queue.dependents > 0) releases them in its success's
+# transaction (graph.release). The one-statement successes below are PostgreSQL's outside a
+# transaction: they end no run of such a task, and return its count of dependents instead,
+# for the caller to end it in a transaction (end_success). The count is read under a KEY SHARE
+# lock of the task row, so it is the latest: an add of a dependent (which locks the row FOR
+# UPDATE) either committed before — the count shows it — or waits and then finds the parent
+# succeeded. Race closed: a dependent added as its parent's success statement started, whose
+# edge that statement's snapshot could not see. KEY SHARE conflicts with no other writer of
+# the row (a timeout, a cancel), so it adds no lock wait and no deadlock.
+PG_GUARD_CTE = """
+    guard AS (
+        SELECT t.dependents FROM task_runs AS r JOIN task_queue AS t ON t.id = r.task_id
+        WHERE r.id = %s FOR KEY SHARE OF t),"""
+
+
+def _pg_success_ctes(guarded):
+    return (PG_GUARD_CTE if guarded else "") + """
     ended AS (
         UPDATE task_runs SET %s
-        WHERE id = %%s AND status = 'running' AND runner_id = %%s RETURNING task_id),
+        WHERE id = %%s AND status = 'running' AND runner_id = %%s%s RETURNING task_id),
     ended_task AS (
         UPDATE task_queue AS t SET %s
-        FROM ended WHERE t.id = ended.task_id RETURNING t.id)""" % (
-    _assignments(RUN_SUCCESS), _assignments(TASK_SUCCESS))
-# Parameters: the claim's (queue, runner_id, runner_id, at, at, at); the success's (at, at,
-# results, run_id, runner_id, at, at).
-PG_SUCCESS = "WITH" + PG_SUCCESS_CTES + " SELECT count(*) FROM ended_task"
+        FROM ended WHERE t.id = ended.task_id RETURNING t.id, t.dependents)""" % (
+        _assignments(RUN_SUCCESS),
+        " AND (SELECT dependents FROM guard) = 0" if guarded else "",
+        _assignments(TASK_SUCCESS))
+
+
+# Parameters: the guard's (run_id); the claim's (queue, runner_id, runner_id, at, at, at); the
+# success's (at, at, results, run_id, runner_id, at, at). Returns (runs ended, the task's
+# dependents).
+PG_SUCCESS = ("WITH" + _pg_success_ctes(True) + " SELECT (SELECT count(*) FROM ended_task), "
+              "(SELECT dependents FROM guard)")
+# Inside a transaction: no guard; the caller releases the dependents after it (RETURNING
+# shows the latest count, the row being locked by the UPDATE).
+PG_SUCCESS_IN_TRANSACTION = ("WITH" + _pg_success_ctes(False)
+                             + " SELECT count(*), max(dependents) FROM ended_task")
 # Every data-modifying CTE runs to completion whether or not the final SELECT reads it: the
 # success happens even when the claim finds nothing, and the reverse.
-PG_SUCCESS_AND_CLAIM = ("WITH" + PG_SUCCESS_CTES + "," + _pg_claim_ctes(1) + """
-    SELECT (SELECT count(*) FROM ended_task), c.* FROM (VALUES (1)) AS one
-    LEFT JOIN claimed_task AS c ON true""")
-# Successes of one runner, each with its own end time and results, in one statement.
+PG_SUCCESS_AND_CLAIM = ("WITH" + _pg_success_ctes(True) + "," + _pg_claim_ctes(1) + """
+    SELECT (SELECT count(*) FROM ended_task), (SELECT dependents FROM guard), c.*
+    FROM (VALUES (1)) AS one LEFT JOIN claimed_task AS c ON true""")
+# Successes of one runner, each with its own end time and results, in one statement, inside
+# the caller's transaction: the ids of the runs ended, and their tasks' dependents.
 PG_SUCCESSES = """
     WITH done AS (
         SELECT * FROM unnest(%%s::bigint[], %%s::timestamp[], %%s::text[])
@@ -148,9 +175,11 @@ PG_SUCCESSES = """
         RETURNING r.id, r.task_id, done.finished_on),
     ended_task AS (
         UPDATE task_queue AS t SET %s
-        FROM ended WHERE t.id = ended.task_id RETURNING t.id)
-    SELECT id FROM ended""" % (_assignments(RUN_SUCCESS, "done.finished_on", "done.results"),
-                               _assignments(TASK_SUCCESS, "ended.finished_on"))
+        FROM ended WHERE t.id = ended.task_id RETURNING t.id, t.dependents)
+    SELECT ended.id, ended.task_id, ended_task.dependents FROM ended
+    JOIN ended_task ON ended_task.id = ended.task_id""" % (
+    _assignments(RUN_SUCCESS, "done.finished_on", "done.results"),
+    _assignments(TASK_SUCCESS, "ended.finished_on"))
 
 # -- SQLite ------------------------------------------------------------------------------------
 
@@ -173,7 +202,7 @@ SQLITE_SUCCESS = (
     "UPDATE task_runs SET %s WHERE id = ? AND status = 'running' AND runner_id = ? "
     "RETURNING %s" % (_assignments(RUN_SUCCESS, "?", "?", SQLITE_APART), _RUN_SHOWS),
     "UPDATE task_runs SET %s WHERE id = ?" % ", ".join(c + " = NULL" for c in _RUN_APART),
-    "UPDATE task_queue SET %s WHERE id = ? RETURNING %s" % (
+    "UPDATE task_queue SET %s WHERE id = ? RETURNING %s, dependents" % (
         _assignments(TASK_SUCCESS, "?", leave_out=SQLITE_APART), _TASK_SHOWS),
     "UPDATE task_queue SET %s WHERE id = ?" % ", ".join(c + " = NULL" for c in _TASK_APART))
 
@@ -195,10 +224,13 @@ MYSQL_START = ("UPDATE task_runs SET status = 'running', runner_id = %%s, starte
                "updated_on = %%s WHERE id IN (%s)",
                "UPDATE task_queue SET last_status = 'running', updated_on = %%s WHERE id IN (%s)")
 # The whole SET, unlike SQLite's: InnoDB leaves the index entries of a column set to the value
-# it had.
+# it had. The task's UPDATE matches a task without dependents only (an UPDATE reads the
+# latest row, under its lock): when it changes nothing, the task has some, and the third
+# statement ends it before they are released (graph.release).
 MYSQL_SUCCESS = (
     "UPDATE task_runs SET %s WHERE id = %%s AND status = 'running' AND runner_id = %%s"
     % _assignments(RUN_SUCCESS),
+    "UPDATE task_queue SET %s WHERE id = %%s AND dependents = 0" % _assignments(TASK_SUCCESS),
     "UPDATE task_queue SET %s WHERE id = %%s" % _assignments(TASK_SUCCESS))
 
 # -- flow control in the claim (runs/flow.py) --------------------------------------------------
@@ -474,25 +506,45 @@ def claim(store, runner_id, queue, at, limit=1, flow=None):
     return [tuple(row) for row in rows]
 
 
+# What end_success answers besides True (ended) and False (not: rule 4): the run ended and its
+# task has dependents, for the caller to release in the same transaction (graph.release).
+RELEASE = "release"
+
+
 def end_success_and_claim(store, run_id, runner_id, results, at, queue):
-    """PostgreSQL, one statement: `end_success` of a runner's run and the `claim` of its next
-    from `queue`, with the races both close. Returns (ended, the claimed row or None)."""
+    """PostgreSQL, one statement: `end_success_alone` of a runner's run and the `claim` of its
+    next from `queue`, with the races both close. Returns (True, False or None as
+    end_success_alone, the claimed row or None)."""
     row = store.db.execute_sql(PG_SUCCESS_AND_CLAIM, (
-        at, at, results, run_id, runner_id, at, at, queue, runner_id, runner_id, at, at, at)
-    ).fetchone()
-    return row[0] > 0, None if row[1] is None else tuple(row[1:1 + CLAIMED_WIDTH])
+        run_id, at, at, results, run_id, runner_id, at, at, queue, runner_id, runner_id,
+        at, at, at)).fetchone()
+    ended = True if row[0] > 0 else None if row[1] else False
+    return ended, None if row[2] is None else tuple(row[2:2 + CLAIMED_WIDTH])
 
 
 # -- ending ------------------------------------------------------------------------------------
 
+def end_success_alone(store, run_id, runner_id, results, at):
+    """PostgreSQL, one statement and its own transaction: the run ``success`` and its task,
+    as `end_success`, unless the task has dependents. Returns True (ended), False (not: rule
+    4), or None: the task has dependents — not ended; end it in a transaction
+    (`end_success`, then graph.release)."""
+    ended, dependents = store.db.execute_sql(
+        PG_SUCCESS, (run_id, at, at, results, run_id, runner_id, at, at)).fetchone()
+    return True if ended > 0 else None if dependents else False
+
+
 def end_success(store, run_id, task_id, runner_id, results, at):
-    """Inside the caller's transaction (PostgreSQL: one statement): the run ``success`` and
-    its task, RUN_SUCCESS and TASK_SUCCESS. Returns whether it ended the run.
+    """Inside the caller's transaction: the run ``success`` and its task, RUN_SUCCESS and
+    TASK_SUCCESS. Returns False (not ended), True, or RELEASE (ended, and the task has
+    dependents to release in this transaction).
     Race closed: a runner finishing a run someone timed out meanwhile (rule 4) — WHERE
     status = 'running' AND runner_id = ?, and the task is written only when the run was."""
     execute = store.db.execute_sql
     if store.backend == "postgresql":
-        return execute(PG_SUCCESS, (at, at, results, run_id, runner_id, at, at)).fetchone()[0] > 0
+        ended, dependents = execute(PG_SUCCESS_IN_TRANSACTION, (
+            at, at, results, run_id, runner_id, at, at)).fetchone()
+        return False if not ended else RELEASE if dependents else True
     if store.is_sqlite:
         end_run, clear_run, end_task, clear_task = SQLITE_SUCCESS
         at = at.isoformat(" ")
@@ -501,25 +553,33 @@ def end_success(store, run_id, task_id, runner_id, results, at):
             return False
         if shown[0] is not None:
             execute(clear_run, (run_id,))
-        if execute(end_task, (at, at, task_id)).fetchone() not in (None, (None,)):
+        task = execute(end_task, (at, at, task_id)).fetchone()
+        if task is not None and task[0] is not None:
             execute(clear_task, (task_id,))
-        return True
+        return RELEASE if task is not None and task[1] else True
     if not execute(MYSQL_SUCCESS[0], (at, at, results, run_id, runner_id)).rowcount:
         return False
-    execute(MYSQL_SUCCESS[1], (at, at, task_id))
-    return True
+    if execute(MYSQL_SUCCESS[1], (at, at, task_id)).rowcount:
+        return True
+    execute(MYSQL_SUCCESS[2], (at, at, task_id))
+    return RELEASE
 
 
 def end_successes(store, runner_id, done):
     """Inside the caller's write transaction: `end_success` of each of `done`, (run id, task
     id, results, at) of runs of `runner_id`, under the same condition (rule 4); PostgreSQL
-    in one statement. Returns the ids of the runs ended."""
+    in one statement. Returns {run id ended: its task id if it has dependents to release in
+    this transaction, else None}."""
     if store.backend == "postgresql":
         ids, _, results, ats = zip(*done)
-        return {row[0] for row in store.db.execute_sql(
+        return {row[0]: row[1] if row[2] else None for row in store.db.execute_sql(
             PG_SUCCESSES, (list(ids), list(ats), list(results), runner_id))}
-    return {run_id for run_id, task_id, results, at in done
-            if end_success(store, run_id, task_id, runner_id, results, at)}
+    ended = {}
+    for run_id, task_id, results, at in done:
+        outcome = end_success(store, run_id, task_id, runner_id, results, at)
+        if outcome:
+            ended[run_id] = task_id if outcome == RELEASE else None
+    return ended
 
 
 def end_running(store, run_id, runner_id, status, at, error_code=None, error_message=None,

@@ -108,6 +108,14 @@ class Task(BaseModel):
     # tenant a fair queue round-robins between.
     rate_key = pw.CharField(null=True)
     tenant = pw.CharField(null=True)
+    # The graph (migration 0020, runs/graph.py): the workflow of the tasks added together;
+    # how many edges lead from this task to its dependents (0: its success releases nothing);
+    # the edges to its parents not satisfied yet while it waits for them (NULL once released,
+    # or for a task that never waited); what a failed parent does to it (NULL: cancel).
+    workflow_id = pw.IntegerField(null=True, index=True)
+    dependents = pw.IntegerField(default=0)
+    waiting_parents = pw.IntegerField(null=True)
+    on_parent_failure = pw.CharField(max_length=8, null=True)
 
     class Meta:
         table_name = "task_queue"
@@ -355,8 +363,31 @@ class Tenant(BaseModel):
         primary_key = pw.CompositeKey("queue", "tenant")
 
 
+class Dependency(BaseModel):
+    """An edge of the graph: the task `task_id` runs after `parent_id` succeeded;
+    `satisfied` once that edge no longer holds it back (counted once, whatever happens to the
+    parent later)."""
+    task_id = pw.IntegerField()
+    parent_id = pw.IntegerField()
+    satisfied = pw.BooleanField(default=False)
+
+    class Meta:
+        table_name = "task_dependencies"
+        indexes = ((("parent_id", "task_id"), True), (("task_id", "parent_id"), False))
+
+
+class Workflow(BaseModel):
+    """Tasks added together (`TaskQueue.add_workflow`, `chain`, `group`)."""
+    name = pw.CharField(null=True)
+    created_on = pw.DateTimeField()
+    task_count = pw.IntegerField(default=0)
+
+    class Meta:
+        table_name = "task_workflows"
+
+
 MODELS = (Task, Run, Runner, PeriodicTask, Queue, RunnerQueue, Lease, Step, Event,
-          RateBucket, RateLimit, Tenant)
+          RateBucket, RateLimit, Tenant, Dependency, Workflow)
 
 
 class BoundModels(NamedTuple):
@@ -373,6 +404,8 @@ class BoundModels(NamedTuple):
     RateBucket: Type[RateBucket]
     RateLimit: Type[RateLimit]
     Tenant: Type[Tenant]
+    Dependency: Type[Dependency]
+    Workflow: Type[Workflow]
 
 
 def bind_models(database):

@@ -1,0 +1,197 @@
+"""What operators and handlers read of the graph (runs/graph.py): a workflow's state — counts
+per state, progress, outcome, its tasks and their edges — for `TaskQueue.workflow`, the CLI's
+``workflow show`` and the dashboard's workflow page; and the results of a task's parents
+(`ParentResults`, a handler's ``run.parent_results``), read in pages.
+"""
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import peewee as pw
+
+from ..errors import InputError
+from ..store.models import CANCELLED, SUCCESS
+from .records import Record, aware, state_word
+
+WAITING = "waiting"     # a task waiting for its parents: no run yet
+PAGE = 500              # parents' results read per query
+GRAPH_LIMIT = 10000     # tasks listed with their edges in one read of a workflow
+
+
+class WorkflowNotFound(InputError):
+    """No workflow with that id."""
+
+
+@dataclass(frozen=True)
+class WorkflowTask(Record):
+    """A task of a workflow, in the graph: its state word (``waiting`` while it waits for
+    its parents) and the tasks it runs after."""
+    id: int
+    handler: str
+    state: str
+    after: List[int]
+    finished_on: Optional[datetime]
+    error_code: Optional[str]
+
+
+@dataclass(frozen=True)
+class WorkflowInfo(Record):
+    """Tasks added together: how many are in each state, how far it is, how it ended
+    (``running`` until every task is final; then ``success`` when all succeeded, else
+    ``failed``, or ``cancelled`` when none failed but some were cancelled), and its graph
+    (`tasks`, at most GRAPH_LIMIT of them, in id order)."""
+    id: int
+    name: Optional[str]
+    created_on: datetime
+    total: int
+    counts: Dict[str, int]
+    finished: int
+    progress: float               # finished / total, 0..1
+    outcome: str
+    tasks: List[WorkflowTask] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.outcome != "running"
+
+
+def task_state(last_status: str, finished_on: Any, waiting_parents: Any) -> str:
+    """The word of a task in a workflow: ``waiting`` while its parents hold it back, else
+    as every table shows it (records.state_word)."""
+    if finished_on is None and waiting_parents:
+        return WAITING
+    return state_word(last_status, finished_on)
+
+
+def workflow_info(store: Any, workflow_id: int, graph: bool = True) -> WorkflowInfo:
+    """The workflow's state; WorkflowNotFound for an unknown id. `graph`: with its tasks and
+    their edges (else `tasks` is empty: counts only)."""
+    Task, Workflow = store.Task, store.Workflow
+    row = Workflow.get_or_none(Workflow.id == workflow_id)
+    if row is None:
+        raise WorkflowNotFound("no workflow with id %s" % workflow_id)
+    counts: Dict[str, int] = {}
+    # Written out, not bound: GROUP BY must repeat the selected expressions word for word.
+    final = pw.SQL("CASE WHEN finished_on IS NULL THEN 0 ELSE 1 END")
+    waiting = pw.SQL("CASE WHEN finished_on IS NULL AND waiting_parents > 0 THEN 1 ELSE 0 END")
+    query = (Task.select(Task.last_status, final, waiting, pw.fn.COUNT(Task.id))
+             .where(Task.workflow_id == workflow_id)
+             .group_by(Task.last_status, final, waiting))
+    for status, final, waits, count in query.tuples():
+        word = WAITING if waits else state_word(status, True if final else None)
+        counts[word] = counts.get(word, 0) + count
+    total = sum(counts.values())
+    finished = sum(n for word, n in counts.items()
+                   if word in (SUCCESS, CANCELLED, "given-up"))
+    if finished < total or total == 0:
+        outcome = "running"
+    elif counts.get("given-up"):
+        outcome = "failed"
+    elif counts.get(CANCELLED):
+        outcome = CANCELLED
+    else:
+        outcome = SUCCESS
+    tasks = workflow_tasks(store, workflow_id) if graph else []
+    return WorkflowInfo(id=row.id, name=row.name, created_on=aware(row.created_on),
+                        total=total, counts=counts, finished=finished,
+                        progress=finished / total if total else 0.0, outcome=outcome,
+                        tasks=tasks)
+
+
+def workflow_tasks(store: Any, workflow_id: int, limit: int = GRAPH_LIMIT) -> List[WorkflowTask]:
+    """The first `limit` tasks of the workflow with the tasks each runs after."""
+    Task, Dependency = store.Task, store.Dependency
+    rows = list(Task.select(Task.id, Task.handler, Task.last_status, Task.finished_on,
+                            Task.waiting_parents, Task.last_error_code)
+                .where(Task.workflow_id == workflow_id).order_by(Task.id).limit(limit))
+    after: Dict[int, List[int]] = {}
+    ids = [r.id for r in rows]
+    for start in range(0, len(ids), PAGE):
+        for task_id, parent_id in (Dependency.select(Dependency.task_id, Dependency.parent_id)
+                                   .where(Dependency.task_id.in_(ids[start:start + PAGE]))
+                                   .order_by(Dependency.task_id, Dependency.parent_id)
+                                   .tuples()):
+            after.setdefault(task_id, []).append(parent_id)
+    return [WorkflowTask(id=r.id, handler=r.handler,
+                         state=task_state(r.last_status, r.finished_on, r.waiting_parents),
+                         after=after.get(r.id, []), finished_on=aware(r.finished_on),
+                         error_code=r.last_error_code if r.last_status != SUCCESS else None)
+            for r in rows]
+
+
+def workflow_task_ids(store: Any, workflow_id: int, unfinished: bool = False) -> List[int]:
+    Task = store.Task
+    query = Task.select(Task.id).where(Task.workflow_id == workflow_id)
+    if unfinished:
+        query = query.where(Task.finished_on.is_null())
+    return [t.id for t in query.order_by(Task.id)]
+
+
+def parents_of(store: Any, task_id: int) -> List[int]:
+    Dependency = store.Dependency
+    return [d.parent_id for d in Dependency.select(Dependency.parent_id)
+            .where(Dependency.task_id == task_id).order_by(Dependency.parent_id)]
+
+
+class ParentResults:
+    """The results of the tasks a task runs after, keyed by task id (a handler's
+    ``run.parent_results``): read from the database when asked, never all at once —
+    iterating (`items`, `keys`, `values`, ``for id in``) reads PAGE parents per query, in
+    id order; ``results[id]`` reads one. A parent's results are those of its successful
+    run (None for a parent that did not succeed: one that failed, for a task added with
+    ``on_parent_failure="run"``)."""
+
+    def __init__(self, store: Any, task_id: int) -> None:
+        self._store, self.task_id = store, task_id
+
+    def _page(self, after: int, limit: int = PAGE) -> List[Tuple[int, Any]]:
+        Dependency, Run = self._store.Dependency, self._store.Run
+        rows = (Dependency.select(Dependency.parent_id, Run.results)
+                .join(Run, pw.JOIN.LEFT_OUTER, on=((Run.task_id == Dependency.parent_id)
+                                                   & (Run.status == SUCCESS)))
+                .where((Dependency.task_id == self.task_id) & (Dependency.parent_id > after))
+                .order_by(Dependency.parent_id).limit(limit).tuples())
+        return [(parent, None if text is None else json.loads(text)) for parent, text in rows]
+
+    def items(self) -> Iterator[Tuple[int, Any]]:
+        after = 0
+        while True:
+            page = self._page(after)
+            yield from page
+            if len(page) < PAGE:
+                return
+            after = page[-1][0]
+
+    def keys(self) -> Iterator[int]:
+        return (parent for parent, _ in self.items())
+
+    def values(self) -> Iterator[Any]:
+        return (results for _, results in self.items())
+
+    def __iter__(self) -> Iterator[int]:
+        return self.keys()
+
+    def __len__(self) -> int:
+        Dependency = self._store.Dependency
+        return Dependency.select().where(Dependency.task_id == self.task_id).count()
+
+    def __contains__(self, parent_id: object) -> bool:
+        Dependency = self._store.Dependency
+        return Dependency.select().where((Dependency.task_id == self.task_id)
+                                         & (Dependency.parent_id == parent_id)).exists()
+
+    def __getitem__(self, parent_id: int) -> Any:
+        if not isinstance(parent_id, int) or parent_id not in self:
+            raise KeyError(parent_id)
+        page = self._page(parent_id - 1, 1)
+        return page[0][1]
+
+    def get(self, parent_id: int, default: Any = None) -> Any:
+        try:
+            return self[parent_id]
+        except KeyError:
+            return default
+
+    def __repr__(self) -> str:
+        return "<ParentResults of task %d>" % self.task_id

@@ -1,0 +1,43 @@
+"""Handlers of the workflow tests (tests/test_workflows.py)."""
+import os
+import time
+
+from taskrunner import TaskError, TaskHandler
+
+
+def _record(path, line):
+    """One line appended (O_APPEND: lines of concurrent processes never interleave)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+class Step(TaskHandler):
+    """Records "start TASK RUN" in data["log"] (if given), sleeps data["sleep"], records
+    "end TASK RUN",
+    and returns data["value"] (or its task id) as its results; fails with data["fail"]."""
+
+    def handle(self, run):
+        data = run.data or {}
+        if data.get("log"):
+            _record(data["log"], "start %d %d" % (run.task_id, run.id))
+        if data.get("sleep"):
+            time.sleep(data["sleep"])
+        if data.get("fail"):
+            raise TaskError("planned failure", code="Planned")
+        if data.get("log"):
+            _record(data["log"], "end %d %d" % (run.task_id, run.id))
+        run.results = data.get("value", run.task_id)
+
+
+class Sum(TaskHandler):
+    """Fan-in: the sum of its parents' results, read page by page."""
+
+    def handle(self, run):
+        total = count = 0
+        for _, value in run.parent_results.items():
+            total += value or 0
+            count += 1
+        run.results = {"sum": total, "parents": count}
