@@ -2,6 +2,11 @@
 
 ``bench.handlers.Sleep`` with data ``{"ms": 5}``: sleeps 5 ms and nothing else (the
 built-in ``taskrunner.handlers.Sleep`` also reports progress, which the peers' tasks do not).
+
+``bench.handlers.TenSteps`` with data ``{"sleep": S}`` (bench/durable.py): 10 no-op steps
+(``run.step``), with a durable sleep of S seconds between the 5th and the 6th when S > 0
+(``run.checkpoint`` then ``run.sleep``: the attempt that resumes after the sleep finds the
+checkpoint and its first five steps done). It needs the durable-handler API.
 """
 import time
 
@@ -11,3 +16,17 @@ from taskrunner import TaskHandler
 class Sleep(TaskHandler):
     def handle(self, run):
         time.sleep(run.data["ms"] / 1000.0)
+
+
+def _nothing():
+    return None
+
+
+class TenSteps(TaskHandler):
+    def handle(self, run):
+        sleep = (run.data or {}).get("sleep", 0)
+        for i in range(10):
+            if i == 5 and sleep and getattr(run, "resumed_from", None) != "slept":
+                run.checkpoint("slept")
+                run.sleep(sleep)
+            run.step("s%d" % i, _nothing)
