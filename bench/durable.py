@@ -11,8 +11,8 @@ Scenarios (each system on each database, alternating, `--rounds` times):
 - chain: 100 no-op tasks (quick 20), each started once the one before it succeeded;
 - fan: fan-out / fan-in 1 → 1,000 → 1 (quick 100).
 
-taskrunner: `bench.handlers.TenSteps` (``run.step`` × 10, ``run.checkpoint`` + ``run.sleep``
-for the sleep), the chain and the fan added up front with ``add_task(..., after=[ids])``;
+taskrunner: `bench.handlers.TenSteps` (``run.step`` × 10, ``run.sleep`` between the 5th
+and the 6th), the chain and the fan added up front with ``add_task(..., after=[ids])``;
 drained by `taskrunner overseer` with W runners. DBOS (bench/dbos_app.py): a workflow of 10
 ``@DBOS.step``s (``DBOS.sleep``) per task, enqueued on its queue; the chain a workflow
 awaiting 100 child workflows one after the other (``DBOS.start_workflow`` + ``get_result``);
@@ -35,9 +35,10 @@ untimed) to the last task's (workflow's) finish, and what it cost the database:
 Per task and per step: divided by the tasks (workflows, including a chain's or fan's
 parent and children) and steps of the scenario.
 
-The taskrunner side needs the durable-handler and workflow API (``run.step``,
-``run.checkpoint``, ``run.sleep``; ``add_task(after=...)``); on a tree without it the
-scenario reports "not available in this tree" and the DBOS side still runs.
+The taskrunner side needs the durable-handler API for steps and sleep (``run.step``,
+``run.sleep`` on the `run` handed to handlers, taskrunner.RunContext) and the workflow API
+for chain and fan (``add_task(..., after=[ids])``); on a tree without them the scenario
+reports "not available in this tree: ... missing" and the DBOS side still runs.
 """
 import argparse
 import inspect
@@ -185,7 +186,7 @@ class DbosSide:
     name = "dbos"
     TARGET = {"steps": "ten_steps", "sleep": "ten_steps", "chain": "chain", "fan": "fan"}
 
-    def available(self, backend):
+    def available(self, backend, scenario):
         return _installed("dbos", "psycopg") if backend == "postgresql" else _installed("dbos")
 
     def prepare(self, backend, scenario, n):
@@ -205,17 +206,18 @@ class DbosSide:
     def run(self, ctx, scenario, workers, timeout, commits):
         url, count = ctx
         name = self.TARGET[scenario]
+        table = "dbos.workflow_status" if backend_of(url) == "postgresql" else "workflow_status"
         env = common.child_env()
         env.update(BENCH_LOG_LEVEL="warning", BENCH_DBOS_CONCURRENCY="0", BENCH_DBOS_POLL="1.0")
         launched = time.time()
         procs = [spawn([sys.executable, "-m", "bench.dbos_app", "work", url, "w%d" % i],
                        "dbos-durable.log", env=env) for i in range(workers)]
         try:
-            wait_until(lambda: commits.query("SELECT count(*) FROM dbos.workflow_status WHERE "
-                                             "name = ? AND status = 'SUCCESS'", (name,))[0][0] >= count,
+            wait_until(lambda: commits.query("SELECT count(*) FROM %s WHERE name = ? AND "
+                                             "status = 'SUCCESS'" % table, (name,))[0][0] >= count,
                        timeout, "DBOS: %d %s workflows" % (count, name), interval=0.2, procs=procs)
-            last = commits.query("SELECT max(updated_at) FROM dbos.workflow_status WHERE "
-                                 "status = 'SUCCESS'")[0][0] / 1000.0
+            last = commits.query("SELECT max(updated_at) FROM %s WHERE status = 'SUCCESS'"
+                                 % table)[0][0] / 1000.0
         finally:
             for proc in procs:
                 stop(proc)
@@ -225,22 +227,29 @@ class DbosSide:
         drop_url(ctx[0])
 
 
-def taskrunner_missing():
-    """None when this tree has the durable-handler and workflow API, else what is missing."""
+def taskrunner_missing(scenario):
+    """None when this tree has what `scenario` needs of taskrunner, else what is missing:
+    steps and sleep need the durable-handler API on the `run` handed to handlers
+    (taskrunner.RunContext: step, sleep), chain and fan add_task(after=...)."""
     from taskrunner import TaskQueue
-    from taskrunner.runner.current import CurrentRun
-    missing = ["CurrentRun.%s()" % name for name in ("step", "checkpoint", "sleep")
-               if not callable(getattr(CurrentRun, name, None))]
-    if "after" not in inspect.signature(TaskQueue.add_task).parameters:
-        missing.append("TaskQueue.add_task(after=...)")
+    if scenario in ("steps", "sleep"):
+        try:
+            from taskrunner import RunContext as run_class
+        except ImportError:
+            from taskrunner.runner.current import CurrentRun as run_class
+        missing = ["run.%s()" % name for name in ("step", "sleep")
+                   if not callable(getattr(run_class, name, None))]
+    else:
+        missing = [] if "after" in inspect.signature(TaskQueue.add_task).parameters \
+            else ["TaskQueue.add_task(after=...)"]
     return "not available in this tree: %s missing" % ", ".join(missing) if missing else None
 
 
 class TaskrunnerSide:
     name = "taskrunner"
 
-    def available(self, backend):
-        return taskrunner_missing()
+    def available(self, backend, scenario):
+        return taskrunner_missing(scenario)
 
     def prepare(self, backend, scenario, n):
         url = create_database(backend, "dur")
@@ -393,16 +402,18 @@ def main(argv=None):
             if why:
                 report["skipped"].setdefault(backend, {})["all"] = why
                 continue
-            systems = []
-            for name in args.system_names:
-                why = SYSTEMS[name].available(backend)
-                if why:
-                    print("%s on %s: %s" % (name, backend, why), flush=True)
-                    report["skipped"].setdefault(backend, {})[name] = why
-                else:
-                    systems.append(SYSTEMS[name])
             report["results"][backend] = []
-            for scenario in args.scenarios if systems else ():
+            for scenario in args.scenarios:
+                systems = []
+                for name in args.system_names:
+                    why = SYSTEMS[name].available(backend, scenario)
+                    if why:
+                        print("%s %s on %s: %s" % (name, scenario, backend, why), flush=True)
+                        report["skipped"].setdefault(backend, {})["%s %s" % (name, scenario)] = why
+                    else:
+                        systems.append(SYSTEMS[name])
+                if not systems:
+                    continue
                 print("-- %s on %s" % (scenario, backend), flush=True)
                 try:
                     report["results"][backend].append(scenario_cells(
