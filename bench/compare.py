@@ -21,6 +21,7 @@ from bench.systems import (CLASSIC, PEERS, Ceiling, Floor, Huey, Job, Taskrunner
                            measure)
 
 RATES = ("jobs_per_s", "steady_jobs_per_s")
+PARTIAL = {}            # backend → the throughput cells measured so far
 
 
 def rotated(items, r):
@@ -112,6 +113,8 @@ def throughput(backend, s):
     peers, skipped = peers_of(backend)
     bounds = [Floor()] + ([Ceiling()] if backend in Ceiling.backends else [])
     cells, errors = [], []
+    # What is done so far, for bench/run.py to keep when the run is stopped (watchdog, TERM).
+    PARTIAL[backend] = {"cells": cells, "skipped": skipped, "errors": errors, "partial": True}
     for workers in s.sweep:
         jobs = [Job(n=s.n, workers=workers, log_level=level, timeout=s.timeout_for(s.n))
                 for level in s.log_levels]
