@@ -1,4 +1,5 @@
-"""The comparisons with the peers (Huey on SQLite, Procrastinate on PostgreSQL), measured
+"""The comparisons with the peers (Huey on SQLite; Procrastinate, PgQueuer and DBOS on
+PostgreSQL; bench/systems.py), measured
 side by side: the systems of a comparison run one after the other, round-robin, the order
 rotated every round, and every ratio is the median of the per-round ratios, so a noisy
 machine slows all sides alike.
@@ -16,9 +17,11 @@ import time
 from bench import common
 from bench.common import (OverseerProcess, create_database, drop_url, make_queue, median,
                           percentile, query, ratio, wait_until)
-from bench.systems import PEERS, Ceiling, Floor, Huey, Job, Taskrunner, marks_count, measure
+from bench.systems import (CLASSIC, PEERS, Ceiling, Floor, Huey, Job, Taskrunner, marks_count,
+                           measure)
 
 RATES = ("jobs_per_s", "steady_jobs_per_s")
+PARTIAL = {}            # backend → the throughput cells measured so far
 
 
 def rotated(items, r):
@@ -31,10 +34,13 @@ def summary(values):
             "max": round(max(values), 1)}
 
 
-def peers_of(backend):
-    """(the peers compared on this backend, {peer: why it is skipped})."""
+def peers_of(backend, names=None):
+    """(the peers compared on this backend, {peer: why it is skipped}); only those named in
+    `names` when given."""
     available, skipped = [], {}
     for peer in PEERS:
+        if names is not None and peer.name not in names:
+            continue
         why = peer.available(backend)
         if why is None:
             available.append(peer)
@@ -74,6 +80,10 @@ def cell_of(job, runs, rounds):
         if peer and name != peer:
             # name / peer, per round, then the median: the pairs ran side by side.
             entry["over_peer"] = _ratios(per_round, runs[peer])
+        if name.startswith("taskrunner"):
+            # ÷ every other system of the cell (the floor, the ceiling, each peer).
+            entry["over"] = {other: _ratios(per_round, runs[other]) for other in runs
+                             if not other.startswith("taskrunner")}
         if name in ("floor", "ceiling"):
             entry["taskrunner_over"] = _ratios(runs["taskrunner"], per_round)["jobs_per_s"]
         entry["runs"] = per_round
@@ -103,6 +113,8 @@ def throughput(backend, s):
     peers, skipped = peers_of(backend)
     bounds = [Floor()] + ([Ceiling()] if backend in Ceiling.backends else [])
     cells, errors = [], []
+    # What is done so far, for bench/run.py to keep when the run is stopped (watchdog, TERM).
+    PARTIAL[backend] = {"cells": cells, "skipped": skipped, "errors": errors, "partial": True}
     for workers in s.sweep:
         jobs = [Job(n=s.n, workers=workers, log_level=level, timeout=s.timeout_for(s.n))
                 for level in s.log_levels]
@@ -129,8 +141,9 @@ def throughput(backend, s):
 
 
 def work(backend, s):
-    """Tasks sleeping s.task_ms each, W = s.work_workers, at the first log level."""
-    peers, skipped = peers_of(backend)
+    """Tasks sleeping s.task_ms each, W = s.work_workers, at the first log level (the
+    classic peers: Huey, Procrastinate)."""
+    peers, skipped = peers_of(backend, CLASSIC)
     job = Job(n=s.work_n, workers=s.work_workers, log_level=s.log_levels[0], task_ms=s.task_ms,
               timeout=s.timeout_for(s.work_n) + s.work_n * s.task_ms / 1000.0)
     return {"cells": [compare(backend, taskrunners(s) + peers, job, s.rounds)], "skipped": skipped}
@@ -205,8 +218,9 @@ class _Enqueuer:
 def single_enqueue(backend, s, block=50, warmup=20):
     """Per-call latency (ms) of one enqueue, taskrunner beside the peer, in alternating
     blocks of `block` calls, s.single_adds calls each; every system's workers run (W =
-    s.workers) and have run `warmup` untimed calls first."""
-    peers, skipped = peers_of(backend)
+    s.workers) and have run `warmup` untimed calls first. The classic peers: Huey,
+    Procrastinate."""
+    peers, skipped = peers_of(backend, CLASSIC)
     if not peers:
         return {"skipped": skipped} if skipped else None
     systems = []

@@ -2,6 +2,11 @@
 
 ``bench.handlers.Sleep`` with data ``{"ms": 5}``: sleeps 5 ms and nothing else (the
 built-in ``taskrunner.handlers.Sleep`` also reports progress, which the peers' tasks do not).
+
+``bench.handlers.TenSteps`` with data ``{"sleep": S}`` (bench/durable.py): 10 no-op steps
+(``run.step``), with a durable sleep of S seconds between the 5th and the 6th when S > 0
+(``run.sleep``: the run ends waiting; the attempt that resumes finds the sleep and its first
+five steps recorded and goes on from there). It needs the durable-handler API.
 """
 import time
 
@@ -11,3 +16,16 @@ from taskrunner import TaskHandler
 class Sleep(TaskHandler):
     def handle(self, run):
         time.sleep(run.data["ms"] / 1000.0)
+
+
+def _nothing():
+    return None
+
+
+class TenSteps(TaskHandler):
+    def handle(self, run):
+        sleep = (run.data or {}).get("sleep", 0)
+        for i in range(10):
+            if i == 5 and sleep:
+                run.sleep(sleep)
+            run.step("s%d" % i, _nothing)

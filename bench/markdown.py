@@ -4,13 +4,21 @@
     python bench/markdown.py bench/results/2026-11-23-peers-main.json
 
 One table per database for the throughput sweep (one row per W, log level and taskrunner
-variant), one for the work scenario (tasks that sleep) and one for single-enqueue latency.
+variant), a durable-class and a batched-class table (taskrunner's default beside the floor
+and the durable peers; its batch variant beside PgQueuer's batch of 100, Huey and the
+floor), one for the work scenario (tasks that sleep) and one for single-enqueue latency.
 Figures are the medians of the rounds; ratios the medians of the per-round ratios.
 """
 import json
+import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.report import PEER_NAMES, class_rows  # noqa: E402
+
 PEERS = {"huey": "Huey", "procrastinate": "Procrastinate"}
+NAMES = dict(PEER_NAMES, floor="raw floor")
 DATABASES = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "mysql": "MariaDB"}
 
 
@@ -87,6 +95,37 @@ def throughput_table(backend, result):
     return "\n".join(lines)
 
 
+def _range(summary):
+    return "%s (%s–%s)" % (_n(summary["median"]), _n(summary["min"]), _n(summary["max"]))
+
+
+def class_table(report, klass):
+    """One durability class over every database and W (log level warning)."""
+    base = "taskrunner" if klass == "durable" else "taskrunner, batched"
+    lines = ["| %s class, %s no-op tasks | system | jobs/s (min–max) | steady jobs/s | %s ÷ it "
+             "| ÷ it, steady | CPU s per 1,000 jobs (+ server) | largest share |"
+             % (klass, _n(_first_n(report)), base), "|---|---|---:|---:|---:|---:|---|---:|"]
+    for backend, result in report.get("throughput", {}).items():
+        for cell in result.get("cells", []):
+            if cell["log_level"] != "warning":
+                continue
+            for name, jobs, steady, over, over_steady, cpu, db_cpu, share in class_rows(backend, cell, klass):
+                entry = {"cpu_s_per_1000": cpu, "db_cpu_s_per_1000": db_cpu}
+                lines.append("| %s, W = %d | %s | %s | %s | %s | %s | %s | %s |" % (
+                    DATABASES[backend], cell["workers"], NAMES.get(name, name), _range(jobs),
+                    _n(steady["median"]), "" if over is None else "%.2f ×" % over,
+                    "" if over_steady is None else "%.2f ×" % over_steady, _cpu(entry),
+                    "—" if share is None else "%.0f %%" % (100 * share)))
+    return "\n".join(lines) if len(lines) > 2 else None
+
+
+def _first_n(report):
+    for result in report.get("throughput", {}).values():
+        for cell in result.get("cells", []):
+            return cell["n"]
+    return 0
+
+
 def work_table(results):
     lines = ["| tasks sleeping %g ms | peer jobs/s | taskrunner jobs/s | taskrunner ÷ peer | bound "
              "(W ÷ sleep) | shares %% (taskrunner / peer) | CPU s per 1,000 jobs, taskrunner / peer | warning ÷ info |"
@@ -120,6 +159,7 @@ def main(path):
     with open(path) as fh:
         report = json.load(fh)
     parts = [throughput_table(b, r) for b, r in report.get("throughput", {}).items() if "cells" in r]
+    parts.extend(t for t in (class_table(report, k) for k in ("durable", "batched")) if t)
     work = {b: r for b, r in report.get("work", {}).items() if "cells" in r}
     if work:
         parts.append(work_table(work))

@@ -2,8 +2,10 @@
 and of the issues, measured (`evaluate`)."""
 from bench import common
 from bench.common import median, print_table
+from bench.systems import CLASSES
 
-PEER_NAMES = {"huey": "Huey", "procrastinate": "Procrastinate"}
+PEER_NAMES = {"huey": "Huey", "procrastinate": "Procrastinate", "pgqueuer batch=1": "PgQueuer (batch 1)",
+              "pgqueuer batch=100": "PgQueuer (batch 100)", "dbos": "DBOS"}
 
 
 def _mmm(summary):
@@ -61,6 +63,60 @@ def show_throughput(results):
     _show_cells(results, "throughput: %d no-op tasks drained with W workers (jobs/s, median "
                          "(min–max) of %d rounds; ratios: medians of per-round ratios)"
                 % (some["n"], some["rounds"]))
+    show_classes(results)
+
+
+def _batched_name(cell):
+    return next((name for name in cell["systems"] if name.startswith("taskrunner") and "batch" in name),
+                None)
+
+
+def class_rows(backend, cell, klass):
+    """The rows of one durability class in one cell: taskrunner (default, or its batched
+    variant) first, then the floor and the peers of that class (the batched class: also
+    Huey on SQLite, which its target names), each with taskrunner ÷ it.
+    Row: [system, jobs/s summary, steady summary, ÷ jobs/s, ÷ steady, CPU, server CPU,
+    largest share]."""
+    base = "taskrunner" if klass == "durable" else _batched_name(cell)
+    if base not in cell["systems"]:
+        return []
+    others = [name for name in cell["systems"]
+              if name == "floor" or CLASSES.get(name) == klass
+              or (klass == "batched" and name == "huey")]
+    entry = cell["systems"][base]
+    rows = [[base, entry["jobs_per_s"], entry["steady_jobs_per_s"], None, None,
+             entry.get("cpu_s_per_1000"), entry.get("db_cpu_s_per_1000"), largest_share(entry)]]
+    for name in others:
+        e, over = cell["systems"][name], entry.get("over", {}).get(name, {})
+        rows.append([name, e["jobs_per_s"], e["steady_jobs_per_s"], over.get("jobs_per_s"),
+                     over.get("steady_jobs_per_s"), e.get("cpu_s_per_1000"),
+                     e.get("db_cpu_s_per_1000"), largest_share(e)])
+    return rows
+
+
+def show_classes(results):
+    """The durable-class and the batched-class tables (issue 32): taskrunner's default
+    beside the floor and the durable peers; its batched variant beside the batched peers."""
+    for klass in ("durable", "batched"):
+        rows = []
+        for backend, r in results.items():
+            for cell in r["cells"]:
+                if cell["log_level"] != "warning":
+                    continue
+                for row in class_rows(backend, cell, klass):
+                    name, jobs, steady, over, over_steady, cpu, db_cpu, share = row
+                    rows.append([backend, cell["workers"], name, _mmm(jobs), _mmm(steady),
+                                 "" if over is None else "%.2f ×" % over,
+                                 "" if over_steady is None else "%.2f ×" % over_steady,
+                                 "-" if cpu is None else "%.2f" % cpu,
+                                 "-" if db_cpu is None else "%.2f" % db_cpu,
+                                 "n/a" if share is None else "%.0f %%" % (100 * share)])
+        if rows:
+            print_table("%s class: taskrunner%s ÷ each (jobs/s, median (min–max); ratios: medians "
+                        "of per-round ratios)" % (klass, "" if klass == "durable" else " batched"),
+                        ["db", "W", "system", "jobs/s", "steady", "taskrunner ÷ it",
+                         "÷ it, steady", "CPU s / 1k", "DB server CPU s / 1k", "largest share"],
+                        rows)
 
 
 def show_work(results):
@@ -155,7 +211,7 @@ def _throughput_targets(backend, r, add):
             if w > 1 and share is not None:
                 add("largest runner share ≤ 1.25 ÷ W (%s, W=%d, log %s)" % (name, w, cell["log_level"]),
                     backend, share, share <= 1.25 / w, "%.0f %%" % (100 * share))
-            if peer and cell["log_level"] == "warning" and w >= MIN_WORKERS[peer]:
+            if peer in THROUGHPUT_TARGETS and cell["log_level"] == "warning" and w >= MIN_WORKERS[peer]:
                 goal = THROUGHPUT_TARGETS[peer]["batch" in name]
                 v = e["over_peer"]["jobs_per_s"]
                 add("%s ≥ %g × %s (W=%d, log warning)" % (name, goal, PEER_NAMES[peer], w), backend,
@@ -164,6 +220,54 @@ def _throughput_targets(backend, r, add):
             v = cell["systems"]["floor"]["taskrunner_over"]
             add("throughput ≥ 60 %% of the raw floor (W=%d)" % w, backend, v, v >= 0.6,
                 "%.0f %%" % (100 * v))
+
+
+# Issue 32, by durability class: (peer, the W it applies at, taskrunner ÷ peer at least, on
+# "jobs_per_s" or "steady_jobs_per_s"). Durable: taskrunner's default; batched: its batch
+# variant. "floor": taskrunner ÷ floor.
+CLASS_TARGETS = {
+    "durable": [("floor", (1, 2, 8), 0.95, "jobs_per_s"), ("huey", (1,), 1.0, "jobs_per_s"),
+                ("huey", (2, 8), 1.2, "jobs_per_s"), ("procrastinate", (2, 8), 3.0, "jobs_per_s"),
+                ("dbos", (2, 8), 1.5, "jobs_per_s")],
+    "batched": [("pgqueuer batch=100", (2, 8), 1.5, "jobs_per_s"),
+                ("pgqueuer batch=100", (2, 8), 1.2, "steady_jobs_per_s"),
+                ("huey", (1, 2, 8), 3.0, "jobs_per_s")],
+}
+# CPU per job at most the peer's: (class, peer).
+CPU_TARGETS = (("durable", "huey"), ("batched", "pgqueuer batch=100"))
+
+
+def _cpu_total(entry):
+    own, server = entry.get("cpu_s_per_1000"), entry.get("db_cpu_s_per_1000")
+    return None if own is None else own + (server or 0)
+
+
+def _class_targets(backend, r, add):
+    for cell in r["cells"]:
+        if cell["log_level"] != "warning":
+            continue
+        w = cell["workers"]
+        for klass, goals in CLASS_TARGETS.items():
+            base = "taskrunner" if klass == "durable" else _batched_name(cell)
+            entry = cell["systems"].get(base)
+            if entry is None:
+                continue
+            for other, ws, goal, key in goals:
+                over = entry.get("over", {}).get(other)
+                if w in ws and over is not None:
+                    v = over[key]
+                    label = "raw floor" if other == "floor" else PEER_NAMES[other]
+                    add("%s class: %s ≥ %g × %s%s (W=%d)" % (klass, base, goal, label,
+                                                           ", steady" if key != "jobs_per_s" else "", w),
+                        backend, v, v >= goal, "%.2f ×" % v)
+        for klass, other in CPU_TARGETS:
+            base = "taskrunner" if klass == "durable" else _batched_name(cell)
+            mine, theirs = (_cpu_total(cell["systems"][n]) if n in cell["systems"] else None
+                            for n in (base, other))
+            if mine is not None and theirs:
+                v = mine / theirs
+                add("%s class: %s CPU per job ≤ %s's (W=%d)" % (klass, base, PEER_NAMES[other], w),
+                    backend, v, v <= 1, "%.2f × (%.2f vs %.2f s / 1k)" % (v, mine, theirs))
 
 
 def evaluate(report):
@@ -176,6 +280,7 @@ def evaluate(report):
     for backend, r in report.get("throughput", {}).items():
         if "cells" in r:
             _throughput_targets(backend, r, add)
+            _class_targets(backend, r, add)
     for backend, r in report.get("work", {}).items():
         for cell in r.get("cells", []):
             peer = cell["peer"]

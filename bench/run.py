@@ -232,6 +232,10 @@ def main(argv=None):
     except SystemExit as exc:
         print(exc, file=sys.stderr)
         failed = True
+        # The throughput cells of the W values finished before the stop are kept.
+        for backend, partial in compare.PARTIAL.items():
+            if partial["cells"] and "cells" not in report["throughput"].get(backend, {}):
+                report["throughput"][backend] = partial
     finally:
         common.cleanup()
         common.write_json(args.json, report)

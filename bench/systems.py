@@ -1,5 +1,5 @@
 """The things whose throughput is compared: taskrunner, the raw-SQL floor, and the peers
-(Huey on SQLite, Procrastinate on PostgreSQL). Each drains n no-op jobs queued beforehand
+(Huey on SQLite; Procrastinate, PgQueuer and DBOS Transact on PostgreSQL). Each drains n no-op jobs queued beforehand
 with `workers` worker processes; what is timed is launch → last finish, and the steady rate
 between the 10th and 90th percentile of finish times (see common.rates).
 
@@ -322,7 +322,134 @@ class Procrastinate:
         drop_url(url)
 
 
-PEERS = (Huey(), Procrastinate())
+class PgQueuer:
+    """W `python -m bench.pgqueuer_app work` processes (one QueueManager on one asyncpg
+    connection each, PgQueuer's recommended driver), stopped once the jobs are done; with
+    `batch_size` jobs per dequeue and per flush of its acknowledgement buffer (1: each ack
+    flushed on its own — the durable class; 100: its fastest here — the batched class; see
+    bench/pgqueuer_app.py). Finish times from its pgqueuer_log table (status 'successful'),
+    each worker's share from the pid each job writes."""
+    backends = ("postgresql",)
+
+    def __init__(self, batch_size):
+        self.batch_size = batch_size
+        self.name = "pgqueuer batch=%d" % batch_size
+
+    def available(self, backend):
+        if backend not in self.backends:
+            return "PgQueuer is compared on PostgreSQL only"
+        return _installed("pgqueuer", "asyncpg")
+
+    def prepare(self, backend, job):
+        url = create_database(backend, "pgq")
+        marks = os.path.join(common.workdir(), "pgq-%d-%d.marks" % (os.getpid(), time.monotonic_ns()))
+        proc = spawn([sys.executable, "-c", "from bench.pgqueuer_app import install, enqueue; "
+                      "install(%r); enqueue(%r, %d, %r)" % (url, url, job.n, job.task_ms)],
+                     "pgqueuer-enqueue.log")
+        wait_until(lambda: proc.poll() is not None, 300, "PgQueuer install and enqueue", procs=())
+        if proc.returncode:
+            raise RuntimeError("PgQueuer install/enqueue failed (log: %s)" % common.workdir())
+        return url, marks
+
+    def start(self, ctx, job):
+        url, marks = ctx
+        env = common.child_env()
+        env["BENCH_LOG_LEVEL"] = job.log_level
+        return [spawn([sys.executable, "-m", "bench.pgqueuer_app", "work", url,
+                       str(self.batch_size), marks], "pgqueuer.log", env=env)
+                for _ in range(job.workers)]
+
+    def run(self, ctx, job):
+        url, marks = ctx
+        sql = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
+        launched = time.time()
+        procs = self.start(ctx, job)
+        meter = Meter(url, [p.pid for p in procs])
+        try:
+            wait_until(lambda: query(url, sql)[0][0] >= job.n, job.timeout,
+                       "PgQueuer to run %d jobs" % job.n, interval=0.2, procs=procs,
+                       tick=meter.tick)
+            rows = query(url, "SELECT created FROM pgqueuer_log WHERE status = 'successful'")
+            with open(marks) as fh:
+                shares = Counter(fh.read().split()).values()
+            return _finish(meter, sorted(common.to_epoch(r[0]) for r in rows), launched, shares)
+        finally:
+            meter.close()
+            for proc in procs:
+                stop(proc)
+
+    def teardown(self, ctx):
+        drop_url(ctx[0])
+        if os.path.exists(ctx[1]):
+            os.unlink(ctx[1])
+
+
+class Dbos:
+    """DBOS Transact: W `python -m bench.dbos_app work` processes, one executor id each,
+    serving one queue of no-op workflows (one workflow per job), stopped once the jobs are
+    done. The queue as DBOS makes it by default: no per-process limit (a process claims all
+    it finds at a poll and runs them in its thread pool) and a poll every second; in a trial
+    here (W = 2, 2,000 jobs) that was its fastest against worker_concurrency 16, 50 and 100
+    with polls of 0.05–1 s. Finish times from its workflow_status table (updated_at of
+    SUCCESS rows), shares from their executor_id."""
+    name = "dbos"
+    backends = ("postgresql",)
+    CONCURRENCY = 0          # 0: DBOS's default, no worker_concurrency
+    POLL_SECONDS = 1.0       # DBOS's default polling_interval_sec
+
+    def available(self, backend):
+        if backend not in self.backends:
+            return "DBOS is compared on PostgreSQL only (it documents SQLite for development)"
+        return _installed("dbos", "psycopg")
+
+    def prepare(self, backend, job):
+        if job.task_ms:
+            raise ValueError("the DBOS peer runs no-op workflows only")
+        url = create_database(backend, "dbos")
+        proc = spawn([sys.executable, "-c", "from bench.dbos_app import install, enqueue; "
+                      "install(%r); enqueue(%r, %d)" % (url, url, job.n)], "dbos-enqueue.log")
+        wait_until(lambda: proc.poll() is not None, 300, "DBOS install and enqueue", procs=())
+        if proc.returncode:
+            raise RuntimeError("DBOS install/enqueue failed (log: %s)" % common.workdir())
+        return url
+
+    def start(self, url, job):
+        env = common.child_env()
+        env.update(BENCH_LOG_LEVEL=job.log_level, BENCH_DBOS_CONCURRENCY=str(self.CONCURRENCY),
+                   BENCH_DBOS_POLL=str(self.POLL_SECONDS))
+        return [spawn([sys.executable, "-m", "bench.dbos_app", "work", url, "w%d" % i],
+                      "dbos.log", env=env) for i in range(job.workers)]
+
+    def run(self, url, job):
+        sql = "SELECT count(*) FROM dbos.workflow_status WHERE status = 'SUCCESS'"
+        launched = time.time()
+        procs = self.start(url, job)
+        meter = Meter(url, [p.pid for p in procs])
+        try:
+            wait_until(lambda: query(url, sql)[0][0] >= job.n, job.timeout,
+                       "DBOS to run %d workflows" % job.n, interval=0.2, procs=procs,
+                       tick=meter.tick)
+            shares = [row[0] for row in query(url, "SELECT count(*) FROM dbos.workflow_status "
+                                                   "WHERE status = 'SUCCESS' GROUP BY executor_id")]
+            rows = query(url, "SELECT updated_at FROM dbos.workflow_status WHERE status = 'SUCCESS'")
+            return _finish(meter, sorted(r[0] / 1000.0 for r in rows), launched, shares)
+        finally:
+            meter.close()
+            for proc in procs:
+                stop(proc)
+
+    def teardown(self, url):
+        drop_url(url)
+
+
+# The peers of the throughput comparison, and the durability class each is compared in:
+# "durable" (every outcome committed before, or as soon as, the next job starts; taskrunner's
+# default) or "batched" (outcomes committed in groups; taskrunner with [runner] batch).
+PEERS = (Huey(), Procrastinate(), PgQueuer(1), PgQueuer(100), Dbos())
+CLASSES = {"huey": "durable", "procrastinate": "durable", "pgqueuer batch=1": "durable",
+           "dbos": "durable", "pgqueuer batch=100": "batched"}
+# The peers whose sleeping task (work) and single enqueue (enqueue) the bench also times.
+CLASSIC = ("huey", "procrastinate")
 
 
 def measure(system, backend, job):
@@ -334,5 +461,5 @@ def measure(system, backend, job):
         system.teardown(ctx)
 
 
-__all__ = ["Job", "Taskrunner", "Floor", "Ceiling", "Huey", "Procrastinate", "PEERS", "measure",
-           "BenchTimeout"]
+__all__ = ["Job", "Taskrunner", "Floor", "Ceiling", "Huey", "Procrastinate", "PgQueuer", "Dbos",
+           "PEERS", "CLASSES", "CLASSIC", "measure", "BenchTimeout"]

@@ -1,7 +1,11 @@
 """The bench's own instruments: CPU accounting of a process tree (bench/cpu.py), the
 taskrunner options and variants passed into the configs it writes, and its command line's
-refusals. (The bench itself runs in CI as `bench/run.py --quick`.)"""
+refusals; the peers PgQueuer and DBOS (a tiny run each on PostgreSQL), the class tables and
+bench/durable.py's commit counter and its report of a missing API. (The bench itself runs
+in CI as `bench/run.py --quick`.)"""
+import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -105,3 +109,114 @@ def test_the_bench_imports_no_test_module_and_its_server_harness_needs_no_pytest
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+# -- the peers of issue 32 and bench/durable.py --------------------------------------------
+
+def _postgres_or_skip():
+    why = common.server_available("postgresql")
+    if why:
+        if os.environ.get("TASKRUNNER_REQUIRE_DATABASES"):
+            pytest.fail("PostgreSQL is required: %s" % why)
+        pytest.skip("PostgreSQL not reachable: %s" % why)
+
+
+def test_the_new_peers_say_where_they_are_compared_and_what_they_need():
+    from bench.systems import CLASSES, PEERS, Dbos, PgQueuer
+    names = [p.name for p in PEERS]
+    assert {"pgqueuer batch=1", "pgqueuer batch=100", "dbos"} <= set(names)
+    assert set(CLASSES) == set(names)
+    for peer in (PgQueuer(1), PgQueuer(100), Dbos()):
+        assert "PostgreSQL only" in peer.available("sqlite")
+        why = peer.available("postgresql")
+        assert why is None or why.startswith("not installed (pip install '.[bench]')")
+
+
+@pytest.mark.parametrize("which", ["pgqueuer batch=1", "pgqueuer batch=100", "dbos"])
+def test_a_tiny_run_of_each_new_peer_on_postgresql(which, monkeypatch, tmp_path):
+    """50 no-op jobs, W = 2, against the real server: every job counted once, finish times,
+    CPU and shares measured."""
+    from bench import systems
+    peer = next(p for p in systems.PEERS if p.name == which)
+    why = peer.available("postgresql")
+    if why:
+        pytest.skip(why)
+    _postgres_or_skip()
+    monkeypatch.setattr(common, "_workdir", str(tmp_path))
+    try:
+        result = systems.measure(peer, "postgresql", systems.Job(n=50, workers=2, timeout=120))
+    finally:
+        common.cleanup()
+    assert result["jobs"] == 50 and result["jobs_per_s"] > 0
+    assert result["cpu_s"] > 0 and result["db_cpu_s"] is not None
+    assert abs(sum(result["shares"]) - 1) < 0.01
+
+
+def test_the_class_tables_put_taskrunner_beside_each_peer_of_its_class():
+    from bench.report import class_rows, evaluate
+
+    def entry(rate, **extra):
+        summary = {"median": rate, "min": rate, "max": rate}
+        return dict({"jobs_per_s": summary, "steady_jobs_per_s": summary,
+                     "cpu_s_per_1000": 0.5, "db_cpu_s_per_1000": 0.25, "shares": [[0.5, 0.5]]},
+                    **extra)
+    names = ("floor", "procrastinate", "pgqueuer batch=1", "pgqueuer batch=100", "dbos")
+    over = {name: {"jobs_per_s": 2.0, "steady_jobs_per_s": 1.0} for name in names}
+    cell = {"workers": 2, "log_level": "warning", "peer": "procrastinate", "systems": {
+        "taskrunner": entry(1000, over=over, over_peer=over["procrastinate"]),
+        "taskrunner runner.batch=16": entry(3000, over=over, over_peer=over["procrastinate"]),
+        **{name: entry(500) for name in names}}}
+    cell["systems"]["floor"]["taskrunner_over"] = 2.0
+    durable = [row[0] for row in class_rows("postgresql", cell, "durable")]
+    batched = [row[0] for row in class_rows("postgresql", cell, "batched")]
+    assert durable == ["taskrunner", "floor", "procrastinate", "pgqueuer batch=1", "dbos"]
+    assert batched == ["taskrunner runner.batch=16", "floor", "pgqueuer batch=100"]
+    targets = {t["target"]: t["met"] for t in evaluate({"throughput": {"postgresql": {"cells": [cell]}}})}
+    assert targets["durable class: taskrunner ≥ 1.5 × DBOS (W=2)"] is True
+    assert targets["batched class: taskrunner runner.batch=16 ≥ 1.2 × PgQueuer (batch 100), steady (W=2)"] is False
+
+
+@pytest.mark.parametrize("journal", ["wal", "delete"])
+def test_durable_counts_every_write_transaction_of_another_process(journal, tmp_path):
+    """The commit counter of bench/durable.py: WAL commit frames kept from a reset by the
+    bench's read transaction (checkpoints forced between the commits), or the rollback
+    journal's file change counter; read-only transactions are not counted."""
+    from bench.durable import Commits
+    path = str(tmp_path / "c.db")
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=%s" % journal)
+    conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    commits = Commits("sqlite:///" + path)
+    commits.start()
+    writer = ("import sqlite3, sys\n"
+              "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+              "for i in range(7):\n"
+              "    c.execute('BEGIN IMMEDIATE'); c.execute('INSERT INTO t VALUES (?)', (i,))\n"
+              "    c.execute('COMMIT'); c.execute('SELECT count(*) FROM t').fetchall()\n"
+              "    c.execute('PRAGMA wal_checkpoint(RESTART)') if i % 2 else None\n")
+    subprocess.run([sys.executable, "-c", writer, path], check=True, timeout=60)
+    try:
+        assert commits.finish()["commits"] == 7
+    finally:
+        commits.close()
+
+
+def test_durable_reports_a_missing_taskrunner_api_and_runs_what_it_can(tmp_path):
+    """On a tree without the durable-handler or workflow API, the taskrunner side of a
+    scenario says so in one line and the run still exits 0; with the API, it runs."""
+    from bench.durable import taskrunner_missing
+    out = tmp_path / "d.json"
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "durable.py"), "--quick",
+                           "--db", "sqlite", "--systems", "taskrunner", "--only", "chain",
+                           "--json", str(out)], capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    why = taskrunner_missing("chain")
+    if why:
+        assert why.startswith("not available in this tree: TaskQueue.add_task(after=...)")
+        assert report["skipped"]["sqlite"]["taskrunner chain"] == why
+        assert why in done.stdout
+    else:
+        cell = report["results"]["sqlite"][0]
+        assert cell["systems"]["taskrunner"]["commits_per_task"] > 0
