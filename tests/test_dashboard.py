@@ -50,7 +50,7 @@ def test_summaries_on_every_database(queue):
     ids = history(queue)
     store = queue.store
     counts = summaries.status_counts(store)
-    assert counts == {"scheduled": 2, "running": 0, "retrying": 1, "given-up": 1,
+    assert counts == {"scheduled": 2, "running": 0, "waiting": 0, "retrying": 1, "given-up": 1,
                       "success": 2, "cancelled": 0}
     minutes = summaries.runs_per_minute(store)
     assert len(minutes) == 60

@@ -40,7 +40,7 @@ def test_migration_0019_keeps_the_history_and_durable_handlers_work_after_it(bac
             "scheduled_on, queue, percent_completed, results) VALUES (%s)"
             % ", ".join([param] * 10), (1, now, now, "success", 1, 0, now, "default", 100,
                                         '{"kept": 1}'))
-        assert store.migrate() == ["0019_durable_execution"]
+        assert store.migrate()[0] == "0019_durable_execution"
         from taskrunner.api import TaskQueue
         queue = TaskQueue(store)
         old = queue.get_task(1)

@@ -457,7 +457,9 @@ def test_a_run_past_its_max_runtime_shows_as_stopping_until_the_runner_exits(
     runner notices. From that moment until the runner's hard exit after kill_grace, `status`
     shows the runner stopping, why and since when — not ``running`` with no run."""
     config = database_sp.write_config(tmp_path / "c.toml", (
-        "[runner]\npoll_interval = 0.1\nheartbeat_interval = 2\n[overseer]\nkill_grace = 3\n"))
+        # A heartbeat every 6 s: the reads below, between the pass and the runner's own
+        # notice, fit in it even at a load average of 25 (2 s did not).
+        "[runner]\npoll_interval = 0.1\nheartbeat_interval = 6\n[overseer]\nkill_grace = 3\n"))
     queue = database_sp.queue()
     log = str(tmp_path / "run.log")
     task_id = queue.add_task(H + "Stubborn", data={"log": log}, max_runtime=1, max_retries=1)
@@ -490,7 +492,7 @@ def test_a_run_past_its_max_runtime_shows_as_stopping_until_the_runner_exits(
     assert "run %d stopping since " % run.id in lines[3]   # after the table and its zone line
     # The runner noticed and interrupted its handler, which runs on: its own reason, the
     # same since.
-    wait_for(lambda: "interrupted" in (runners()[0]["stopping_reason"] or ""), timeout=5,
+    wait_for(lambda: "interrupted" in (runners()[0]["stopping_reason"] or ""), timeout=15,
              message="the runner's own reason")
     assert runners()[0]["stopping_since"] == since
     assert procs.wait(runner) != 0           # exited hard after kill_grace
