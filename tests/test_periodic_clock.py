@@ -59,9 +59,9 @@ def test_a_maintainer_whose_clock_is_off_submits_a_periodic_task_on_time(backend
                  timeout=60, message="the leader to take the maintenance lease")
 
         # "every 1h" anchored DUE_IN seconds from now, less one hour: due in DUE_IN seconds.
+        created = time.monotonic()
         row = add_periodic(queue.store, "soon", "taskrunner.handlers.Echo", "every 1h",
                            now=queue.store.database_time() - timedelta(hours=1, seconds=-DUE_IN))
-        created = time.monotonic()
         submitted = wait_for(
             lambda: Task.get_or_none(Task.periodic_task_id == row.id),
             timeout=DUE_IN + CHECK_INTERVAL + MACHINE_SLACK + 2,

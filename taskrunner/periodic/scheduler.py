@@ -29,7 +29,7 @@ from ..fleet import liveness
 from ..runs.enqueue import add_task, insert_many_and_wake, remember_queues, task_row
 from ..errors import InputError, StateError, check_text
 from ..handler import load_handler
-from ..store.models import CANCELLED, CRASHED, DEFAULT_QUEUE, SUCCESS, utcnow
+from ..store.models import CANCELLED, CRASHED, DEFAULT_QUEUE, SUCCESS
 from .definitions import (BUILTIN_ROTATION, CATCH_UP, MAX_NAME, RESERVED_PREFIX, check_periodic,
                           check_periodic_handlers, definition, first_due, validate_definitions)
 from .timers import IntervalTimer, parse_timer
@@ -38,7 +38,7 @@ log = logging.getLogger("taskrunner.periodic")
 
 def add_periodic(store, name, handler, timer, data=None, source="api", now=None, **options):
     """Create a periodic task; InputError for a bad timer, handler or a duplicate name."""
-    now = now or utcnow()
+    now = store.database_time(now)
     if options.get("queue") is None:
         # Added here, the handler is imported: its class's queue applies (a [[periodic]]
         # entry of the config names its queue, since the overseer imports no handler).
@@ -71,7 +71,7 @@ def run_now(store, name, owner=None, now=None):
     and then finds the first one's task (a scheduler's due time at that very instant may
     still submit one too: rule 9 is about due times, and this is none)."""
     PeriodicTask = store.PeriodicTask
-    now = now or utcnow()
+    at = store.database_time(now)
     row = _get(store, name, owner)
 
     def step():
@@ -86,7 +86,7 @@ def run_now(store, name, owner=None, now=None):
             queued_by="periodic:%s (run now)" % row.name, periodic_task_id=row.id, now=now,
             import_handler=False, subject=row.subject, group=row.group_name)
         PeriodicTask.update({PeriodicTask.submitted_count: PeriodicTask.submitted_count + 1,
-                             PeriodicTask.last_task_id: task_id, PeriodicTask.updated_on: now}
+                             PeriodicTask.last_task_id: task_id, PeriodicTask.updated_on: at}
                             ).where(PeriodicTask.id == row.id).execute()
         return task_id
     return store.write(step)
@@ -95,7 +95,7 @@ def run_now(store, name, owner=None, now=None):
 def set_enabled(store, name, enabled, owner=None, now=None):
     PeriodicTask = store.PeriodicTask
     row = _get(store, name, owner)
-    now = now or utcnow()
+    now = store.database_time(now)
     values = {PeriodicTask.enabled: enabled, PeriodicTask.updated_on: now}
     if enabled and not row.enabled:
         values[PeriodicTask.nextrun] = first_due(parse_timer(row.timer, row.timezone), now)
@@ -126,7 +126,7 @@ def set_enabled_owned(store, owner, enabled, now=None):
     changed. Enabled ones start a fresh schedule from now, like set_enabled."""
     _owner_required(owner)
     PeriodicTask = store.PeriodicTask
-    now = now or utcnow()
+    now = store.database_time(now)
 
     def step():
         rows = list(PeriodicTask.select(PeriodicTask.id, PeriodicTask.timer, PeriodicTask.timezone)
@@ -147,7 +147,7 @@ def sync_definitions(store, config=None, now=None, import_handlers=True):
     validated first: one bad entry changes nothing."""
     PeriodicTask = store.PeriodicTask
     config = config or store.config
-    now = now or utcnow()
+    now = store.database_time(now)
     validated = validate_definitions(config, import_handlers)
 
     def step():
@@ -577,7 +577,7 @@ def allow_start(store, periodic_task_id, now=None):
     this start as last_run. Race closed: two runners starting two tasks of one periodic
     task — the check and the update are one conditional UPDATE."""
     PeriodicTask = store.PeriodicTask
-    now = now or utcnow()
+    now = store.database_time(now)
     row = PeriodicTask.get_or_none(PeriodicTask.id == periodic_task_id)
     if row is None:
         return True
