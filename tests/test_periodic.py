@@ -257,13 +257,15 @@ def test_stale_marks_are_cleared_and_fresh_marks_of_live_schedulers_kept(queue):
     while psutil.pid_exists(dead_pid):
         dead_pid -= 1
     my_create_time = psutil.Process(os.getpid()).create_time()
+    # A mark as a scheduler of an earlier version left it (host:pid:create_time).
+    me = "%s:%d:%.3f" % (host, os.getpid(), my_create_time)
     now = at(100)
     marks = {
         "dead-pid": ("%s:%d:1.0" % (host, dead_pid), now),
         "reused-pid": ("%s:%d:%.3f" % (host, os.getpid(), my_create_time - 1000), now),
         "old-mark": ("elsewhere:4242:1.0", now - timedelta(minutes=2)),
-        "old-mark-of-live-process": (scheduler.worker, now - timedelta(minutes=2)),
-        "live-here": (scheduler.worker, now - timedelta(seconds=1)),
+        "old-mark-of-live-process": (me, now - timedelta(minutes=2)),
+        "live-here": (me, now - timedelta(seconds=1)),
         "fresh-elsewhere": ("elsewhere:4242:1.0", now - timedelta(seconds=30)),
         "unmarked": (None, None),
     }
@@ -281,9 +283,7 @@ def test_stale_marks_are_cleared_and_fresh_marks_of_live_schedulers_kept(queue):
         assert (row(name).worker, row(name).marked) == marks[name], name
 
     # A row marked by someone else is not submitted in a pass (nor advanced).
-    other = PeriodicScheduler(queue.store)
-    other.worker = "elsewhere:5151:1.0"
-    result = other.run_pending(now=now)
+    result = PeriodicScheduler(queue.store).run_pending(now=now)
     assert result["skipped"] == []
     done = {t.periodic_task_id for t in Task.select().where(Task.id.in_(result["submitted"]))}
     assert done == {row(n).id for n in stale | {"unmarked"}}

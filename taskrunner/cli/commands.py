@@ -89,10 +89,11 @@ def cmd_add(args):
     config = args.loaded_config
     load_handler(args.handler, config.handlers.allow)
     encode_data(args.data, config.task.max_data_size)
-    scheduled_on = args.at
     if args.delay is not None:
+        # The delay counts from the database's clock (enqueue.task_row), not this host's;
+        # one too large for any clock is refused here, with the option's name.
         try:
-            scheduled_on = datetime.now(timezone.utc) + timedelta(seconds=args.delay)
+            datetime.now(timezone.utc) + timedelta(seconds=args.delay)
         except OverflowError:
             raise InputError("--in %gs is too far in the future" % args.delay) from None
     if args.after is not None:
@@ -114,7 +115,8 @@ def cmd_add(args):
         raise InputError("--on-parent-failure needs --after")
     from ..runs.enqueue import add_task_created
     task_id, created = add_task_created(
-        open_queue(args).store, args.handler, data=args.data, scheduled_on=scheduled_on,
+        open_queue(args).store, args.handler, data=args.data, scheduled_on=args.at,
+        delay=args.delay,
         max_retries=args.max_retries, priority=args.priority, run_timeout=args.timeout,
         unique_key=args.unique_key, queued_by=args.queued_by, max_runtime=args.max_runtime,
         queue=args.queue, concurrency_key=args.concurrency_key,

@@ -151,8 +151,10 @@ class Maintainer:
         self._plan_periodic()
 
     def _plan_periodic(self):
+        # Due times are on the database's clock: so is the wait until the next one.
         due = self.scheduler.next_due() if self.lease.holding else None
-        wait = float("inf") if due is None else (due - utcnow()).total_seconds()
+        wait = float("inf") if due is None else (
+            due - self.store.database_time()).total_seconds()
         self.next_periodic = self.now + max(0.0, wait)
 
     # -- the loop -----------------------------------------------------------------------

@@ -19,17 +19,17 @@ Missed due times after downtime collapse into one task (catch_up ``once``) or no
 """
 import json
 import logging
-import os
-from datetime import timedelta, timezone
+from collections import namedtuple
+from datetime import datetime, timedelta, timezone
 
 import peewee as pw
 
-from ..runs import lifecycle
+from ..runs import lifecycle, sql
 from ..fleet import liveness
-from ..runs.enqueue import add_task
+from ..runs.enqueue import add_task, insert_many_and_wake, remember_queues, task_row
 from ..errors import InputError, StateError, check_text
 from ..handler import load_handler
-from ..store.models import CANCELLED, CRASHED, DEFAULT_QUEUE, SUCCESS, utcnow
+from ..store.models import CANCELLED, CRASHED, DEFAULT_QUEUE, SUCCESS
 from .definitions import (BUILTIN_ROTATION, CATCH_UP, MAX_NAME, RESERVED_PREFIX, check_periodic,
                           check_periodic_handlers, definition, first_due, validate_definitions)
 from .timers import IntervalTimer, parse_timer
@@ -38,7 +38,7 @@ log = logging.getLogger("taskrunner.periodic")
 
 def add_periodic(store, name, handler, timer, data=None, source="api", now=None, **options):
     """Create a periodic task; InputError for a bad timer, handler or a duplicate name."""
-    now = now or utcnow()
+    now = store.database_time(now)
     if options.get("queue") is None:
         # Added here, the handler is imported: its class's queue applies (a [[periodic]]
         # entry of the config names its queue, since the overseer imports no handler).
@@ -71,7 +71,7 @@ def run_now(store, name, owner=None, now=None):
     and then finds the first one's task (a scheduler's due time at that very instant may
     still submit one too: rule 9 is about due times, and this is none)."""
     PeriodicTask = store.PeriodicTask
-    now = now or utcnow()
+    at = store.database_time(now)
     row = _get(store, name, owner)
 
     def step():
@@ -86,7 +86,7 @@ def run_now(store, name, owner=None, now=None):
             queued_by="periodic:%s (run now)" % row.name, periodic_task_id=row.id, now=now,
             import_handler=False, subject=row.subject, group=row.group_name)
         PeriodicTask.update({PeriodicTask.submitted_count: PeriodicTask.submitted_count + 1,
-                             PeriodicTask.last_task_id: task_id, PeriodicTask.updated_on: now}
+                             PeriodicTask.last_task_id: task_id, PeriodicTask.updated_on: at}
                             ).where(PeriodicTask.id == row.id).execute()
         return task_id
     return store.write(step)
@@ -95,7 +95,7 @@ def run_now(store, name, owner=None, now=None):
 def set_enabled(store, name, enabled, owner=None, now=None):
     PeriodicTask = store.PeriodicTask
     row = _get(store, name, owner)
-    now = now or utcnow()
+    now = store.database_time(now)
     values = {PeriodicTask.enabled: enabled, PeriodicTask.updated_on: now}
     if enabled and not row.enabled:
         values[PeriodicTask.nextrun] = first_due(parse_timer(row.timer, row.timezone), now)
@@ -126,7 +126,7 @@ def set_enabled_owned(store, owner, enabled, now=None):
     changed. Enabled ones start a fresh schedule from now, like set_enabled."""
     _owner_required(owner)
     PeriodicTask = store.PeriodicTask
-    now = now or utcnow()
+    now = store.database_time(now)
 
     def step():
         rows = list(PeriodicTask.select(PeriodicTask.id, PeriodicTask.timer, PeriodicTask.timezone)
@@ -147,7 +147,7 @@ def sync_definitions(store, config=None, now=None, import_handlers=True):
     validated first: one bad entry changes nothing."""
     PeriodicTask = store.PeriodicTask
     config = config or store.config
-    now = now or utcnow()
+    now = store.database_time(now)
     validated = validate_definitions(config, import_handlers)
 
     def step():
@@ -189,16 +189,45 @@ def sync_definitions(store, config=None, now=None, import_handlers=True):
 
 # -- the scheduler ------------------------------------------------------------------------
 
+# What a pass reads of each due periodic task it marked (one row object per column would
+# cost more than the rest of its submission).
+Due = namedtuple("Due", (
+    "id", "name", "handler", "data", "priority", "submitter", "timer", "timezone", "nextrun",
+    "catch_up", "max_runtime", "max_retries", "last_due", "last_task_id", "subject",
+    "group_name", "tolerance", "queue", "anchor"))
+DUE_TIMES = (Due._fields.index("nextrun"), Due._fields.index("last_due"))
+
+
+def _datetimes(row, positions):
+    """`row` with the datetimes at `positions` as naive datetimes (SQLite gives text)."""
+    if not any(isinstance(row[i], str) for i in positions):
+        return row
+    row = list(row)
+    for i in positions:
+        if isinstance(row[i], str):
+            row[i] = datetime.fromisoformat(row[i])
+    return row
+
+
 class PeriodicScheduler:
-    """Submits the tasks of due periodic tasks; safe with any number of schedulers."""
+    """Submits the tasks of due periodic tasks; safe with any number of schedulers.
+
+    A pass takes the due periodic tasks BATCH at a time, in due order, one transaction each:
+    the rows read FOR UPDATE SKIP LOCKED (rule 9: `_take`), their previous tasks read in one
+    query, the tasks inserted in multi-row INSERTs, the periodic tasks advanced in one
+    statement — so 10,000 due at once cost a few dozen statements (it was a query with a
+    growing NOT IN list, a mark and a transaction of its own for each periodic task: ~30 a
+    second on SQLite). Every time it compares is on the database's clock
+    (`Store.database_time`)."""
 
     STALE_MARK = timedelta(seconds=60)
     MISFIRE_GRACE = timedelta(seconds=5)
+    BATCH = 500     # periodic tasks per mark and per transaction
 
     def __init__(self, store):
         self.store = store
-        pid = os.getpid()
-        self.worker = "%s:%d:%.3f" % (liveness.host_id(store), pid, liveness.create_time(pid))
+        self._timers = {}       # (timer text, zone) -> the parsed timer
+        self._followings = {}   # within a pass: (timer, zone, anchor, due, now) -> next due
 
     def clear_stale_marks(self, now=None):
         """Marks of schedulers that died — on this host, their PID is gone; on another, their
@@ -209,20 +238,21 @@ class PeriodicScheduler:
         mark of a scheduler that still lives costs nothing but its due time: its submission
         is conditional on its mark (rule 9)."""
         PeriodicTask = self.store.PeriodicTask
-        now = now or utcnow()
+        now = self.store.database_time(now)
         cleared = PeriodicTask.update(worker=None, marked=None).where(
             PeriodicTask.marked < now - self.STALE_MARK).execute()
         host = liveness.host_id(self.store)
-        for row in PeriodicTask.select(PeriodicTask.id, PeriodicTask.worker).where(
-                PeriodicTask.worker.is_null(False)):
-            worker_host, pid, created = row.worker.rsplit(":", 2)
+        # A batch marked by one scheduler is one worker: each is looked at once.
+        for (worker,) in PeriodicTask.select(PeriodicTask.worker).where(
+                PeriodicTask.worker.is_null(False)).distinct().tuples():
+            worker_host, pid, created = worker.rsplit(":", 2)
             if worker_host == host:
                 gone = not liveness.process_alive(int(pid), float(created))
             else:
                 gone = liveness.process_ended(self.store, worker_host, int(pid), float(created))
             if gone:
                 cleared += PeriodicTask.update(worker=None, marked=None).where(
-                    (PeriodicTask.id == row.id) & (PeriodicTask.worker == row.worker)).execute()
+                    PeriodicTask.worker == worker).execute()
         if cleared:
             log.info("cleared %d stale periodic marks", cleared)
         return cleared
@@ -237,129 +267,263 @@ class PeriodicScheduler:
 
     def run_pending(self, now=None, until=None):
         """One pass: handle every due periodic task. Returns {"submitted": [task ids],
-        "skipped": [names]}. `until`, asked before each due periodic task, ends the pass
-        early when true; what is left stays due for the next pass (a burst of due times
-        must not keep the maintainer from its other work, nor from a stop)."""
-        PeriodicTask = self.store.PeriodicTask
-        now = now or utcnow()
+        "skipped": [names]}. `until`, asked before each batch, ends the pass early when
+        true; what is left stays due for the next pass (a burst of due times must not keep
+        the maintainer from its other work, nor from a stop). `now`: this host's time (a
+        test's injected one; None: now), put on the database's clock."""
+        now = self.store.database_time(now)
         result = {"submitted": [], "skipped": []}
-        tried = set()
+        self._followings = {}
+        after = None    # (nextrun, id) of the last due periodic task this pass took
         while until is None or not until():
-            query = (PeriodicTask.select().where(
-                (PeriodicTask.enabled == True) & (PeriodicTask.nextrun <= now)  # noqa: E712
-                & PeriodicTask.marked.is_null()).order_by(PeriodicTask.nextrun, PeriodicTask.id))
-            if tried:
-                query = query.where(PeriodicTask.id.not_in(list(tried)))
-            candidate = query.first()
-            if candidate is None:
+            taken = self._batch(now, after, result)
+            if not taken:
                 return result
-            tried.add(candidate.id)
-            if self._mark(candidate, now):
-                self._fire(candidate, now, result)
+            after = (taken[-1].nextrun, taken[-1].id)
         return result
 
-    def _mark(self, row, now):
-        """Race closed: two schedulers taking the same due time — the mark is a conditional
-        update on (not marked, this nextrun); exactly one scheduler's update matches."""
-        PeriodicTask = self.store.PeriodicTask
-        return PeriodicTask.update(worker=self.worker, marked=now).where(
-            (PeriodicTask.id == row.id) & PeriodicTask.marked.is_null()
-            & (PeriodicTask.nextrun == row.nextrun)).execute() == 1
+    def _batch(self, now, after, result, only=None):
+        """One transaction: take up to BATCH due periodic tasks (after `after` in due order,
+        or the one whose id is `only`), submit or skip the occurrence of each, advance them.
+        Returns the rows taken. A batch the database refuses (a task it rejects) is done
+        again one periodic task at a time, so the others go on and the one at fault
+        records its error; its next due time tries again."""
+        taken = []
 
-    def _fire(self, row, now, result):
-        """Submit (or skip) the occurrence row.nextrun, advance nextrun and unmark — one
-        transaction, so a scheduler dying midway leaves either nothing or all of it."""
-        PeriodicTask = self.store.PeriodicTask
-        due = row.nextrun
+        def step():
+            taken[:] = self._take(now, after, only)
+            return self._submit(taken, now) if taken else ([], [])
         try:
-            timer = parse_timer(row.timer, row.timezone)
-        except InputError as exc:
-            log.error("periodic task %r disabled: %s", row.name, exc)
-            PeriodicTask.update(enabled=False, worker=None, marked=None, last_status="error"
-                                ).where(PeriodicTask.id == row.id).execute()
-            return
+            outcomes, queues = self.store.write(step)
+        except (StateError, InputError, pw.IntegrityError, pw.DataError,
+                pw.ProgrammingError) as exc:
+            if only is None:
+                for row in list(taken):
+                    self._batch(now, None, result, only=row.id)
+            elif taken:
+                self._record_error(taken[0], now, exc)
+            return taken
+        remember_queues(self.store, queues)
+        for row, kind, detail in outcomes:
+            if kind == "submitted":
+                log.info("periodic task %r: submitted task %d for %s", row.name, detail,
+                         row.nextrun)
+                result["submitted"].append(detail)
+            elif kind == "skipped":
+                log.info("periodic task %r: due time %s skipped: %s", row.name, row.nextrun,
+                         detail)
+                result["skipped"].append(row.name)
+            elif kind == "wait":
+                log.debug("periodic task %r: its previous task has not finished; next look "
+                          "at %s", row.name, detail)
+        return taken
+
+    def _take(self, now, after, only):
+        """Race closed: two schedulers taking the same due time — the due periodic tasks are
+        read FOR UPDATE SKIP LOCKED in the transaction that advances them (SQLite: inside
+        its one write transaction), so each is taken by one scheduler, and another finds it
+        advanced once this one commits; a scheduler killed before the commit leaves nothing
+        behind. Rows marked by a scheduler of an earlier version (the Docspell ADR's mark)
+        are left to it (`clear_stale_marks`)."""
+        PeriodicTask, backend = self.store.PeriodicTask, self.store.backend
+        fields = [PeriodicTask.enabled, PeriodicTask.nextrun]
+        values = [True, now]
+        where = "enabled = {m} AND nextrun <= {m} AND marked IS NULL"
+        if only is not None:
+            where += " AND id = {m}"
+            fields.append(PeriodicTask.id)
+            values.append(only)
+        elif after is not None:
+            # Each due periodic task is tried once per pass, even one left due.
+            where += " AND (nextrun > {m} OR (nextrun = {m} AND id > {m}))"
+            fields += [PeriodicTask.nextrun, PeriodicTask.nextrun, PeriodicTask.id]
+            values += [after[0], after[0], after[1]]
+        statement = ("SELECT {cols} FROM {t} WHERE " + where + " ORDER BY nextrun, id LIMIT %d%s"
+                     % (self.BATCH, "" if self.store.is_sqlite else " FOR UPDATE SKIP LOCKED")
+                     ).format(cols=", ".join(Due._fields), t=self._table, m=self._param)
+        cursor = self.store.db.execute_sql(statement, sql.bind(backend, fields, values))
+        return [Due._make(_datetimes(row, DUE_TIMES)) for row in cursor.fetchall()]
+
+    @property
+    def _table(self):
+        return self.store.PeriodicTask._meta.table_name
+
+    @property
+    def _param(self):
+        return "?" if self.store.is_sqlite else "%s"
+
+    def _listed(self, count):
+        """`count` placeholders, for an IN list."""
+        return ", ".join([self._param] * count)
+
+    def _timer(self, row):
+        """The row's parsed timer (parsed once per text and zone); None after disabling a
+        periodic task whose timer no longer parses."""
+        key = (row.timer, row.timezone)
+        if key not in self._timers:
+            try:
+                self._timers[key] = parse_timer(row.timer, row.timezone)
+            except InputError as exc:
+                log.error("periodic task %r disabled: %s", row.name, exc)
+                PeriodicTask = self.store.PeriodicTask
+                PeriodicTask.update(enabled=False, last_status="error").where(
+                    PeriodicTask.id == row.id).execute()
+                return None
+        return self._timers[key]
+
+    def _following(self, row, timer, now):
+        """The due time after row.nextrun: the next on the timer's grid; after downtime,
+        the first one after now (catch-up once); Nuntium's now + interval for ``anchor =
+        "now"``. Periodic tasks sharing a timer and a due time share the answer (a
+        calendar's next elapse costs about a millisecond; 10,000 minutely timers are due
+        at the same minute)."""
+        key = (row.timer, row.timezone, row.anchor, row.nextrun, now)
+        if key not in self._followings:
+            self._followings[key] = self._compute_following(row, timer, now)
+        return self._followings[key]
+
+    def _compute_following(self, row, timer, now):
+        due = row.nextrun
         following = timer.next_after(due, anchor=due)
         if row.anchor == "now" and isinstance(timer, IntervalTimer) and not timer.after_finish:
             # Nuntium's nextRun = currentTime + interval: a late pass moves the grid with it.
-            following = timer.next_after(now)
-        elif following is not None and following <= now:
-            following = timer.next_after(now, anchor=due)  # missed due times: catch up once
+            return timer.next_after(now)
+        if following is not None and following <= now:
+            return timer.next_after(now, anchor=due)  # missed due times: catch up once
+        return following
 
-        def step():
-            values = {PeriodicTask.nextrun: following, PeriodicTask.worker: None,
-                      PeriodicTask.marked: None, PeriodicTask.last_due: due,
-                      PeriodicTask.updated_on: now}
-            wait = self._after_finish_wait(row, timer, now) if timer.after_finish else None
-            if wait is not None:
-                # Not an occurrence: look again when the previous task may have finished.
-                values.update({PeriodicTask.nextrun: wait, PeriodicTask.last_due: row.last_due})
-                if not PeriodicTask.update(values).where(
-                        (PeriodicTask.id == row.id) & (PeriodicTask.worker == self.worker)
-                        ).execute():
-                    raise StateError("lost the mark of periodic task %r" % row.name)
-                return "wait", wait
-            reason = self._skip_reason(row, due, now)
-            if reason:
-                values[PeriodicTask.skipped_count] = PeriodicTask.skipped_count + 1
-            else:
-                task_id = add_task(
-                    self.store, row.handler, data=json.loads(row.data),
-                    scheduled_on=due.replace(tzinfo=timezone.utc),
-                    priority=row.priority, max_runtime=row.max_runtime, queue=row.queue,
-                    max_retries=row.max_retries, queued_by=row.submitter or "periodic:" + row.name,
-                    periodic_task_id=row.id, now=now, import_handler=False,
-                    subject=row.subject, group=row.group_name)
-                values[PeriodicTask.submitted_count] = PeriodicTask.submitted_count + 1
-                values[PeriodicTask.last_task_id] = task_id
-            advanced = PeriodicTask.update(values).where(
-                (PeriodicTask.id == row.id) & (PeriodicTask.worker == self.worker)).execute()
-            if not advanced:
-                raise StateError("lost the mark of periodic task %r" % row.name)
-            return reason, None if reason else task_id
-        try:
-            reason, task_id = self.store.write(step)
-        except StateError as exc:
-            # Another scheduler took the mark over: the due time is its to submit.
-            log.info("periodic task %r: %s", row.name, exc)
-            return
-        except (InputError, pw.IntegrityError, pw.DataError, pw.ProgrammingError) as exc:
-            # Recorded on the periodic task; its next due time tries again.
-            log.error("periodic task %r: due time %s not submitted: %s", row.name, due,
-                      str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-            PeriodicTask.update(worker=None, marked=None, nextrun=following, last_status="error"
+    def _record_error(self, row, now, exc):
+        """Recorded on the periodic task, its due time passed over; its next due time
+        tries again."""
+        PeriodicTask = self.store.PeriodicTask
+        text = str(exc).strip()
+        log.error("periodic task %r: due time %s not submitted: %s", row.name, row.nextrun,
+                  text.splitlines()[0] if text else type(exc).__name__)
+        timer = self._timer(row)
+        if timer is not None:
+            PeriodicTask.update(nextrun=self._following(row, timer, now), last_status="error"
                                 ).where((PeriodicTask.id == row.id)
-                                        & (PeriodicTask.worker == self.worker)).execute()
-            return
-        if reason == "wait":
-            log.debug("periodic task %r: its previous task has not finished %gs ago; next "
-                      "look at %s", row.name, timer.seconds, task_id)
-        elif reason:
-            log.info("periodic task %r: due time %s skipped: %s", row.name, due, reason)
-            result["skipped"].append(row.name)
-        else:
-            log.info("periodic task %r: submitted task %d for %s", row.name, task_id, due)
-            result["submitted"].append(task_id)
+                                        & (PeriodicTask.nextrun == row.nextrun)).execute()
 
-    def _skip_reason(self, row, due, now):
+    def _submit(self, rows, now):
+        """Inside the batch's transaction, the rows taken: read their previous tasks in one
+        query, insert the tasks to submit in multi-row INSERTs (enqueue's
+        `insert_many_and_wake`), then advance every row in one statement. Returns ([(row,
+        kind, task id / reason / next look)], the queue names written)."""
+        # Rule 9 skips a due time while "the previous task" is unfinished: the one its
+        # periodic task submitted last (by primary key, whatever the history's length).
+        previous = {}
+        last_ids = [row.last_task_id for row in rows if row.last_task_id is not None]
+        if last_ids:
+            previous = {row[0]: row[1:] for row in (_datetimes(r, (1,)) for r in (
+                self.store.db.execute_sql(
+                    "SELECT id, finished_on, last_status FROM {t} WHERE id IN ({ids})".format(
+                        t=self.store.Task._meta.table_name, ids=self._listed(len(last_ids))),
+                    last_ids).fetchall()))}
+        outcomes, tasks, advances, submitting = [], [], [], []
+        for row in rows:
+            timer = self._timer(row)
+            if timer is None:
+                continue
+            following = self._following(row, timer, now)
+            # A previous task rotated away has finished long ago.
+            finished, status = previous.get(row.last_task_id, (None, CANCELLED))
+            unfinished = row.last_task_id if finished is None and status != CANCELLED else None
+            due = row.nextrun
+            if timer.after_finish:
+                wait = self._after_finish_wait(timer, now, unfinished, finished)
+                if wait is not None:
+                    # Not an occurrence: look again when the previous task may have finished.
+                    advances.append([wait, row.last_due, now, 0, 0, None, row.id])
+                    outcomes.append((row, "wait", wait))
+                    continue
+            reason = self._skip_reason(row, due, now, unfinished)
+            if reason:
+                advances.append([following, due, now, 0, 1, None, row.id])
+                outcomes.append((row, "skipped", reason))
+                continue
+            # Checked as any task is (a definition valid when stored may not be now: its
+            # data grew past max_data_size, its handler left handlers.allow).
+            tasks.append(task_row(
+                self.store.config, row.handler, data=json.loads(row.data),
+                scheduled_on=due.replace(tzinfo=timezone.utc), priority=row.priority,
+                max_runtime=row.max_runtime, queue=row.queue, max_retries=row.max_retries,
+                queued_by=row.submitter or "periodic:" + row.name, periodic_task_id=row.id,
+                now=now, import_handler=False, subject=row.subject, group=row.group_name))
+            submitting.append(len(advances))
+            advances.append([following, due, now, 1, 0, None, row.id])
+            outcomes.append((row, "submitted", None))
+        task_ids = insert_many_and_wake(self.store, tasks) if tasks else []
+        for index, task_id in zip(submitting, task_ids):
+            advances[index][5] = task_id
+        by_row = {advance[6]: advance[5] for advance in advances}
+        outcomes = [(row, kind, by_row[row.id] if kind == "submitted" else detail)
+                    for row, kind, detail in outcomes]
+        if advances:
+            self._advance_rows(advances)
+        return outcomes, [task["queue"] for task in tasks]
+
+    ADVANCED = ("nextrun", "last_due", "updated_on", "submitted_count", "skipped_count",
+                "last_task_id", "id")
+
+    def _advance_rows(self, advances):
+        """Advance the periodic tasks of `advances` ([nextrun, last_due, updated_on,
+        submitted, skipped, last_task_id, id]), taken by this transaction: PostgreSQL in one
+        statement (the rows as one JSON parameter, as the catalogue's multi-row INSERT),
+        the others in one executemany. A mark (a scheduler of an earlier version) goes
+        with it."""
+        PeriodicTask, backend = self.store.PeriodicTask, self.store.backend
+        table = PeriodicTask._meta.table_name
+        if backend == "postgresql":
+            statement = (
+                "UPDATE {t} SET nextrun = v.nextrun, last_due = v.last_due, "
+                "updated_on = v.updated_on, worker = NULL, marked = NULL, "
+                "submitted_count = {t}.submitted_count + v.submitted_count, "
+                "skipped_count = {t}.skipped_count + v.skipped_count, "
+                "last_task_id = COALESCE(v.last_task_id, {t}.last_task_id) "
+                "FROM json_to_recordset(%s) AS v(nextrun timestamp, last_due timestamp, "
+                "updated_on timestamp, submitted_count integer, skipped_count integer, "
+                "last_task_id integer, id integer) "
+                "WHERE {t}.id = v.id").format(t=table)
+            rows = [dict(zip(self.ADVANCED, values)) for values in advances]
+            count = self.store.db.execute_sql(
+                statement, [json.dumps(rows, default=datetime.isoformat)]).rowcount
+        else:
+            statement = (
+                "UPDATE {t} SET nextrun = {m}, last_due = {m}, updated_on = {m}, "
+                "worker = NULL, marked = NULL, submitted_count = submitted_count + {m}, "
+                "skipped_count = skipped_count + {m}, "
+                "last_task_id = COALESCE({m}, last_task_id) "
+                "WHERE id = {m}").format(t=table, m=self._param)
+            if backend == "sqlite":     # its datetimes as the text peewee stores (sql.bind)
+                advances = [[v.isoformat(" ") if isinstance(v, datetime) else v
+                             for v in values] for values in advances]
+            cursor = self.store.db.cursor()
+            try:
+                cursor.executemany(statement, advances)
+                count = cursor.rowcount
+            finally:
+                cursor.close()
+        if count != len(advances):   # rows locked by this transaction: never, but say so
+            raise StateError("%d periodic tasks taken were not advanced" % (len(advances) - count))
+
+    def _skip_reason(self, row, due, now, unfinished):
         if row.catch_up == "skip" and due < now - self.MISFIRE_GRACE:
             return "missed while no scheduler ran (catch_up = skip)"
         if row.tolerance is not None:
             return None  # Nuntium: submitted regardless; the check at start decides
-        unfinished = unfinished_task(self.store, row.id)
         if unfinished is not None:
-            return "task %d of the previous due time is unfinished" % unfinished.id
+            return "task %d of the previous due time is unfinished" % unfinished
         return None
 
-    def _after_finish_wait(self, row, timer, now):
+    @staticmethod
+    def _after_finish_wait(timer, now, unfinished, finished):
         """An ``after SPAN`` timer: None when its task may be submitted now; otherwise when
         to look again — SPAN after the previous task finished, or SPAN from now while it is
         unfinished (its end moves nextrun to finish + SPAN: `record_outcome`)."""
         span = timedelta(seconds=timer.seconds)
-        if unfinished_task(self.store, row.id) is not None:
+        if unfinished is not None:
             return now + span
-        Task = self.store.Task
-        finished = (Task.select(pw.fn.MAX(Task.finished_on).alias("last"))
-                    .where(Task.periodic_task_id == row.id).get().last)
         if finished is not None and finished + span > now:
             return finished + span
         return None
@@ -413,7 +577,7 @@ def allow_start(store, periodic_task_id, now=None):
     this start as last_run. Race closed: two runners starting two tasks of one periodic
     task — the check and the update are one conditional UPDATE."""
     PeriodicTask = store.PeriodicTask
-    now = now or utcnow()
+    now = store.database_time(now)
     row = PeriodicTask.get_or_none(PeriodicTask.id == periodic_task_id)
     if row is None:
         return True

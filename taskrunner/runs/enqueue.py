@@ -7,8 +7,10 @@ Times given here are aware datetimes (a naive one is refused: "naive means UTC" 
 and "naive means local time" on the command line would otherwise disagree); ``now`` is the
 store's naive UTC, on the database's clock (`Store.database_time`): whether a task is due
 at once, and its place in the claim order, do not depend on the clock of the host adding it.
+A `delay` (``taskrunner add --in``) counts from that ``now`` too, so a client whose clock is
+off still gets its task that many seconds later by the database's clock.
 """
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import peewee as pw
 
@@ -22,7 +24,7 @@ from ..timespan import parse_timespan
 
 MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
 BULK_ROWS = 500         # rows per INSERT: within every database's limit on bound parameters
-TASK_OPTIONS = ("data", "scheduled_on", "max_retries", "priority", "run_timeout", "unique_key",
+TASK_OPTIONS = ("data", "scheduled_on", "delay", "max_retries", "priority", "run_timeout", "unique_key",
                 "queued_by", "max_runtime", "retry_backoff", "periodic_task_id", "queue",
                 "concurrency_key", "concurrency_limit", "rate_key", "tenant", "after",
                 "on_parent_failure")
@@ -67,8 +69,10 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
              run_timeout=None, unique_key=None, queued_by=None, max_runtime=None,
              retry_backoff=None, periodic_task_id=None, now=None, known_handlers=None,
              import_handler=True, subject=None, group=None, queue=None, concurrency_key=None,
-             concurrency_limit=None, rate_key=None, tenant=None, on_parent_failure=None):
-    """Validate one task and return the row to insert; InputError on bad input.
+             concurrency_limit=None, rate_key=None, tenant=None, on_parent_failure=None,
+             delay=None):
+    """Validate one task and return the row to insert; InputError on bad input. `delay`
+    (seconds or a span, instead of `scheduled_on`): due that long after `now`.
     `known_handlers`, a dict, skips loading a handler already loaded in this batch; without
     `import_handler` the path is checked but not imported (the overseer's scheduler).
     `subject` and `group` come from a periodic task's definition, checked there. `queue`:
@@ -93,7 +97,15 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
         check_queue_name(queue)
     text = encode_data(data, defaults.max_data_size)
     now = now or utcnow()
-    scheduled_on = now if scheduled_on is None else utc_instant(scheduled_on)
+    if delay is not None:
+        if scheduled_on is not None:
+            raise InputError("give scheduled_on or delay, not both")
+        try:
+            scheduled_on = now + timedelta(seconds=_span("delay", delay, zero=True))
+        except OverflowError:
+            raise InputError("delay %r is too far in the future" % (delay,)) from None
+    else:
+        scheduled_on = now if scheduled_on is None else utc_instant(scheduled_on)
     _check_int("max_retries", max_retries, 1, MAX_INT)
     _check_int("priority", priority, -MAX_INT, MAX_INT)
     run_timeout = _span("run_timeout", run_timeout)
@@ -300,7 +312,7 @@ def add_tasks(store, tasks, now=None, connection=None):
     if raw is not None:
         return add_in_transaction(store, raw, rows)
     plain_rows = [row for row in rows if row["unique_key"] is None]
-    plain = store.write(lambda: _insert_many_and_wake(store, plain_rows)) if plain_rows else []
+    plain = store.write(lambda: insert_many_and_wake(store, plain_rows)) if plain_rows else []
     remember_queues(store, [row["queue"] for row in plain_rows])
     remember_flow(store, plain_rows)
     ids, plain_ids = [], iter(plain)
@@ -384,7 +396,7 @@ def add_graph(store, specs, workflow=None, now=None):
             for name in GRAPH_COLUMNS:
                 row.setdefault(name, None)
             row["dependents"] = row["dependents"] or 0
-        ids = _insert_many_and_wake(store, rows)
+        ids = insert_many_and_wake(store, rows)
         graph.insert_edges(store, edges, ids)
         return workflow_id, ids
     result = store.write(step)
@@ -392,8 +404,12 @@ def add_graph(store, specs, workflow=None, now=None):
     return result
 
 
-def _insert_many_and_wake(store, rows):
-    """_insert_many, then news of the due runs for each queue: as many runners woken."""
+def insert_many_and_wake(store, rows):
+    """Inside the caller's write transaction: insert validated task rows (`task_row`) in
+    multi-row INSERTs (`_insert_many`), then news of the due runs for each queue, as many
+    runners woken after the commit; returns the task ids in order. The periodic scheduler
+    submits its due tasks through here, a batch per transaction. The queue names are the
+    caller's to `remember_queues` after the commit."""
     ids = _insert_many(store, rows)
     for queue, count in due_by_queue(rows).items():
         store.wake_after_commit(count, queue)
