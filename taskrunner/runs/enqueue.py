@@ -25,8 +25,8 @@ from ..timespan import parse_timespan
 MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
 BULK_ROWS = 500         # rows per INSERT: within every database's limit on bound parameters
 TASK_OPTIONS = ("data", "scheduled_on", "delay", "max_retries", "priority", "run_timeout",
-                "unique_key", "queued_by", "max_runtime", "retry_backoff", "periodic_task_id", "queue",
-                "concurrency_key", "concurrency_limit", "rate_key", "tenant", "after",
+                "unique_key", "queued_by", "max_runtime", "retry_backoff", "periodic_task_id",
+                "queue", "concurrency_key", "concurrency_limit", "rate_key", "tenant", "after",
                 "on_parent_failure")
 
 
