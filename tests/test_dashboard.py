@@ -754,6 +754,12 @@ def test_workflow_page_shows_counts_progress_outcome_and_the_graph(sqlite_db):
                            ("/api/parts?page=workflow&id=0", 400)):
             status, body, _ = fetch(served.url + path)
             assert status == code and "Traceback" not in body, (path, status)
+        # A fan-in over 25 parents links the first 20 of them.
+        wide = queue.group([step] * 25, then=step)
+        body = fetch(served.url + "/workflows/%d" % wide.id)[1]
+        row = re.search(r'<li[^>]*id="wf-task-%d".*?</li>' % wide.task_ids[-1], body,
+                        re.S).group(0)
+        assert row.count('href="/tasks/') == 21 and "and 5 more" in row
     finally:
         served.stop()
         queue.close()

@@ -34,6 +34,7 @@ a { color: var(--accent); }
 .tile .n { display: block; font-size: 24px; font-weight: 700; }
 .tile-scheduled { border-left-color: #6c8ebf; } .tile-running { border-left-color: #2f80ed; }
 .tile-retrying { border-left-color: #f2994a; } .tile-given-up { border-left-color: #d64545; }
+.tile-waiting { border-left-color: #8e7cc3; }
 .tile-success { border-left-color: #27ae60; } .tile-cancelled { border-left-color: #9b9b9b; }
 .statusbar { width: 100%; height: 14px; display: block; margin: 4px 0 16px; border-radius: 4px; }
 .chart { width: 100%; height: auto; }

@@ -17,6 +17,7 @@ from .html import now as utcnow
 
 PAGE_SIZE = 50
 GRAPH_SHOWN = 1000             # tasks of a workflow drawn on its page
+AFTER_SHOWN = 20               # parents linked from each (a fan-in's: the first ones)
 LARGEST_ID = 2 ** 63 - 1       # what an id column holds on every database
 
 
@@ -425,8 +426,10 @@ def workflow_graph(tasks: Any) -> str:
             '<small class="muted">%s</small>%s%s</li>' % (
                 t.id, t.id, t.id, status(t.state), e(t.handler),
                 ' <span class="err">%s</span>' % e(t.error_code) if t.error_code else "",
-                '<br><small>after %s</small>' % ", ".join(
-                    '<a href="/tasks/%d">%d</a>' % (p, p) for p in t.after) if t.after else "")
+                '<br><small>after %s%s</small>' % (", ".join(
+                    '<a href="/tasks/%d">%d</a>' % (p, p) for p in t.after[:AFTER_SHOWN]),
+                    " and %d more" % (len(t.after) - AFTER_SHOWN)
+                    if len(t.after) > AFTER_SHOWN else "") if t.after else "")
             for t in members)
         items.append('<li class="level"><span class="level-name">level %d · %d task%s</span>'
                      '<ol class="tasks">%s</ol></li>' % (depth + 1, len(members),
