@@ -223,7 +223,7 @@ def test_graph_success_guard_and_release_read_by_index(database):
     `dependents` (PostgreSQL's KEY SHARE CTE; SQLite's RETURNING; MySQL's "AND dependents =
     0") reads the task by its primary key; a release reads and satisfies the parent's edges
     off the (parent_id, task_id) index (dependency_parent_id_task_id) and writes the
-    dependents by primary key — none scans task_queue or task_dependencies (here 4,000 tasks
+    dependents by primary key — none scans task_queue or task_dependencies (here about 4,000 tasks
     and 3,000 edges)."""
     from taskrunner.runs import graph
     backend = database.backend
