@@ -196,3 +196,97 @@ def test_flow_claims_read_the_claim_indexes_too(database):
         assert expected in plan, (mode, plan)
         assert "filesort" not in plan or mode[2], (mode, plan)
     queue.close()
+
+
+def _plan_any(queue, backend, statement, params):
+    """The plan of `statement` (written with %s) on `backend`, one line per step; MySQL's
+    rows as dicts' text."""
+    db = queue.store.db
+    if backend == "sqlite":
+        return " | ".join(str(r[-1]) for r in db.execute_sql(
+            "EXPLAIN QUERY PLAN " + statement.replace("%s", "?"), params))
+    if backend == "postgresql":
+        return " | ".join(r[0] for r in db.execute_sql("EXPLAIN " + statement, params))
+    cursor = db.execute_sql("EXPLAIN " + statement, params)
+    names = [d[0] for d in cursor.description]
+    return " | ".join(str(dict(zip(names, r))) for r in cursor.fetchall())
+
+
+def _mysql_rows(plan):
+    import ast
+    return [ast.literal_eval(step) for step in plan.split(" | ")]
+
+
+@pytest.mark.timeout(180)
+def test_graph_success_guard_and_release_read_by_index(database):
+    """Issue 26's statements on the hot path: the guard of a success reading the task's
+    `dependents` (PostgreSQL's KEY SHARE CTE; SQLite's RETURNING; MySQL's "AND dependents =
+    0") reads the task by its primary key; a release reads and satisfies the parent's edges
+    off the (parent_id, task_id) index (dependency_parent_id_task_id) and writes the
+    dependents by primary key — none scans task_queue or task_dependencies (here about 4,000 tasks
+    and 3,000 edges)."""
+    from taskrunner.runs import graph
+    backend = database.backend
+    queue = database.queue()
+    echo = "taskrunner.handlers.Echo"
+    groups = [queue.group([echo] * 100, then=echo) for _ in range(20)]
+    chains = [queue.chain(*[echo] * 10) for _ in range(100)]
+    queue.add_tasks([{"handler": echo} for _ in range(920)])
+    if backend == "postgresql":
+        queue.store.db.execute_sql("ANALYZE")
+    elif backend == "mysql":
+        queue.store.db.execute_sql("ANALYZE TABLE task_queue, task_dependencies, task_runs")
+    runner_id = liveness.register(queue.store).id
+    claimed = lifecycle.claim(queue.store, runner_id)
+    now = utcnow()
+    parent, child = groups[5].task_ids[3], groups[5].task_ids[-1]
+    some = [chains[7].task_ids[4], child, chains[9].task_ids[1]]
+    marks = ", ".join(["%s"] * len(some))
+    at = now.isoformat(" ") if backend == "sqlite" else now
+    release = [(graph.RELEASE_CHILDREN, (parent,)), (graph.RELEASE_RUN_ANYWAY, (parent,)),
+               (graph.RELEASE_SATISFY, (True, parent)),
+               (graph.RELEASE_SATISFY_SOME % marks, [True, parent] + some),
+               (graph.RELEASE_COUNT % marks, [at] + some),
+               (graph.RELEASE_READY % marks, some), (graph.RELEASE_MARK % marks, some)]
+    if backend == "postgresql":
+        guard = [(catalogue.PG_SUCCESS, (claimed.run_id, now, now, None, claimed.run_id,
+                                         runner_id, now, now)),
+                 (catalogue.PG_SUCCESS_AND_CLAIM, (claimed.run_id, now, now, None,
+                                                   claimed.run_id, runner_id, now, now,
+                                                   "default", runner_id, runner_id, now, now,
+                                                   now))]
+    elif backend == "sqlite":
+        guard = [(catalogue.SQLITE_SUCCESS[2].replace("?", "%s"),
+                  (at, at, claimed.task_id))]
+    else:
+        guard = [(catalogue.MYSQL_SUCCESS[1], (now, now, claimed.task_id))]
+    with queue.store.db.atomic():
+        for statement, params in guard + release:
+            plan = _plan_any(queue, backend, statement, params)
+            if backend == "sqlite":
+                steps = [step.strip() for step in plan.split(" | ")]
+                assert not any(step.startswith(("SCAN task_queue", "SCAN task_dependencies",
+                                                "SCAN t", "SCAN d"))
+                               and "INDEX" not in step for step in steps), (statement, plan)
+                if "task_dependencies" in statement:
+                    assert "dependency_parent_id_task_id" in plan, (statement, plan)
+            elif backend == "postgresql":
+                for table in ("task_queue", "task_dependencies", "task_runs"):
+                    assert "Seq Scan on %s" % table not in plan, (statement, plan)
+                if "task_dependencies" in statement:
+                    assert "dependency_parent_id_task_id" in plan, (statement, plan)
+                else:
+                    assert "task_queue_pkey" in plan, (statement, plan)
+            else:
+                rows = _mysql_rows(plan)
+                assert all(r["type"] != "ALL" for r in rows), (statement, plan)
+                keys = {r["key"] for r in rows}
+                if "task_dependencies" in statement:
+                    assert "dependency_parent_id_task_id" in keys, (statement, plan)
+                else:
+                    # By primary key, or by (finished_on, id): InnoDB's secondary index ends
+                    # with the primary key, so "finished_on IS NULL AND id IN (...)" is a
+                    # range of one entry per id.
+                    assert all(r["key"] == "PRIMARY" or int(r["rows"]) <= len(some)
+                               for r in rows), (statement, plan)
+    queue.close()

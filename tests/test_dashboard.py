@@ -1,6 +1,7 @@
 """The dashboard's read queries on every database, its HTTP rules (authentication off
 loopback, CSRF, read-only, escaping), `/metrics` and `taskrunner metrics`. The pages in a
 real browser: test_dashboard_browser.py."""
+import json
 import re
 import subprocess
 import sys
@@ -495,7 +496,8 @@ def test_a_request_naming_another_host_is_refused(sqlite_db):
 @pytest.mark.parametrize("path", [
     "/tasks?before=99999999999999999999999",
     "/api/parts?page=task&id=99999999999999999999999", "/tasks?since=9999-12-31T23:59-23:00",
-    "/tasks?until=0001-01-01T00:00%2B23:59", "/api/parts?page=task&id=-1"])
+    "/tasks?until=0001-01-01T00:00%2B23:59", "/api/parts?page=task&id=-1",
+    "/api/parts?page=workflow&id=99999999999999999999999", "/api/parts?page=workflow&id=x"])
 def test_parameters_out_of_range_are_400_never_500(sqlite_db, path):
     queue = sqlite_db.queue()
     queue.add_task("taskrunner.handlers.Echo")
@@ -705,6 +707,59 @@ def test_metrics_take_a_credential_of_their_own(sqlite_db):
         assert fetch(served.url + "/metrics")[0] == 401
         assert fetch(served.url + "/", password="scrape-pw")[0] == 401
         assert fetch(served.url + "/tasks", password="pages-pw")[0] == 200
+    finally:
+        served.stop()
+        queue.close()
+
+
+def test_workflow_page_shows_counts_progress_outcome_and_the_graph(sqlite_db):
+    """/workflows/ID: counts per state, progress, outcome and each task with its state and
+    the tasks it runs after (links); the task page links to it; a bad or unknown id is a
+    400 or 404, never a 500; the workflow's name is escaped."""
+    queue = sqlite_db.queue()
+    step = "taskrunner.handlers.Echo"
+    wf = queue.add_workflow([{"key": "a", "handler": step},
+                             {"key": "b", "handler": step, "after": ["a"]},
+                             {"key": "c", "handler": step, "after": ["a"]},
+                             {"key": "d", "handler": step, "after": ["b", "c"]}],
+                            name="<b>nightly</b>")
+    a, b, c, d = wf.task_ids
+    queue.run_pending(max_runs=1)
+    served = Served(queue.store)
+    try:
+        status, body, headers = fetch(served.url + "/workflows/%d" % wf.id)
+        assert status == 200, body[-300:]
+        assert "&lt;b&gt;nightly&lt;/b&gt;" in body and "<b>nightly" not in body
+        assert "default-src 'self'" in headers["Content-Security-Policy"]
+        counts = re.search(r'id="workflow-counts">(.*?)</section>', body, re.S).group(1)
+        for word, n in (("success", 1), ("scheduled", 2), ("waiting", 1)):
+            assert 'tile-%s"><span class="n">%d<' % (word, n) in counts, counts
+        assert "25%" in body and "running" in body
+        graph = re.search(r'<ol class="graph".*?</ol>\s*</section>', body, re.S).group(0)
+        for task_id in (a, b, c, d):
+            assert 'href="/tasks/%d"' % task_id in graph
+        row_d = re.search(r'<li[^>]*id="wf-task-%d".*?</li>' % d, graph, re.S).group(0)
+        assert "waiting" in row_d and 'href="/tasks/%d"' % b in row_d \
+            and 'href="/tasks/%d"' % c in row_d
+        task_page = fetch(served.url + "/tasks/%d" % d)[1]
+        assert 'href="/workflows/%d"' % wf.id in task_page
+        parts = json.loads(fetch(served.url + "/api/parts?page=workflow&id=%d" % wf.id)[1])
+        assert 'href="/tasks/%d"' % d in parts["workflow-live"]
+        queue.run_pending()
+        body = fetch(served.url + "/workflows/%d" % wf.id)[1]
+        assert "100%" in body and 'status-success">success' in body
+        for path, code in (("/workflows/999", 404), ("/workflows/0", 404),
+                           ("/workflows/abc", 404), ("/workflows/99999999999999999999999", 404),
+                           ("/api/parts?page=workflow&id=999", 404),
+                           ("/api/parts?page=workflow&id=0", 400)):
+            status, body, _ = fetch(served.url + path)
+            assert status == code and "Traceback" not in body, (path, status)
+        # A fan-in over 25 parents links the first 20 of them.
+        wide = queue.group([step] * 25, then=step)
+        body = fetch(served.url + "/workflows/%d" % wide.id)[1]
+        row = re.search(r'<li[^>]*id="wf-task-%d".*?</li>' % wide.task_ids[-1], body,
+                        re.S).group(0)
+        assert row.count('href="/tasks/') == 21 and "and 5 more" in row
     finally:
         served.stop()
         queue.close()

@@ -410,3 +410,37 @@ def test_times_are_shown_in_the_viewers_zone_said_once(kolkata_browser, site):
         assert "Kolkata" in zone or "Calcutta" in zone, zone
         headers = " ".join(th.text for th in by_css(kolkata_browser, "main th"))
         assert "UTC" not in headers, headers
+
+
+def test_the_workflow_page_draws_the_graph_and_refreshes(browser, site, tmp_path):
+    """A fan-out of three after one task and a fan-in after them: the page draws three levels
+    with each task's state and its parents as links, refreshes live without console errors,
+    and the task page's workflow link leads there."""
+    queue = site.queue
+    step = "taskrunner.handlers.Echo"
+    wf = queue.add_workflow([{"key": "root", "handler": step}]
+                            + [{"key": "b%d" % i, "handler": step, "after": ["root"]}
+                               for i in range(3)]
+                            + [{"key": "report", "handler": step,
+                                "after": ["b0", "b1", "b2"]}], name="<i>fan</i>")
+    queue.run_pending(max_runs=2)
+    browser.get_log("browser")
+    browser.get(site.url + "/tasks/%d" % wf.task_ids[-1])
+    link = by_css(browser, 'a[href="/workflows/%d"]' % wf.id)
+    assert link, "the task page links to its workflow"
+    link[0].click()
+    wait_for(lambda: browser.execute_script(
+        "return document.body.getAttribute('data-refreshes')"), timeout=30,
+        message="a live refresh of the workflow page")
+    assert browser.find_element("css selector", "main h1").text == "Workflow %d" % wf.id
+    levels = by_css(browser, "ol.graph > li.level")
+    assert len(levels) == 3
+    assert [len(level.find_elements("css selector", "li.wf-task")) for level in levels] \
+        == [1, 3, 1]
+    fan_in = browser.find_element("css selector", "#wf-task-%d" % wf.task_ids[-1])
+    assert "waiting" in fan_in.text and fan_in.is_displayed()
+    assert sorted(a.get_attribute("href").rsplit("/", 1)[1] for a in fan_in.find_elements(
+        "css selector", "small a")) == sorted(str(t) for t in wf.task_ids[1:4])
+    assert "<i>fan</i>" in browser.find_element("css selector", "main").text
+    assert console_errors(browser) == []
+    screenshot(browser, "workflow", tmp_path)

@@ -276,3 +276,29 @@ def test_migration_0020_keeps_history_and_old_tasks_release_nothing(backend, tmp
         queue.close()
     finally:
         db.drop()
+
+
+def test_rotation_deletes_the_edges_and_workflows_of_the_tasks_it_deletes(queue):
+    """Rotation and an operator's delete take a deleted task's edges once both of their ends
+    are gone, and a workflow once none of its tasks is left; an edge whose other end is still
+    kept (a failed child kept longer than its successful parent) stays with it."""
+    from datetime import timedelta
+    from taskrunner.runs import rotation
+    Dependency, Workflow = queue.store.Dependency, queue.store.Workflow
+    done = queue.chain(STEP, STEP, STEP)
+    mixed = queue.add_workflow([{"key": "x", "handler": STEP},
+                                {"key": "y", "handler": STEP, "data": {"fail": True},
+                                 "max_retries": 1, "after": ["x"]}])
+    deleted = queue.chain(STEP, STEP)
+    queue.run_pending()
+    assert Dependency.select().count() == 4 and Workflow.select().count() == 3
+    from taskrunner.runs.rotation import delete_finished
+    assert set(delete_finished(queue.store, deleted.task_ids).values()) == {None}
+    assert Workflow.select().where(Workflow.id == deleted.id).count() == 0
+    now = utcnow()
+    rotation.rotate(queue.store, now + timedelta(days=8))     # successes go, failures stay
+    x, y = mixed.task_ids
+    assert [(d.parent_id, d.task_id) for d in Dependency.select()] == [(x, y)]
+    assert [w.id for w in Workflow.select()] == [mixed.id]
+    rotation.rotate(queue.store, now + timedelta(days=31))
+    assert Dependency.select().count() == 0 and Workflow.select().count() == 0

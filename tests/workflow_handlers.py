@@ -17,7 +17,8 @@ def _record(path, line):
 class Step(TaskHandler):
     """Records "start TASK RUN" in data["log"] (if given), sleeps data["sleep"], records
     "end TASK RUN",
-    and returns data["value"] (or its task id) as its results; fails with data["fail"]."""
+    and returns data["value"] (or its task id) as its results — {"parents": N} with
+    data["count_parents"], N its parents' results read —; fails with data["fail"]."""
 
     def handle(self, run):
         data = run.data or {}
@@ -27,9 +28,12 @@ class Step(TaskHandler):
             time.sleep(data["sleep"])
         if data.get("fail"):
             raise TaskError("planned failure", code="Planned")
+        results = data.get("value", run.task_id)
+        if data.get("count_parents"):
+            results = {"parents": sum(1 for _ in run.parent_results.items())}
         if data.get("log"):
             _record(data["log"], "end %d %d" % (run.task_id, run.id))
-        run.results = data.get("value", run.task_id)
+        run.results = results
 
 
 class Sum(TaskHandler):

@@ -132,6 +132,26 @@ def workflow_of(store, parent_ids):
 
 # -- a parent succeeded -----------------------------------------------------------------------
 
+# The statements of a release, written with %s (and %%s where a list of ids goes in): the
+# parent's edges not satisfied yet, read and written by the (parent_id, task_id) index; the
+# dependents by primary key. tests/test_claim_plan.py reads their plans.
+RELEASE_CHILDREN = ("SELECT task_id FROM task_dependencies WHERE parent_id = %s "
+                    "AND NOT satisfied")
+RELEASE_RUN_ANYWAY = ("SELECT d.task_id FROM task_dependencies AS d JOIN task_queue AS t "
+                      "ON t.id = d.task_id WHERE d.parent_id = %s AND NOT d.satisfied "
+                      "AND t.on_parent_failure = 'run'")
+RELEASE_SATISFY = ("UPDATE task_dependencies SET satisfied = %s WHERE parent_id = %s "
+                   "AND NOT satisfied")
+RELEASE_SATISFY_SOME = ("UPDATE task_dependencies SET satisfied = %%s WHERE "
+                        "parent_id = %%s AND task_id IN (%s)")
+RELEASE_COUNT = ("UPDATE task_queue SET waiting_parents = waiting_parents - 1, "
+                 "updated_on = %%s WHERE id IN (%s) AND waiting_parents > 0 "
+                 "AND finished_on IS NULL")
+RELEASE_READY = ("SELECT id FROM task_queue WHERE id IN (%s) AND waiting_parents = 0 "
+                 "AND finished_on IS NULL")
+RELEASE_MARK = "UPDATE task_queue SET waiting_parents = NULL WHERE id IN (%s)"
+
+
 def release(store, parent_id, at, only_run_anyway=False):
     """Inside the transaction of `parent_id`'s success (its row locked): its edges are
     satisfied and each dependent still waiting counts one fewer; returns the ids of the
@@ -141,36 +161,21 @@ def release(store, parent_id, at, only_run_anyway=False):
     and then written by primary key: a join the planner could drive from task_queue would
     read the whole table for each parent."""
     execute = store.db.execute_sql
-    if only_run_anyway:
-        children = [row[0] for row in execute(_sql(
-            store, "SELECT d.task_id FROM task_dependencies AS d JOIN task_queue AS t "
-                   "ON t.id = d.task_id WHERE d.parent_id = %s AND NOT d.satisfied "
-                   "AND t.on_parent_failure = 'run'"), (parent_id,))]
-    else:
-        children = [row[0] for row in execute(_sql(
-            store, "SELECT task_id FROM task_dependencies WHERE parent_id = %s "
-                   "AND NOT satisfied"), (parent_id,))]
+    statement = RELEASE_RUN_ANYWAY if only_run_anyway else RELEASE_CHILDREN
+    children = [row[0] for row in execute(_sql(store, statement), (parent_id,))]
     if not children:
         return []
     if not only_run_anyway:
-        execute(_sql(store, "UPDATE task_dependencies SET satisfied = %s WHERE parent_id = %s "
-                            "AND NOT satisfied"), (True, parent_id))
+        execute(_sql(store, RELEASE_SATISFY), (True, parent_id))
     released = []
     for chunk in chunks(children):
         marks = ", ".join(["%s"] * len(chunk))
         if only_run_anyway:
-            execute(_sql(store, "UPDATE task_dependencies SET satisfied = %%s WHERE "
-                                "parent_id = %%s AND task_id IN (%s)" % marks),
-                    [True, parent_id] + chunk)
-        execute(_sql(store, "UPDATE task_queue SET waiting_parents = waiting_parents - 1, "
-                            "updated_on = %%s WHERE id IN (%s) AND waiting_parents > 0 "
-                            "AND finished_on IS NULL" % marks), [_at(store, at)] + chunk)
-        ready = [row[0] for row in execute(_sql(
-            store, "SELECT id FROM task_queue WHERE id IN (%s) AND waiting_parents = 0 "
-                   "AND finished_on IS NULL" % marks), chunk)]
+            execute(_sql(store, RELEASE_SATISFY_SOME % marks), [True, parent_id] + chunk)
+        execute(_sql(store, RELEASE_COUNT % marks), [_at(store, at)] + chunk)
+        ready = [row[0] for row in execute(_sql(store, RELEASE_READY % marks), chunk)]
         if ready:
-            execute(_sql(store, "UPDATE task_queue SET waiting_parents = NULL WHERE id IN (%s)"
-                         % ", ".join(["%s"] * len(ready))), ready)
+            execute(_sql(store, RELEASE_MARK % ", ".join(["%s"] * len(ready))), ready)
             released += ready
     return released
 

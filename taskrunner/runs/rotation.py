@@ -4,11 +4,37 @@ backlog never holds one long transaction; and an operator's delete of ended task
 import logging
 from datetime import timedelta
 
+from peewee import SQL, fn
+
 from . import durable
 from ..errors import StateError, TaskNotFound
 from ..store.models import CANCELLED, FAILED, RUNNING, SUCCESS
 
 log = logging.getLogger("taskrunner.rotation")
+
+
+def _forget(store, gone, workflows):
+    """Inside the caller's transaction, after the tasks `gone` were deleted: their steps and
+    events; their edges whose other end is gone too (an edge to a task still kept stays with
+    it, read by its graph); the workflows among `workflows` that have no task left. Each
+    DELETE walks an index: the edge's (task_id, parent_id) and (parent_id, task_id), the
+    tasks' workflow_id."""
+    if not gone:
+        return
+    gone = list(gone)
+    Task, Dependency, Workflow = store.Task, store.Dependency, store.Workflow
+    durable.forget_tasks(store, gone)
+    for end, other in ((Dependency.task_id, Dependency.parent_id),
+                       (Dependency.parent_id, Dependency.task_id)):
+        kept = Task.select(SQL("1")).where(Task.id == other)
+        Dependency.delete().where(end.in_(gone) & ~fn.EXISTS(kept)).execute()
+    workflows = [w for w in set(workflows) if w is not None]
+    if workflows:
+        left = {w for (w,) in Task.select(Task.workflow_id).where(
+            Task.workflow_id.in_(workflows)).distinct().tuples()}
+        empty = [w for w in workflows if w not in left]
+        if empty:
+            Workflow.delete().where(Workflow.id.in_(empty)).execute()
 
 
 def _delete_tasks(store, condition):
@@ -20,16 +46,17 @@ def _delete_tasks(store, condition):
     batch, deleted = store.config.rotation.batch_size, 0
     while True:
         def step():
-            ids = [t.id for t in
-                   Task.select(Task.id).where(condition).order_by(Task.id).limit(batch)]
-            if not ids:
+            rows = list(Task.select(Task.id, Task.workflow_id).where(condition)
+                        .order_by(Task.id).limit(batch).tuples())
+            if not rows:
                 return 0, 0
+            ids = [i for i, _ in rows]
             count = Task.delete().where(Task.id.in_(ids) & condition).execute()
             Run.delete().where(Run.task_id.in_(ids) & Run.task_id.not_in(
                 Task.select(Task.id).where(Task.id.in_(ids)))).execute()
             if count:
-                durable.forget_tasks(store, set(ids) - {t.id for t in Task.select(Task.id).where(
-                    Task.id.in_(ids))})
+                _forget(store, set(ids) - {t.id for t in Task.select(Task.id).where(
+                    Task.id.in_(ids))}, [w for _, w in rows])
             return len(ids), count
         selected, count = store.write(step)
         deleted += count
@@ -49,12 +76,14 @@ def delete_finished(store, task_ids, batch=200, progress=None):
 
     def step(chunk):
         ended = Task.id.in_(chunk) & Task.finished_on.is_null(False)
-        found = dict(Task.select(Task.id, Task.last_status).where(Task.id.in_(chunk)).tuples())
+        rows = list(Task.select(Task.id, Task.last_status, Task.workflow_id).where(
+            Task.id.in_(chunk)).tuples())
+        found = {i: status for i, status, _ in rows}
         Task.delete().where(ended).execute()
         gone = set(chunk) - {row.id for row in Task.select(Task.id).where(Task.id.in_(chunk))}
         if gone:
             Run.delete().where(Run.task_id.in_(list(gone))).execute()
-            durable.forget_tasks(store, gone)
+            _forget(store, gone, [w for i, _, w in rows if i in gone])
         return {i: None if i in gone and i in found else
                 TaskNotFound("no task with id %d" % i) if i not in found else
                 StateError("task %d has not ended (%s); cancel it first" % (i, found[i]))

@@ -21,6 +21,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from ..runs import control, queues, rotation
 from ..periodic import scheduler as periodic
 from ..reads import summaries
+from ..reads.workflows import WorkflowNotFound
 from ..errors import InputError, StateError, TaskNotFound
 from . import pages
 from .assets import CSS, JS
@@ -44,6 +45,7 @@ PAGES: Dict[str, Tuple[str, Callable[..., str], Optional[str]]] = {
     "/periodic": ("Periodic tasks", pages.periodic, None),
 }
 TASK_PATH = re.compile(r"^/tasks/([0-9]{1,18})$")
+WORKFLOW_PATH = re.compile(r"^/workflows/([0-9]{1,18})$")
 TASK_ACTION = re.compile(r"^/tasks/([0-9]{1,18})/(retry|cancel|delete)$")
 
 Response = Tuple[str, List[Tuple[str, str]], bytes]
@@ -111,7 +113,7 @@ class Dashboard:
             if method not in ("GET", "HEAD"):
                 return "405 Method Not Allowed", [("Allow", "GET, POST")], b""
             return self.get(path, params)
-        except TaskNotFound as exc:
+        except (TaskNotFound, WorkflowNotFound) as exc:
             return self.error(path, str(exc), "404 Not Found")
         except InputError as exc:
             return self.error(path, str(exc), "400 Bad Request")
@@ -141,6 +143,12 @@ class Dashboard:
             body = pages.task(self.view, params, task_id)
             return _html(page("Task %d" % task_id, path, body, notice,
                               "/api/parts?page=task&id=%d" % task_id, self.read_only))
+        match = WORKFLOW_PATH.match(path)
+        if match:
+            workflow_id = int(match.group(1))
+            body = pages.workflow(self.view, params, workflow_id)
+            return _html(page("Workflow %d" % workflow_id, path, body, notice,
+                              "/api/parts?page=workflow&id=%d" % workflow_id, self.read_only))
         if path not in PAGES:
             return self.error(path, "no page at %s" % path, "404 Not Found")
         title, render, live = PAGES[path]

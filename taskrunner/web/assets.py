@@ -34,6 +34,7 @@ a { color: var(--accent); }
 .tile .n { display: block; font-size: 24px; font-weight: 700; }
 .tile-scheduled { border-left-color: #6c8ebf; } .tile-running { border-left-color: #2f80ed; }
 .tile-retrying { border-left-color: #f2994a; } .tile-given-up { border-left-color: #d64545; }
+.tile-waiting { border-left-color: #8e7cc3; }
 .tile-success { border-left-color: #27ae60; } .tile-cancelled { border-left-color: #9b9b9b; }
 .statusbar { width: 100%; height: 14px; display: block; margin: 4px 0 16px; border-radius: 4px; }
 .chart { width: 100%; height: auto; }
@@ -55,6 +56,14 @@ h3 { font-size: 13px; margin: 10px 0 6px; }
 .err { color: #b42318; font-weight: 600; font-family: ui-monospace, monospace; font-size: 12px; }
 .status { display: inline-block; border-radius: 10px; padding: 0 8px; font-size: 12px;
           background: #eef1f5; white-space: nowrap; }
+ol.graph { list-style: none; padding: 0; margin: 0; display: flex; flex-wrap: wrap; gap: 12px; }
+ol.graph li.level { flex: 1 1 220px; min-width: 0; border-left: 3px solid var(--line);
+                    padding-left: 10px; }
+ol.graph .level-name { color: var(--muted); font-size: 12px; }
+ol.graph ol.tasks { list-style: none; padding: 0; margin: 4px 0 0; max-height: 480px;
+                    overflow-y: auto; }
+ol.graph li.wf-task { padding: 3px 0; border-bottom: 1px solid var(--line);
+                      overflow-wrap: anywhere; }
 .status-success { background: #dcf5e6; color: #146c3b; }
 .status-running { background: #dbe9fd; color: #1c4f9c; }
 .status-scheduled { background: #e5ecf6; color: #38527a; }

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any, Dict, Mapping, Optional
 
-from ..reads import records as reads, summaries
+from ..reads import records as reads, summaries, workflows
 from ..errors import InputError
 from ..masking import masked
 from .html import (ago, csrf_form, e, minute_chart, pretty, progress, query, short, span, status,
@@ -16,6 +16,8 @@ from .html import (ago, csrf_form, e, minute_chart, pretty, progress, query, sho
 from .html import now as utcnow
 
 PAGE_SIZE = 50
+GRAPH_SHOWN = 1000             # tasks of a workflow drawn on its page
+AFTER_SHOWN = 20               # parents linked from each (a fan-in's: the first ones)
 LARGEST_ID = 2 ** 63 - 1       # what an id column holds on every database
 
 
@@ -332,6 +334,8 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
              ("Last error", '<span class="err">%s</span> %s' % (
                  e(t.last_error_code), e(t.last_error_message)) if t.last_error_code else ""),
              ("Waiting for", _waiting(t)),
+             ("Workflow", '<a href="/workflows/%d">workflow %d</a>' % (
+                 t.workflow_id, t.workflow_id) if t.workflow_id is not None else ""),
              ("Checkpoint", "%s<small class=\"muted\">stored %s</small>" % (
                  pretty(view.shown(t.checkpoint)), when(t.checkpoint_on))
               if t.checkpoint_on is not None else "")]
@@ -386,6 +390,77 @@ def task(view: View, params: Mapping[str, str], task_id: int) -> str:
         actions += view.action("/tasks/%d/delete" % t.id, "Delete…", css="danger")
     return ('<p class="actions">%s</p><div id="task-live" data-live>%s</div><h2>Data</h2>%s'
             % (actions, task_live(view, params, task_id), pretty(view.shown(t.data))))
+
+
+# -- workflows ------------------------------------------------------------------------------
+
+STATE_ORDER = ("waiting", "scheduled", "running", "retrying", "success", "given-up",
+               "cancelled")
+
+
+def _levels(tasks: Any) -> Dict[int, int]:
+    """Each task's level in the graph: 0 for a task that runs after none of those shown,
+    else one more than its deepest parent's."""
+    level = {t.id: 0 for t in tasks}
+    changed, passes = True, 0
+    while changed and passes <= len(level):
+        changed, passes = False, passes + 1
+        for t in tasks:
+            deepest = max((level[p] + 1 for p in t.after if p in level), default=0)
+            if deepest != level[t.id]:
+                level[t.id], changed = deepest, True
+    return level
+
+
+def workflow_graph(tasks: Any) -> str:
+    """The graph as a nested list: a level per item, each task with its state and links to
+    the tasks it runs after."""
+    level = _levels(tasks)
+    by_level: Dict[int, list] = OrderedDict()
+    for t in sorted(tasks, key=lambda t: (level[t.id], t.id)):
+        by_level.setdefault(level[t.id], []).append(t)
+    items = []
+    for depth, members in by_level.items():
+        rows = "".join(
+            '<li class="wf-task" id="wf-task-%d"><a href="/tasks/%d">task %d</a> %s '
+            '<small class="muted">%s</small>%s%s</li>' % (
+                t.id, t.id, t.id, status(t.state), e(t.handler),
+                ' <span class="err">%s</span>' % e(t.error_code) if t.error_code else "",
+                '<br><small>after %s%s</small>' % (", ".join(
+                    '<a href="/tasks/%d">%d</a>' % (p, p) for p in t.after[:AFTER_SHOWN]),
+                    " and %d more" % (len(t.after) - AFTER_SHOWN)
+                    if len(t.after) > AFTER_SHOWN else "") if t.after else "")
+            for t in members)
+        items.append('<li class="level"><span class="level-name">level %d · %d task%s</span>'
+                     '<ol class="tasks">%s</ol></li>' % (depth + 1, len(members),
+                                                         "" if len(members) == 1 else "s", rows))
+    return '<ol class="graph">%s</ol>' % "".join(items)
+
+
+def workflow_live(view: View, params: Mapping[str, str], workflow_id: int) -> str:
+    info = workflows.workflow_info(view.store, workflow_id, graph=False)
+    tasks = workflows.workflow_tasks(view.store, workflow_id, GRAPH_SHOWN)
+    order = [w for w in STATE_ORDER if w in info.counts] + sorted(
+        w for w in info.counts if w not in STATE_ORDER)
+    tiles = "".join('<div class="tile tile-%s"><span class="n">%d</span><span>%s</span></div>'
+                    % (e(w), info.counts[w], e(w)) for w in order)
+    facts = [("Name", e(info.name or "")), ("Outcome", status(info.outcome)),
+             ("Progress", "%s %d of %d final" % (progress(int(info.progress * 100)),
+                                                 info.finished, info.total)),
+             ("Created", when(info.created_on))]
+    shown = ('<p class="muted">the first %d of %d tasks</p>' % (len(tasks), info.total)
+             if info.total > len(tasks) else "")
+    return ('<section class="tiles" id="workflow-counts">%s</section>%s'
+            '<dl class="facts">%s</dl><section class="card" id="workflow-graph"><h2>Graph '
+            '<small>each task after the ones it runs after</small></h2>%s%s</section>' % (
+                tiles, status_bar({w: info.counts[w] for w in order}),
+                "".join("<dt>%s</dt><dd>%s</dd>" % (k, v) for k, v in facts if v),
+                shown, workflow_graph(tasks)))
+
+
+def workflow(view: View, params: Mapping[str, str], workflow_id: int) -> str:
+    return '<div id="workflow-live" data-live>%s</div>' % workflow_live(view, params,
+                                                                          workflow_id)
 
 
 # -- failures and periodic tasks ---------------------------------------------------------------
@@ -482,6 +557,9 @@ def live_parts(view: View, params: Mapping[str, str]) -> Dict[str, str]:
     if name == "task":
         task_id = id_param(params.get("id", ""), "task id")
         return {"task-live": task_live(view, params, task_id)}
+    if name == "workflow":
+        workflow_id = id_param(params.get("id", ""), "workflow id")
+        return {"workflow-live": workflow_live(view, params, workflow_id)}
     if name not in LIVE:
         raise InputError("no live parts for page %r" % name)
     return {"%s-live" % name: LIVE[name](view, params)}
