@@ -237,6 +237,15 @@ def test_cli_add_after_and_workflow_show_and_cancel(database):
                                       url=database.url).stdout)
     assert cancelled == {"cancelled": 3, "stopping": 0, "workflow": wf.id}
     assert queue.workflow(wf.id).outcome == CANCELLED
+    # With the other options of `add` (a merge once left --after on a name that no longer
+    # existed: NameError on every `add --after`).
+    parent = queue.add_task(STEP)
+    result = taskrunner("add", STEP, "--after", str(parent), "--in", "60", "--rate-key", "k",
+                        "--tenant", "acme", "--json", url=database.url)
+    assert result.returncode == 0, result.stderr
+    later = queue.get_task(json.loads(result.stdout)["id"])
+    assert 55 < (later.scheduled_on - later.queued_on).total_seconds() <= 61
+    assert later.waiting_parents == 1
     queue.close()
 
 

@@ -101,11 +101,12 @@ def cmd_add(args):
         if args.unique_key is not None:
             raise InputError("--after cannot be combined with --unique-key")
         task_id = add_task(
-            open_queue(args).store, args.handler, data=args.data, scheduled_on=scheduled_on,
-            max_retries=args.max_retries, priority=args.priority, run_timeout=args.timeout,
-            queued_by=args.queued_by, max_runtime=args.max_runtime, queue=args.queue,
-            concurrency_key=args.concurrency_key, concurrency_limit=args.concurrency_limit,
-            after=args.after, on_parent_failure=args.on_parent_failure)
+            open_queue(args).store, args.handler, data=args.data, scheduled_on=args.at,
+            delay=args.delay, max_retries=args.max_retries, priority=args.priority,
+            run_timeout=args.timeout, queued_by=args.queued_by, max_runtime=args.max_runtime,
+            queue=args.queue, concurrency_key=args.concurrency_key,
+            concurrency_limit=args.concurrency_limit, rate_key=args.rate_key,
+            tenant=args.tenant, after=args.after, on_parent_failure=args.on_parent_failure)
         if args.json:
             print_json({"id": task_id, "existed": False})
         else:
