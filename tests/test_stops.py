@@ -138,7 +138,8 @@ def test_a_run_timed_out_by_run_event_is_stopped_by_its_runner(stubborn, databas
              timeout=START_TIMEOUT, message="the retry to start")
     [retry_start] = [m for kind, _, r, _, m in timed(log) if kind == "start" and r != run.id][:1]
     if stubborn:
-        wait_for(lambda: first.poll() is not None, timeout=kill_grace + 2 * heartbeat + (MACHINE_SLACK + 1.5),
+        wait_for(lambda: first.poll() is not None,
+                 timeout=kill_grace + 2 * heartbeat + (MACHINE_SLACK + 1.5),
                  message="the first runner to exit hard")
         assert first.returncode == 4, procs.logs([first])
         gone = time.monotonic()
@@ -146,7 +147,8 @@ def test_a_run_timed_out_by_run_event_is_stopped_by_its_runner(stubborn, databas
         assert "did not return within kill_grace" in procs.log(first)
     else:
         wait_for(lambda: any(kind == "stop" and r == run.id for kind, _, r, _, _ in timed(log)),
-                 timeout=2 * heartbeat + (MACHINE_SLACK + 1.5), message="the first handler to stop")
+                 timeout=2 * heartbeat + (MACHINE_SLACK + 1.5),
+                 message="the first handler to stop")
         [stopped] = [m for kind, _, r, _, m in timed(log) if kind == "stop" and r == run.id]
         assert stopped - marked <= 2 * heartbeat + (MACHINE_SLACK + 1.5)
         assert first.poll() is None, "a runner whose handler returned carries on"
