@@ -7,7 +7,7 @@ import select
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 from .runs import concurrency, control, durable, enqueue, flow, lifecycle, queues, rotation
 from .fleet import maintenance
@@ -193,27 +193,9 @@ class TaskQueue:
     def wait_workflow(self, workflow_id: int, timeout: Optional[float] = None) -> WorkflowInfo:
         """Block until every task of the workflow is final; its state then (without the
         graph). `WaitTimeout` after `timeout` seconds."""
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        try:
-            listener: Optional[wakeup.Listener] = wakeup.Listener(self.store.waiters_directory)
-        except OSError:
-            listener = None
-        try:
-            while True:
-                info = workflow_reads.workflow_info(self.store, workflow_id, graph=False)
-                if info.done:
-                    return info
-                left = WAIT_POLL if deadline is None else deadline - time.monotonic()
-                if left <= 0:
-                    raise WaitTimeout("workflow %d did not end within %gs"
-                                      % (workflow_id, timeout or 0))
-                if listener is None:
-                    time.sleep(min(left, WAIT_POLL))
-                elif select.select([listener], [], [], min(left, WAIT_POLL))[0]:
-                    listener.drain()
-        finally:
-            if listener is not None:
-                listener.close()
+        return self._wait_for(
+            lambda: workflow_reads.workflow_info(self.store, workflow_id, graph=False),
+            lambda info: info.done, timeout, "workflow %d" % workflow_id)
 
     def cancel_workflow(self, workflow_id: int) -> Dict[str, int]:
         """Cancel every unfinished task of the workflow (running ones cooperatively, as
@@ -367,6 +349,14 @@ class TaskQueue:
         A run that ends on this host wakes the waiter at once; one that ends elsewhere is
         seen within WAIT_POLL seconds (the waiter reads the task again at least that often).
         """
+        return self._wait_for(lambda: reads.task_outcome(self.store, task_id),
+                              lambda outcome: outcome is not None, timeout,
+                              "task %d" % task_id)
+
+    def _wait_for(self, read: Callable[[], Any], done: Callable[[Any], bool],
+                  timeout: Optional[float], what: str) -> Any:
+        """`read()` again until `done` of it (`wait`, `wait_workflow`): woken by an end on
+        this host, else every WAIT_POLL seconds; WaitTimeout naming `what` after `timeout`."""
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         try:
             listener: Optional[wakeup.Listener] = wakeup.Listener(self.store.waiters_directory)
@@ -375,12 +365,12 @@ class TaskQueue:
         try:
             while True:
                 # Listening before reading: an end committed after the read still wakes us.
-                outcome = reads.task_outcome(self.store, task_id)
-                if outcome is not None:
-                    return outcome
+                value = read()
+                if done(value):
+                    return value
                 left = WAIT_POLL if deadline is None else deadline - time.monotonic()
                 if left <= 0:
-                    raise WaitTimeout("task %d did not end within %gs" % (task_id, timeout or 0))
+                    raise WaitTimeout("%s did not end within %gs" % (what, timeout or 0))
                 if listener is None:
                     time.sleep(min(left, WAIT_POLL))
                 elif select.select([listener], [], [], min(left, WAIT_POLL))[0]:
