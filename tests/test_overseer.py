@@ -201,6 +201,12 @@ def wait_up(overseers, proc, runners):
                     message="overseer with %d registered runners" % runners)
 
 
+def own_tasks(*fields):
+    """The tasks a test added: all but the built-in rotation task, which an overseer's
+    maintainer submits when a test runs across an hour ([rotation] timer = "hourly")."""
+    return Task.select(*fields).where(Task.handler != "taskrunner.handlers.Rotate")
+
+
 def wait_all_final(overseers, timeout=120.0):
     def final():
         for proc in overseers.started[-1:]:
@@ -839,7 +845,7 @@ def test_chaos_kill_9_runners_every_quarter_second_loses_no_task(batch, flow, da
     wait_all_final(overseers, timeout=300)
     assert proc.poll() is None, overseers.log()
 
-    tasks = list(Task.select(Task.id, Task.last_status))
+    tasks = list(own_tasks(Task.id, Task.last_status))
     assert len(tasks) == 1000
     assert {t.last_status for t in tasks} == {SUCCESS}, \
         [(t.id, t.last_status) for t in tasks if t.last_status != SUCCESS][:10]
