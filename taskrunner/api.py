@@ -256,8 +256,9 @@ class TaskQueue:
               queue: Optional[str] = None, error_code: Optional[str] = None
               ) -> List[TaskInfo]:
         """Tasks, most recent first, `offset` skipped, at most `limit` (None: all). Filters:
-        `status` one of ``scheduled running retrying given-up success cancelled error
-        timeout failed`` (docs, "Words", says what each means; the CLI and the dashboard
+        `status` one of ``scheduled running waiting retrying given-up success cancelled
+        error timeout failed`` (``waiting``: sleeping, waiting for an event, or for the tasks
+        it runs after; docs, "Words", says what each means; the CLI and the dashboard
         take the same words), `handler`, `since` / `until` (aware) around queued_on,
         `periodic_task` the name of the periodic task that submitted them, `queue`,
         `error_code` the code of their last error."""

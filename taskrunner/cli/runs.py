@@ -45,7 +45,11 @@ def outcome_column(task):
 
 
 def waiting_text(task):
-    """What a waiting task waits for: an event (until its timeout), or the end of a sleep."""
+    """What a waiting task waits for: its parents, an event (until its timeout), or the end
+    of a sleep."""
+    if task.get("waiting_parents"):
+        from ..reads.records import parents_text
+        return parents_text(task["waiting_parents"])
     if task["waiting_for"]:
         return "event %s%s" % (task["waiting_for"], " until %s" % when(task["waiting_until"])
                                if task["waiting_until"] else "")

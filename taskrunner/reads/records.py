@@ -20,7 +20,8 @@ from ..runs import flow
 from ..runs.sql import claim_order_of
 
 # The words a task list is filtered by, everywhere (API, CLI, dashboard): its latest run's
-# status, and three views of failure: retrying (failed, a run will come), given-up
+# status (``waiting`` too while it waits for its parents, with no run yet), and three views
+# of failure: retrying (failed, a run will come), given-up
 # (failed max_retries times in a row) and failed (either). docs/index.md, "Words".
 TASK_STATUSES = (SCHEDULED, RUNNING, WAITING, "retrying", "given-up", SUCCESS, CANCELLED, ERROR,
                  TIMEOUT, "failed")
@@ -64,7 +65,9 @@ class TaskInfo(_Record):
     id: int
     handler: str
     data: Any
-    status: str                 # the status of its latest run, or cancelled
+    # The status of its latest run, or cancelled; `waiting` while it sleeps, waits for an
+    # event, or waits for its parents (no run yet: `waiting_parents`).
+    status: str
     given_up: bool              # failed max_retries times in a row: no further run
     priority: int
     queued_on: datetime
@@ -287,6 +290,11 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         waiting_until=aware(row.next_run_on) if row.last_status == WAITING else None,
         steps=steps, workflow_id=row.workflow_id,
         waiting_parents=row.waiting_parents if row.finished_on is None else None)
+
+
+def parents_text(count: int) -> str:
+    """What a task waiting for its parents waits for, as the CLI and the dashboard say it."""
+    return "%d parent%s" % (count, "" if count == 1 else "s")
 
 
 def step_info(row: Any, now: datetime) -> StepInfo:

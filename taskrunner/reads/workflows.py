@@ -14,7 +14,6 @@ from ..errors import InputError
 from ..store.models import CANCELLED, SUCCESS
 from .records import Record, aware, state_word
 
-WAITING = "waiting"     # a task waiting for its parents: no run yet
 PAGE = 500              # parents' results read per query
 GRAPH_LIMIT = 10000     # tasks listed with their edges in one read of a workflow
 
@@ -26,7 +25,8 @@ class WorkflowNotFound(InputError):
 @dataclass(frozen=True)
 class WorkflowTask(Record):
     """A task of a workflow, in the graph: its state word (``waiting`` while it waits for
-    its parents) and the tasks it runs after."""
+    its parents, or sleeps; as `get_task` and every table say) and the tasks it runs
+    after."""
     id: int
     handler: str
     state: str
@@ -56,11 +56,9 @@ class WorkflowInfo(Record):
         return self.outcome != "running"
 
 
-def task_state(last_status: str, finished_on: Any, waiting_parents: Any) -> str:
-    """The word of a task in a workflow: ``waiting`` while its parents hold it back, else
-    as every table shows it (records.state_word)."""
-    if finished_on is None and waiting_parents:
-        return WAITING
+def task_state(last_status: str, finished_on: Any) -> str:
+    """The word of a task in a workflow: as every table shows it (records.state_word); a
+    task waiting for its parents is stored ``waiting`` (runs/graph.py)."""
     return state_word(last_status, finished_on)
 
 
@@ -74,12 +72,11 @@ def workflow_info(store: Any, workflow_id: int, graph: bool = True) -> WorkflowI
     counts: Dict[str, int] = {}
     # Written out, not bound: GROUP BY must repeat the selected expressions word for word.
     final = pw.SQL("CASE WHEN finished_on IS NULL THEN 0 ELSE 1 END")
-    waiting = pw.SQL("CASE WHEN finished_on IS NULL AND waiting_parents > 0 THEN 1 ELSE 0 END")
-    query = (Task.select(Task.last_status, final, waiting, pw.fn.COUNT(Task.id))
+    query = (Task.select(Task.last_status, final, pw.fn.COUNT(Task.id))
              .where(Task.workflow_id == workflow_id)
-             .group_by(Task.last_status, final, waiting))
-    for status, final, waits, count in query.tuples():
-        word = WAITING if waits else state_word(status, True if final else None)
+             .group_by(Task.last_status, final))
+    for status, final, count in query.tuples():
+        word = task_state(status, True if final else None)
         counts[word] = counts.get(word, 0) + count
     total = sum(counts.values())
     finished = sum(n for word, n in counts.items()
@@ -103,7 +100,7 @@ def workflow_tasks(store: Any, workflow_id: int, limit: int = GRAPH_LIMIT) -> Li
     """The first `limit` tasks of the workflow with the tasks each runs after."""
     Task, Dependency = store.Task, store.Dependency
     rows = list(Task.select(Task.id, Task.handler, Task.last_status, Task.finished_on,
-                            Task.waiting_parents, Task.last_error_code)
+                            Task.last_error_code)
                 .where(Task.workflow_id == workflow_id).order_by(Task.id).limit(limit))
     after: Dict[int, List[int]] = {}
     ids = [r.id for r in rows]
@@ -114,7 +111,7 @@ def workflow_tasks(store: Any, workflow_id: int, limit: int = GRAPH_LIMIT) -> Li
                                    .tuples()):
             after.setdefault(task_id, []).append(parent_id)
     return [WorkflowTask(id=r.id, handler=r.handler,
-                         state=task_state(r.last_status, r.finished_on, r.waiting_parents),
+                         state=task_state(r.last_status, r.finished_on),
                          after=after.get(r.id, []), finished_on=aware(r.finished_on),
                          error_code=r.last_error_code if r.last_status != SUCCESS else None)
             for r in rows]

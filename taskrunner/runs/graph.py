@@ -4,8 +4,8 @@ An edge (``task_dependencies``) says that ``task_id`` runs after ``parent_id`` s
 task that waits has no run — the claim never sees it, at no cost — and counts its edges not
 satisfied yet in ``task_queue.waiting_parents``. The parent's success, in its own
 transaction, satisfies its edges and takes one off each dependent's count, set-based;
-the dependents that reach 0 are released: ``waiting_parents`` becomes NULL and the
-lifecycle creates their run in that same transaction (`lifecycle` calls these functions).
+the dependents that reach 0 are released: ``waiting_parents`` becomes NULL, ``last_status``
+``scheduled`` (in that one statement), and the lifecycle creates their run in that same transaction (`lifecycle` calls these functions).
 
 Exactly once: a parent's edges are satisfied under the parent's row lock (its success, its
 failure and an add of a dependent all lock it first), and a dependent's count is changed
@@ -22,7 +22,7 @@ left unsatisfied, so they wait for it again.
 """
 from . import sql
 from ..errors import InputError
-from ..store.models import CANCELLED, SCHEDULED, SUCCESS
+from ..store.models import CANCELLED, SCHEDULED, SUCCESS, WAITING
 
 ON_PARENT_FAILURE = ("cancel", "run")
 PARENT_FAILED = "ParentFailed"
@@ -93,7 +93,8 @@ def plan(rows, parents, states, at):
                                           "before it was added")
             state_of_row.append("cancelled")
         elif waiting:
-            row.update(waiting_parents=waiting, next_run_on=None, run_count=0)
+            row.update(last_status=WAITING, waiting_parents=waiting, next_run_on=None,
+                       run_count=0)
             state_of_row.append("waiting")
         else:
             state_of_row.append("ready")
@@ -149,7 +150,8 @@ RELEASE_COUNT = ("UPDATE task_queue SET waiting_parents = waiting_parents - 1, "
                  "AND finished_on IS NULL")
 RELEASE_READY = ("SELECT id FROM task_queue WHERE id IN (%s) AND waiting_parents = 0 "
                  "AND finished_on IS NULL")
-RELEASE_MARK = "UPDATE task_queue SET waiting_parents = NULL WHERE id IN (%s)"
+RELEASE_MARK = ("UPDATE task_queue SET waiting_parents = NULL, last_status = 'scheduled' "
+                "WHERE id IN (%s)")
 
 
 def release(store, parent_id, at, only_run_anyway=False):
@@ -218,8 +220,8 @@ def parent_failed(store, parent_id, status, at):
 
 def rearm(store, parent_id, at):
     """Inside the transaction of `parent_id`'s retry: the dependents its failure cancelled
-    (``ParentFailed``), and theirs in turn, wait again, each for its edges not satisfied (the
-    edges from the retried parent among them). Returns (how many were re-armed, the ids of
+    (``ParentFailed``), and theirs in turn, are ``waiting`` again, each for its edges not
+    satisfied (the edges from the retried parent among them). Returns (how many were re-armed, the ids of
     those that wait for nothing: the lifecycle starts them)."""
     Task, Dependency = store.Task, store.Dependency
     count, released, frontier = 0, [], [parent_id]
@@ -232,8 +234,8 @@ def rearm(store, parent_id, at):
         for task in cancelled:
             left = Dependency.select().where((Dependency.task_id == task.id)
                                              & ~Dependency.satisfied).count()
-            Task.update(last_status=SCHEDULED, finished_on=None, updated_on=at,
-                        active_key=Task.unique_key, last_error_code=None,
+            Task.update(last_status=WAITING if left else SCHEDULED, finished_on=None,
+                        updated_on=at, active_key=Task.unique_key, last_error_code=None,
                         last_error_message=None, waiting_parents=left or None
                         ).where(Task.id == task.id).execute()
             if not left:

@@ -239,6 +239,8 @@ def task_row(t: Any) -> list:
     if t.last_error_code:
         outcome = '<span class="err">%s</span> %s' % (e(t.last_error_code),
                                                       short(t.last_error_message or "", 60))
+    elif t.status == "waiting":
+        outcome = _waiting(t)
     return ['<a href="/tasks/%d">%d</a>' % (t.id, t.id), e(t.handler),
             '<a href="/tasks%s">%s</a>' % (e(query(queue=t.queue)), e(t.queue)),
             status(reads.state_word(t.status, t.finished_on)),
@@ -298,9 +300,12 @@ def confirm_delete(view: View, task_id: int) -> str:
 
 
 def _waiting(t: Any) -> str:
-    """What a waiting task waits for: an event (until its timeout), or a sleep's end."""
+    """What a waiting task waits for: its parents, an event (until its timeout), or a
+    sleep's end."""
     if t.status != "waiting":
         return ""
+    if t.waiting_parents:
+        return reads.parents_text(t.waiting_parents)
     if t.waiting_for:
         return "event <code>%s</code>%s" % (e(t.waiting_for), " until %s" % when(
             t.waiting_until) if t.waiting_until else "")
