@@ -90,7 +90,8 @@ def test_released_not_due_rearmed_and_cancelled_dependents_read_as_their_workflo
     parent is ``cancelled``; the parent's retry makes it ``waiting`` again."""
     queue = database.queue(task={"retry_backoff": 0})
     parent = queue.add_task(STEP)
-    later = queue.add_task(STEP, after=[parent], scheduled_on=datetime.now(timezone.utc) + timedelta(hours=1))
+    later = queue.add_task(STEP, after=[parent],
+                           scheduled_on=datetime.now(timezone.utc) + timedelta(hours=1))
     assert queue.get_task(later).status == "waiting"
     queue.run_pending()
     task = queue.get_task(later)

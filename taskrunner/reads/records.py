@@ -341,7 +341,8 @@ def run_info(row: Any, stopping: Any = (None, None),
 def periodic_info(row: Any, stats: Optional[RunStats] = None) -> PeriodicTaskInfo:
     return PeriodicTaskInfo(
         name=row.name, enabled=row.enabled, handler=row.handler, data=_decoded(row.data),
-        timer=row.timer, timezone=row.timezone, nextrun=aware(row.nextrun), last_due=aware(row.last_due),
+        timer=row.timer, timezone=row.timezone, nextrun=aware(row.nextrun),
+        last_due=aware(row.last_due),
         last_run=aware(row.last_run), last_task_id=row.last_task_id,
         last_status=row.last_status, consecutive_failures=row.consecutive_failures,
         submitted=row.submitted_count, skipped=row.skipped_count, priority=row.priority,

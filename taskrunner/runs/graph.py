@@ -4,8 +4,9 @@ An edge (``task_dependencies``) says that ``task_id`` runs after ``parent_id`` s
 task that waits has no run — the claim never sees it, at no cost — and counts its edges not
 satisfied yet in ``task_queue.waiting_parents``. The parent's success, in its own
 transaction, satisfies its edges and takes one off each dependent's count, set-based;
-the dependents that reach 0 are released: ``waiting_parents`` becomes NULL, ``last_status``
-``scheduled`` (in that one statement), and the lifecycle creates their run in that same transaction (`lifecycle` calls these functions).
+the dependents that reach 0 are released: ``waiting_parents`` becomes NULL and
+``last_status`` ``scheduled`` (in that one statement), and the lifecycle creates their run
+in that same transaction (`lifecycle` calls these functions).
 
 Exactly once: a parent's edges are satisfied under the parent's row lock (its success, its
 failure and an add of a dependent all lock it first), and a dependent's count is changed
@@ -221,8 +222,8 @@ def parent_failed(store, parent_id, status, at):
 def rearm(store, parent_id, at):
     """Inside the transaction of `parent_id`'s retry: the dependents its failure cancelled
     (``ParentFailed``), and theirs in turn, are ``waiting`` again, each for its edges not
-    satisfied (the edges from the retried parent among them). Returns (how many were re-armed, the ids of
-    those that wait for nothing: the lifecycle starts them)."""
+    satisfied (the edges from the retried parent among them). Returns (how many were
+    re-armed, the ids of those that wait for nothing: the lifecycle starts them)."""
     Task, Dependency = store.Task, store.Dependency
     count, released, frontier = 0, [], [parent_id]
     while frontier:
