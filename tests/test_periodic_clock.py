@@ -30,11 +30,12 @@ check_interval = {check_interval}
 
 
 def faked(offset):
+    """The environment of a process whose wall clock is `offset` off (hostnet.faked_clock);
+    the test skipped, or failed where required, without libfaketime."""
     if not os.path.exists(hostnet.FAKETIME):
         reason = "libfaketime is not installed (apt-get install faketime libfaketime)"
         pytest.fail(reason) if databases_required() else pytest.skip(reason)
-    return {"LD_PRELOAD": hostnet.FAKETIME, "FAKETIME": offset,
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    return hostnet.faked_clock(offset)
 
 
 @pytest.mark.timeout(120)
