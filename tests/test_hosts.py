@@ -22,12 +22,12 @@ from datetime import timedelta
 import pytest
 from conftest import (Database, databases_required, process_env, read_records, runs_of, spawn,
                       utc, wait_for)
-from test_periodic_clock import LEADER_CONFIG, faked
+from test_periodic_clock import faked, start_leader
 
 from bench import hostnet
 from taskrunner import TaskQueue
 from taskrunner.config import Config
-from taskrunner.fleet import leadership, liveness
+from taskrunner.fleet import liveness
 from taskrunner.fleet.liveness import default_host_id
 from taskrunner.runs import lifecycle
 from taskrunner.store.models import (CRASHED, MAINTAINER, OVERSEER, RUNNER, RUNNING, SCHEDULED,
@@ -208,15 +208,7 @@ def test_a_leader_whose_clock_is_off_judges_runs_on_the_database_clock(backend, 
     env = faked(clock_offset)
     database = Database(backend, tmp_path)
     try:
-        queue = database.queue()
-        queue.pause_queue("default")       # the leader's own runner stays idle
-        config = database.write_config(tmp_path / "leader.toml", LEADER_CONFIG.format(
-            check_interval=CHECK_INTERVAL))
-        procs.add(spawn("overseer", config=config, log_path=tmp_path / "leader.log", env=env),
-                  tmp_path / "leader.log")
-        wait_for(lambda: any(lease["held"] and lease["holder_kind"] == MAINTAINER
-                             for lease in leadership.leases(queue.store)),
-                 timeout=60, message="the leader to take the maintenance lease")
+        queue = start_leader(database, tmp_path, procs, env)
 
         # A runner of another host (alive by its heartbeat) holds three runs.
         runner_id = liveness.register(queue.store).id

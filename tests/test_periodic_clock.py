@@ -38,6 +38,22 @@ def faked(offset):
     return hostnet.faked_clock(offset)
 
 
+def start_leader(database, tmp_path, procs, env):
+    """An overseer on `database` started with `env` (faked), once it took the maintenance
+    lease; returns a queue on the database whose default queue is paused (the leader's own
+    runner stays idle)."""
+    queue = database.queue()
+    queue.pause_queue("default")
+    config = database.write_config(tmp_path / "leader.toml", LEADER_CONFIG.format(
+        check_interval=CHECK_INTERVAL))
+    procs.add(spawn("overseer", config=config, log_path=tmp_path / "leader.log", env=env),
+              tmp_path / "leader.log")
+    wait_for(lambda: any(lease["held"] and lease["holder_kind"] == MAINTAINER
+                         for lease in leadership.leases(queue.store)),
+             timeout=60, message="the leader to take the maintenance lease")
+    return queue
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("clock_offset", ["+10m", "-10m"])
 @pytest.mark.parametrize("backend", ["postgresql", "mysql"])
@@ -49,15 +65,7 @@ def test_a_maintainer_whose_clock_is_off_submits_a_periodic_task_on_time(backend
     env = faked(clock_offset)
     database = Database(backend, tmp_path)
     try:
-        queue = database.queue()
-        queue.pause_queue("default")       # the leader's own runner stays idle
-        config = database.write_config(tmp_path / "leader.toml", LEADER_CONFIG.format(
-            check_interval=CHECK_INTERVAL))
-        procs.add(spawn("overseer", config=config, log_path=tmp_path / "leader.log", env=env),
-                  tmp_path / "leader.log")
-        wait_for(lambda: any(lease["held"] and lease["holder_kind"] == MAINTAINER
-                             for lease in leadership.leases(queue.store)),
-                 timeout=60, message="the leader to take the maintenance lease")
+        queue = start_leader(database, tmp_path, procs, env)
 
         # "every 1h" anchored DUE_IN seconds from now, less one hour: due in DUE_IN seconds.
         created = time.monotonic()
