@@ -8,6 +8,7 @@ its runners as its non-zombie children (psutil), and reads the outcome from the 
 and from the file the handlers append to (`sample_handlers`). Everything is polled with
 `wait_for`; deadlines are generous because the machine is shared and has two cores.
 """
+import contextlib
 import os
 import random
 import signal
@@ -164,14 +165,24 @@ def overseers(database_sp, tmp_path):
     group.kill_all()
 
 
+@contextlib.contextmanager
+def fresh_overseers(backend, tmp_path):
+    """Overseers on a fresh database of `backend`: at the end, killed, and the database
+    dropped."""
+    database = Database(backend, tmp_path)
+    group = Overseers(database, tmp_path)
+    try:
+        yield group
+    finally:
+        group.kill_all()
+        database.drop()
+
+
 @pytest.fixture
 def pg_overseers(tmp_path):
     """Overseers on a fresh PostgreSQL database only."""
-    database = Database("postgresql", tmp_path)
-    group = Overseers(database, tmp_path)
-    yield group
-    group.kill_all()
-    database.drop()
+    with fresh_overseers("postgresql", tmp_path) as group:
+        yield group
 
 
 def is_gone(pid):

@@ -18,10 +18,11 @@ from taskrunner.store.models import (CANCELLED, REQUEUED, RUNNING, SCHEDULED, SU
                                      Runner,
                                      Task, utcnow)
 
-from conftest import (REPO_DIR, START_TIMEOUT, TESTS_DIR, Database, ok, runs_of, spawn, taskrunner,
-                      wait_for, wait_started)
+from conftest import (REPO_DIR, START_TIMEOUT, TESTS_DIR, ok, runs_of, spawn, taskrunner, wait_for,
+                      wait_started)
 from sample_handlers import gate, read_records
-from test_overseer import MACHINE_SLACK, Overseers, group_members, is_gone, overseer_toml, wait_up
+from test_overseer import (MACHINE_SLACK, Overseers, fresh_overseers, group_members, is_gone,
+                           overseer_toml, wait_up)
 
 
 @pytest.fixture
@@ -245,11 +246,8 @@ def test_a_cancel_racing_the_switch_to_the_next_run_never_lands_on_it(database, 
 @pytest.fixture
 def pg_overseers(tmp_path):
     """Overseers sharing a fresh PostgreSQL database (two hosts' overseers, on one machine)."""
-    database = Database("postgresql", tmp_path)
-    group = Overseers(database, tmp_path)
-    yield group
-    group.kill_all()
-    database.drop()
+    with fresh_overseers("postgresql", tmp_path) as group:
+        yield group
 
 
 @pytest.mark.timeout(120)
