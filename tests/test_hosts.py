@@ -20,9 +20,9 @@ import time
 from datetime import timedelta
 
 import pytest
-from conftest import (Database, databases_required, process_env, read_records, runs_of, spawn,
-                      utc, wait_for)
-from test_periodic_clock import faked, start_leader
+from conftest import (databases_required, process_env, read_records, runs_of, spawn, utc,
+                      wait_for)
+from test_periodic_clock import faked, fresh_database, start_leader
 
 from bench import hostnet
 from taskrunner import TaskQueue
@@ -206,8 +206,7 @@ def test_a_leader_whose_clock_is_off_judges_runs_on_the_database_clock(backend, 
     check interval, because it judges them on the database server's clock. (SQLite has one
     host, so one clock.)"""
     env = faked(clock_offset)
-    database = Database(backend, tmp_path)
-    try:
+    with fresh_database(backend, tmp_path, procs) as database:
         queue = start_leader(database, tmp_path, procs, env)
 
         # A runner of another host (alive by its heartbeat) holds three runs.
@@ -244,9 +243,6 @@ def test_a_leader_whose_clock_is_off_judges_runs_on_the_database_clock(backend, 
             [(r.status, r.error_code) for r in runs_of(fresh)]
         assert runs_of(later) == []
         queue.close()
-    finally:
-        procs.kill_all()
-        database.drop()
 
 
 @pytest.mark.timeout(120)
@@ -260,8 +256,7 @@ def test_a_runner_whose_clock_is_off_is_judged_on_the_database_clock(backend, cl
     ten minutes in the future)."""
     env = faked(clock_offset)
     run_timeout = 3.0
-    database = Database(backend, tmp_path)
-    try:
+    with fresh_database(backend, tmp_path, procs) as database:
         queue = database.queue()
         task_id = queue.add_task("sample_handlers.PausedRecord", run_timeout=run_timeout,
                                  data={"log": str(tmp_path / "records"), "sleep": 60})
@@ -278,9 +273,6 @@ def test_a_runner_whose_clock_is_off_is_judged_on_the_database_clock(backend, cl
         assert [run_id for run_id, _ in timed_out] == [runs_of(task_id)[0].id]
         assert waited >= run_timeout / 2, "timed out %.1fs after it started" % waited
         queue.close()
-    finally:
-        procs.kill_all()
-        database.drop()
 
 
 CUT_TASKS, CUT_SLEEP = 40, 1.0
