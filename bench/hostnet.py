@@ -188,6 +188,13 @@ class Cluster:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def faked_clock(offset):
+    """The environment of a process whose wall clock is `offset` off ("+10m", libfaketime), as
+    on a host whose time is wrong; its monotonic clock is not (NTP does not touch it), which
+    timed waits in threads rely on."""
+    return {"LD_PRELOAD": FAKETIME, "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
 class Host:
     """An overseer alone in its network, UTS and PID namespaces. The overseer is PID 2 there
     (after sh), its runners 3, 4, ...: the same PIDs on every host. `clock_offset`
@@ -196,10 +203,8 @@ class Host:
     def __init__(self, namespace, hostname, config, log_path, wakeup_dir, clock_offset=None,
                  env=None):
         self.hostname, self.log_path = hostname, str(log_path)
-        # The wall clock is off, as on a host whose time is wrong; its monotonic clock is
-        # not (NTP does not touch it), which timed waits in threads rely on.
-        preload = "LD_PRELOAD=%s FAKETIME=%s FAKETIME_DONT_FAKE_MONOTONIC=1 " % (
-            FAKETIME, clock_offset) if clock_offset else ""
+        preload = "".join("%s=%s " % item for item in faked_clock(clock_offset).items()) \
+            if clock_offset else ""
         script = "hostname %s && %sTASKRUNNER_WAKEUP_DIR=%s %s -m taskrunner --config %s " \
             "overseer" % (hostname, preload, wakeup_dir, sys.executable, config)
         with open(self.log_path, "ab") as log:

@@ -188,11 +188,9 @@ class Huey:
     def prepare(self, backend, job):
         base = os.path.join(common.workdir(), "huey-%d-%d" % (os.getpid(), time.monotonic_ns()))
         ctx = (base + ".db", base + ".marks")
-        proc = spawn([sys.executable, "-c", "from bench.huey_app import enqueue; enqueue(%d, %r)"
-                      % (job.n, job.task_ms)], "huey-enqueue.log", env=self._env(ctx))
-        wait_until(lambda: proc.poll() is not None, 300, "Huey enqueue", procs=())
-        if proc.returncode:
-            raise RuntimeError("Huey enqueue failed (log: %s)" % common.workdir())
+        _run_to_end(["-c", "from bench.huey_app import enqueue; enqueue(%d, %r)"
+                     % (job.n, job.task_ms)], "huey-enqueue.log", "Huey enqueue",
+                    env=self._env(ctx))
         return ctx
 
     def start(self, ctx, job):
@@ -263,92 +261,106 @@ def marks_count(path):
         return 0
 
 
-class Procrastinate:
-    """W `procrastinate worker --concurrency 1` processes (`--log-level` as the bench's:
-    its own default is info), stopped once the jobs are done; finish times from its
-    procrastinate_events table (type 'succeeded'), each worker's share from the jobs'
-    worker_id (read before the workers stop: a stopping worker's id is cleared)."""
-    name = "procrastinate"
+def _run_to_end(args, log, what, env=None):
+    """`python args...` run to its end (untimed preparation); raises when it failed."""
+    proc = spawn([sys.executable] + args, log, env=env)
+    wait_until(lambda: proc.poll() is not None, 300, what, procs=())
+    if proc.returncode:
+        raise RuntimeError("%s failed (log: %s)" % (what, common.workdir()))
+
+
+class _PostgresPeer:
+    """What the peers on PostgreSQL share: `start` launches W worker processes, timed until
+    the count `DONE` reaches job.n, then stopped; `results(ctx)` gives the finish times and
+    each worker's share of the jobs. A context is the database's URL unless `url` says."""
     backends = ("postgresql",)
-    APP = "bench.procrastinate_app.app"
+    TITLE = MODULES = DONE = JOBS = None
+    ONLY = ""            # why PostgreSQL only, when it needs saying
 
     def available(self, backend):
         if backend not in self.backends:
-            return "Procrastinate is compared on PostgreSQL only"
-        return _installed("procrastinate", "psycopg")
+            return "%s is compared on PostgreSQL only%s" % (self.TITLE, self.ONLY)
+        return _installed(*self.MODULES)
 
-    def _command(self, url, args, log, timeout=300):
-        env = common.child_env()
-        env["BENCH_PROCRASTINATE_DSN"] = url
-        proc = spawn([sys.executable] + args, log, env=env)
-        if timeout is None:
-            return proc
-        wait_until(lambda: proc.poll() is not None, timeout, " ".join(args[-2:]))
-        if proc.returncode:
-            raise RuntimeError("%s failed (log: %s)" % (" ".join(args), common.workdir()))
+    def url(self, ctx):
+        return ctx
 
-    def prepare(self, backend, job):
-        url = create_database(backend, "procr")
-        self._command(url, ["-m", "procrastinate", "--app", self.APP, "schema", "--apply"],
-                      "procrastinate-schema.log")
-        self._command(url, ["-c", "from bench.procrastinate_app import enqueue; enqueue(%d, %r)"
-                            % (job.n, job.task_ms)], "procrastinate-enqueue.log")
-        return url
-
-    def start(self, url, job):
-        return [self._command(url, ["-m", "procrastinate", "--app", self.APP, "--log-level",
-                                    job.log_level, "worker", "--concurrency", "1"],
-                              "procrastinate.log", timeout=None) for _ in range(job.workers)]
-
-    def run(self, url, job):
-        sql = "SELECT count(*) FROM procrastinate_events WHERE type = 'succeeded'"
+    def run(self, ctx, job):
+        url = self.url(ctx)
         launched = time.time()
-        procs = self.start(url, job)
+        procs = self.start(ctx, job)
         meter = Meter(url, [p.pid for p in procs])
         try:
-            wait_until(lambda: query(url, sql)[0][0] >= job.n, job.timeout,
-                       "Procrastinate to run %d jobs" % job.n, interval=0.2, procs=procs,
-                       tick=meter.tick)
-            shares = [row[0] for row in query(url, "SELECT count(*) FROM procrastinate_jobs WHERE "
-                                                   "status = 'succeeded' GROUP BY worker_id")]
-            rows = query(url, "SELECT at FROM procrastinate_events WHERE type = 'succeeded'")
-            return _finish(meter, sorted(common.to_epoch(r[0]) for r in rows), launched, shares)
+            wait_until(lambda: query(url, self.DONE)[0][0] >= job.n, job.timeout,
+                       "%s to run %d %s" % (self.TITLE, job.n, self.JOBS), interval=0.2,
+                       procs=procs, tick=meter.tick)
+            finishes, shares = self.results(ctx)
+            return _finish(meter, sorted(finishes), launched, shares)
         finally:
             meter.close()
             for proc in procs:
                 stop(proc)
 
-    def teardown(self, url):
-        drop_url(url)
+    def teardown(self, ctx):
+        drop_url(self.url(ctx))
 
 
-class PgQueuer:
+class Procrastinate(_PostgresPeer):
+    """W `procrastinate worker --concurrency 1` processes (`--log-level` as the bench's:
+    its own default is info), stopped once the jobs are done; finish times from its
+    procrastinate_events table (type 'succeeded'), each worker's share from the jobs'
+    worker_id (read before the workers stop: a stopping worker's id is cleared)."""
+    name = "procrastinate"
+    TITLE, MODULES, JOBS = "Procrastinate", ("procrastinate", "psycopg"), "jobs"
+    DONE = "SELECT count(*) FROM procrastinate_events WHERE type = 'succeeded'"
+    APP = "bench.procrastinate_app.app"
+
+    def _env(self, url):
+        env = common.child_env()
+        env["BENCH_PROCRASTINATE_DSN"] = url
+        return env
+
+    def prepare(self, backend, job):
+        url = create_database(backend, "procr")
+        _run_to_end(["-m", "procrastinate", "--app", self.APP, "schema", "--apply"],
+                    "procrastinate-schema.log", "schema --apply", env=self._env(url))
+        _run_to_end(["-c", "from bench.procrastinate_app import enqueue; enqueue(%d, %r)"
+                     % (job.n, job.task_ms)], "procrastinate-enqueue.log",
+                    "Procrastinate enqueue", env=self._env(url))
+        return url
+
+    def start(self, url, job):
+        return [spawn([sys.executable, "-m", "procrastinate", "--app", self.APP, "--log-level",
+                       job.log_level, "worker", "--concurrency", "1"], "procrastinate.log",
+                      env=self._env(url)) for _ in range(job.workers)]
+
+    def results(self, url):
+        shares = [row[0] for row in query(url, "SELECT count(*) FROM procrastinate_jobs WHERE "
+                                               "status = 'succeeded' GROUP BY worker_id")]
+        rows = query(url, "SELECT at FROM procrastinate_events WHERE type = 'succeeded'")
+        return [common.to_epoch(r[0]) for r in rows], shares
+
+
+class PgQueuer(_PostgresPeer):
     """W `python -m bench.pgqueuer_app work` processes (one QueueManager on one asyncpg
     connection each, PgQueuer's recommended driver), stopped once the jobs are done; with
     `batch_size` jobs per dequeue and per flush of its acknowledgement buffer (1: each ack
     flushed on its own — the durable class; 100: its fastest here — the batched class; see
     bench/pgqueuer_app.py). Finish times from its pgqueuer_log table (status 'successful'),
     each worker's share from the pid each job writes."""
-    backends = ("postgresql",)
+    TITLE, MODULES, JOBS = "PgQueuer", ("pgqueuer", "asyncpg"), "jobs"
+    DONE = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
 
     def __init__(self, batch_size):
         self.batch_size = batch_size
         self.name = "pgqueuer batch=%d" % batch_size
 
-    def available(self, backend):
-        if backend not in self.backends:
-            return "PgQueuer is compared on PostgreSQL only"
-        return _installed("pgqueuer", "asyncpg")
-
     def prepare(self, backend, job):
         url = create_database(backend, "pgq")
         marks = os.path.join(common.workdir(), "pgq-%d-%d.marks" % (os.getpid(), time.monotonic_ns()))
-        proc = spawn([sys.executable, "-c", "from bench.pgqueuer_app import install, enqueue; "
-                      "install(%r); enqueue(%r, %d, %r)" % (url, url, job.n, job.task_ms)],
-                     "pgqueuer-enqueue.log")
-        wait_until(lambda: proc.poll() is not None, 300, "PgQueuer install and enqueue", procs=())
-        if proc.returncode:
-            raise RuntimeError("PgQueuer install/enqueue failed (log: %s)" % common.workdir())
+        _run_to_end(["-c", "from bench.pgqueuer_app import install, enqueue; install(%r); "
+                     "enqueue(%r, %d, %r)" % (url, url, job.n, job.task_ms)],
+                    "pgqueuer-enqueue.log", "PgQueuer install and enqueue")
         return url, marks
 
     def start(self, ctx, job):
@@ -359,32 +371,23 @@ class PgQueuer:
                        str(self.batch_size), marks], "pgqueuer.log", env=env)
                 for _ in range(job.workers)]
 
-    def run(self, ctx, job):
+    def url(self, ctx):
+        return ctx[0]
+
+    def results(self, ctx):
         url, marks = ctx
-        sql = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
-        launched = time.time()
-        procs = self.start(ctx, job)
-        meter = Meter(url, [p.pid for p in procs])
-        try:
-            wait_until(lambda: query(url, sql)[0][0] >= job.n, job.timeout,
-                       "PgQueuer to run %d jobs" % job.n, interval=0.2, procs=procs,
-                       tick=meter.tick)
-            rows = query(url, "SELECT created FROM pgqueuer_log WHERE status = 'successful'")
-            with open(marks) as fh:
-                shares = Counter(fh.read().split()).values()
-            return _finish(meter, sorted(common.to_epoch(r[0]) for r in rows), launched, shares)
-        finally:
-            meter.close()
-            for proc in procs:
-                stop(proc)
+        rows = query(url, "SELECT created FROM pgqueuer_log WHERE status = 'successful'")
+        with open(marks) as fh:
+            shares = Counter(fh.read().split()).values()
+        return [common.to_epoch(r[0]) for r in rows], shares
 
     def teardown(self, ctx):
-        drop_url(ctx[0])
+        super().teardown(ctx)
         if os.path.exists(ctx[1]):
             os.unlink(ctx[1])
 
 
-class Dbos:
+class Dbos(_PostgresPeer):
     """DBOS Transact: W `python -m bench.dbos_app work` processes, one executor id each,
     serving one queue of no-op workflows (one workflow per job), stopped once the jobs are
     done. The queue as DBOS makes it by default: no per-process limit (a process claims all
@@ -393,24 +396,19 @@ class Dbos:
     with polls of 0.05–1 s. Finish times from its workflow_status table (updated_at of
     SUCCESS rows), shares from their executor_id."""
     name = "dbos"
-    backends = ("postgresql",)
+    TITLE, MODULES, JOBS = "DBOS", ("dbos", "psycopg"), "workflows"
+    ONLY = " (it documents SQLite for development)"
+    DONE = "SELECT count(*) FROM dbos.workflow_status WHERE status = 'SUCCESS'"
     CONCURRENCY = 0          # 0: DBOS's default, no worker_concurrency
     POLL_SECONDS = 1.0       # DBOS's default polling_interval_sec
-
-    def available(self, backend):
-        if backend not in self.backends:
-            return "DBOS is compared on PostgreSQL only (it documents SQLite for development)"
-        return _installed("dbos", "psycopg")
 
     def prepare(self, backend, job):
         if job.task_ms:
             raise ValueError("the DBOS peer runs no-op workflows only")
         url = create_database(backend, "dbos")
-        proc = spawn([sys.executable, "-c", "from bench.dbos_app import install, enqueue; "
-                      "install(%r); enqueue(%r, %d)" % (url, url, job.n)], "dbos-enqueue.log")
-        wait_until(lambda: proc.poll() is not None, 300, "DBOS install and enqueue", procs=())
-        if proc.returncode:
-            raise RuntimeError("DBOS install/enqueue failed (log: %s)" % common.workdir())
+        _run_to_end(["-c", "from bench.dbos_app import install, enqueue; install(%r); "
+                     "enqueue(%r, %d)" % (url, url, job.n)], "dbos-enqueue.log",
+                    "DBOS install and enqueue")
         return url
 
     def start(self, url, job):
@@ -420,26 +418,11 @@ class Dbos:
         return [spawn([sys.executable, "-m", "bench.dbos_app", "work", url, "w%d" % i],
                       "dbos.log", env=env) for i in range(job.workers)]
 
-    def run(self, url, job):
-        sql = "SELECT count(*) FROM dbos.workflow_status WHERE status = 'SUCCESS'"
-        launched = time.time()
-        procs = self.start(url, job)
-        meter = Meter(url, [p.pid for p in procs])
-        try:
-            wait_until(lambda: query(url, sql)[0][0] >= job.n, job.timeout,
-                       "DBOS to run %d workflows" % job.n, interval=0.2, procs=procs,
-                       tick=meter.tick)
-            shares = [row[0] for row in query(url, "SELECT count(*) FROM dbos.workflow_status "
-                                                   "WHERE status = 'SUCCESS' GROUP BY executor_id")]
-            rows = query(url, "SELECT updated_at FROM dbos.workflow_status WHERE status = 'SUCCESS'")
-            return _finish(meter, sorted(r[0] / 1000.0 for r in rows), launched, shares)
-        finally:
-            meter.close()
-            for proc in procs:
-                stop(proc)
-
-    def teardown(self, url):
-        drop_url(url)
+    def results(self, url):
+        shares = [row[0] for row in query(url, "SELECT count(*) FROM dbos.workflow_status "
+                                               "WHERE status = 'SUCCESS' GROUP BY executor_id")]
+        rows = query(url, "SELECT updated_at FROM dbos.workflow_status WHERE status = 'SUCCESS'")
+        return [r[0] / 1000.0 for r in rows], shares
 
 
 # The peers of the throughput comparison, and the durability class each is compared in:

@@ -34,8 +34,9 @@ def _missing():
     return None
 
 
-@pytest.fixture(scope="module")
-def browser():
+def chrome(env=None):
+    """Headless Chromium through chromedriver (started with `env` when given), or the test
+    skipped (failed where the databases are required, as in CI) when either is missing."""
     reason = _missing()
     if reason:
         if databases_required():
@@ -52,8 +53,14 @@ def browser():
                      "--host-resolver-rules=MAP %s 127.0.0.1" % REBOUND):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER, env=env), options=options)
     driver.set_page_load_timeout(60)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = chrome()
     yield driver
     driver.quit()
 
@@ -378,21 +385,7 @@ def test_the_periodic_table_fits_1280_px(browser, site):
 @pytest.fixture
 def kolkata_browser():
     """A browser whose zone is Asia/Kolkata (UTC+5:30, no daylight saving)."""
-    reason = _missing()
-    if reason:
-        if databases_required():
-            pytest.fail(reason + " (required in CI)")
-        pytest.skip(reason)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                     "--disable-gpu", "--window-size=1400,1000", "--no-proxy-server"):
-        options.add_argument(argument)
-    env = dict(os.environ, TZ="Asia/Kolkata")
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER, env=env), options=options)
-    driver.set_page_load_timeout(60)
+    driver = chrome(env=dict(os.environ, TZ="Asia/Kolkata"))
     yield driver
     driver.quit()
 

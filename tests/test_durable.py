@@ -33,8 +33,18 @@ def app_rows(queue, name="app_rows"):
         "SELECT task_id, step FROM %s" % name).fetchall())
 
 
-def quick(database, **task):
-    return database.queue(task=dict({"retry_backoff": 0}, **task))
+@pytest.fixture
+def queue(database):
+    """The test's queue, retrying at once (retry_backoff 0); closed at the test's end."""
+    queue = database.queue(task={"retry_backoff": 0})
+    yield queue
+    queue.close()
+
+
+@pytest.fixture
+def log(tmp_path):
+    """The file the durable handlers append their lines to."""
+    return str(tmp_path / "log")
 
 
 def drain(queue, now=None):
@@ -48,9 +58,7 @@ def drain(queue, now=None):
 
 
 @pytest.mark.timeout(120)
-def test_a_checkpoint_is_what_the_next_attempt_resumes_from(database, tmp_path):
-    queue = quick(database)
-    log = str(tmp_path / "log")
+def test_a_checkpoint_is_what_the_next_attempt_resumes_from(queue, database, log):
     task_id = queue.add_task(H + "CheckpointThenFail", {"log": log})
     drain(queue)
     assert lines(log) == [["1", "None"], ["2", "{'done':", "3}"]]
@@ -63,18 +71,15 @@ def test_a_checkpoint_is_what_the_next_attempt_resumes_from(database, tmp_path):
     assert shown["checkpoint"] == {"done": 3}
     text = ok(taskrunner("show", str(task_id), url=database.url))
     assert 'checkpoint:' in text and '{"done": 3}' in text
-    queue.close()
 
 
 @pytest.mark.timeout(120)
-def test_steps_run_once_and_a_step_write_commits_exactly_once(database, tmp_path):
+def test_steps_run_once_and_a_step_write_commits_exactly_once(queue, database, log):
     """The plain step's function and the transaction step's are called once each, on the
     first attempt; the retry gets their stored results; the app row written inside the step's
     transaction exists once. Listed with status, duration and result in the API, show/runs
     (--json and text)."""
-    queue = quick(database)
     table = app_table(queue)
-    log = str(tmp_path / "log")
     task_id = queue.add_task(H + "StepsThenFail", {"log": log, "table": table})
     drain(queue)
     assert lines(log) == [["charge", "1"], ["write", "1"]]
@@ -99,26 +104,22 @@ def test_steps_run_once_and_a_step_write_commits_exactly_once(database, tmp_path
     text = ok(taskrunner("runs", str(task_id), url=database.url))
     assert "steps:" in text and "charge" in text and '{"charged":42}' in text
     assert "charge" in ok(taskrunner("show", str(task_id), url=database.url))
-    queue.close()
 
 
 @pytest.mark.timeout(120)
-def test_a_transaction_step_that_raises_keeps_nothing(database):
-    queue = quick(database, max_retries=2)
+def test_a_transaction_step_that_raises_keeps_nothing(queue):
     table = app_table(queue)
-    task_id = queue.add_task(H + "FailingTransactionStep", {"table": table})
+    task_id = queue.add_task(H + "FailingTransactionStep", {"table": table}, max_retries=2)
     drain(queue)
     assert queue.get_task(task_id).given_up
     assert app_rows(queue) == [] and queue.steps_of(task_id) == []
-    queue.close()
 
 
 @pytest.mark.timeout(120)
-def test_two_attempts_racing_on_one_step_record_it_once_and_keep_one_app_write(database):
+def test_two_attempts_racing_on_one_step_record_it_once_and_keep_one_app_write(queue):
     """An attempt that lost its run (timed out while it ran) and the attempt that took over
     both run a transaction step: the unique (task, name) record lets one commit; the other's
     app write rolls back with its transaction and it gets the first one's result."""
-    queue = quick(database)
     table = app_table(queue)
     task_id = queue.add_task("taskrunner.handlers.Echo")
     a = durable.DurableRun(queue.store, 1, task_id, 1, None)
@@ -133,14 +134,12 @@ def test_two_attempts_racing_on_one_step_record_it_once_and_keep_one_app_write(d
     assert [s.name for s in queue.steps_of(task_id)] == ["pay"]
     # A plain step: the later value is discarded, the stored one returned.
     assert a.step("n", lambda: 1, (), {}) == 1 and b.step("n", lambda: 2, (), {}) == 1
-    queue.close()
 
 
 @pytest.mark.timeout(120)
-def test_concurrent_transaction_steps_in_threads_write_once(database):
+def test_concurrent_transaction_steps_in_threads_write_once(queue):
     """Eight threads, each its own connection, run the same transaction step of one task at
     once: one app row, one step record, and every thread returns the recorded result."""
-    queue = quick(database)
     table = app_table(queue)
     task_id = queue.add_task("taskrunner.handlers.Echo")
     results, errors, barrier = [], [], threading.Barrier(8)
@@ -165,15 +164,11 @@ def test_concurrent_transaction_steps_in_threads_write_once(database):
     rows = app_rows(queue)
     assert len(rows) == 1 and results == [{"task": task_id, "step": rows[0][1]}] * 8
     assert len(queue.steps_of(task_id)) == 1
-    queue.close()
 
 
 @pytest.mark.timeout(120)
-def test_durable_sleep_ends_the_run_waiting_and_resumes_after_the_steps_done(database,
-                                                                            tmp_path):
-    queue = quick(database, max_retries=1)
-    log = str(tmp_path / "log")
-    task_id = queue.add_task(H + "SleepBetweenSteps", {"log": log, "seconds": 3600})
+def test_durable_sleep_ends_the_run_waiting_and_resumes_after_the_steps_done(queue, database, log):
+    task_id = queue.add_task(H + "SleepBetweenSteps", {"log": log, "seconds": 3600}, max_retries=1)
     assert queue.run_pending(now=T0) == 1
     task = queue.get_task(task_id)
     assert task.status == "waiting" and task.finished_on is None and task.runs_failed == 0
@@ -196,13 +191,10 @@ def test_durable_sleep_ends_the_run_waiting_and_resumes_after_the_steps_done(dat
     assert lines(log) == [["before", "1"], ["after", "2"]]
     assert [(s.name, s.kind) for s in queue.steps_of(task_id)] == [
         ("before", "step"), ("sleep-1", "sleep"), ("after", "step")]
-    queue.close()
 
 
 @pytest.mark.timeout(120)
-def test_an_event_wakes_its_waiting_task_at_once_with_its_payload(database, tmp_path):
-    queue = quick(database)
-    log = str(tmp_path / "log")
+def test_an_event_wakes_its_waiting_task_at_once_with_its_payload(queue, log):
     task_id = queue.add_task(H + "WaitForApproval", {"log": log})
     assert queue.run_pending() == 1
     task = queue.get_task(task_id)
@@ -225,26 +217,20 @@ def test_an_event_wakes_its_waiting_task_at_once_with_its_payload(database, tmp_
         queue.send_event(task_id + 1000, "approved")
     with pytest.raises(InputError):
         queue.send_event(task_id, "", 1)
-    queue.close()
 
 
 @pytest.mark.timeout(120)
-def test_an_event_sent_before_the_wait_is_kept_for_it(database, tmp_path):
-    queue = quick(database)
-    log = str(tmp_path / "log")
+def test_an_event_sent_before_the_wait_is_kept_for_it(queue, log):
     task_id = queue.add_task(H + "WaitForApproval", {"log": log})
     assert queue.send_event(task_id, "approved", "early") is False
     assert queue.run_pending() == 1
     assert queue.get_task(task_id).results == {"approved": "early"}
     assert lines(log) == [["start", "1"]]
-    queue.close()
 
 
 @pytest.mark.timeout(120)
-def test_a_wait_with_a_timeout_fails_with_event_timeout_when_nothing_comes(database, tmp_path):
-    queue = quick(database, max_retries=1)
-    log = str(tmp_path / "log")
-    task_id = queue.add_task(H + "WaitForApproval", {"log": log, "timeout": 600})
+def test_a_wait_with_a_timeout_fails_with_event_timeout_when_nothing_comes(queue, log):
+    task_id = queue.add_task(H + "WaitForApproval", {"log": log, "timeout": 600}, max_retries=1)
     queue.run_pending(now=T0)
     task = queue.get_task(task_id)
     assert task.status == "waiting" and task.waiting_for == "approved"
@@ -253,25 +239,21 @@ def test_a_wait_with_a_timeout_fails_with_event_timeout_when_nothing_comes(datab
     task = queue.get_task(task_id)
     assert task.given_up and task.last_error_code == "EventTimeout", task
     assert issubclass(EventTimeout, Exception)
-    queue.close()
 
 
 @pytest.mark.timeout(120)
-def test_a_waiting_task_can_be_cancelled(database, tmp_path):
-    queue = quick(database)
-    task_id = queue.add_task(H + "WaitForApproval", {"log": str(tmp_path / "log")})
+def test_a_waiting_task_can_be_cancelled(queue, log):
+    task_id = queue.add_task(H + "WaitForApproval", {"log": log})
     drain(queue)
     assert queue.cancel(task_id) is None
     assert queue.get_task(task_id).status == "cancelled"
     with pytest.raises(StateError):
         queue.send_event(task_id, "approved")
-    queue.close()
 
 
 @pytest.mark.timeout(120)
-def test_send_event_command(database, tmp_path):
-    queue = quick(database)
-    task_id = queue.add_task(H + "WaitForApproval", {"log": str(tmp_path / "log")})
+def test_send_event_command(queue, database, log):
+    task_id = queue.add_task(H + "WaitForApproval", {"log": log})
     drain(queue)
     shown = ok(taskrunner("show", str(task_id), url=database.url))
     assert "waiting_for:" in shown and "approved" in shown
@@ -285,14 +267,11 @@ def test_send_event_command(database, tmp_path):
     assert queue.get_task(task_id).results == {"approved": {"ok": True}}
     usage_error(taskrunner("send-event", str(task_id), "approved", url=database.url),
                 "has ended")
-    queue.close()
 
 
 @pytest.mark.timeout(120)
-def test_the_dashboard_task_page_shows_checkpoint_steps_and_waiting(database, tmp_path):
-    queue = quick(database)
+def test_the_dashboard_task_page_shows_checkpoint_steps_and_waiting(queue, log):
     table = app_table(queue)
-    log = str(tmp_path / "log")
     stepped = queue.add_task(H + "StepsThenFail", {"log": log, "table": table})
     waiting = queue.add_task(H + "WaitForApproval", {"log": log, "timeout": 3600})
     checkpointed = queue.add_task(H + "CheckpointThenFail", {"log": log})
@@ -307,7 +286,6 @@ def test_the_dashboard_task_page_shows_checkpoint_steps_and_waiting(database, tm
         assert "Checkpoint" in body and "&quot;done&quot;: 3" in body
     finally:
         served.stop()
-    queue.close()
 
 
 @pytest.mark.timeout(60)

@@ -9,9 +9,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from conftest import Database, wait_for
+from conftest import wait_for
 from durable_handlers import lines
-from test_overseer import Overseers, is_gone, live_pids, runner_rows, wait_all_final, wait_up
+from test_overseer import (fresh_overseers, is_gone, live_pids, runner_rows, wait_all_final,
+                           wait_up)
 from taskrunner.store.models import Run, Task
 
 H = "durable_handlers."
@@ -19,11 +20,8 @@ H = "durable_handlers."
 
 @pytest.fixture(params=("sqlite", "postgresql"))
 def overseers(request, tmp_path):
-    database = Database(request.param, tmp_path)
-    group = Overseers(database, tmp_path)
-    yield group
-    group.kill_all()
-    database.drop()
+    with fresh_overseers(request.param, tmp_path) as group:
+        yield group
 
 
 def steps_logged(log):

@@ -20,13 +20,14 @@ import time
 from datetime import timedelta
 
 import pytest
-from conftest import (Database, databases_required, process_env, read_records, runs_of, spawn,
-                      utc, wait_for)
+from conftest import (databases_required, process_env, read_records, runs_of, spawn, utc,
+                      wait_for)
+from test_periodic_clock import faked, fresh_database, start_leader
 
 from bench import hostnet
 from taskrunner import TaskQueue
 from taskrunner.config import Config
-from taskrunner.fleet import leadership, liveness
+from taskrunner.fleet import liveness
 from taskrunner.fleet.liveness import default_host_id
 from taskrunner.runs import lifecycle
 from taskrunner.store.models import (CRASHED, MAINTAINER, OVERSEER, RUNNER, RUNNING, SCHEDULED,
@@ -40,33 +41,43 @@ CONFIG = """\
 [database]
 url = "{url}"
 [runner]
-limit = 2
+limit = {limit}
 poll_interval = 0.2
 heartbeat_interval = {heartbeat_interval}
 [overseer]
 check_interval = {check_interval}
 heartbeat_timeout = {heartbeat_timeout}
 crash_grace = 0
-graceful_timeout = 5
+graceful_timeout = {graceful_timeout}
 [task]
 retry_backoff = 0
 """
 
 
+def fleet_or_skip(hosts, tmp_path, faketime=False):
+    """hostnet.Fleet of `hosts`; the test skipped, or failed where required, where hosts
+    cannot be made (or, with `faketime`, without libfaketime)."""
+    reason = hostnet.missing(faketime=faketime)
+    if reason:
+        pytest.fail(reason) if databases_required() else pytest.skip(reason)
+    return hostnet.Fleet(hosts, tmp_path, env=process_env())
+
+
+def fleet_config(fleet, tmp_path, limit, graceful_timeout):
+    """The fleet's config (CONFIG with this file's intervals) and a queue on its database."""
+    config = tmp_path / "c.toml"
+    config.write_text(CONFIG.format(url=fleet.cluster.url, limit=limit,
+                                    graceful_timeout=graceful_timeout,
+                                    heartbeat_interval=HEARTBEAT_INTERVAL,
+                                    check_interval=CHECK_INTERVAL,
+                                    heartbeat_timeout=HEARTBEAT_TIMEOUT))
+    return config, TaskQueue(Config.load(str(config)), migrate=True)
+
+
 @pytest.fixture
 def hosts(tmp_path):
-    reason = hostnet.missing(faketime=True)
-    if reason:
-        if databases_required():
-            pytest.fail(reason)
-        pytest.skip(reason)
-    with hostnet.Fleet(3, tmp_path, env=process_env()) as fleet:
-        config = tmp_path / "c.toml"
-        config.write_text(CONFIG.format(url=fleet.cluster.url,
-                                        heartbeat_interval=HEARTBEAT_INTERVAL,
-                                        check_interval=CHECK_INTERVAL,
-                                        heartbeat_timeout=HEARTBEAT_TIMEOUT))
-        queue = TaskQueue(Config.load(str(config)), migrate=True)
+    with fleet_or_skip(3, tmp_path, faketime=True) as fleet:
+        config, queue = fleet_config(fleet, tmp_path, limit=2, graceful_timeout=5)
         yield queue, lambda n, clock_offset=None: fleet.start(n, config, clock_offset)
         queue.close()
 
@@ -181,13 +192,6 @@ def test_two_pid_namespaces_sharing_a_hostname_have_different_host_ids():
         assert default_host_id() == os.uname().nodename
 
 
-LEADER_CONFIG = """\
-[runner]
-limit = 1
-poll_interval = 0.2
-[overseer]
-check_interval = {check_interval}
-"""
 RUN_TIMEOUT = 2.0
 
 
@@ -201,21 +205,9 @@ def test_a_leader_whose_clock_is_off_judges_runs_on_the_database_clock(backend, 
     overdue run (run_timeout, max_runtime) and creates a due run within their time plus one
     check interval, because it judges them on the database server's clock. (SQLite has one
     host, so one clock.)"""
-    if not os.path.exists(hostnet.FAKETIME):
-        reason = "libfaketime is not installed (apt-get install faketime libfaketime)"
-        pytest.fail(reason) if databases_required() else pytest.skip(reason)
-    database = Database(backend, tmp_path)
-    try:
-        queue = database.queue()
-        queue.pause_queue("default")       # the leader's own runner stays idle
-        config = database.write_config(tmp_path / "leader.toml", LEADER_CONFIG.format(
-            check_interval=CHECK_INTERVAL))
-        procs.add(spawn("overseer", config=config, log_path=tmp_path / "leader.log", env={
-            "LD_PRELOAD": hostnet.FAKETIME, "FAKETIME": clock_offset,
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}), tmp_path / "leader.log")
-        wait_for(lambda: any(lease["held"] and lease["holder_kind"] == MAINTAINER
-                             for lease in leadership.leases(queue.store)),
-                 timeout=60, message="the leader to take the maintenance lease")
+    env = faked(clock_offset)
+    with fresh_database(backend, tmp_path, procs) as database:
+        queue = start_leader(database, tmp_path, procs, env)
 
         # A runner of another host (alive by its heartbeat) holds three runs.
         runner_id = liveness.register(queue.store).id
@@ -251,9 +243,6 @@ def test_a_leader_whose_clock_is_off_judges_runs_on_the_database_clock(backend, 
             [(r.status, r.error_code) for r in runs_of(fresh)]
         assert runs_of(later) == []
         queue.close()
-    finally:
-        procs.kill_all()
-        database.drop()
 
 
 @pytest.mark.timeout(120)
@@ -265,19 +254,14 @@ def test_a_runner_whose_clock_is_off_is_judged_on_the_database_clock(backend, cl
     its run is right: the run is timed out neither before its run_timeout (its runner wrote
     its start on the database's clock, not ten minutes in the past) nor long after it (nor
     ten minutes in the future)."""
-    if not os.path.exists(hostnet.FAKETIME):
-        reason = "libfaketime is not installed (apt-get install faketime libfaketime)"
-        pytest.fail(reason) if databases_required() else pytest.skip(reason)
+    env = faked(clock_offset)
     run_timeout = 3.0
-    database = Database(backend, tmp_path)
-    try:
+    with fresh_database(backend, tmp_path, procs) as database:
         queue = database.queue()
         task_id = queue.add_task("sample_handlers.PausedRecord", run_timeout=run_timeout,
                                  data={"log": str(tmp_path / "records"), "sleep": 60})
         procs.add(spawn("run-event", "task-runner:OnProcess", url=database.url,
-                        log_path=tmp_path / "runner.log", env={
-                            "LD_PRELOAD": hostnet.FAKETIME, "FAKETIME": clock_offset,
-                            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}), tmp_path / "runner.log")
+                        log_path=tmp_path / "runner.log", env=env), tmp_path / "runner.log")
         wait_for(lambda: runs_of(task_id)[0].status == RUNNING, timeout=60,
                  message="the runner to start the run")
         running_at = time.monotonic()
@@ -289,25 +273,8 @@ def test_a_runner_whose_clock_is_off_is_judged_on_the_database_clock(backend, cl
         assert [run_id for run_id, _ in timed_out] == [runs_of(task_id)[0].id]
         assert waited >= run_timeout / 2, "timed out %.1fs after it started" % waited
         queue.close()
-    finally:
-        procs.kill_all()
-        database.drop()
 
 
-CUT_CONFIG = """\
-[database]
-url = "{url}"
-[runner]
-limit = 3
-poll_interval = 0.2
-heartbeat_interval = {heartbeat_interval}
-[overseer]
-check_interval = {check_interval}
-heartbeat_timeout = {heartbeat_timeout}
-crash_grace = 0
-[task]
-retry_backoff = 0
-"""
 CUT_TASKS, CUT_SLEEP = 40, 1.0
 
 
@@ -333,16 +300,9 @@ def test_a_runner_declared_dead_while_cut_off_claims_nothing_after_the_heal(tmp_
     flight at the cut; and every process host 2 still has is registered again. Seen: 9
     tasks executed twice where 3 were in flight, and 0 registered runners on host 2 while
     its processes kept working."""
-    reason = hostnet.missing()
-    if reason:
-        pytest.fail(reason) if databases_required() else pytest.skip(reason)
-    with hostnet.Fleet(2, tmp_path, env=process_env()) as fleet:
-        config = tmp_path / "c.toml"
-        config.write_text(CUT_CONFIG.format(url=fleet.cluster.url,
-                                            heartbeat_interval=HEARTBEAT_INTERVAL,
-                                            check_interval=CHECK_INTERVAL,
-                                            heartbeat_timeout=HEARTBEAT_TIMEOUT))
-        queue = TaskQueue(Config.load(str(config)), migrate=True)
+    with fleet_or_skip(2, tmp_path) as fleet:
+        # graceful_timeout as [overseer]'s default.
+        config, queue = fleet_config(fleet, tmp_path, limit=3, graceful_timeout=30)
         Runner, Run, Task = queue.store.Runner, queue.store.Run, queue.store.Task
         try:
             fleet.start(1, config)

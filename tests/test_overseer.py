@@ -8,6 +8,7 @@ its runners as its non-zombie children (psutil), and reads the outcome from the 
 and from the file the handlers append to (`sample_handlers`). Everything is polled with
 `wait_for`; deadlines are generous because the machine is shared and has two cores.
 """
+import contextlib
 import os
 import random
 import signal
@@ -95,6 +96,67 @@ class Overseers:
             except subprocess.TimeoutExpired:
                 pass
 
+    def chaos(self, config, count=1, up=2, seconds=40.0, most=None, limit=None,
+              runner_gap=(0.3, 0.9), overseer_gap=(2.5, 4.5)):
+        """Start `count` overseers on `config` and, once `up` runners are registered, kill -9
+        a random registered runner every `runner_gap` seconds (drawn in that range) and,
+        unless `overseer_gap` is None, an overseer that is up every `overseer_gap` seconds,
+        starting another in its place; for `seconds`, or `most` runner kills, or until no
+        task is left unfinished. Throughout, no overseer exits of itself and, with `limit`,
+        no more than `limit` runners are registered or children of one overseer. Returns
+        (runner kills, overseer kills); the overseers go on running."""
+        running = [self.start(config) for _ in range(count)]
+
+        def runners_up():
+            self.assert_running(running)
+            return len(runner_rows()) >= up
+        wait_for(runners_up, timeout=START_TIMEOUT, message="%d runners up" % up)
+        rng = random.Random(os.getpid())
+        started, kills, overseer_kills = time.monotonic(), 0, 0
+        next_runner_kill, next_overseer_kill = started + 0.5, started + 2.0
+        while (time.monotonic() - started < seconds and (most is None or kills < most)
+               and Task.select().where(Task.finished_on.is_null()).exists()):
+            now = time.monotonic()
+            self.assert_running(running)
+            if limit is not None:
+                assert len(runner_rows()) <= limit and all(
+                    len(live_pids(proc.pid)) <= limit for proc in running), \
+                    "over the limit of %d" % limit
+            if now >= next_runner_kill:
+                # Registered runners only (one killed before it registers is a start failure,
+                # which the overseer throttles and, after many in a row, exits on): an
+                # overseer's child, or one a killed overseer left winding down its run.
+                registered = sorted(r.pid for r in runner_rows()
+                                    if liveness.process_alive(r.pid, r.pid_create_time))
+                if registered:
+                    try:
+                        os.kill(rng.choice(registered), signal.SIGKILL)
+                        kills += 1
+                    except ProcessLookupError:
+                        pass
+                # From the time it was due (an even pace), but never to catch up more
+                # than a tick behind.
+                next_runner_kill = max(next_runner_kill, now - 0.05) + rng.uniform(*runner_gap)
+            if overseer_gap is not None and now >= next_overseer_kill:
+                # An overseer that is up (a runner of its own registered): one killed while
+                # it starts (seconds on a loaded machine) would test nothing.
+                mine = {r.pid for r in runner_rows()}
+                alive = [i for i, proc in enumerate(running) if set(live_pids(proc.pid)) & mine]
+                if alive:
+                    victim = rng.choice(alive)
+                    os.kill(running[victim].pid, signal.SIGKILL)
+                    running[victim].wait(timeout=10)
+                    running[victim] = self.start(config)
+                    overseer_kills += 1
+                    next_overseer_kill = now + rng.uniform(*overseer_gap)
+            # Pacing of the kills, not a wait for a condition.
+            time.sleep(max(0.0, min(0.05, next_runner_kill - time.monotonic())))
+        return kills, overseer_kills
+
+    def assert_running(self, running):
+        for proc in running:
+            assert proc.poll() is None, "overseer exited during the chaos\n" + self.log(proc)
+
 
 @pytest.fixture
 def overseers(database_sp, tmp_path):
@@ -103,14 +165,24 @@ def overseers(database_sp, tmp_path):
     group.kill_all()
 
 
+@contextlib.contextmanager
+def fresh_overseers(backend, tmp_path):
+    """Overseers on a fresh database of `backend`: at the end, killed, and the database
+    dropped."""
+    database = Database(backend, tmp_path)
+    group = Overseers(database, tmp_path)
+    try:
+        yield group
+    finally:
+        group.kill_all()
+        database.drop()
+
+
 @pytest.fixture
 def pg_overseers(tmp_path):
     """Overseers on a fresh PostgreSQL database only."""
-    database = Database("postgresql", tmp_path)
-    group = Overseers(database, tmp_path)
-    yield group
-    group.kill_all()
-    database.drop()
+    with fresh_overseers("postgresql", tmp_path) as group:
+        yield group
 
 
 def is_gone(pid):
@@ -818,28 +890,12 @@ def test_chaos_kill_9_runners_every_quarter_second_loses_no_task(batch, flow, da
                                  **({"tenant": "t%d" % (i % 3),
                                      "rate_key": "k:%d" % (i % 2) if i % 4 else None}
                                     if flow else {})} for i in range(1000)])
-    proc = overseers.start(overseers.config(limit=4, max_retries=50, batch=batch,
-                                            extra=FLOW_TOML if flow else ""))
-    wait_up(overseers, proc, 4)
-
-    rng = random.Random(os.getpid())
-    kills = 0
-    next_kill = time.monotonic()
-    while kills < 30 and Task.select().where(Task.finished_on.is_null()).exists():
-        assert proc.poll() is None, "overseer exited during the chaos\n" + overseers.log()
-        pids = live_pids(proc.pid)
-        assert len(pids) <= 4 and len(runner_rows()) <= 4, "over the limit of 4"
-        # Registered runners only: one killed before it registers is a start failure, which
-        # the overseer throttles and, after many in a row, exits on (by design).
-        registered = sorted(set(pids) & {row.pid for row in runner_rows()})
-        if registered:
-            try:
-                os.kill(rng.choice(registered), signal.SIGKILL)
-                kills += 1
-            except ProcessLookupError:
-                pass
-        next_kill += 0.25
-        time.sleep(max(0.0, next_kill - time.monotonic()))  # pacing of the kills, not a wait
+    config = overseers.config(limit=4, max_retries=50, batch=batch,
+                              extra=FLOW_TOML if flow else "")
+    # One overseer that must not exit, a runner killed every 0.25 s; the limit never exceeded.
+    kills, _ = overseers.chaos(config, up=4, most=30, limit=4, runner_gap=(0.25, 0.25),
+                               overseer_gap=None)
+    [proc] = overseers.started
     assert kills >= 15, "the queue was drained before the chaos had a chance"
 
     wait_all_final(overseers, timeout=300)

@@ -5,6 +5,7 @@ client ten minutes ahead still runs about 60 s later by the database's clock —
 times on the database server's clock, never on their own. (SQLite has one host, so one
 clock: a process whose clock is faked there has nothing else to read.)
 """
+import contextlib
 import os
 import time
 from datetime import timedelta
@@ -30,11 +31,41 @@ check_interval = {check_interval}
 
 
 def faked(offset):
+    """The environment of a process whose wall clock is `offset` off (hostnet.faked_clock);
+    the test skipped, or failed where required, without libfaketime."""
     if not os.path.exists(hostnet.FAKETIME):
         reason = "libfaketime is not installed (apt-get install faketime libfaketime)"
         pytest.fail(reason) if databases_required() else pytest.skip(reason)
-    return {"LD_PRELOAD": hostnet.FAKETIME, "FAKETIME": offset,
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    return hostnet.faked_clock(offset)
+
+
+@contextlib.contextmanager
+def fresh_database(backend, tmp_path, procs=None):
+    """A fresh database of `backend`, dropped at the end once `procs` (conftest's) are
+    killed."""
+    database = Database(backend, tmp_path)
+    try:
+        yield database
+    finally:
+        if procs is not None:
+            procs.kill_all()
+        database.drop()
+
+
+def start_leader(database, tmp_path, procs, env):
+    """An overseer on `database` started with `env` (faked), once it took the maintenance
+    lease; returns a queue on the database whose default queue is paused (the leader's own
+    runner stays idle)."""
+    queue = database.queue()
+    queue.pause_queue("default")
+    config = database.write_config(tmp_path / "leader.toml", LEADER_CONFIG.format(
+        check_interval=CHECK_INTERVAL))
+    procs.add(spawn("overseer", config=config, log_path=tmp_path / "leader.log", env=env),
+              tmp_path / "leader.log")
+    wait_for(lambda: any(lease["held"] and lease["holder_kind"] == MAINTAINER
+                         for lease in leadership.leases(queue.store)),
+             timeout=60, message="the leader to take the maintenance lease")
+    return queue
 
 
 @pytest.mark.timeout(120)
@@ -46,17 +77,8 @@ def test_a_maintainer_whose_clock_is_off_submits_a_periodic_task_on_time(backend
     created (on the database's clock) to be due DUE_IN seconds later is submitted neither
     before it is due nor later than one check interval after (plus the machine's slack)."""
     env = faked(clock_offset)
-    database = Database(backend, tmp_path)
-    try:
-        queue = database.queue()
-        queue.pause_queue("default")       # the leader's own runner stays idle
-        config = database.write_config(tmp_path / "leader.toml", LEADER_CONFIG.format(
-            check_interval=CHECK_INTERVAL))
-        procs.add(spawn("overseer", config=config, log_path=tmp_path / "leader.log", env=env),
-                  tmp_path / "leader.log")
-        wait_for(lambda: any(lease["held"] and lease["holder_kind"] == MAINTAINER
-                             for lease in leadership.leases(queue.store)),
-                 timeout=60, message="the leader to take the maintenance lease")
+    with fresh_database(backend, tmp_path, procs) as database:
+        queue = start_leader(database, tmp_path, procs, env)
 
         # "every 1h" anchored DUE_IN seconds from now, less one hour: due in DUE_IN seconds.
         created = time.monotonic()
@@ -73,9 +95,6 @@ def test_a_maintainer_whose_clock_is_off_submits_a_periodic_task_on_time(backend
             waited - DUE_IN)
         assert submitted.scheduled_on == row.nextrun
         queue.close()
-    finally:
-        procs.kill_all()
-        database.drop()
 
 
 @pytest.mark.timeout(120)
@@ -85,8 +104,7 @@ def test_add_in_seconds_counts_on_the_database_clock(backend, clock_offset, tmp_
     """``taskrunner add --in 60`` from a client whose clock is ten minutes off: the task is
     due 60 s after the add by the database's clock, not 60 s after the client's."""
     env = faked(clock_offset)
-    database = Database(backend, tmp_path)
-    try:
+    with fresh_database(backend, tmp_path) as database:
         queue = database.queue()
         before = queue.store.database_time()
         result = taskrunner("add", "taskrunner.handlers.Echo", "--in", "60", url=database.url,
@@ -100,5 +118,3 @@ def test_add_in_seconds_counts_on_the_database_clock(backend, clock_offset, tmp_
             <= after + timedelta(seconds=61), (before, task.scheduled_on, after)
         assert task.next_run_on == task.scheduled_on
         queue.close()
-    finally:
-        database.drop()

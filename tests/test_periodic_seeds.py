@@ -8,12 +8,13 @@ check, end); one test runs a real overseer.
 """
 import json
 import logging
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from playhouse.migrations import Runner as MigrationRunner
 
 from conftest import ALL_BACKENDS, Database, ok, taskrunner, usage_error, wait_for
+from test_periodic import ECHO, T0, at, row, tasks_of
 from taskrunner import InputError
 from taskrunner.config import Config
 from taskrunner.store.bound import Store
@@ -24,26 +25,13 @@ from taskrunner.store.models import CANCELLED, SUCCESS, TIMEOUT, PeriodicTask, R
 from taskrunner.periodic.scheduler import (PeriodicScheduler, add_periodic, allow_start,
                                            remove_owned, set_enabled_owned, sync_definitions)
 
-ECHO = "taskrunner.handlers.Echo"
-T0 = datetime(2024, 1, 1, 12, 0, 0)
+
 def runner_of(store):
     """The runner row the runs claimed in-process belong to (one per store, kept on it): a
     claim takes runs only for a runner whose row is ``running``."""
     if getattr(store, "seed_runner_id", None) is None:
         store.seed_runner_id = liveness.register(store).id
     return store.seed_runner_id
-
-
-def at(seconds):
-    return T0 + timedelta(seconds=seconds)
-
-
-def row(name):
-    return PeriodicTask.get(PeriodicTask.name == name)
-
-
-def tasks_of(name):
-    return list(Task.select().where(Task.periodic_task_id == row(name).id).order_by(Task.id))
 
 
 def start(store, now):

@@ -18,10 +18,11 @@ from taskrunner.store.models import (CANCELLED, REQUEUED, RUNNING, SCHEDULED, SU
                                      Runner,
                                      Task, utcnow)
 
-from conftest import (REPO_DIR, START_TIMEOUT, TESTS_DIR, Database, ok, runs_of, spawn, taskrunner,
-                      wait_for, wait_started)
+from conftest import (REPO_DIR, START_TIMEOUT, TESTS_DIR, ok, runs_of, spawn, taskrunner, wait_for,
+                      wait_started)
 from sample_handlers import gate, read_records
-from test_overseer import MACHINE_SLACK, Overseers, group_members, is_gone, overseer_toml, wait_up
+from test_overseer import (MACHINE_SLACK, Overseers, fresh_overseers, group_members, is_gone,
+                           overseer_toml, wait_up)
 
 
 @pytest.fixture
@@ -157,6 +158,18 @@ def test_a_run_timed_out_by_run_event_is_stopped_by_its_runner(stubborn, databas
     queue.close()
 
 
+def watched_signals(worker):
+    """The SIGUSR2s the heartbeat's check of the current run sent this process (the signal a
+    runner's heartbeat interrupts its run with)."""
+    signals = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: signals.append(signum))
+    try:
+        worker.heartbeat.watch_current_run()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    return signals
+
+
 def test_a_run_ending_as_the_heartbeat_checks_it_does_not_get_the_next_run_interrupted(
         sqlite_db, monkeypatch):
     """The heartbeat thread asks whether the run in hand was taken away just as the runner
@@ -180,12 +193,7 @@ def test_a_run_ending_as_the_heartbeat_checks_it_does_not_get_the_next_run_inter
         worker.current = CurrentRun(following)
         return asked(store, run_id, runner_id)
     monkeypatch.setattr(lifecycle, "taken_away_on", the_runner_moves_on_meanwhile)
-    signals = []
-    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: signals.append(signum))
-    try:
-        worker.heartbeat.watch_current_run()
-    finally:
-        signal.signal(signal.SIGUSR2, previous)
+    signals = watched_signals(worker)
     assert (first_run.abort_reason, worker.current.abort_reason, signals) == (None, None, [])
     queue.close()
 
@@ -224,12 +232,7 @@ def test_a_cancel_racing_the_switch_to_the_next_run_never_lands_on_it(database, 
             assert b_started.wait(30), "the runner did not start B"
             return answer
         monkeypatch.setattr(lifecycle, "taken_away_on", the_runner_moves_on_meanwhile)
-        signals = []
-        previous = signal.signal(signal.SIGUSR2, lambda signum, frame: signals.append(signum))
-        try:
-            worker.heartbeat.watch_current_run()
-        finally:
-            signal.signal(signal.SIGUSR2, previous)
+        signals = watched_signals(worker)
     finally:
         a_go.set()
         b_go.set()
@@ -245,11 +248,8 @@ def test_a_cancel_racing_the_switch_to_the_next_run_never_lands_on_it(database, 
 @pytest.fixture
 def pg_overseers(tmp_path):
     """Overseers sharing a fresh PostgreSQL database (two hosts' overseers, on one machine)."""
-    database = Database("postgresql", tmp_path)
-    group = Overseers(database, tmp_path)
-    yield group
-    group.kill_all()
-    database.drop()
+    with fresh_overseers("postgresql", tmp_path) as group:
+        yield group
 
 
 @pytest.mark.timeout(120)

@@ -14,17 +14,14 @@ keep each database near a minute on a shared two-core machine), at most 4 runner
 for up to 40 s. TASKRUNNER_CHAOS_FULL=1 runs the issue's scale: 200 branches, 1,002 tasks,
 with deadlines to match (a run by hand, not CI's)."""
 import os
-import random
-import signal
 import time
 from collections import defaultdict
 from datetime import timedelta
 
 import pytest
 
-from conftest import Database, wait_for
-from test_overseer import Overseers, live_pids, own_tasks, runner_rows, wait_all_final
-from taskrunner.fleet import liveness
+from conftest import Database
+from test_overseer import Overseers, own_tasks, wait_all_final
 from taskrunner.store.models import RUNNING, SCHEDULED, SUCCESS, Run, Task
 
 FULL = os.environ.get("TASKRUNNER_CHAOS_FULL") == "1"
@@ -74,35 +71,8 @@ def test_chaos_kill_9_runners_and_overseers_releases_every_dependent_once_in_ord
     assert len(wf.task_ids) == 2 + BRANCHES * CHAIN
     config = overseers.config(limit=4, check_interval=0.5, max_retries=100,
                               heartbeat_interval=1, max_start_failures=1000)
-    running = [overseers.start(config) for _ in range(OVERSEERS[database.backend])]
-    wait_for(lambda: len(runner_rows()) >= 2, timeout=60, message="runners up")
-    rng = random.Random(os.getpid())
-    started, kills, overseer_kills = time.monotonic(), 0, 0
-    next_runner_kill, next_overseer_kill = started + 0.5, started + 2.0
-    while time.monotonic() - started < 40 and Task.select().where(
-            Task.finished_on.is_null()).exists():
-        now = time.monotonic()
-        if now >= next_runner_kill:
-            registered = sorted(r.pid for r in runner_rows()
-                                if liveness.process_alive(r.pid, r.pid_create_time))
-            if registered:
-                try:
-                    os.kill(rng.choice(registered), signal.SIGKILL)
-                    kills += 1
-                except ProcessLookupError:
-                    pass
-            next_runner_kill = now + rng.uniform(0.3, 0.9)
-        if now >= next_overseer_kill:
-            mine = {r.pid for r in runner_rows()}
-            up = [i for i, proc in enumerate(running) if set(live_pids(proc.pid)) & mine]
-            if up:
-                victim = rng.choice(up)
-                os.kill(running[victim].pid, signal.SIGKILL)
-                running[victim].wait(timeout=10)
-                running[victim] = overseers.start(config)
-                overseer_kills += 1
-                next_overseer_kill = now + rng.uniform(2.5, 4.5)
-        time.sleep(0.05)            # pacing of the kills, not a wait for a condition
+    started = time.monotonic()
+    kills, overseer_kills = overseers.chaos(config, OVERSEERS[database.backend])
     assert kills >= 8 and overseer_kills >= 2, "the workflow ended before the chaos had a chance"
     wait_all_final(overseers, timeout=1200 if FULL else 240)
     elapsed = time.monotonic() - started
