@@ -24,9 +24,8 @@ whole test (``pytest_runtest_protocol``, outside pytest-timeout's timer: waiting
 not the test's time). Heavy tests are ordered first (one worker takes them in turn) and
 timing tests last, so they seldom wait. Each locked test appends a line to ``machine.log``
 beside the lock file (worker, lock, start and end times, test). Without xdist (``-n 0``)
-tests run one at a time anyway, and nothing is locked.
+tests run one at a time anyway, and nothing is locked. The hook is tests/machine_lock.py.
 """
-import fcntl
 import logging
 import os
 import shutil
@@ -47,6 +46,7 @@ from taskrunner.host import claimfile, wakeup
 from taskrunner.store.models import MODELS, Run
 
 from sample_handlers import read_records
+from machine_lock import pytest_runtest_protocol  # noqa: F401 (the hook of the machine lock)
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(TESTS_DIR)
@@ -222,32 +222,6 @@ def _order(item):
     if item.get_closest_marker("timing"):
         return 3
     return 1 if item.get_closest_marker("slow") else 2
-
-
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_protocol(item, nextitem):
-    """A heavy test holds the run's machine lock exclusively, a timing test shared (the
-    module's docstring); from before its set-up to after its tear-down."""
-    heavy, timing = item.get_closest_marker("heavy"), item.get_closest_marker("timing")
-    worker = getattr(item.config, "workerinput", None)
-    if worker is None or not (heavy or timing):
-        yield
-        return
-    # xdist gives each worker the temp directory <the run's>/popen-gwN.
-    run_dir = os.path.dirname(os.path.abspath(item.config.option.basetemp))
-    mode, word = (fcntl.LOCK_EX, "heavy") if heavy else (fcntl.LOCK_SH, "timing")
-    with open(os.path.join(run_dir, "machine.lock"), "a") as lock:
-        asked = time.time()
-        fcntl.flock(lock, mode)
-        start = time.time()
-        try:
-            yield
-        finally:
-            end = time.time()
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            with open(os.path.join(run_dir, "machine.log"), "a") as log:
-                log.write("%s %s asked=%.3f start=%.3f end=%.3f %s\n" % (
-                    worker["workerid"], word, asked, start, end, item.nodeid))
 
 
 @pytest.fixture(scope="session", autouse=True)
