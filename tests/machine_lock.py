@@ -18,10 +18,11 @@ import pytest
 def pytest_runtest_protocol(item, nextitem):
     heavy, timing = item.get_closest_marker("heavy"), item.get_closest_marker("timing")
     worker = getattr(item.config, "workerinput", None)
-    if worker is None or not (heavy or timing):
+    # xdist gives each worker the temp directory <the run's>/popen-gwN (unless pytest's
+    # tmpdir plugin is off: then no lock).
+    if worker is None or not (heavy or timing) or not item.config.option.basetemp:
         yield
         return
-    # xdist gives each worker the temp directory <the run's>/popen-gwN.
     run_dir = os.path.dirname(os.path.abspath(item.config.option.basetemp))
     mode, word = (fcntl.LOCK_EX, "heavy") if heavy else (fcntl.LOCK_SH, "timing")
     with open(os.path.join(run_dir, "machine.lock"), "a") as lock:
