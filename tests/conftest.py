@@ -10,6 +10,23 @@ TASKRUNNER_TEST_PGBOUNCER=1 runs the PostgreSQL tests through PgBouncer in trans
 mode (tests/servers.py, one per test process, started on first use): each test's
 database URL goes through it, with ``[database] pooler = "pgbouncer"`` in the config the
 fixtures build. Creating, migrating and dropping the databases stays direct.
+
+Heavy and timing tests never overlap. The suite runs in four pytest-xdist workers on
+machines of two cores; a test marked ``heavy`` (kill -9 chaos, scale and accuracy runs:
+dozens of processes for a minute or more) loads the machine so much that a bound on time
+measured beside it (a ``timing`` test: an idle runner's exit, an event loop's lag, a stop's
+slack) fails; and two heavy tests at once on two cores each take about twice as long as
+alone (the durable chaos test: 74 s beside another, 36 s alone), so running them one at a
+time costs the run little and keeps them far from their deadlines. So each worker runs a
+heavy test holding an exclusive flock(2) on one file of the run (next to the workers' temp
+directories, so shared by them and by no other run) and a timing test holding a shared one:
+heavy tests run one at a time and never beside a timing test; timing tests run beside each
+other and beside everything else; unmarked tests take no lock. The lock is taken around the
+whole test (``pytest_runtest_protocol``, outside pytest-timeout's timer: waiting for it is
+not the test's time). Heavy tests are ordered first (one worker takes them in turn) and
+timing tests last, so they seldom wait. Each locked test appends a line to ``machine.log``
+beside the lock file (worker, lock, start and end times, test). Without xdist (``-n 0``)
+tests run one at a time anyway, and nothing is locked. The hook is tests/machine_lock.py.
 """
 import logging
 import os
@@ -31,6 +48,7 @@ from taskrunner.host import claimfile, wakeup
 from taskrunner.store.models import MODELS, Run
 
 from sample_handlers import read_records
+from machine_lock import pytest_runtest_protocol  # noqa: F401 (the hook of the machine lock)
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(TESTS_DIR)
@@ -188,14 +206,24 @@ def _sqlite_template(tmp_path):
 
 
 def pytest_collection_modifyitems(items):
-    """The long process tests first, so that under pytest-xdist (the README's test command
-    runs four workers) they overlap each other and the short tests fill the gaps, instead
-    of one of them starting last and the run waiting for it alone. Within each group the
+    """The heavy tests first (they run one at a time, see the module's docstring: started
+    first, they are done before the end), then the other long process tests, so that under
+    pytest-xdist (the README's test command runs four workers) they overlap each other and
+    the short tests fill the gaps, instead of one of them starting last and the run waiting
+    for it alone; the timing tests last, when the heavy ones are over. Within each group the
     order stays as written."""
     for item in items:
         if item.path.name in ("test_deploy.py", "test_db_restart.py", "test_hosts.py"):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items.sort(key=_order)
+
+
+def _order(item):
+    if item.get_closest_marker("heavy"):
+        return 0
+    if item.get_closest_marker("timing"):
+        return 3
+    return 1 if item.get_closest_marker("slow") else 2
 
 
 @pytest.fixture(scope="session", autouse=True)

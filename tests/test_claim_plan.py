@@ -3,6 +3,9 @@ DESC, scheduled_on, id), in index order, on every database: no scan of the backl
 queue's or another's) and no sort, so it does not slow down as a backlog grows.
 The reads of live runs (scheduled, running) use indexes that hold live runs only, so a long
 history does not slow them either. (The speed itself is measured by bench/, not here.)"""
+import logging
+import threading
+
 import pytest
 
 from taskrunner.runs import lifecycle
@@ -106,7 +109,7 @@ def test_live_runs_are_read_from_partial_indexes_not_the_history(database_sp):
 # NULL for a plain task and its run (task_runs_active_task_id is not: it holds each run until
 # it ends, then its NULL; it is checked for its plan only).
 NULL_MOSTLY = ("task_queue_periodic_task_id", "task_queue_waiting_key", "task_queue_active_key",
-               "task_queue_next_run_on", "task_runs_concurrency_slot")
+               "task_queue_next_run_on", "task_runs_concurrency_slot", "task_queue_workflow_id")
 
 
 @pytest.mark.timeout(120)
@@ -137,6 +140,7 @@ def test_postgresql_indexes_leave_out_nulls_and_queries_still_use_them(tmp_path)
                     ("task_queue_waiting_key", "SELECT id FROM task_queue WHERE waiting_key = 'k'"),
                     ("task_queue_periodic_task_id",
                      "SELECT id FROM task_queue WHERE periodic_task_id = 1"),
+                    ("task_queue_workflow_id", "SELECT id FROM task_queue WHERE workflow_id = 1"),
                     ("task_queue_finished_on", "SELECT id FROM task_queue WHERE finished_on < now()"),
                     ("task_runs_active_task_id", "SELECT id FROM task_runs WHERE active_task_id = 1"),
                     ("task_runs_concurrency_slot", "SELECT id FROM task_runs WHERE "
@@ -289,4 +293,74 @@ def test_graph_success_guard_and_release_read_by_index(database):
                     # range of one entry per id.
                     assert all(r["key"] == "PRIMARY" or int(r["rows"]) <= len(some)
                                for r in rows), (statement, plan)
+    queue.close()
+
+
+class _Sent(logging.Handler):
+    """The (sql, params) peewee sends from this thread while attached (its DEBUG log)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.sent, self.thread = [], threading.get_ident()
+
+    def emit(self, record):
+        if threading.get_ident() == self.thread and isinstance(record.msg, tuple):
+            self.sent.append(record.msg)
+
+    def __enter__(self):
+        logger = logging.getLogger("peewee")
+        self.level = logger.level
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("peewee").removeHandler(self)
+        logging.getLogger("peewee").setLevel(self.level)
+
+
+@pytest.mark.timeout(180)
+def test_workflow_reads_read_the_workflow_index(database):
+    """Migration 0022: task_queue_workflow_id leaves out the tasks added outside a workflow
+    on SQLite and PostgreSQL (a partial index), and every read of a workflow's tasks — its
+    counts, its graph, its unfinished ids, rotation's check for workflows left empty — still
+    reads it (their `= ?` and `IN (...)` say the column is not NULL), on MySQL the full one.
+    Here 2,000 plain tasks and 20 workflows of 5."""
+    from taskrunner.reads import workflows as workflow_reads
+    from taskrunner.runs import rotation
+    backend = database.backend
+    queue = database.queue()
+    echo = "taskrunner.handlers.Echo"
+    queue.add_tasks([{"handler": echo} for _ in range(1000)])
+    chains = [queue.chain(*[echo] * 5) for _ in range(10)]
+    with _Sent() as reads:
+        queue.workflow(chains[3].id)
+        workflow_reads.workflow_task_ids(queue.store, chains[3].id, unfinished=True)
+    assert queue.run_pending() == 1050
+    queue.store.Task.update(finished_on=utcnow().replace(year=2000)).execute()
+    with _Sent() as rotating:
+        rotation.rotate(queue.store, utcnow())
+    statements = [s for s in reads.sent + rotating.sent
+                  if s[0].startswith("SELECT") and "workflow_id" in s[0].split(" WHERE ")[-1]]
+    assert len(statements) == 4 and any(" IN (" in s[0] for s in statements), statements
+    queue.add_tasks([{"handler": echo} for _ in range(2000)])
+    chains = [queue.chain(*[echo] * 5) for _ in range(20)]
+    if backend == "sqlite":
+        [sql] = [r[0] for r in queue.store.db.execute_sql(
+            "SELECT sql FROM sqlite_master WHERE name = 'task_queue_workflow_id'")]
+        assert "IS NOT NULL" in sql, sql
+    elif backend == "postgresql":
+        [sql] = [r[0] for r in queue.store.db.execute_sql(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'task_queue_workflow_id'")]
+        assert "IS NOT NULL" in sql, sql
+        queue.store.db.execute_sql("ANALYZE")
+    else:
+        queue.store.db.execute_sql("ANALYZE TABLE task_queue")
+    for statement, params in statements:
+        plan = _plan_any(queue, backend, statement, params)
+        if backend == "mysql":
+            assert any("task_queue_workflow_id" in (r["key"] or "") for r in _mysql_rows(plan)), (
+                statement, plan)
+        else:
+            assert "task_queue_workflow_id" in plan, (statement, plan)
     queue.close()

@@ -199,6 +199,7 @@ def _assert_ridden_out(log):
         "logged more than once per process:\n%s" % log[-6000:]
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(300)
 def test_a_full_disk_under_an_overseer_is_ridden_out(small_disk, tmp_path):
     """Finding 8 of issue 31: the disk of the SQLite database fills up under a running
@@ -242,6 +243,7 @@ def ext4_disk(tmp_path):
     subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(300)
 def test_a_disk_turned_read_only_under_an_overseer_is_ridden_out(ext4_disk, tmp_path):
     """The file system of the database turns read-only under a running overseer (the kernel

@@ -49,6 +49,7 @@ def overseers(request, tmp_path):
     database.drop()
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.timeout(1800 if FULL else 420)
 def test_chaos_kill_9_runners_and_overseers_every_step_exactly_once(overseers, tmp_path):

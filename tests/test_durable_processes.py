@@ -28,6 +28,7 @@ def steps_logged(log):
     return len(lines(log))
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(240)
 def test_600_steps_through_three_hups_and_a_kill_9_execute_at_most_604(overseers, tmp_path):
     """The issue's deploy test: each HUP hands the run back at the next step (the handler

@@ -23,6 +23,7 @@ def most_in_a_second(starts):
     return max(bisect.bisect_left(seconds, t + 1.0) - i for i, t in enumerate(seconds))
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_overseers_keep_a_queue_rate_together(database_sp, procs, tmp_path):

@@ -871,6 +871,7 @@ FLOW_TOML = ('[queues.default]\nlimit = 4\nrate = "100/s"\nfair_by = "tenant"\n'
              '[rate_limits]\n"k:*" = "40/s"\n')
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("batch,flow", [(1, False), (16, False), (1, True)])

@@ -74,6 +74,7 @@ def race_and_kill(procs, config, schedulers=3, killed=2):
     return hit
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.timeout(600 + SCALE // 5)
 def test_rule_9_holds_at_scale_with_schedulers_killed_mid_pass(database_sp, procs, tmp_path):

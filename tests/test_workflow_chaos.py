@@ -60,6 +60,7 @@ def workflow_specs(log):
     return specs
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.timeout(1800 if FULL else 420)
 def test_chaos_kill_9_runners_and_overseers_releases_every_dependent_once_in_order(
