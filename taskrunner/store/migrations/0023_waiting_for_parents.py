@@ -1,6 +1,6 @@
 """A task waiting for its parents is ``waiting`` (``task_queue.last_status``), as a durable
 sleeper is and as its workflow counts it: every view reads that one column (``show``,
-``tasks --status``, the dashboard, ``/metrics``). Up to 0021 such a task was stored
+``tasks --status``, the dashboard, ``/metrics``). Before this migration such a task was stored
 ``scheduled``; the tasks waiting now are marked (new ones are written ``waiting`` when
 added, and ``scheduled`` in the statement that releases them: runs/graph.py).
 """
