@@ -16,9 +16,8 @@ from collections import Counter
 
 import pytest
 
-from conftest import Database
 from durable_handlers import lines
-from test_overseer import Overseers, own_tasks, wait_all_final
+from test_overseer import fresh_overseers, own_tasks, wait_all_final
 from taskrunner.store.models import SCHEDULED, RUNNING, SUCCESS, Run, Step, Task
 
 # Per database: MariaDB's runners go through fewer steps a second here.
@@ -42,11 +41,8 @@ def rows(queue, table):
 
 @pytest.fixture(params=("sqlite", "postgresql", "mysql"))
 def overseers(request, tmp_path):
-    database = Database(request.param, tmp_path)
-    group = Overseers(database, tmp_path)
-    yield group
-    group.kill_all()
-    database.drop()
+    with fresh_overseers(request.param, tmp_path) as group:
+        yield group
 
 
 @pytest.mark.heavy

@@ -20,8 +20,7 @@ from datetime import timedelta
 
 import pytest
 
-from conftest import Database
-from test_overseer import Overseers, own_tasks, wait_all_final
+from test_overseer import fresh_overseers, own_tasks, wait_all_final
 from taskrunner.store.models import RUNNING, SCHEDULED, SUCCESS, Run, Task
 
 FULL = os.environ.get("TASKRUNNER_CHAOS_FULL") == "1"
@@ -32,11 +31,8 @@ STEP = "workflow_handlers.Step"
 
 @pytest.fixture(params=("sqlite", "postgresql", "mysql"))
 def overseers(request, tmp_path):
-    database = Database(request.param, tmp_path)
-    group = Overseers(database, tmp_path)
-    yield group
-    group.kill_all()
-    database.drop()
+    with fresh_overseers(request.param, tmp_path) as group:
+        yield group
 
 
 def records(path):
