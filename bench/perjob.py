@@ -7,9 +7,12 @@ hub, and on PostgreSQL the server backends that served them (bench/cpu.py) — w
 (launch to last finish, common.rates) and the launch-to-first-finish time.
 
 CPU seconds are user + system time from /proc, sampled every tick of the wait while the
-processes live (a runner that exits counts with its last sample); they are what a job
-costs whatever else runs on the machine, unlike wall time, which is shown but should not be
-compared on a loaded host. The overseer's figure includes its start (imports, migrate)
+processes live (a runner that exits counts with its last sample). They depend on the load
+far less than wall time (shown, not to be compared on a loaded host), but not at all is too
+much to claim: at a load of 10 on two cores one tree's rounds spread by +-30% (contention,
+caches), so compare medians of several rounds, and settle differences under ~10% with
+counts (statements, Python calls per job, EXPLAIN's buffers) instead. The overseer's
+figure includes its start (imports, migrate)
 and the runners' figure their start after the fork, so at a small --tasks the fixed costs
 weigh more.
 """
