@@ -85,7 +85,7 @@ def test_live_runs_are_read_from_partial_indexes_not_the_history(database_sp):
     if backend == "postgresql":
         queue.store.db.execute_sql("ANALYZE task_runs")
     now = utcnow()
-    finish = (catalogue.PG_SUCCESS_AND_CLAIM, (claimed.run_id, now, now, None, claimed.run_id,
+    finish = (catalogue.PG_SUCCESS_AND_CLAIM, (claimed.task_id, now, now, None, claimed.run_id,
                                                 runner_id, now,
                                                 now, "default", runner_id, runner_id, now, now,
                                                 now)) \
@@ -253,9 +253,9 @@ def test_graph_success_guard_and_release_read_by_index(database):
                (graph.RELEASE_COUNT % marks, [at] + some),
                (graph.RELEASE_READY % marks, some), (graph.RELEASE_MARK % marks, some)]
     if backend == "postgresql":
-        guard = [(catalogue.PG_SUCCESS, (claimed.run_id, now, now, None, claimed.run_id,
+        guard = [(catalogue.PG_SUCCESS, (claimed.task_id, now, now, None, claimed.run_id,
                                          runner_id, now, now)),
-                 (catalogue.PG_SUCCESS_AND_CLAIM, (claimed.run_id, now, now, None,
+                 (catalogue.PG_SUCCESS_AND_CLAIM, (claimed.task_id, now, now, None,
                                                    claimed.run_id, runner_id, now, now,
                                                    "default", runner_id, runner_id, now, now,
                                                    now))]

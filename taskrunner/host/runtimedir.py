@@ -98,6 +98,13 @@ def member(uid, gid):
         return False
 
 
+def _base_of(path):
+    """The directory `path` is in. Worked out only once `path` is there to check (or about
+    to be made): a sender finding no directory — nobody listens, the common case, after
+    every run a runner ends (wake_waiters) — pays the one failed open alone."""
+    return os.path.dirname(os.path.abspath(path))
+
+
 def _mode_in(base):
     """(the mode of a runtime directory made in `base`, the gid it is shared with or None):
     0700, or in a setgid base the base's group bits too."""
@@ -121,10 +128,9 @@ class RuntimeDir:
         """The directory `path`, made (with `create`) if it is missing. OSError when it
         cannot be opened: FileNotFoundError when it is missing (one failed open: what a
         sender pays when nobody listens), RefusedDirectory when it is not safe to use."""
-        base = os.path.dirname(os.path.abspath(path))
         made = False
         if create:
-            mode, _ = _mode_in(base)
+            mode, _ = _mode_in(_base_of(path))
             try:
                 os.mkdir(path, mode)
                 made = True
@@ -140,7 +146,7 @@ class RuntimeDir:
         directory = cls(fd, path, None)
         try:
             # The base is the operator's choice (a symlink to it is theirs): followed.
-            mode, directory.group = _mode_in(base)
+            mode, directory.group = _mode_in(_base_of(path))
             if made:    # the umask must not narrow a shared directory
                 os.chmod(fd, mode | (stat.S_ISGID if directory.group is not None else 0))
             directory._check(os.fstat(fd))

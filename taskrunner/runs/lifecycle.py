@@ -278,7 +278,7 @@ def _end_run(store, run_id, task_id, status, at, runner_id=None, results=None, e
             periodic_task_id, retry_at, traceback, waiting_for)
     ended = None
     if _single_statement_end(store, status, runner_id, periodic_task_id):
-        ended = sql.end_success_alone(store, run_id, runner_id, results, at)
+        ended = sql.end_success_alone(store, run_id, task_id, runner_id, results, at)
     if ended is None:       # not a lone success, or one whose task has dependents
         ended = store.write(lambda: _end(*args))
     if ended:
@@ -297,7 +297,8 @@ def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, e
     at = store.database_time(now)
     if _single_statement_end(store, status, runner_id, periodic_task_id) and queues \
             and flow.claim_flow(store, queues[0]) is None:
-        ended, row = sql.end_success_and_claim(store, run_id, runner_id, results, at, queues[0])
+        ended, row = sql.end_success_and_claim(store, run_id, task_id, runner_id, results, at,
+                                               queues[0])
         claimed = None if row is None else ClaimedRun(*row, now)
         if ended is None:   # its task has dependents: ended with their release
             ended = store.write(lambda: _end(store, run_id, task_id, status, runner_id,
