@@ -70,12 +70,13 @@ class ServerCpu:
 class Meter:
     """CPU of one measurement: `tick()` while waiting, `finish()` once the work is done
     (before the processes are stopped) → {"cpu_s": ..., "db_cpu_s": ... or None,
-    "waits": where the workers spent their time (bench/waits.py)}."""
+    "waits": bench/waits.py's Sampler, stopped}. `children`: which processes are the
+    workers whose time it samples (bench/waits.py's worker_pids)."""
 
-    def __init__(self, url, pids):
+    def __init__(self, url, pids, children=True):
         self.pids = list(pids)
         self.server = ServerCpu(url) if common.backend_of(url) == "postgresql" else None
-        self.waits = Sampler(url, self.pids)
+        self.waits = Sampler(url, self.pids, children)
 
     def tick(self):
         if self.server is not None:
@@ -83,12 +84,12 @@ class Meter:
 
     def finish(self):
         cpu = tree_seconds(self.pids)
-        waits = self.waits.stop()
+        self.waits.stop()
         if self.server is None:
-            return {"cpu_s": round(cpu, 3), "db_cpu_s": None, "waits": waits}
+            return {"cpu_s": round(cpu, 3), "db_cpu_s": None, "waits": self.waits}
         self.server.sample()
         return {"cpu_s": round(cpu, 3), "db_cpu_s": round(self.server.seconds(), 3),
-                "waits": waits}
+                "waits": self.waits}
 
     def close(self):
         self.waits.stop()

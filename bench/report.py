@@ -71,7 +71,7 @@ def show_throughput(results):
 # -- where the workers spend their time (bench/waits.py) ---------------------------------
 
 WAIT_HEADERS = ["running", "busy sleep", "host lock", "sync lock", "file lock", "io", "db wait",
-                "idle", "sleep", "other", "writer wait", "… while free", "server waits"]
+                "idle", "sleep", "thread wait", "other", "writer wait", "… while free", "server waits"]
 
 
 def _pct(value):
@@ -106,7 +106,7 @@ def show_waits(results, scenario):
             for backend, cell, name, waits in wait_rows(results)]
     if rows:
         print_table("%s: where the workers spend their time (share of 10 Hz samples of each "
-                    "worker's main thread, median of the rounds; writer wait = busy sleep + "
+                    "worker's main thread from the first finish to the last, median of the rounds; writer wait = busy sleep + "
                     "host, sync and file locks; … while free: of those, the writer they waited "
                     "for held by no one)" % scenario, ["db", "W", "log", "system"] + WAIT_HEADERS,
                     rows)

@@ -1,9 +1,9 @@
 """Where a system's workers spend their time during a drain: a sampler thread that, every
 0.1 s, looks at the main thread of each worker process (taskrunner's runners — the
-overseer's children but its hub and maintainer; Huey's consumer's worker processes; each
-Procrastinate, PgQueuer or DBOS worker) and puts it in one class, from /proc/PID/task/PID/
-`stat` (the state), `syscall` (the system call it is blocked in and its arguments) and the
-descriptor that call names (/proc/PID/fd/N):
+overseer's children but its hub and maintainer; Huey's consumer's worker processes, not its
+scheduler process; each Procrastinate, PgQueuer or DBOS worker) and puts it in one class,
+from /proc/PID/task/PID/ `stat` (the state), `syscall` (the system call it is blocked in and
+its arguments) and the descriptor that call names (/proc/PID/fd/N):
 
 - running: state R, or in no system call (between calls, on a CPU or runnable);
 - busy_sleep: a relative CLOCK_REALTIME sleep (nanosleep, or clock_nanosleep with clock 0 and
@@ -17,18 +17,22 @@ descriptor that call names (/proc/PID/fd/N):
 - file_lock: blocked in flock/fcntl on any other file;
 - io: state D (waiting for the disk) or in fsync/fdatasync;
 - db_wait: waiting on a socket — poll/ppoll/epoll (psycopg, asyncpg) or a read/recvfrom of a
-  socket (PyMySQL): the database server's answer;
+  socket (PyMySQL): the database server's answer (on SQLite, something else: a peer's own
+  pipes);
 - idle: select/pselect6 — taskrunner's runner waiting for a wake-up when it found no work;
 - sleep: another sleep (a peer's own polling pause);
-- other: anything else (a futex: waiting for the GIL or another thread; an exec; ...).
+- thread_wait: a futex — waiting for the GIL, a lock or another thread (DBOS's main thread
+  waits so for the thread pool that runs its workflows: its shares say little);
+- other: anything else.
 
 writer_wait (SQLite) is busy_sleep + host_lock + sync_lock + file_lock: asleep on the
-writer. Whether the writer was free meanwhile comes from /proc/locks, read at the same
+writer. Whether the writer was free meanwhile comes from /proc/locks, read in the same
 tick: SQLite in WAL mode holds its write lock as a POSIX lock of byte 120 of <database>-shm,
 and the host and sync locks are flocks of their files. A writer wait is "while free" when
-what it waits for was held by no one at that tick: for busy_sleep SQLite's write lock, for a
-lock file that file's lock. The samples of one tick are read one after the other within
-about a millisecond, not at one instant: a lock released in between shows as free.
+what it waits for was held by no one, neither in /proc/locks read just before the workers'
+states nor in the one read just after (a few milliseconds apart): for busy_sleep SQLite's
+write lock, for a lock file that file's lock. A lock taken and let go again between the two
+reads still shows as free; a waiter the kernel has woken is runnable (running), not asleep.
 
 On PostgreSQL the sampler also reads pg_stat_activity's wait_event_type/wait_event of the
 system's backends (those of its database, not the bench's own connections) at each tick:
@@ -36,8 +40,10 @@ system's backends (those of its database, not the bench's own connections) at ea
 "LWLock:WALWrite" one waiting for another's flush, "running" no wait event, "idle" a session
 out of any transaction (its wait event is ClientRead too).
 
-The shares are of all samples of all workers of one drain. One thread, 10 Hz, a handful of
-small /proc reads per worker and one /proc/locks read per tick.
+The shares are of all samples of all workers from the drain's first finish to its last (the
+workers' start-up and the bench's noticing the end left out; all samples when that window
+holds none). The cost: one thread, 10 Hz, a few small /proc reads per worker per tick, two
+of /proc/locks when a worker waits on SQLite's writer, one query on PostgreSQL.
 """
 import collections
 import os
@@ -45,13 +51,11 @@ import platform
 import threading
 import time
 
-import psutil
-
 from bench import common
 
 INTERVAL = 0.1
 CLASSES = ("running", "busy_sleep", "host_lock", "sync_lock", "file_lock", "io", "db_wait",
-           "idle", "sleep", "other")
+           "idle", "sleep", "thread_wait", "other")
 WRITER = ("busy_sleep", "host_lock", "sync_lock", "file_lock")
 NOT_WORKERS = ("tr-hub", "tr-maintainer")
 SQLITE_WRITE_BYTE = 120      # WAL_WRITE_LOCK's byte in the -shm file (sqlite3 os_unix.c)
@@ -60,11 +64,11 @@ _SYSCALLS = {
     "x86_64": {"nanosleep": 35, "clock_nanosleep": 230, "flock": 73, "fcntl": 72, "fsync": 74,
                "fdatasync": 75, "poll": 7, "ppoll": 271, "epoll_wait": 232,
                "epoll_pwait": 281, "epoll_pwait2": 441, "read": 0, "recvfrom": 45,
-               "recvmsg": 47, "select": 23, "pselect6": 270},
+               "recvmsg": 47, "select": 23, "pselect6": 270, "futex": 202},
     "aarch64": {"nanosleep": 101, "clock_nanosleep": 115, "flock": 32, "fcntl": 25,
                 "fsync": 82, "fdatasync": 83, "ppoll": 73, "epoll_pwait": 22,
                 "epoll_pwait2": 441, "read": 63, "recvfrom": 207, "recvmsg": 212,
-                "pselect6": 72},
+                "pselect6": 72, "futex": 98},
 }
 _NR = {nr: name for name, nr in _SYSCALLS.get(platform.machine(), {}).items()}
 _LOCK_WAIT_CMDS = (7, 38)    # fcntl F_SETLKW, F_OFD_SETLKW
@@ -83,8 +87,8 @@ def _fd_target(pid, fd):
 
 
 def classify(pid):
-    """(class, (the locked file's path, FLOCK or POSIX) or None) of the main thread of process `pid`; None when
-    it is gone or cannot be read."""
+    """(class, (the locked file's path, FLOCK or POSIX) or None) of the main thread of
+    process `pid`; None when it is gone or cannot be read."""
     base = "/proc/%d/task/%d/" % (pid, pid)
     try:
         stat = _read(base + "stat")
@@ -118,6 +122,8 @@ def classify(pid):
         return ("db_wait" if _fd_target(pid, args[0]).startswith("socket:") else "other"), None
     if name in ("select", "pselect6"):
         return "idle", None
+    if name == "futex":
+        return "thread_wait", None
     return "other", None
 
 
@@ -155,43 +161,80 @@ def sqlite_writer_held(locks, shm_key):
     return False
 
 
-def worker_pids(roots):
-    """The worker processes under the started processes: each root's children but
-    taskrunner's hub and maintainer, or the root itself when it has none."""
+def _holds(locks, key, want):
+    """Whether a lock that blocks a `want` ("FLOCK" or "POSIX") lock of the file `key` is
+    held: a flock waits for a flock only, a record lock for a record lock (any record lock
+    of the file counts: the group sync's is of byte 0, the one it waits for)."""
+    return any(kind == want or (want == "POSIX" and kind == "OFDLCK")
+               for kind, *_ in locks.get(key, ()))
+
+
+def _started(pid):
+    """The process's start time (clock ticks since boot), or None when it is gone."""
+    try:
+        stat = _read("/proc/%d/stat" % pid)
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def worker_pids(roots, children=True):
+    """The worker processes among the started processes `roots`: with `children` True,
+    each root's children but taskrunner's hub and maintainer (from /proc/ROOT/task/*/children:
+    no scan of every process); "but the first", the same less the first one started (Huey's
+    consumer starts its scheduler process before its workers); False: the roots themselves."""
+    if not children:
+        return list(roots)
+    if children == "but the first":
+        found = [(t, pid) for pid, t in ((pid, _started(pid)) for pid in worker_pids(roots))
+                 if t is not None]
+        return [pid for _, pid in sorted(found)[1:]]
     pids = []
     for root in roots:
         try:
-            children = [c.pid for c in psutil.Process(root).children()
-                        if c.name() not in NOT_WORKERS]
-        except psutil.NoSuchProcess:
+            tasks = os.listdir("/proc/%d/task" % root)
+        except OSError:
             continue
-        pids.extend(children or [root])
+        for tid in tasks:
+            try:
+                found = _read("/proc/%d/task/%s/children" % (root, tid)).split()
+            except OSError:
+                continue
+            for pid in map(int, found):
+                try:
+                    if _read("/proc/%d/comm" % pid).strip() not in NOT_WORKERS:
+                        pids.append(pid)
+                except OSError:
+                    pass
     return pids
 
 
 class Sampler:
-    """A thread sampling the workers under `roots` every INTERVAL until `stop()`, which
-    returns the summary (see `summary`). `url` names the database: SQLite's file for its
-    write lock, PostgreSQL's database for its backends' wait events."""
+    """A thread sampling the worker processes among or under `roots` (`children`: see
+    `worker_pids`) every INTERVAL until `stop()`; `summary(window)` gives the shares.
+    `url` names the database: SQLite's file for its write lock, PostgreSQL's database for
+    its backends' wait events."""
 
     PG_SQL = ("SELECT CASE WHEN state = 'idle' THEN 'idle' ELSE "
               "coalesce(wait_event_type || ':' || wait_event, 'running') END "
               "FROM pg_stat_activity WHERE datname = %s AND application_name <> %s "
               "AND backend_type = 'client backend'")
 
-    def __init__(self, url, roots):
-        self.roots = list(roots)
+    def __init__(self, url, roots, children=True):
+        self.roots, self.children = list(roots), children
         self.backend = common.backend_of(url)
         self.path = url[len("sqlite:///"):] if self.backend == "sqlite" else None
         self.database = url.rsplit("/", 1)[1] if self.backend == "postgresql" else None
-        self.counts = collections.Counter()
-        self.waits = 0             # writer-wait samples whose lock state was known
-        self.waits_free = 0        # ... of which nothing they wait for was held
-        self.server = collections.Counter()
-        self.ticks = 0
+        # One entry per tick: (epoch seconds, [worker class], [writer wait while free:
+        # bool], [server wait event]).
+        self.timeline = []
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-waits", daemon=True)
         self._thread.start()
+
+    @property
+    def ticks(self):
+        return len(self.timeline)
 
     def _loop(self):
         conn = None
@@ -200,71 +243,76 @@ class Sampler:
                 conn = common.connect(common.PG_ADMIN_URL, autocommit=True)
             except Exception:     # a sampler must never stop the measurement
                 conn = None
-        pids, refreshed = [], 0.0
         try:
             while not self._stopping.wait(INTERVAL):
-                now = time.monotonic()
-                if now - refreshed >= 1.0 or not pids:
-                    pids, refreshed = worker_pids(self.roots), now
-                self._tick(pids)
-                if conn is not None:
-                    self._sample_server(conn)
+                now = time.time()
+                kinds, free = self._sample(worker_pids(self.roots, self.children))
+                server = self._sample_server(conn) if conn is not None else []
+                self.timeline.append((now, kinds, free, server))
         finally:
             if conn is not None:
                 conn.close()
 
-    def _tick(self, pids):
-        self.ticks += 1
+    def _sample(self, pids):
+        before = held_locks() if self.path is not None else None
         samples = [s for s in map(classify, pids) if s is not None]
-        self.counts.update(kind for kind, _ in samples)
-        waiting = [(kind, path) for kind, path in samples if kind in WRITER]
-        if not waiting or self.path is None:
-            return
-        locks = held_locks()
-        writer = sqlite_writer_held(locks, _file_key(self.path + "-shm"))
+        kinds = [kind for kind, _ in samples]
+        waiting = [(kind, lock) for kind, lock in samples if kind in WRITER]
+        if not waiting or before is None:
+            return kinds, []
+        # Free: held by no one both just before and just after the workers were read.
+        after = held_locks()
+        shm = _file_key(self.path + "-shm")
+        free = []
         for kind, lock in waiting:
-            self.waits += 1
             if kind == "busy_sleep":
-                free = not writer
-            else:
-                # A flock waits for a flock only, a record lock for a record lock (this
-                # counts any record lock of the file: the group sync's is of byte 0).
-                path, want = lock
-                key = _file_key(path)
-                free = key is not None and not any(
-                    k == want or (want == "POSIX" and k == "OFDLCK") for k, *_ in locks.get(key, ()))
-            self.waits_free += free
+                free.append(not any(sqlite_writer_held(locks, shm) for locks in (before, after)))
+                continue
+            path, want = lock
+            key = _file_key(path)
+            free.append(key is not None and not any(_holds(locks, key, want)
+                                                    for locks in (before, after)))
+        return kinds, free
 
     def _sample_server(self, conn):
         try:
             cur = conn.cursor()
             cur.execute(self.PG_SQL, (self.database, common.APPLICATION_NAME))
-            self.server.update(row[0] for row in cur.fetchall())
+            return [row[0] for row in cur.fetchall()]
         except Exception:
-            pass
+            return []
 
     def stop(self):
+        """Stop sampling (idempotent)."""
         if not self._stopping.is_set():
             self._stopping.set()
             self._thread.join(10)
-        return self.summary()
 
-    def summary(self):
-        """{"samples": n, "shares": {class: fraction}, "writer_wait": fraction,
-        "writer_wait_while_free": fraction of the writer waits or None, "server": {wait event:
-        fraction} or None (PostgreSQL: its backends' samples, "idle" for an idle session)}."""
-        total = sum(self.counts.values())
-        shares = {k: round(self.counts[k] / total, 3) if total else None for k in CLASSES}
-        result = {"samples": total, "ticks": self.ticks, "shares": shares,
-                  "writer_wait": round(sum(self.counts[k] for k in WRITER) / total, 3)
+    def summary(self, window=None):
+        """{"samples": n, "ticks": n, "shares": {class: fraction}, "writer_wait": fraction,
+        "writer_wait_while_free": fraction of the writer waits or None, "server": {wait
+        event: fraction} or None (PostgreSQL: its backends' samples, "idle" a session out of
+        any transaction)}, of the ticks within `window` (epoch seconds (from, to): the drain,
+        first to last finish) when it holds any, else of all."""
+        ticks = self.timeline
+        if window is not None:
+            inside = [t for t in ticks if window[0] <= t[0] <= window[1]]
+            ticks = inside or ticks
+        counts, free, server = collections.Counter(), [], collections.Counter()
+        for _, kinds, frees, events in ticks:
+            counts.update(kinds)
+            free.extend(frees)
+            server.update(events)
+        total = sum(counts.values())
+        result = {"samples": total, "ticks": len(ticks),
+                  "shares": {k: round(counts[k] / total, 3) if total else None for k in CLASSES},
+                  "writer_wait": round(sum(counts[k] for k in WRITER) / total, 3)
                   if total else None,
-                  "writer_wait_while_free": round(self.waits_free / self.waits, 3)
-                  if self.waits else None,
+                  "writer_wait_while_free": round(sum(free) / len(free), 3) if free else None,
                   "server": None}
         if self.database is not None:
-            n = sum(self.server.values())
-            result["server"] = {k: round(v / n, 3) for k, v in self.server.most_common()} \
-                if n else {}
+            n = sum(server.values())
+            result["server"] = {k: round(v / n, 3) for k, v in server.most_common()}
         return result
 
 

@@ -271,9 +271,11 @@ def test_the_wait_sampler_tells_a_busy_sleep_a_lock_wait_a_sleep_and_a_running_p
                      message="%s classified as %s" % (proc.pid, kind))
         assert waits.sqlite_writer_held(waits.held_locks(), waits._file_key(db + "-shm"))
         sampler = waits.Sampler("sqlite:///" + db,
-                                [procs[k].pid for k in ("busy_sleep", "host_lock", "file_lock")])
+                                [procs[k].pid for k in ("busy_sleep", "host_lock", "file_lock")],
+                                children=False)
         wait_for(lambda: sampler.ticks >= 3, timeout=60, message="3 ticks of the sampler")
-        summary = sampler.stop()
+        sampler.stop()
+        summary = sampler.summary()
         # The busy handler wakes up to poll now and then (a sample may find it running).
         assert summary["shares"]["host_lock"] == summary["shares"]["file_lock"] == round(1 / 3, 3)
         assert summary["shares"]["busy_sleep"] > 0
