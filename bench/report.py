@@ -70,7 +70,7 @@ def show_throughput(results):
 
 # -- where the workers spend their time (bench/waits.py) ---------------------------------
 
-WAIT_HEADERS = ["running", "busy sleep", "host lock", "sync lock", "file lock", "io", "db wait",
+WAIT_HEADERS = ["running", "on CPU", "CPU wait", "busy sleep", "host lock", "sync lock", "file lock", "io", "db wait",
                 "idle", "sleep", "thread wait", "other", "writer wait", "… while free", "server waits"]
 
 
@@ -87,7 +87,8 @@ def server_waits(waits, top=3):
 
 def wait_cells(waits):
     """The shares of one entry's "waits" (bench/waits.py), in WAIT_HEADERS' order."""
-    return ([_pct(waits["shares"][k]) for k in WAIT_CLASSES]
+    shares = [_pct(waits["shares"][k]) for k in WAIT_CLASSES]
+    return (shares[:1] + [_pct(waits.get("on_cpu")), _pct(waits.get("cpu_wait"))] + shares[1:]
             + [_pct(waits["writer_wait"]), _pct(waits["writer_wait_while_free"]),
                server_waits(waits)])
 
@@ -106,10 +107,11 @@ def show_waits(results, scenario):
             for backend, cell, name, waits in wait_rows(results)]
     if rows:
         print_table("%s: where the workers spend their time (share of 10 Hz samples of each "
-                    "worker's main thread from the first finish to the last, median of the rounds; writer wait = busy sleep + "
-                    "host, sync and file locks; … while free: of those, the writer they waited "
-                    "for held by no one)" % scenario, ["db", "W", "log", "system"] + WAIT_HEADERS,
-                    rows)
+                    "worker's main thread from the first finish to the last, median of the "
+                    "rounds; on CPU, CPU wait: its time on a CPU and runnable waiting for one; "
+                    "writer wait = busy sleep + host, sync and file locks; … while free: of "
+                    "those, the writer they waited for held by no one)" % scenario,
+                    ["db", "W", "log", "system"] + WAIT_HEADERS, rows)
 
 
 def _batched_name(cell):

@@ -5,7 +5,9 @@ scheduler process; each Procrastinate, PgQueuer or DBOS worker) and puts it in o
 from /proc/PID/task/PID/ `stat` (the state), `syscall` (the system call it is blocked in and
 its arguments) and the descriptor that call names (/proc/PID/fd/N):
 
-- running: state R, or in no system call (between calls, on a CPU or runnable);
+- running: state R, or in no system call (between calls, on a CPU or runnable; the summary's
+  on_cpu and cpu_wait split the workers' time between the two, from the main thread's
+  /proc/PID/task/PID/schedstat at the window's first and last tick);
 - busy_sleep: a relative CLOCK_REALTIME sleep (nanosleep, or clock_nanosleep with clock 0 and
   no flags) — what SQLite's busy handler does (usleep) while another connection holds the
   write lock; Python's time.sleep sleeps on CLOCK_MONOTONIC to an absolute time and is
@@ -37,8 +39,8 @@ reads still shows as free; a waiter the kernel has woken is runnable (running), 
 On PostgreSQL the sampler also reads pg_stat_activity's wait_event_type/wait_event of the
 system's backends (those of its database, not the bench's own connections) at each tick:
 "Client:ClientRead" is a backend waiting for its client, "IO:WALSync" a commit's WAL flush,
-"LWLock:WALWrite" one waiting for another's flush, "running" no wait event, "idle" a session
-out of any transaction (its wait event is ClientRead too).
+"LWLock:WALWrite" one waiting for another's flush, "running" no wait event; of the backends
+in a transaction or a statement (sessions idle out of any transaction are left out).
 
 The shares are of all samples of all workers from the drain's first finish to its last (the
 workers' start-up and the bench's noticing the end left out; all samples when that window
@@ -215,10 +217,11 @@ class Sampler:
     `url` names the database: SQLite's file for its write lock, PostgreSQL's database for
     its backends' wait events."""
 
-    PG_SQL = ("SELECT CASE WHEN state = 'idle' THEN 'idle' ELSE "
-              "coalesce(wait_event_type || ':' || wait_event, 'running') END "
+    # Sessions idle out of any transaction (a pool's spare connections, a hub's listener)
+    # are left out: the shares are of the backends serving a transaction or a statement.
+    PG_SQL = ("SELECT coalesce(wait_event_type || ':' || wait_event, 'running') "
               "FROM pg_stat_activity WHERE datname = %s AND application_name <> %s "
-              "AND backend_type = 'client backend'")
+              "AND backend_type = 'client backend' AND state <> 'idle'")
 
     def __init__(self, url, roots, children=True):
         self.roots, self.children = list(roots), children
@@ -228,6 +231,7 @@ class Sampler:
         # One entry per tick: (epoch seconds, [worker class], [writer wait while free:
         # bool], [server wait event]).
         self.timeline = []
+        self.schedstat = []       # per tick: (epoch seconds, {pid: (ns on CPU, ns runnable)})
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-waits", daemon=True)
         self._thread.start()
@@ -257,6 +261,7 @@ class Sampler:
         before = held_locks() if self.path is not None else None
         samples = [s for s in map(classify, pids) if s is not None]
         kinds = [kind for kind, _ in samples]
+        self._clocks(pids)
         waiting = [(kind, lock) for kind, lock in samples if kind in WRITER]
         if not waiting or before is None:
             return kinds, []
@@ -274,6 +279,34 @@ class Sampler:
                                                     for locks in (before, after)))
         return kinds, free
 
+    def _clocks(self, pids):
+        """Each worker's main thread's cumulative ns on a CPU and waiting for one
+        (/proc/PID/task/PID/schedstat), kept per tick in `self.schedstat`."""
+        now, clocks = time.time(), {}
+        for pid in pids:
+            try:
+                on_cpu, runnable = _read("/proc/%d/task/%d/schedstat" % (pid, pid)).split()[:2]
+            except (OSError, ValueError):
+                continue
+            clocks[pid] = (int(on_cpu), int(runnable))
+        self.schedstat.append((now, clocks))
+
+    def _cpu_shares(self, window):
+        """(on a CPU, waiting for a CPU): fractions of the workers' wall time in `window`
+        (or all of it), from the first and last schedstat of each worker in it."""
+        first, last = {}, {}
+        for t, clocks in self.schedstat:
+            if window is not None and not window[0] <= t <= window[1]:
+                continue
+            for pid, c in clocks.items():
+                first.setdefault(pid, (t, c))
+                last[pid] = (t, c)
+        wall = sum(last[p][0] - first[p][0] for p in last) * 1e9
+        if wall <= 0:
+            return None, None
+        return tuple(round(sum(last[p][1][i] - first[p][1][i] for p in last) / wall, 3)
+                     for i in (0, 1))
+
     def _sample_server(self, conn):
         try:
             cur = conn.cursor()
@@ -290,14 +323,17 @@ class Sampler:
 
     def summary(self, window=None):
         """{"samples": n, "ticks": n, "shares": {class: fraction}, "writer_wait": fraction,
-        "writer_wait_while_free": fraction of the writer waits or None, "server": {wait
-        event: fraction} or None (PostgreSQL: its backends' samples, "idle" a session out of
-        any transaction)}, of the ticks within `window` (epoch seconds (from, to): the drain,
+        "writer_wait_while_free": fraction of the writer waits or None, "on_cpu" and
+        "cpu_wait": fractions of the workers' time on a CPU and runnable waiting for one
+        (schedstat: "running" is both), "server": {wait
+        event: fraction} or None (PostgreSQL: its backends' samples, those in a transaction or a
+        statement)}, of the ticks within `window` (epoch seconds (from, to): the drain,
         first to last finish) when it holds any, else of all."""
         ticks = self.timeline
         if window is not None:
             inside = [t for t in ticks if window[0] <= t[0] <= window[1]]
             ticks = inside or ticks
+            window = window if inside else None
         counts, free, server = collections.Counter(), [], collections.Counter()
         for _, kinds, frees, events in ticks:
             counts.update(kinds)
@@ -310,6 +346,7 @@ class Sampler:
                   if total else None,
                   "writer_wait_while_free": round(sum(free) / len(free), 3) if free else None,
                   "server": None}
+        result["on_cpu"], result["cpu_wait"] = self._cpu_shares(window)
         if self.database is not None:
             n = sum(server.values())
             result["server"] = {k: round(v / n, 3) for k, v in server.most_common()}
@@ -330,5 +367,7 @@ def median_summary(summaries):
             "shares": {k: med([s["shares"][k] for s in summaries]) for k in CLASSES},
             "writer_wait": med([s["writer_wait"] for s in summaries]),
             "writer_wait_while_free": med([s["writer_wait_while_free"] for s in summaries]),
+            "on_cpu": med([s.get("on_cpu") for s in summaries]),
+            "cpu_wait": med([s.get("cpu_wait") for s in summaries]),
             "server": {k: med([(s.get("server") or {}).get(k, 0.0) for s in summaries])
                        for k in server_keys} or None}

@@ -298,6 +298,6 @@ def test_a_quick_bench_run_reports_where_the_runners_spend_their_time(tmp_path):
     cell = json.loads(out.read_text())["throughput"]["sqlite"]["cells"][0]
     waits = cell["systems"]["taskrunner"]["waits"]
     assert waits["samples"] > 0 and abs(sum(waits["shares"].values()) - 1) < 0.02
-    assert waits["writer_wait"] is not None
+    assert waits["writer_wait"] is not None and waits["on_cpu"] is not None
     assert cell["systems"]["taskrunner"]["runs"][0]["waits"]["samples"] > 0
     assert "where the workers spend their time" in done.stdout
