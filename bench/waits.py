@@ -130,7 +130,7 @@ def classify(pid):
 
 
 def held_locks():
-    """{(device "MM:mm", inode): [(kind, type, start, end)]} of the locks granted now
+    """{(device major, minor, inode): [(kind, type, start, end)]} of the locks granted now
     (/proc/locks; the waiters' "->" lines left out)."""
     held = collections.defaultdict(list)
     try:
