@@ -288,7 +288,8 @@ def test_the_wait_sampler_tells_a_busy_sleep_a_lock_wait_a_sleep_and_a_running_p
 
 
 def test_a_quick_bench_run_reports_where_the_runners_spend_their_time(tmp_path):
-    """The shares reach the JSON (each run and the cell's median) and the printed table."""
+    """The shares reach the JSON (each run and the cell's median), the printed table and
+    bench/markdown.py's."""
     out = tmp_path / "q.json"
     done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "run.py"), "--quick",
                            "--db", "sqlite", "--only", "throughput", "--workers", "2",
@@ -301,3 +302,6 @@ def test_a_quick_bench_run_reports_where_the_runners_spend_their_time(tmp_path):
     assert waits["writer_wait"] is not None and waits["on_cpu"] is not None
     assert cell["systems"]["taskrunner"]["runs"][0]["waits"]["samples"] > 0
     assert "where the workers spend their time" in done.stdout
+    table = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "markdown.py"), str(out)],
+                           capture_output=True, text=True, timeout=60)
+    assert "| where the workers spend their time" in table.stdout, table.stdout + table.stderr
