@@ -293,7 +293,8 @@ class Sampler:
 
     def _cpu_shares(self, window):
         """(on a CPU, waiting for a CPU): fractions of the workers' wall time in `window`
-        (or all of it), from the first and last schedstat of each worker in it."""
+        (or all of it), from the first and last schedstat of each worker in it; None, None
+        when no worker was seen at two ticks."""
         first, last = {}, {}
         for t, clocks in self.schedstat:
             if window is not None and not window[0] <= t <= window[1]:
@@ -303,7 +304,8 @@ class Sampler:
                 last[pid] = (t, c)
         wall = sum(last[p][0] - first[p][0] for p in last) * 1e9
         if wall <= 0:
-            return None, None
+            # A window of one tick (a very short drain): the whole sampling instead.
+            return self._cpu_shares(None) if window is not None else (None, None)
         return tuple(round(sum(last[p][1][i] - first[p][1][i] for p in last) / wall, 3)
                      for i in (0, 1))
 

@@ -293,7 +293,7 @@ def test_a_quick_bench_run_reports_where_the_runners_spend_their_time(tmp_path):
     out = tmp_path / "q.json"
     done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "run.py"), "--quick",
                            "--db", "sqlite", "--only", "throughput", "--workers", "2",
-                           "--tasks", "300", "--json", str(out)],
+                           "--tasks", "1000", "--json", str(out)],
                           capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout + done.stderr
     cell = json.loads(out.read_text())["throughput"]["sqlite"]["cells"][0]
