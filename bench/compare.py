@@ -17,6 +17,7 @@ import time
 from bench import common
 from bench.common import (OverseerProcess, create_database, drop_url, make_queue, median,
                           percentile, query, ratio, wait_until)
+from bench.waits import median_summary
 from bench.systems import (CLASSIC, PEERS, Ceiling, Floor, Huey, Job, Taskrunner, marks_count,
                            measure)
 
@@ -75,6 +76,7 @@ def cell_of(job, runs, rounds):
                 values = [m[key] for m in per_round if m[key] is not None]
                 entry[key] = round(median(values), 3) if values else None
             entry["shares"] = [m["shares"] for m in per_round]
+            entry["waits"] = median_summary([m.get("waits") for m in per_round])
         if any(m.get("lost") for m in per_round):
             entry["lost"] = sum(m.get("lost", 0) for m in per_round)
         if peer and name != peer:

@@ -16,6 +16,7 @@ The server's shared processes (WAL writer, checkpointer, autovacuum) are not cou
 import psutil
 
 from bench import common
+from bench.waits import Sampler
 
 
 def tree_seconds(pids):
@@ -68,11 +69,14 @@ class ServerCpu:
 
 class Meter:
     """CPU of one measurement: `tick()` while waiting, `finish()` once the work is done
-    (before the processes are stopped) → {"cpu_s": ..., "db_cpu_s": ... or None}."""
+    (before the processes are stopped) → {"cpu_s": ..., "db_cpu_s": ... or None,
+    "waits": bench/waits.py's Sampler, stopped}. `children`: which processes are the
+    workers whose time it samples (bench/waits.py's worker_pids)."""
 
-    def __init__(self, url, pids):
+    def __init__(self, url, pids, children=True):
         self.pids = list(pids)
         self.server = ServerCpu(url) if common.backend_of(url) == "postgresql" else None
+        self.waits = Sampler(url, self.pids, children)
 
     def tick(self):
         if self.server is not None:
@@ -80,12 +84,15 @@ class Meter:
 
     def finish(self):
         cpu = tree_seconds(self.pids)
+        self.waits.stop()
         if self.server is None:
-            return {"cpu_s": round(cpu, 3), "db_cpu_s": None}
+            return {"cpu_s": round(cpu, 3), "db_cpu_s": None, "waits": self.waits}
         self.server.sample()
-        return {"cpu_s": round(cpu, 3), "db_cpu_s": round(self.server.seconds(), 3)}
+        return {"cpu_s": round(cpu, 3), "db_cpu_s": round(self.server.seconds(), 3),
+                "waits": self.waits}
 
     def close(self):
+        self.waits.stop()
         if self.server is not None:
             self.server.close()
 

@@ -6,7 +6,8 @@
 One table per database for the throughput sweep (one row per W, log level and taskrunner
 variant), a durable-class and a batched-class table (taskrunner's default beside the floor
 and the durable peers; its batch variant beside PgQueuer's batch of 100, Huey and the
-floor), one for the work scenario (tasks that sleep) and one for single-enqueue latency.
+floor), one of where each system's workers spend their time (bench/waits.py), one for the
+work scenario (tasks that sleep) and one for single-enqueue latency.
 Figures are the medians of the rounds; ratios the medians of the per-round ratios.
 """
 import json
@@ -15,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.report import PEER_NAMES, class_rows  # noqa: E402
+from bench.report import PEER_NAMES, WAIT_HEADERS, class_rows, wait_cells, wait_rows  # noqa: E402
 
 PEERS = {"huey": "Huey", "procrastinate": "Procrastinate"}
 NAMES = dict(PEER_NAMES, floor="raw floor")
@@ -119,6 +120,20 @@ def class_table(report, klass):
     return "\n".join(lines) if len(lines) > 2 else None
 
 
+def waits_table(report):
+    """Where the workers spend their time, every system of every throughput cell."""
+    rows = list(wait_rows(report.get("throughput", {})))
+    if not rows:
+        return None
+    lines = ["| where the workers spend their time (share of samples) | system | %s |"
+             % " | ".join(WAIT_HEADERS), "|---|---|" + "---:|" * (len(WAIT_HEADERS) - 1) + "---|"]
+    for backend, cell, name, waits in rows:
+        lines.append("| %s, W = %d, log %s | %s | %s |" % (
+            DATABASES[backend], cell["workers"], cell["log_level"], NAMES.get(name, name),
+            " | ".join(c.replace("-", "—") if c == "-" else c for c in wait_cells(waits))))
+    return "\n".join(lines)
+
+
 def _first_n(report):
     for result in report.get("throughput", {}).values():
         for cell in result.get("cells", []):
@@ -160,6 +175,9 @@ def main(path):
         report = json.load(fh)
     parts = [throughput_table(b, r) for b, r in report.get("throughput", {}).items() if "cells" in r]
     parts.extend(t for t in (class_table(report, k) for k in ("durable", "batched")) if t)
+    waits = waits_table(report)
+    if waits:
+        parts.append(waits)
     work = {b: r for b, r in report.get("work", {}).items() if "cells" in r}
     if work:
         parts.append(work_table(work))

@@ -3,6 +3,7 @@ and of the issues, measured (`evaluate`)."""
 from bench import common
 from bench.common import median, print_table
 from bench.systems import CLASSES
+from bench.waits import CLASSES as WAIT_CLASSES
 
 PEER_NAMES = {"huey": "Huey", "procrastinate": "Procrastinate", "pgqueuer batch=1": "PgQueuer (batch 1)",
               "pgqueuer batch=100": "PgQueuer (batch 100)", "dbos": "DBOS"}
@@ -64,6 +65,53 @@ def show_throughput(results):
                          "(min–max) of %d rounds; ratios: medians of per-round ratios)"
                 % (some["n"], some["rounds"]))
     show_classes(results)
+    show_waits(results, "throughput")
+
+
+# -- where the workers spend their time (bench/waits.py) ---------------------------------
+
+WAIT_HEADERS = ["running", "on CPU", "CPU wait", "busy sleep", "host lock", "sync lock", "file lock", "io", "db wait",
+                "idle", "sleep", "thread wait", "other", "writer wait", "… while free", "server waits"]
+
+
+def _pct(value):
+    return "-" if value is None else "%.0f %%" % (100 * value)
+
+
+def server_waits(waits, top=3):
+    """The `top` commonest wait events of the server's backends: "Client:ClientRead 57 %, …"."""
+    server = waits.get("server") or {}
+    ranked = sorted(server.items(), key=lambda kv: -kv[1])[:top]
+    return ", ".join("%s %s" % (k, _pct(v)) for k, v in ranked) or "-"
+
+
+def wait_cells(waits):
+    """The shares of one entry's "waits" (bench/waits.py), in WAIT_HEADERS' order."""
+    shares = [_pct(waits["shares"][k]) for k in WAIT_CLASSES]
+    return (shares[:1] + [_pct(waits.get("on_cpu")), _pct(waits.get("cpu_wait"))] + shares[1:]
+            + [_pct(waits["writer_wait"]), _pct(waits["writer_wait_while_free"]),
+               server_waits(waits)])
+
+
+def wait_rows(results):
+    """(backend, cell, system name, its "waits") of every measured system, in order."""
+    for backend, r in results.items():
+        for cell in r.get("cells", []):
+            for name, e in cell["systems"].items():
+                if e.get("waits"):
+                    yield backend, cell, name, e["waits"]
+
+
+def show_waits(results, scenario):
+    rows = [[backend, cell["workers"], cell["log_level"], name] + wait_cells(waits)
+            for backend, cell, name, waits in wait_rows(results)]
+    if rows:
+        print_table("%s: where the workers spend their time (share of 10 Hz samples of each "
+                    "worker's main thread from the first finish to the last, median of the "
+                    "rounds; on CPU, CPU wait: its time on a CPU and runnable waiting for one; "
+                    "writer wait = busy sleep + host, sync and file locks; … while free: of "
+                    "those, the writer they waited for held by no one)" % scenario,
+                    ["db", "W", "log", "system"] + WAIT_HEADERS, rows)
 
 
 def _batched_name(cell):
@@ -123,6 +171,7 @@ def show_work(results):
     some = next(iter(results.values()))["cells"][0]
     _show_cells(results, "work: %d tasks sleeping %g ms each, W = %d"
                 % (some["n"], some["task_ms"], some["workers"]))
+    show_waits(results, "work")
 
 
 def show_enqueue(results):

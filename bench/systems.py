@@ -39,8 +39,11 @@ def _finish(meter, finishes, launched, shares):
     """A measurement's result: rates, CPU per 1,000 jobs, each worker's share."""
     usage = meter.finish()
     result = rates(launched, finishes)
+    sampler = usage.pop("waits")
     result.update(usage)
     result.update(per_1000(usage, max(1, len(finishes))))
+    # Where the workers spent their time, from the first finish to the last.
+    result["waits"] = sampler.summary((finishes[0], finishes[-1]) if finishes else None)
     result["shares"] = shares_of(shares)
     return result
 
@@ -203,7 +206,7 @@ class Huey:
         marks = ctx[1]
         launched = time.time()
         procs = self.start(ctx, job)
-        meter = Meter("sqlite:///" + ctx[0], [p.pid for p in procs])
+        meter = Meter("sqlite:///" + ctx[0], [p.pid for p in procs], children="but the first")
         try:
             wait_until(self._settled(ctx, job.n), job.timeout, "Huey to run %d tasks" % job.n,
                        interval=0.2, procs=procs, tick=meter.tick)
@@ -289,7 +292,7 @@ class _PostgresPeer:
         url = self.url(ctx)
         launched = time.time()
         procs = self.start(ctx, job)
-        meter = Meter(url, [p.pid for p in procs])
+        meter = Meter(url, [p.pid for p in procs], children=False)
         try:
             wait_until(lambda: query(url, self.DONE)[0][0] >= job.n, job.timeout,
                        "%s to run %d %s" % (self.TITLE, job.n, self.JOBS), interval=0.2,

@@ -220,3 +220,88 @@ def test_durable_reports_a_missing_taskrunner_api_and_runs_what_it_can(tmp_path)
     else:
         cell = report["results"]["sqlite"][0]
         assert cell["systems"]["taskrunner"]["commits_per_task"] > 0
+
+
+# -- where the workers spend their time (bench/waits.py) -----------------------------------
+
+# Each child says "ready" once it is about to block (or spin) and then does so for good.
+WAITERS = {
+    "busy_sleep": ("import sqlite3, sys\n"
+                   "c = sqlite3.connect(sys.argv[1], timeout=120, isolation_level=None)\n"
+                   "print('ready', flush=True)\n"
+                   "c.execute('BEGIN IMMEDIATE')\n"),
+    "sleep": "import time\nprint('ready', flush=True)\ntime.sleep(120)\n",
+    "host_lock": ("import fcntl, sys\n"
+                  "fd = open(sys.argv[1] + '-hostlock', 'a')\n"
+                  "print('ready', flush=True)\n"
+                  "fcntl.flock(fd, fcntl.LOCK_EX)\n"),
+    "file_lock": ("import fcntl, sys\n"
+                  "fd = open(sys.argv[1] + '-other', 'a')\n"
+                  "print('ready', flush=True)\n"
+                  "fcntl.lockf(fd, fcntl.LOCK_EX)\n"),
+    "running": "print('ready', flush=True)\nwhile True:\n    pass\n",
+}
+
+
+def test_the_wait_sampler_tells_a_busy_sleep_a_lock_wait_a_sleep_and_a_running_process(tmp_path):
+    """Real processes in real system calls: one in SQLite's busy handler behind the test's
+    write transaction, one in Python's time.sleep, one blocked in flock on a held host
+    lock file, one in a record lock of another held file, one spinning; the sampler puts
+    each in its class, and counts the lock waits as waits while the writer was held."""
+    from conftest import wait_for
+
+    from bench import waits
+    db = str(tmp_path / "w.db")
+    writer = sqlite3.connect(db, isolation_level=None)
+    writer.execute("PRAGMA journal_mode=wal")
+    writer.execute("CREATE TABLE t (x)")
+    writer.execute("BEGIN IMMEDIATE")
+    held = [open(db + suffix, "a") for suffix in ("-hostlock", "-other")]
+    import fcntl
+    fcntl.flock(held[0], fcntl.LOCK_EX)
+    fcntl.lockf(held[1], fcntl.LOCK_EX)
+    procs = {}
+    try:
+        for kind, code in WAITERS.items():
+            procs[kind] = subprocess.Popen([sys.executable, "-c", code, db], stdout=subprocess.PIPE,
+                                           text=True)
+        for kind, proc in procs.items():
+            assert proc.stdout.readline() == "ready\n"
+            wait_for(lambda: (waits.classify(proc.pid) or ("gone",))[0] == kind, timeout=60,
+                     message="%s classified as %s" % (proc.pid, kind))
+        assert waits.sqlite_writer_held(waits.held_locks(), waits._file_key(db + "-shm"))
+        sampler = waits.Sampler("sqlite:///" + db,
+                                [procs[k].pid for k in ("busy_sleep", "host_lock", "file_lock")],
+                                children=False)
+        wait_for(lambda: sampler.ticks >= 3, timeout=60, message="3 ticks of the sampler")
+        sampler.stop()
+        summary = sampler.summary()
+        # The busy handler wakes up to poll now and then (a sample may find it running).
+        assert summary["shares"]["host_lock"] == summary["shares"]["file_lock"] == round(1 / 3, 3)
+        assert summary["shares"]["busy_sleep"] > 0
+        assert summary["writer_wait_while_free"] == 0.0
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait(30)
+        writer.close()
+
+
+def test_a_quick_bench_run_reports_where_the_runners_spend_their_time(tmp_path):
+    """The shares reach the JSON (each run and the cell's median), the printed table and
+    bench/markdown.py's."""
+    out = tmp_path / "q.json"
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "run.py"), "--quick",
+                           "--db", "sqlite", "--only", "throughput", "--workers", "2",
+                           "--tasks", "1000", "--json", str(out)],
+                          capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout + done.stderr
+    cell = json.loads(out.read_text())["throughput"]["sqlite"]["cells"][0]
+    waits = cell["systems"]["taskrunner"]["waits"]
+    assert waits["samples"] > 0 and abs(sum(waits["shares"].values()) - 1) < 0.02
+    assert waits["writer_wait"] is not None and waits["on_cpu"] is not None
+    assert cell["systems"]["taskrunner"]["runs"][0]["waits"]["samples"] > 0
+    assert "where the workers spend their time" in done.stdout
+    table = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "markdown.py"), str(out)],
+                           capture_output=True, text=True, timeout=60)
+    assert "| where the workers spend their time" in table.stdout, table.stdout + table.stderr
