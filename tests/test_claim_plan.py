@@ -11,7 +11,7 @@ import pytest
 from taskrunner.runs import lifecycle
 from taskrunner.runs import sql as catalogue
 from taskrunner.fleet import liveness
-from taskrunner.runs import queues
+from taskrunner.runs import flow, queues
 from taskrunner.store.models import Run, utcnow
 
 
@@ -93,7 +93,9 @@ def test_live_runs_are_read_from_partial_indexes_not_the_history(database_sp):
         else (catalogue.SQLITE_SUCCESS[0], (now, now, None, claimed.run_id, runner_id))
     look = queues.claim_order(queue.store, None, with_work=True)      # idle runners' poll
     assert look == (["default"], True)
-    statements = [query.sql() for query in (queues.queue_rows_query(queue.store, True),
+    # The look as the runner reads it: with flow control's one column (runs/flow.py).
+    look_query = queues.queue_rows_query(queue.store, True, [flow.keys_limited(queue.store)])
+    statements = [query.sql() for query in (look_query,
                                             lifecycle.scheduled_runs_query(queue.store, ["default", "reports"]),
                                             lifecycle.running_runs_query(queue.store),
                                             lifecycle.runs_of_runner_query(queue.store, runner_id))]

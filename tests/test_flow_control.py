@@ -9,6 +9,7 @@ from conftest import ALL_BACKENDS, Database
 from taskrunner import Config
 from taskrunner.errors import ConfigError, InputError
 from taskrunner.fleet import liveness
+from taskrunner.runner.process import Worker
 from taskrunner.runs import enqueue, flow, lifecycle
 from taskrunner.runs import sql as catalogue
 from taskrunner.store.bound import Store
@@ -16,6 +17,7 @@ from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
 from taskrunner.store.models import utcnow
 
 from playhouse.migrations import Runner as MigrationRunner
+from test_queue import _Statements
 
 ECHO = "taskrunner.handlers.Echo"
 
@@ -67,6 +69,29 @@ def test_a_throttled_key_never_delays_runs_without_it(database):
     assert 59 < wait < 61
     assert _claims(store, runner_id, ["default"], t0 + timedelta(seconds=61), 2) == [keyed[1],
                                                                                     None]
+    queue.close()
+
+
+def test_an_idle_runners_look_is_one_read_and_sees_a_key_limit_set_meanwhile(database):
+    """An idle runner woken for a new run makes one read before its claim, flow control or
+    not: whether any rate key has a limit comes with the claim order (it was a second read
+    on every look, 0.2-0.4 ms more pickup latency on SQLite). A limit set meanwhile by
+    another process is seen by that same read."""
+    queue = database.queue()
+    queue.add_task(ECHO)
+    runner = database.queue()            # a store of its own, as a runner process has
+    worker = Worker(runner.store, install_signals=False, memory_limit=False)
+    with _Statements() as statements:
+        assert worker._look()
+    assert len(statements.sent) == 1, statements.sent
+    assert runner.store.flow_keys is False
+    queue.set_rate_limit("api:stripe", "1/min")
+    queue.add_task(ECHO, rate_key="api:stripe")
+    with _Statements() as statements:
+        assert worker._look()
+    assert len(statements.sent) == 1, statements.sent
+    assert runner.store.flow_keys is True
+    runner.close()
     queue.close()
 
 

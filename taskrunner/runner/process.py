@@ -385,10 +385,13 @@ class Worker:
         return self.claim_order
 
     def _look(self):
-        """Idle: re-read the claim order and whether a run waits in it, in one read."""
-        order, work = queues.claim_order(self.store, self.serving, with_work=True)
+        """Idle: re-read the claim order, whether a run waits in it and whether any rate key
+        has a limit, in one read (no more before the claim of a runner woken for new work;
+        with a queue's rate configured, its bucket is checked too)."""
+        order, work, limited = queues.claim_order(self.store, self.serving, with_work=True,
+                                                  also=[flow.keys_limited(self.store)])
         self.claim_order, self._order_read_at = tuple(order), time.monotonic()
-        flow.prepare(self.store, order)
+        flow.prepare(self.store, order, limited[0] if limited else None)
         return work
 
     def _idle(self, standalone):

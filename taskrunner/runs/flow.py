@@ -51,16 +51,27 @@ def claim_flow(store, queue):
     return None
 
 
-def prepare(store, queues):
+def keys_limited(store):
+    """Whether any rate key has a limit, as an expression: the runner's look reads it in
+    the claim order's statement (`queues.claim_order`'s `also`), so an idle runner woken for
+    a new run still makes one read before its claim."""
+    Bucket = store.RateBucket
+    return pw.fn.EXISTS(Bucket.select(Bucket.kind).where(Bucket.kind == KEY))
+
+
+def prepare(store, queues, limited=None):
     """With the claim order (an idle runner's look, and every check_interval): the buckets
     of the queues in `queues` with a configured rate, made or brought to the config's rate
-    and burst; and whether any rate key has a limit (`Store.flow_keys`)."""
+    and burst; and whether any rate key has a limit (`Store.flow_keys`): `limited` when the
+    caller read `keys_limited` with the claim order, else read here."""
     for queue in queues:
         configured = store.config.queues.get(queue)
         if configured is not None and configured.per_second is not None:
             _ensure_bucket(store, QUEUE, queue, configured.per_second, configured.burst)
-    Bucket = store.RateBucket
-    store.flow_keys = Bucket.select().where(Bucket.kind == KEY).exists()
+    if limited is None:
+        Bucket = store.RateBucket
+        limited = Bucket.select().where(Bucket.kind == KEY).exists()
+    store.flow_keys = bool(limited)
 
 
 def _ensure_bucket(store, kind, name, rate, burst, now=None):

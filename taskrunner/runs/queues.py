@@ -15,21 +15,25 @@ from ..errors import InputError
 from ..store.models import DEFAULT_QUEUE, SCHEDULED, run_status_is, utcnow
 
 
-def queue_rows_query(store, with_work=False):
+def queue_rows_query(store, with_work=False, also=()):
     """(name, paused) of every queue; with `with_work` also whether a run waits in it, read
-    from the claim index (queue leads it), never the run history."""
+    from the claim index (queue leads it), never the run history; then the columns `also`,
+    read in the same statement."""
     Queue, Run = store.Queue, store.Run
     waiting = Run.select(Run.id).where(run_status_is(Run, SCHEDULED) & (Run.queue == Queue.name))
-    return Queue.select(Queue.name, Queue.paused, *([pw.fn.EXISTS(waiting)] if with_work else []))
+    return Queue.select(Queue.name, Queue.paused,
+                        *([pw.fn.EXISTS(waiting)] if with_work else []), *also)
 
 
-def claim_order(store, serving=None, with_work=False):
+def claim_order(store, serving=None, with_work=False, also=()):
     """The queues to claim from now, in order: those in `serving` (None: every queue), plus,
     when it has ``default``, every queue not in the config; paused queues left out. Higher
     ``[queues.NAME] priority`` first, then as listed. With `with_work`, (that list, whether
-    a run waits in one of them): the one read an idle runner polls, from the claim index."""
+    a run waits in one of them): the one read an idle runner polls, from the claim index.
+    Expressions in `also` (uncorrelated: one value for every row) are read in that same
+    statement and returned third: their values, or None when there is no queue at all."""
     configured = store.config.queues
-    found = {row[0]: row[1:] for row in queue_rows_query(store, with_work).tuples()}
+    found = {row[0]: row[1:] for row in queue_rows_query(store, with_work, also).tuples()}
     rows = {name: paused for name, (paused, *_) in found.items()}
     if serving is None:
         names = sorted(rows)
@@ -41,7 +45,10 @@ def claim_order(store, serving=None, with_work=False):
     order = sorted(names, key=lambda n: -getattr(configured.get(n), "priority", 0))
     if not with_work:
         return order
-    return order, any(found[n][1] for n in order if n in found)
+    work = any(found[n][1] for n in order if n in found)
+    if not also:
+        return order, work
+    return order, work, next(iter(found.values()))[2:] if found else None
 
 
 def set_paused(store, name, paused, now=None, create=False):
