@@ -19,17 +19,21 @@ from bench import common
 from bench.waits import Sampler
 
 
+def tree(pid):
+    """The process `pid` and its descendants; [] when it is gone."""
+    try:
+        root = psutil.Process(pid)
+        return [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
 def tree_seconds(pids):
     """user + system seconds of the processes `pids`, their descendants, and the children
     each of them has reaped; a zombie still counts."""
     total = 0.0
     for pid in pids:
-        try:
-            root = psutil.Process(pid)
-            processes = [root] + root.children(recursive=True)
-        except psutil.NoSuchProcess:
-            continue
-        for process in processes:
+        for process in tree(pid):
             try:
                 t = process.cpu_times()
             except psutil.NoSuchProcess:

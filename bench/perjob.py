@@ -26,7 +26,7 @@ import psutil
 
 from bench import common
 from bench.ab import TaskrunnerAt
-from bench.cpu import ServerCpu
+from bench.cpu import ServerCpu, tree as process_tree
 from bench.systems import Job
 
 KINDS = {"tr-maintainer": "maintainer", "tr-hub": "hub"}
@@ -35,12 +35,7 @@ KINDS = {"tr-maintainer": "maintainer", "tr-hub": "hub"}
 def process_seconds(root_pid, seen):
     """Record in `seen` ({pid: (kind, seconds)}) the CPU of the overseer `root_pid` and of
     each of its descendants, by kind."""
-    try:
-        root = psutil.Process(root_pid)
-        processes = [root] + root.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return
-    for process in processes:
+    for process in process_tree(root_pid):
         try:
             times, name = process.cpu_times(), process.name()
         except psutil.NoSuchProcess:
