@@ -56,12 +56,6 @@ class WorkflowInfo(Record):
         return self.outcome != "running"
 
 
-def task_state(last_status: str, finished_on: Any) -> str:
-    """The word of a task in a workflow: as every table shows it (records.state_word); a
-    task waiting for its parents is stored ``waiting`` (runs/graph.py)."""
-    return state_word(last_status, finished_on)
-
-
 def workflow_info(store: Any, workflow_id: int, graph: bool = True) -> WorkflowInfo:
     """The workflow's state; WorkflowNotFound for an unknown id. `graph`: with its tasks and
     their edges (else `tasks` is empty: counts only)."""
@@ -76,7 +70,7 @@ def workflow_info(store: Any, workflow_id: int, graph: bool = True) -> WorkflowI
              .where(Task.workflow_id == workflow_id)
              .group_by(Task.last_status, final))
     for status, final, count in query.tuples():
-        word = task_state(status, True if final else None)
+        word = state_word(status, True if final else None)
         counts[word] = counts.get(word, 0) + count
     total = sum(counts.values())
     finished = sum(n for word, n in counts.items()
@@ -111,7 +105,7 @@ def workflow_tasks(store: Any, workflow_id: int, limit: int = GRAPH_LIMIT) -> Li
                                    .tuples()):
             after.setdefault(task_id, []).append(parent_id)
     return [WorkflowTask(id=r.id, handler=r.handler,
-                         state=task_state(r.last_status, r.finished_on),
+                         state=state_word(r.last_status, r.finished_on),
                          after=after.get(r.id, []), finished_on=aware(r.finished_on),
                          error_code=r.last_error_code if r.last_status != SUCCESS else None)
             for r in rows]
