@@ -287,6 +287,18 @@ class Database:
         queue.store.db.bind(MODELS)
         return queue
 
+    def store_at(self, migration, **sections):
+        """A connected Store on this (empty) database with the schema up to `migration`, a
+        migration's file name, for a test of the migrations after it; `sections` more of
+        its config."""
+        from playhouse.migrations import Runner as MigrationRunner
+        from taskrunner.store.bound import Store
+        from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
+        store = Store(Config.from_dict(dict(sections, database={"url": self.url})))
+        store.connect()
+        MigrationRunner(store.db, DIRECTORY, table_name=HISTORY_TABLE).up(target=migration)
+        return store
+
     def write_config(self, path, text=""):
         pooler = 'pooler = "%s"\n' % self.pooler if self.pooler else ""
         path.write_text('[database]\nurl = "%s"\n%s%s' % (self.url, pooler, text))

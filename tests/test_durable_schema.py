@@ -3,14 +3,10 @@ the durable statements: the steps of a task and its unconsumed events are read t
 their (task_id, name) indexes, never a scan of every task's steps or events; a waiting task
 costs the claim nothing (it has no scheduled run) and is found by the next_run_on index."""
 import pytest
-from playhouse.migrations import Runner as MigrationRunner
 
 from conftest import ALL_BACKENDS, Database
 from durable_handlers import lines
-from taskrunner.config import Config
 from taskrunner.runs import durable
-from taskrunner.store.bound import Store
-from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
 from taskrunner.store.models import utcnow
 
 H = "durable_handlers."
@@ -22,11 +18,8 @@ def test_migration_0019_keeps_the_history_and_durable_handlers_work_after_it(bac
                                                                              tmp_path):
     db = Database(backend, tmp_path, empty=True)
     try:
-        store = Store(Config.from_dict({"database": {"url": db.url}, "task": {
-            "retry_backoff": 0}}))
-        store.connect()
-        MigrationRunner(store.db, DIRECTORY, table_name=HISTORY_TABLE).up(
-            target="0018_consecutive_crashes_and_stopping_since")
+        store = db.store_at("0018_consecutive_crashes_and_stopping_since",
+                            task={"retry_backoff": 0})
         param, now = store.db.param, utcnow()
         for status in ("success", "error"):
             store.db.execute_sql(

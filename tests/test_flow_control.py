@@ -12,11 +12,8 @@ from taskrunner.fleet import liveness
 from taskrunner.runner.process import Worker
 from taskrunner.runs import enqueue, flow, lifecycle
 from taskrunner.runs import sql as catalogue
-from taskrunner.store.bound import Store
-from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
 from taskrunner.store.models import utcnow
 
-from playhouse.migrations import Runner as MigrationRunner
 from test_queue import _Statements
 
 ECHO = "taskrunner.handlers.Echo"
@@ -222,14 +219,8 @@ def test_rates_parse_per_second_minute_and_hour():
 def test_migration_0021_keeps_existing_tasks_and_their_runs_claimable(backend, tmp_path):
     db = Database(backend, tmp_path, empty=True)
     try:
-        config = Config.from_dict({"database": {"url": db.url},
-                                   "queues": {"default": {"rate": "5/s", "fair_by": "tenant"}}})
-        store = Store(config)
-        store.connect()
-        MigrationRunner(store.db, DIRECTORY, table_name=HISTORY_TABLE).up(
-            target="0018_consecutive_crashes_and_stopping_since")
-        from taskrunner import TaskQueue
-        TaskQueue.__new__(TaskQueue)       # nothing: the old schema is written by SQL below
+        store = db.store_at("0018_consecutive_crashes_and_stopping_since",
+                            queues={"default": {"rate": "5/s", "fair_by": "tenant"}})
         store.db.execute_sql(
             "INSERT INTO task_queue (queued_on, scheduled_on, handler, data, priority, "
             "last_status, max_retries, runs_failed, run_count, run_timeout, updated_on) "

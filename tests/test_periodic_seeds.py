@@ -11,14 +11,10 @@ import logging
 from datetime import timedelta
 
 import pytest
-from playhouse.migrations import Runner as MigrationRunner
 
 from conftest import ALL_BACKENDS, Database, ok, taskrunner, usage_error, wait_for
 from test_periodic import ECHO, T0, at, row, tasks_of
 from taskrunner import InputError
-from taskrunner.config import Config
-from taskrunner.store.bound import Store
-from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
 from taskrunner.fleet import liveness
 from taskrunner.runs.lifecycle import claim, end_run, timeout_overdue_runs
 from taskrunner.store.models import CANCELLED, SUCCESS, TIMEOUT, PeriodicTask, Run, Task, utcnow
@@ -307,10 +303,7 @@ def test_migration_keeps_the_grid_and_timeboxes_existing_nuntium_tasks(backend, 
     timebox a new one would (interval / 2, its interval being min_spacing + tolerance)."""
     db = Database(backend, tmp_path, empty=True)
     try:
-        store = Store(Config.from_dict({"database": {"url": db.url}}))
-        store.connect()
-        MigrationRunner(store.db, DIRECTORY, table_name=HISTORY_TABLE).up(
-            target="0016_postgresql_partial_null_indexes")
+        store = db.store_at("0016_postgresql_partial_null_indexes")
         param = store.db.param
         for name, tolerance, min_spacing, max_runtime, timebox in (
                 ("nuntium", 5.0, 55.0, None, None), ("absolute", 5.0, 55.0, 10.0, None),

@@ -2,14 +2,11 @@
 a periodic task), a runner claims only from the queues it serves, FIFO within priority
 within a queue, and migration 0009 puts existing tasks in ``default``."""
 import pytest
-from playhouse.migrations import Runner as MigrationRunner
 
 from taskrunner import Config, InputError
 from taskrunner.runs import lifecycle
 from taskrunner.fleet import liveness
-from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
 from taskrunner.store.models import Run, Task
-from taskrunner.store.bound import Store
 
 from conftest import ALL_BACKENDS, Database, taskrunner, usage_error
 
@@ -105,10 +102,7 @@ def test_a_periodic_task_submits_into_its_queue(sqlite_db, tmp_path):
 def test_migration_puts_existing_tasks_in_the_default_queue(backend, tmp_path):
     db = Database(backend, tmp_path, empty=True)
     try:
-        store = Store(Config.from_dict({"database": {"url": db.url}}))
-        store.connect()
-        MigrationRunner(store.db, DIRECTORY, table_name=HISTORY_TABLE).up(
-            target="0005_crash_counts")
+        store = db.store_at("0005_crash_counts")
         store.db.execute_sql(
             "INSERT INTO task_queue (queued_on, scheduled_on, handler, data, priority, "
             "last_status, max_retries, runs_failed, run_count, run_timeout, updated_on) "

@@ -119,16 +119,9 @@ def test_a_database_migrated_with_tasks_waiting_for_parents_shows_them_waiting(b
                                                                               tmp_path):
     """A database at 0021's schema with a task waiting for its parents (stored ``scheduled``
     then): migrated, it reads ``waiting``, and is released as before."""
-    from playhouse.migrations import Runner as MigrationRunner
-    from taskrunner.config import Config
-    from taskrunner.store.bound import Store
-    from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
     db = Database(backend, tmp_path, empty=True)
     try:
-        store = Store(Config.from_dict({"database": {"url": db.url}}))
-        store.connect()
-        MigrationRunner(store.db, DIRECTORY, table_name=HISTORY_TABLE).up(
-            target="0021_flow_control")
+        store = db.store_at("0021_flow_control")
         for waiting, dependents in (("NULL", 1), ("1", 0)):
             store.db.execute_sql(
                 "INSERT INTO task_queue (queued_on, scheduled_on, handler, data, priority, "

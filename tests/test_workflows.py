@@ -254,16 +254,9 @@ def test_cli_add_after_and_workflow_show_and_cancel(database):
 def test_migration_0020_keeps_history_and_old_tasks_release_nothing(backend, tmp_path):
     """A database with history at 0019's schema (or before): migrated, its tasks have no
     dependents and no workflow, finish as before, and can be parents of new tasks."""
-    from playhouse.migrations import Runner as MigrationRunner
-    from taskrunner.config import Config
-    from taskrunner.store.bound import Store
-    from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
     db = Database(backend, tmp_path, empty=True)
     try:
-        store = Store(Config.from_dict({"database": {"url": db.url}}))
-        store.connect()
-        MigrationRunner(store.db, DIRECTORY, table_name=HISTORY_TABLE).up(
-            target="0018_consecutive_crashes_and_stopping_since")
+        store = db.store_at("0018_consecutive_crashes_and_stopping_since")
         for status in ("success", "scheduled"):
             store.db.execute_sql(
                 "INSERT INTO task_queue (queued_on, scheduled_on, handler, data, priority, "
