@@ -1,6 +1,8 @@
 """Stops, crashes and timeouts as an operator meets them: the whole process group
 signalled, a deploy followed by HUP, a run timed out by someone else, a hung runner.
 Real processes and signals; see test_deploy.py for real supervisord."""
+import collections
+import gc
 import os
 import signal
 import sys
@@ -10,7 +12,9 @@ import uuid
 
 import pytest
 
+from taskrunner.handler import RunContext
 from taskrunner.runs import lifecycle
+from taskrunner.runs.lifecycle import ClaimedRun
 from taskrunner.fleet import leadership, liveness
 from taskrunner.runner.current import CurrentRun
 from taskrunner.runner.process import Worker
@@ -495,4 +499,34 @@ def test_a_run_found_crashed_at_overseer_start_waits_crash_grace(sqlite_db, proc
     assert len(runs_of(task_id)) == 1            # no retry run before crash_grace
     overseer.send_signal(signal.SIGTERM)
     assert procs.wait(overseer) == 0
+    queue.close()
+
+
+def test_a_run_leaves_no_cycle_for_the_garbage_collector(database):
+    """What a runner makes for each run (its CurrentRun, the handler's RunContext and the
+    callbacks between them) is freed when the run ends, by reference counting: a busy
+    runner's garbage collector finds none of it. (Seen: 14 objects of every run left in a
+    cycle, and twice the collections of a runner without them.)"""
+    queue = database.queue()
+    queue.add_tasks([{"handler": "taskrunner.handlers.Echo", "data": {"n": n}}
+                     for n in range(30)])
+    worker = Worker(queue.store, memory_limit=False)
+    worker.runner_id = liveness.register(queue.store).id
+    claimed, done = lifecycle.claim(queue.store, worker.runner_id), 0
+    gc.collect()
+    gc.disable()
+    try:
+        while claimed is not None:
+            claimed = worker.execute(claimed, claim_next=True)
+            done += 1
+        gc.set_debug(gc.DEBUG_SAVEALL)       # what a collection finds stays in gc.garbage
+        gc.collect()
+        in_cycles = collections.Counter(type(o).__name__ for o in gc.garbage if isinstance(
+            o, (CurrentRun, RunContext, ClaimedRun)))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert done == 30
+    assert in_cycles == {}, "left in cycles by %d runs: %s" % (done, dict(in_cycles))
     queue.close()

@@ -40,9 +40,11 @@ class CurrentRun:
             self.context, self.in_handler = context, True
 
     def close(self):
-        """The handler has returned, or never ran: the heartbeat's decisions end here."""
+        """The handler has returned, or never ran: the heartbeat's decisions end here. The
+        context is let go (its callbacks refer to this run: a cycle the garbage collector
+        would otherwise have to find, after every run)."""
         with self.lock:
-            self.in_handler, self.closed = False, True
+            self.in_handler, self.closed, self.context = False, True, None
 
     # -- the heartbeat thread
 

@@ -59,8 +59,9 @@ class Heartbeat:
         while not self.stopped.wait(wait):
             run = w.current
             try:
-                if run is not None and run.context is not None and not run.closed:
-                    run.context.flush_results()
+                context = run.context if run is not None else None
+                if context is not None and not run.closed:
+                    context.flush_results()
                 # A run being stopped shows as such (`status`: stopping) until the runner exits.
                 stopping = (run.stopping() or w.stop_reason) if run is not None else None
                 if shown_stopping and stopping is None and w.stop_reason is None:
