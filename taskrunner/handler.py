@@ -158,7 +158,8 @@ class RunContext:
     def __init__(self, run_id: int, task_id: int, attempt: int, data: Any, *,
                  queue: "TaskQueue", deadline: Optional[datetime] = None,
                  report: Optional[Callable[[Optional[int], Optional[str]], bool]] = None,
-                 stopping: Optional[Callable[[], bool]] = None, durable: Any = None,
+                 stopping: Optional[Callable[[], bool]] = None,
+                 durable: Optional[Callable[[], Any]] = None,
                  stop_info: Optional[Callable[[], Tuple[Optional[str], Optional[datetime]]]]
                  = None) -> None:
         self.id = run_id
@@ -171,7 +172,8 @@ class RunContext:
         self.lost = False
         self._report = report
         self._stopping = stopping
-        self._durable = durable
+        self._durable = durable          # makes the run's DurableRun, on first use
+        self._durable_made: Any = None
         self._stop_info = stop_info
         self._pending_progress: Optional[int] = None   # a percent not stored yet
         self._progress_warned = False
@@ -312,7 +314,9 @@ class RunContext:
     def _durable_run(self) -> Any:
         if self._durable is None:
             raise RuntimeError("durable execution needs a run executed by a runner")
-        return self._durable
+        if self._durable_made is None:
+            self._durable_made = self._durable()
+        return self._durable_made
 
     @property
     def resumed_from(self) -> Any:

@@ -288,7 +288,12 @@ def notify(path, count=None, queue=None):
 
 
 def notify_local(path):
-    """Wake every idle runner or waiter listening in `path` (no hub); never raises."""
+    """Wake every idle runner or waiter listening in `path` (no hub); never raises. With
+    nobody listening (no directory), one access() and no exception: the cost of every run's
+    end when nobody waits."""
+    if not os.access(path, os.F_OK):
+        _listings.pop(path, None)
+        return
     opened = _opened(path, "for senders")
     if opened is None:
         return

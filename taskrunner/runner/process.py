@@ -280,8 +280,8 @@ class Worker:
                 self.store, claimed.run_id, self.runner_id, pct, results),
             stopping=lambda: self.told_to_stop is not None or run.stopping() is not None,
             queue=self._queue_facade(), stop_info=lambda: self._stop_info(run),
-            durable=durable.DurableRun(self.store, claimed.run_id, claimed.task_id,
-                                       claimed.attempt, self.runner_id, clock=self.now))
+            durable=lambda: durable.DurableRun(self.store, claimed.run_id, claimed.task_id,
+                                               claimed.attempt, self.runner_id, clock=self.now))
         handler = cls()
         outcome = outcomes.Outcome(SUCCESS)
         try:
