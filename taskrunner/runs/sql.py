@@ -20,6 +20,7 @@ import json
 from datetime import datetime
 
 from ..host.wakeup import NOTIFY_SQL
+from ..store.db import executor
 from ..store.models import CANCELLED, RUNNING, SCHEDULED
 
 # -- the claim order (rule 2) ------------------------------------------------------------------
@@ -489,7 +490,7 @@ def claim(store, runner_id, queue, at, limit=1, flow=None):
     `flow`: (rate, keys, fair) of a queue under flow control (`flow_claim`, one run)."""
     if flow is not None and any(flow):
         return flow_claim(store, runner_id, queue, at, *flow)
-    execute, statements = store.db.execute_sql, claim_statements(store.backend, limit)
+    execute, statements = executor(store.db), claim_statements(store.backend, limit)
     if store.backend == "postgresql":
         return in_claim_order(execute(statements, (queue, runner_id, runner_id, at, at, at)),
                               CLAIMED_WIDTH)
@@ -541,7 +542,7 @@ def end_success(store, run_id, task_id, runner_id, results, at):
     dependents to release in this transaction).
     Race closed: a runner finishing a run someone timed out meanwhile (rule 4) — WHERE
     status = 'running' AND runner_id = ?, and the task is written only when the run was."""
-    execute = store.db.execute_sql
+    execute = executor(store.db)
     if store.backend == "postgresql":
         ended, dependents = execute(PG_SUCCESS_IN_TRANSACTION, (
             at, at, results, run_id, runner_id, at, at)).fetchone()

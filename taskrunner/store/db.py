@@ -423,9 +423,9 @@ def retry_transaction(db, fn, attempts=ATTEMPTS, lock=None, single_statement=Fal
             if single_statement:
                 return fn()
             if lock is None:
-                with db.atomic():
+                with write_transaction(db):
                     return fn()
-            with lock, db.atomic():
+            with lock, write_transaction(db):
                 return fn()
         except peewee.DatabaseError as exc:
             # DatabaseError, not only OperationalError: what is transient is decided by the
@@ -436,6 +436,58 @@ def retry_transaction(db, fn, attempts=ATTEMPTS, lock=None, single_statement=Fal
                     raise
                 raise cause from None
             time.sleep(min(0.5, 0.005 * 2 ** attempt))
+
+
+def write_transaction(db):
+    """A transaction block on `db`: peewee's atomic() inside another (a savepoint), else an
+    outermost `_Transaction`."""
+    return db.atomic() if db.transaction_depth() else _Transaction(db)
+
+
+class _Transaction:
+    """An outermost transaction as peewee's atomic() makes it, without its layers (a busy
+    SQLite runner opens one per job, and peewee's own costs it as much as the BEGIN and the
+    COMMIT): BEGIN (SQLite: IMMEDIATE, `open_database`'s lock_type), then COMMIT, or
+    ROLLBACK after an error, the commit's included. It is on peewee's stack meanwhile, so
+    that in_transaction() holds and an atomic() inside is a savepoint."""
+    __slots__ = ("db",)
+
+    def __init__(self, db):
+        self.db = db
+
+    def __enter__(self):
+        self.db.begin()
+        self.db.push_transaction(self)
+        return self
+
+    def __exit__(self, exc_type, exc, traceback):
+        db = self.db
+        db.pop_transaction()
+        if exc_type is not None:
+            db.rollback()
+            return False
+        try:
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
+        return False
+
+
+def executor(db):
+    """`db.execute_sql` for the statements of every job (sql.claim, sql.end_success): on
+    SQLite inside a transaction, the connection's own execute, its errors raised as peewee's
+    as execute_sql raises them, without the layers around it (a cursor made and checked, a
+    debug log line: together more than the statement of an indexed one-row UPDATE)."""
+    conn = db.connection() if db.in_transaction() else None
+    if not isinstance(conn, sqlite3.Connection):
+        return db.execute_sql
+    errors_as_peewee = peewee.__exception_wrapper__
+
+    def execute(statement, params=()):
+        with errors_as_peewee:
+            return conn.execute(statement, params)
+    return execute
 
 
 def first_error(exc):
