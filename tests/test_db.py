@@ -177,3 +177,42 @@ def test_reports_on_a_reachable_database_do_not_show_its_password(pg, shape, cap
     seen.extend(record.getMessage() for record in caplog.records)
     assert not [text for text in seen if SECRET in text]
     assert "***" in seen[1]
+
+
+class Refused(Exception):
+    pass
+
+
+def test_a_write_is_one_transaction_with_savepoints_inside(database):
+    """Store.write's transaction (store/db.py: _Transaction, peewee's atomic() without its
+    layers): an atomic() inside it is a savepoint whose failure undoes its own rows only;
+    a failure of the write undoes all of it; what committed stays."""
+    queue = database.queue()
+    store, db = queue.store, queue.store.db
+    db.execute_sql("CREATE TABLE tr_nested (x INTEGER)")
+
+    def rows():
+        return sorted(r[0] for r in db.execute_sql("SELECT x FROM tr_nested").fetchall())
+
+    def write():
+        db.execute_sql("INSERT INTO tr_nested (x) VALUES (1)")
+        assert db.in_transaction()
+        try:
+            with db.atomic():
+                db.execute_sql("INSERT INTO tr_nested (x) VALUES (2)")
+                raise Refused()
+        except Refused:
+            pass
+        with db.atomic():
+            db.execute_sql("INSERT INTO tr_nested (x) VALUES (3)")
+    store.write(write)
+    assert not db.in_transaction() and rows() == [1, 3]
+
+    def failing():
+        db.execute_sql("INSERT INTO tr_nested (x) VALUES (4)")
+        raise Refused()
+    with pytest.raises(Refused):
+        store.write(failing)
+    assert not db.in_transaction() and rows() == [1, 3]
+    db.execute_sql("DROP TABLE tr_nested")
+    queue.close()
