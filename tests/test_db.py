@@ -184,8 +184,8 @@ class Refused(Exception):
 
 
 def test_a_write_is_one_transaction_with_savepoints_inside(database):
-    """Store.write's transaction (store/db.py: _Transaction, peewee's atomic() without its
-    layers): an atomic() inside it is a savepoint whose failure undoes its own rows only;
+    """Store.write's transaction (store/db.py: write_transaction, peewee's transaction() at
+    depth 0): an atomic() inside it is a savepoint whose failure undoes its own rows only;
     a failure of the write undoes all of it; what committed stays."""
     queue = database.queue()
     store, db = queue.store, queue.store.db
@@ -215,4 +215,24 @@ def test_a_write_is_one_transaction_with_savepoints_inside(database):
         store.write(failing)
     assert not db.in_transaction() and rows() == [1, 3]
     db.execute_sql("DROP TABLE tr_nested")
+    queue.close()
+
+
+def test_a_write_runs_its_after_commit_callbacks_when_it_commits(database):
+    """peewee's db.after_commit(fn) inside a store write (an application's code in
+    run.transaction_step, say) runs fn once the write committed, and not at all when the
+    write rolled back — not later, at some other transaction's commit."""
+    queue = database.queue()
+    store, db = queue.store, queue.store.db
+    ran = []
+    store.write(lambda: db.after_commit(lambda: ran.append("committed")))
+    assert ran == ["committed"]
+
+    def failing():
+        db.after_commit(lambda: ran.append("rolled back"))
+        raise Refused()
+    with pytest.raises(Refused):
+        store.write(failing)
+    store.write(lambda: None)
+    assert ran == ["committed"]
     queue.close()

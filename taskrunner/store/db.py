@@ -439,39 +439,11 @@ def retry_transaction(db, fn, attempts=ATTEMPTS, lock=None, single_statement=Fal
 
 
 def write_transaction(db):
-    """A transaction block on `db`: peewee's atomic() inside another (a savepoint), else an
-    outermost `_Transaction`."""
-    return db.atomic() if db.transaction_depth() else _Transaction(db)
-
-
-class _Transaction:
-    """An outermost transaction as peewee's atomic() makes it, without its layers (a busy
-    SQLite runner opens one per job, and peewee's own costs it as much as the BEGIN and the
-    COMMIT): BEGIN (SQLite: IMMEDIATE, `open_database`'s lock_type), then COMMIT, or
-    ROLLBACK after an error, the commit's included. It is on peewee's stack meanwhile, so
-    that in_transaction() holds and an atomic() inside is a savepoint."""
-    __slots__ = ("db",)
-
-    def __init__(self, db):
-        self.db = db
-
-    def __enter__(self):
-        self.db.begin()
-        self.db.push_transaction(self)
-        return self
-
-    def __exit__(self, exc_type, exc, traceback):
-        db = self.db
-        db.pop_transaction()
-        if exc_type is not None:
-            db.rollback()
-            return False
-        try:
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
-        return False
+    """A transaction block on `db`: peewee's atomic() inside another (a savepoint), else its
+    transaction() — what atomic() makes at depth 0, without the wrapper around it (a busy
+    SQLite runner opens one per job). Either way peewee's own: savepoints inside,
+    after_commit callbacks run on commit and dropped on rollback."""
+    return db.atomic() if db.transaction_depth() else db.transaction()
 
 
 def executor(db):
