@@ -9,6 +9,8 @@ by timing it. Per tree: its own ``init-db`` of a SQLite database in tmpfs (``/de
 the disk's waits are not instructions, and its syncs cost nothing there), N no-op tasks
 (bench/backlog.py), then ``taskrunner runner --burst`` under callgrind, minus the same run
 with no task (start-up and exit); ``--floor``: bench/floor.py on the same backlog, likewise.
+``--db postgresql``: the same on a new PostgreSQL database per run (bench/common.py's
+server): the runner's side only, as the server's work is another process's.
 The two runs of a tree go side by side (two cores). Only user space is counted: the kernel's
 work for a system call (a lock, a sync, an open) is not, so count those with ``strace -c``.
 Needs valgrind; about a minute per tree at the default N.
@@ -22,6 +24,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
+from bench import common
 from bench.ab import tree_env
 from bench.backlog import add_backlog
 
@@ -41,7 +44,7 @@ def collected(argv, env, out):
     return int(found.group(1))
 
 
-def per_job(root, tasks, floor, scratch):
+def per_job(root, tasks, floor, scratch, backend="sqlite"):
     """(instructions per job, of the runner or the floor) of the tree at `root`."""
     env = dict(tree_env(root), PYTHONHASHSEED="0")
     config = os.path.join(scratch, "runner.toml")
@@ -49,8 +52,8 @@ def per_job(root, tasks, floor, scratch):
         fh.write(CONFIG)
 
     def prepared(count):
-        path = os.path.join(scratch, "%d.db" % count)
-        url = "sqlite:///" + path
+        url = ("sqlite:///" + os.path.join(scratch, "%d.db" % count) if backend == "sqlite"
+               else common.create_database(backend, "instr"))
         subprocess.run([sys.executable, "-m", "taskrunner", "--database", url, "init-db"],
                        env=env, check=True, capture_output=True)
         if count:
@@ -72,6 +75,7 @@ def main(argv=None):
                         help="a source tree's root (repeatable)")
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--floor", action="store_true", help="the raw-SQL floor too")
+    parser.add_argument("--db", default="sqlite", choices=("sqlite", "postgresql"))
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         parser.error("valgrind is not installed")
@@ -82,9 +86,10 @@ def main(argv=None):
     for root, floor in sides:
         scratch = tempfile.mkdtemp(prefix="trbench-instr-", dir=base)
         try:
-            count = per_job(root, args.tasks, floor, scratch)
+            count = per_job(root, args.tasks, floor, scratch, args.db)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+            common.cleanup()
         print("%-40s %s: %.0fk instructions per job" % (root, "floor" if floor else "runner",
                                                         count / 1000))
     return 0
