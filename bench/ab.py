@@ -9,6 +9,7 @@ set-based INSERT for both.
 """
 import argparse
 import os
+import subprocess
 import sys
 
 from bench import common
@@ -23,6 +24,14 @@ def tree_env(root):
     env = common.child_env()
     env["PYTHONPATH"] = root + os.pathsep + env["PYTHONPATH"]
     return env
+
+
+def run_in_tree(root, argv, env=None, **kwargs):
+    """subprocess.run of `argv` with taskrunner imported from `root`: `env` (default
+    tree_env(root)) and a working directory outside every tree. ``python -m`` and ``-c``
+    put the working directory first on sys.path, ahead of PYTHONPATH: started from a
+    checkout's root, the child imported that checkout's taskrunner whatever `root` was."""
+    return subprocess.run(argv, env=env or tree_env(root), cwd=common.workdir(), **kwargs)
 
 
 class TreeOverseer(OverseerProcess):

@@ -109,6 +109,7 @@ def _kill_group(pid):
 
 def cleanup():
     """Kill every child still running and drop every database created. Idempotent."""
+    global _workdir
     for child in list(_children):
         try:
             if isinstance(child, subprocess.Popen):
@@ -128,6 +129,7 @@ def cleanup():
             print("warning: could not drop %s database %s: %s" % (backend, name, exc), file=sys.stderr)
     if _workdir and not os.environ.get("BENCH_KEEP"):
         shutil.rmtree(_workdir, ignore_errors=True)
+        _workdir = None       # the next workdir() makes a new one
 
 
 # -- waiting -----------------------------------------------------------------------------

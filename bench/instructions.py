@@ -19,13 +19,12 @@ import argparse
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 from bench import common
-from bench.ab import tree_env
+from bench.ab import run_in_tree, tree_env
 from bench.backlog import add_backlog
 
 # A memory limit valgrind's own RSS cannot reach ([runner] memory_limit, in MB).
@@ -33,10 +32,10 @@ CONFIG = "[runner]\nmemory_limit = 100000\n"
 COLLECTED = re.compile(r"Collected : (\d+)")
 
 
-def collected(argv, env, out):
-    """Instructions callgrind counted running `argv`."""
-    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out]
-                          + argv, env=env, capture_output=True, text=True)
+def collected(root, argv, env, out):
+    """Instructions callgrind counted running `argv` of the tree at `root`."""
+    done = run_in_tree(root, ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out]
+                       + argv, env=env, capture_output=True, text=True)
     found = COLLECTED.search(done.stderr)
     if done.returncode or found is None:
         raise RuntimeError("%s failed (%d): %s" % (" ".join(argv), done.returncode,
@@ -54,8 +53,8 @@ def per_job(root, tasks, floor, scratch, backend="sqlite"):
     def prepared(count):
         url = ("sqlite:///" + os.path.join(scratch, "%d.db" % count) if backend == "sqlite"
                else common.create_database(backend, "instr"))
-        subprocess.run([sys.executable, "-m", "taskrunner", "--database", url, "init-db"],
-                       env=env, check=True, capture_output=True)
+        run_in_tree(root, [sys.executable, "-m", "taskrunner", "--database", url, "init-db"],
+                    env=env, check=True, capture_output=True)
         if count:
             add_backlog(url, count)
         if floor:
@@ -64,7 +63,7 @@ def per_job(root, tasks, floor, scratch, backend="sqlite"):
                 "--log-level", "warning", "runner", "--burst"]
     runs = [prepared(0), prepared(tasks)]
     with ThreadPoolExecutor(2) as pool:
-        empty, full = pool.map(lambda item: collected(item[1], env, os.path.join(
+        empty, full = pool.map(lambda item: collected(root, item[1], env, os.path.join(
             scratch, "callgrind-%d.out" % item[0])), enumerate(runs))
     return (full - empty) / tasks
 
@@ -83,15 +82,17 @@ def main(argv=None):
     sides = [(os.path.abspath(tree), False) for tree in args.tree]
     if args.floor:
         sides.append((os.path.abspath(args.tree[-1]), True))
-    for root, floor in sides:
-        scratch = tempfile.mkdtemp(prefix="trbench-instr-", dir=base)
-        try:
-            count = per_job(root, args.tasks, floor, scratch, args.db)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-            common.cleanup()
-        print("%-40s %s: %.0fk instructions per job" % (root, "floor" if floor else "runner",
-                                                        count / 1000))
+    try:
+        for root, floor in sides:
+            scratch = tempfile.mkdtemp(prefix="trbench-instr-", dir=base)
+            try:
+                count = per_job(root, args.tasks, floor, scratch, args.db)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            print("%-40s %s: %.0fk instructions per job" % (
+                root, "floor" if floor else "runner", count / 1000), flush=True)
+    finally:
+        common.cleanup()
     return 0
 
 

@@ -111,6 +111,23 @@ def test_the_bench_imports_no_test_module_and_its_server_harness_needs_no_pytest
     assert result.returncode == 0, result.stderr
 
 
+def test_a_child_of_a_tree_comparison_imports_that_tree_even_from_this_checkout(tmp_path,
+                                                                                monkeypatch):
+    """bench/ab.py's run_in_tree: started from this checkout's root (as the docs say to run
+    the bench), a child of another tree imports that tree's taskrunner. bench/instructions.py
+    ran its children in the caller's directory, which `python -m` puts ahead of PYTHONPATH,
+    so both of its "trees" were this checkout."""
+    from bench.ab import run_in_tree
+    other = tmp_path / "other"
+    (other / "taskrunner").mkdir(parents=True)
+    (other / "taskrunner" / "__init__.py").write_text("")
+    monkeypatch.chdir(ROOT)
+    done = run_in_tree(str(other), [sys.executable, "-c",
+                                    "import taskrunner; print(taskrunner.__file__)"],
+                       capture_output=True, text=True, check=True, timeout=60)
+    assert done.stdout.strip() == str(other / "taskrunner" / "__init__.py")
+
+
 # -- the peers of issue 32 and bench/durable.py --------------------------------------------
 
 def _postgres_or_skip():
