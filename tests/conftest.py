@@ -300,7 +300,13 @@ class Database:
         return store
 
     def write_config(self, path, text=""):
+        """A config file for this database with `text`'s sections. Unless `text` sets
+        [rotation], the built-in rotation task's timer is yearly instead of hourly: an
+        overseer's maintainer submits it at every full hour, and a test that ran across one
+        found a task (and a run) it had not added (CI, the kill -9 chaos test)."""
         pooler = 'pooler = "%s"\n' % self.pooler if self.pooler else ""
+        if "[rotation]" not in text:
+            text += '\n[rotation]\ntimer = "yearly"\n'
         path.write_text('[database]\nurl = "%s"\n%s%s' % (self.url, pooler, text))
         return str(path)
 

@@ -275,7 +275,8 @@ def wait_up(overseers, proc, runners):
 
 def own_tasks(*fields):
     """The tasks a test added: all but the built-in rotation task, which an overseer's
-    maintainer submits when a test runs across an hour ([rotation] timer = "hourly")."""
+    maintainer submits when its timer is due (hourly by default; yearly in the configs
+    conftest writes, and a test may set its own)."""
     return Task.select(*fields).where(Task.handler != "taskrunner.handlers.Rotate")
 
 
