@@ -4,23 +4,21 @@ source trees: ``python -m bench.server_instructions --tree /work/base --tree .
 
 bench/instructions.py counts a runner's own work; on PostgreSQL about half of a job's CPU
 is the server's, and timing it (bench/perjob.py) swings by +-20 % on a shared machine. This
-counts it: a throwaway cluster in tmpfs whose postmaster runs under callgrind (each backend
-it forks writes its own count when it exits), autovacuum off. Per tree: its own database
+counts it: a throwaway cluster (tests/servers.py's) whose postmaster runs under callgrind
+(each backend it forks writes its own count when it exits), autovacuum off. Per tree: its own database
 (``init-db``, N no-op tasks from bench/backlog.py, ANALYZE), then ``taskrunner runner
 --burst`` from that tree; the backends that served the runner are the ones that wrote their
 count while it ran. The figure is their instructions minus those of the same run with no
 task, per task: the statements the tree sends per job, as the wire protocol carries them,
 with the tree's own schema. Only user space is counted (a commit's fsync is the kernel's).
 ``--sql`` runs a statement on every database after its backlog (to weigh an index, say).
-Runs as root with Debian's PostgreSQL (``postgres`` user, /usr/lib/postgresql/N/bin) and
-valgrind; about two minutes per tree at the default N.
+Runs as root with Debian's PostgreSQL (pg_createcluster) and valgrind; about two minutes
+per tree at the default N.
 """
 import argparse
-import glob
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,52 +31,36 @@ from bench.ab import run_in_tree
 from bench.backlog import add_backlog
 from bench.instructions import CONFIG
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY = re.compile(r"^(?:summary|totals): (\d+)", re.M)
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def bindir():
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"))
-    if not found:
-        raise SystemExit("no PostgreSQL server binaries under /usr/lib/postgresql")
-    return os.path.dirname(found[-1])
-
-
 class Cluster:
-    """A throwaway cluster whose postmaster and backends run under callgrind."""
+    """tests/servers.py's throwaway cluster, its postmaster restarted under callgrind."""
 
     def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="trbench-pgcg-",
-                                    dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        shutil.chown(self.dir, "postgres", "postgres")
-        self.data, self.counts = os.path.join(self.dir, "data"), os.path.join(self.dir, "cg")
-        os.mkdir(self.counts)
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        from servers import PostgresCluster
+        self.cluster = cluster = PostgresCluster()
+        self.counts = tempfile.mkdtemp(prefix="trbench-pgcg-")
         shutil.chown(self.counts, "postgres", "postgres")
-        self.port, bin_ = free_port(), bindir()
-        subprocess.run(["runuser", "-u", "postgres", "--", os.path.join(bin_, "initdb"),
-                        "-D", self.data, "-A", "trust", "-U", "postgres"],
-                       check=True, capture_output=True)
-        self.proc = subprocess.Popen(
-            ["runuser", "-u", "postgres", "--", "valgrind", "--tool=callgrind",
-             "--callgrind-out-file=" + os.path.join(self.counts, "cg.%p"),
-             os.path.join(bin_, "postgres"), "-D", self.data, "-p", str(self.port),
-             "-k", self.dir, "-c", "listen_addresses=127.0.0.1", "-c", "autovacuum=off"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.admin = "postgresql://postgres@127.0.0.1:%d/postgres" % self.port
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                self.conn = common.connect(self.admin, autocommit=True)
-                break
-            except Exception:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("the callgrind cluster did not start")
-                time.sleep(0.5)
+        self.port = cluster.port
+        try:
+            cluster.ctl("stop")
+            # As pg_ctlcluster starts it: the configuration directory names the data one.
+            self.proc = subprocess.Popen(
+                ["runuser", "-u", "postgres", "--", "valgrind", "--tool=callgrind",
+                 "--callgrind-out-file=" + os.path.join(self.counts, "cg.%p"),
+                 "/usr/lib/postgresql/%s/bin/postgres" % cluster.version,
+                 "-D", "/etc/postgresql/%s/%s" % (cluster.version, cluster.name),
+                 "-c", "autovacuum=off"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            common.wait_until(cluster.accepts, 120, "the callgrind cluster to start")
+        except BaseException:
+            self.close()
+            raise
+        self.conn = common.connect(
+            "postgresql://postgres@127.0.0.1:%d/postgres" % self.port, autocommit=True)
 
     def database(self, name):
         self.conn.cursor().execute("CREATE DATABASE %s" % name)
@@ -110,11 +92,14 @@ class Cluster:
         return total
 
     def close(self):
-        self.conn.close()
-        subprocess.run(["runuser", "-u", "postgres", "--", os.path.join(bindir(), "pg_ctl"),
-                        "-D", self.data, "-m", "immediate", "stop"], capture_output=True)
-        self.proc.wait(60)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if getattr(self, "conn", None) is not None:
+            self.conn.close()
+        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", self.cluster.version,
+                        self.cluster.name, "stop", "-m", "immediate"], capture_output=True)
+        if getattr(self, "proc", None) is not None:
+            self.proc.wait(60)
+        self.cluster.drop()
+        shutil.rmtree(self.counts, ignore_errors=True)
 
 
 def served(cluster, root, count, scratch, sql=None):
