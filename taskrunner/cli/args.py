@@ -9,7 +9,7 @@ import sys
 from datetime import datetime, timezone
 
 from ..errors import InputError
-from ..masking import masked
+from ..masking import mask_url, masked
 
 
 # Characters that end a line for a terminal or for str.splitlines().
@@ -143,7 +143,6 @@ def open_queue(args):
 
 
 def masked_url(queue):
-    from ..store.db import mask_url
     return mask_url(queue.config.database.url)
 
 

@@ -23,6 +23,7 @@ from .queues import add_queue_command, add_rate_command, print_queues, print_rat
 from .workflows import add_workflow_command
 from ..handler import encode_data, load_handler
 from ..logs import setup_logging
+from ..masking import redactor, text_masker
 from ..runner import stops
 
 log = logging.getLogger("taskrunner.cli")
@@ -546,14 +547,10 @@ def _redactor(config):
     """Masks the database URL's secrets in log lines (tracebacks included), whatever quoted
     them: a driver's message, a handler's exception; and the values of task data's secret
     keys (``[task] secret_keys``) that a line quotes, such as the debug log's statements."""
-    from ..masking import text_masker
-    url, mask = config.database.url, text_masker(config.task.secret_keys)
-
-    def redact(text):
-        from ..store.db import redact as redact_url
-        text = redact_url(text, url)
-        return mask(text) if mask is not None else text
-    return redact
+    redact_url, mask = redactor(config.database.url), text_masker(config.task.secret_keys)
+    if mask is None:
+        return redact_url
+    return lambda text: mask(redact_url(text))
 
 
 def _not_utf8(argv):

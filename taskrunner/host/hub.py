@@ -33,7 +33,7 @@ import time
 
 from . import wakeup
 from .runtimedir import RuntimeDir
-from ..store.db import redact
+from ..masking import redact
 
 log = logging.getLogger("taskrunner.hub")
 

@@ -10,12 +10,13 @@ import re
 import sqlite3
 import sys
 import time
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import peewee
 from playhouse import db_url
 
 from ..errors import ConfigError, DatabaseUnavailable
+from ..masking import redact
 
 SCHEMES = {
     "sqlite": "sqlite",
@@ -23,80 +24,6 @@ SCHEMES = {
     "postgresql": "postgresql",
     "mysql": "mysql",
 }
-
-
-# Keywords whose value is a secret, in a query string (?password=...) or a libpq DSN
-# (host=... password=...). Keys are compared unquoted and case-insensitively.
-SECRET_KEYS = frozenset(("password", "passwd", "pwd", "pass", "sslpassword", "sslkey_password"))
-_KEY = re.compile(r"([^\s&;?=/'\"]+)(\s*=\s*)")
-_QUOTED = re.compile(r"'(?:\\.|[^'\\])*'?|\"(?:\\.|[^\"\\])*\"?")
-# A secret's unquoted value runs to the next "&key=" or the end: it may hold ' ', ';' or '&'
-# (masking a DSN's later words too is better than showing a part of a password).
-_NEXT_PARAMETER = re.compile(r"&[^\s&=/'\"]+\s*=")
-_USERINFO = re.compile(r"^\s*([^:/?#@\s]*:)?//")
-
-
-def _secret_values(url):
-    """Every secret `url` carries, as written and decoded: a driver's message may quote
-    either form."""
-    found = set()
-    masked = _mask_keywords(url)
-    start, at = masked.find("//"), masked.rfind("@")
-    if 0 <= start < at and ":" in masked[start + 2:at]:
-        found.add(masked[start + 2:at].partition(":")[2])
-    for key in _KEY.finditer(url):
-        if unquote(key.group(1)).strip().lower() in SECRET_KEYS:
-            quoted = _QUOTED.match(url, key.end())
-            following = _NEXT_PARAMETER.search(url, key.end())
-            end = quoted.end() if quoted else following.start() if following else len(url)
-            found.add(url[key.end():end].strip("'\""))
-    found |= {unquote(value) for value in found}
-    return {value for value in found if value}
-
-
-def redact(text, url=None):
-    """`text` with every password replaced by ***: a URL's userinfo password (from the first
-    ':' after '//' to the last '@', so an unencoded '@' or '/' in it does not leak a part),
-    ``password=`` in a query string and in a DSN of ``key=value`` words, whatever the scheme;
-    with `url`, also each secret of `url` wherever `text` quotes it (a driver's message).
-    The one function every error, log line and report goes through."""
-    if not isinstance(text, str):
-        text = str(text)
-    secrets = _secret_values(url) if isinstance(url, str) else set()
-    # Keywords first: a password in the query may hold an '@' that is not the userinfo's.
-    result = _mask_keywords(text)
-    if _USERINFO.match(result):
-        start, at = result.find("//"), result.rfind("@")
-        colon = result.find(":", start + 2)
-        if 0 <= colon < at:
-            result = result[:colon + 1] + "***" + result[at:]
-    # One or two characters are no secret, and masking them everywhere garbles the message.
-    for secret in sorted(secrets, key=len, reverse=True):
-        if len(secret) > 2:
-            result = result.replace(secret, "***")
-    return result
-
-
-def _mask_keywords(text):
-    out, pos = [], 0
-    while True:
-        key = _KEY.search(text, pos)
-        if key is None:
-            out.append(text[pos:])
-            return "".join(out)
-        out.append(text[pos:key.end()])
-        pos = key.end()
-        if unquote(key.group(1)).strip().lower() not in SECRET_KEYS:
-            continue   # scan on inside the value: "host= password=x" gives host "password=x"
-        quoted = _QUOTED.match(text, pos)
-        following = _NEXT_PARAMETER.search(text, pos)
-        pos = quoted.end() if quoted else following.start() if following else len(text)
-        out.append("***")
-
-
-def mask_url(url):
-    """The URL as it may be shown: `redact(url)`."""
-    return redact(url)
 
 
 def split_url(url):
@@ -332,6 +259,8 @@ def driver_error(exc):
 
 def _kind(exc):
     """One of "disconnect", "transient" or None for `exc`, by code only."""
+    if getattr(exc, "transient", False):    # an error that says so (hostlock.HostLockBusy)
+        return "transient"
     if isinstance(exc, peewee.InterfaceError):
         # peewee's own InterfaceError (database not initialised) and a driver's (PyMySQL's
         # (0, '') on a connection it already closed): in any case, no usable connection.
