@@ -1,6 +1,10 @@
 """Batched acknowledgements (``[runner] batch`` > 1, off by default): a busy runner claims
 up to `batch` runs in one transaction, executes them one by one, and records their successes
-together — one commit for many jobs instead of one per job.
+together — one commit for many jobs instead of one per job. A claim takes no more than the
+runner's share of the queue's backlog among the runners running (sql.backlog_share): runs
+added a few at a time go to as many runners. The share is read when the runner's last claim
+came back short of what it asked (it was idle, or the backlog thin): while claims come back
+full, the backlog is long and a full batch is its share.
 
 When outcomes are written (a flush):
 - when `batch` successes wait, or `flush_interval` after the first of them finished — by
@@ -112,6 +116,7 @@ class Batch:
         self.store, self.runner_id = store, runner_id
         self.size, self.interval = size, interval
         self.claimed = deque()
+        self.short = True               # the last claim found fewer runs than it asked for
         self.done = []
         self.first_done_at = None       # monotonic time the oldest of `done` finished
         self.checked_at = None          # when `claimed` was last read from the database
@@ -217,11 +222,14 @@ class Batch:
             if check:
                 kept = still_claimed(store, self.runner_id, list(self.claimed), now)
             elif claim is not None:
-                kept = lifecycle.claim_many(store, self.runner_id, claim[0], now, claim[1])
+                kept = lifecycle.claim_many(store, self.runner_id, claim[0], now, claim[1],
+                                            share=self.short)
             else:
                 kept = None
             return ended, kept
         ended, kept = store.write(step)
+        if claim is not None:
+            self.short = len(kept) < claim[1]
         if kept is not None:
             self.claimed = deque(kept)
             self.checked_at = time.monotonic()
