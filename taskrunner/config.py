@@ -452,7 +452,8 @@ DESCRIPTIONS = {
         "loss, faster; `off`.",
     ("database", "busy_timeout"):
         "SQLite only: how long to wait for another program's write lock before failing (this "
-        "host's taskrunner processes take turns on `<database>-hostlock` first).",
+        "host's taskrunner processes take turns on `<database>-hostlock` first, and wait no "
+        "longer for it).",
     ("database", "pooler"):
         "PostgreSQL only. `pgbouncer` when `url` goes through PgBouncer in transaction pooling "
         "mode: no server-side prepared statements and no LISTEN on `url`. `\"\"`: a direct "
@@ -476,7 +477,8 @@ DESCRIPTIONS = {
         "`[overseer] heartbeat_timeout`.",
     ("runner", "batch"):
         "Runs a busy runner claims in one transaction, their successes committed together "
-        "(batched acknowledgements; at most 1000). 1 = one run at a time.",
+        "(batched acknowledgements; at most 1000), and no more than its share of the "
+        "queue's backlog among the running runners. 1 = one run at a time.",
     ("runner", "flush_interval"):
         "With `batch` > 1: the longest a success waits before it is committed (at most 1s). A "
         "crash re-executes the successes not committed yet.",

@@ -12,12 +12,13 @@ import os
 import signal
 import stat
 import threading
+import time
 
 import pytest
 from peewee import fn
 
 from conftest import START_TIMEOUT, wait_for
-from taskrunner.host.hostlock import SUFFIX, HostLock
+from taskrunner.host.hostlock import SUFFIX, HostLock, HostLockBusy
 from taskrunner.store.models import RUNNER, SUCCESS, Run, Runner, Task
 from taskrunner.api import TaskQueue
 
@@ -73,6 +74,110 @@ def test_a_write_waits_for_the_holder_of_the_host_lock_and_goes_on_when_it_lets_
     queue.close()
 
 
+def _hog(config, held, rounds):
+    """In a child: `rounds` times, take the host lock, commit a write, keep the lock 0.3 s
+    (a slow fsync on a loaded disk) and take it again the moment it was let go: a writer
+    that makes progress but leaves a poller almost no gap."""
+    queue = TaskQueue(config)
+    lock = queue.store.host_lock
+    for n in range(rounds):
+        with lock:
+            queue.add_task(ECHO, data={"who": "hog"})
+            held.set()
+            time.sleep(0.3)
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_stopping_runner_retires_its_row_behind_writers_that_make_progress(sqlite_db, procs,
+                                                                             tmp_path):
+    """A runner told to stop retires its row in one bounded try (BRIEF), so that a database
+    locked by another program never holds it up. Eight runners stopped at once on a loaded
+    machine each fsync their retire: the last one found the host lock held for more than
+    BRIEF, gave up and left its row `running` (a CI failure of
+    test_20_runners_started_at_once_never_exceed_the_limit). Writers that commit are worth
+    waiting for: the runner tries again while the database's commit count moves. (The other
+    side, a lock held without progress, is test_maintainer's group stop while another
+    program holds SQLite's lock: the idle runner exits within 2 s.)"""
+    config = sqlite_db.write_config(tmp_path / "c.toml", "[runner]\npoll_interval = 0.1\n")
+    queue = sqlite_db.queue()
+    runner = procs.spawn("runner", config=config)
+    wait_for(lambda: Runner.get_or_none(Runner.pid == runner.pid), timeout=START_TIMEOUT,
+             message="the runner to register")
+    context = multiprocessing.get_context("fork")
+    held = context.Event()
+    hog = context.Process(target=_hog, args=(sqlite_db.config(), held, 6))
+    hog.start()
+    try:
+        assert held.wait(START_TIMEOUT), "the hog did not take the lock"
+        os.killpg(runner.pid, signal.SIGTERM)
+        assert procs.wait(runner) == 0, procs.logs([runner])
+        hog.join(60)
+        assert hog.exitcode == 0
+    finally:
+        hog.join(10)
+    row = Runner.get(Runner.pid == runner.pid)
+    assert row.status == SUCCESS, "the row was left %s\n%s" % (row.status,
+                                                               procs.logs([runner]))
+    queue.close()
+
+
+def _hold_and_freeze(path, held):
+    """In a child: take the host lock, say so, and stop (SIGSTOP) while holding it."""
+    with HostLock(path):
+        held.set()
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+@pytest.mark.timeout(120)
+def test_a_write_behind_a_frozen_holder_of_the_host_lock_fails_after_busy_timeout(sqlite_db):
+    """An operator freezes a process (SIGSTOP) while it holds the host lock: in CI, an
+    overseer stopped in the middle of a check's write, and the application's add_task then
+    waited in flock for ever (test_wakeup_hub::test_a_wake_up_does_not_wait_for_the_overseer
+    timed out). Behind SQLite's own lock the same write fails after busy_timeout ("database
+    is locked"); behind the host lock it must not wait longer."""
+    queue = sqlite_db.queue(database={"busy_timeout": 1})
+    queue.add_task(ECHO)          # the lock file exists from the first write on
+    context = multiprocessing.get_context("fork")
+    held = context.Event()
+    holder = context.Process(target=_hold_and_freeze, args=(queue.store.db.database, held))
+    holder.start()
+    outcome = []
+
+    def add():
+        try:
+            outcome.append(queue.add_task(ECHO))
+        except Exception as exc:  # the expected end: the database was busy
+            outcome.append(exc)
+    writer = threading.Thread(target=add, daemon=True)
+    try:
+        assert held.wait(START_TIMEOUT), "the holder did not take the lock"
+        wait_for(lambda: not holder.is_alive() or _stopped(holder.pid),
+                 message="the holder to stop")
+        writer.start()
+        # busy_timeout 1 s for each of the write's tries, and a margin: not for ever.
+        writer.join(20)
+        assert outcome, "add_task still waits on the host lock a frozen process holds"
+        assert isinstance(outcome[0], HostLockBusy), outcome
+    finally:
+        holder.kill()
+        holder.join(10)
+        writer.join(30)
+        queue.close()
+
+
+def test_a_host_lock_held_too_long_is_a_busy_database_tried_again():
+    """As SQLite's "database is locked": an unbounded store's write and a runner's
+    outage handling try again (store.db.retry_transaction, store.outage.call_through)."""
+    from taskrunner.store.db import is_transient
+    assert is_transient(HostLockBusy("the host lock x-hostlock was held by another writer"))
+
+
+def _stopped(pid):
+    with open("/proc/%d/stat" % pid) as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
 def test_the_lock_file_is_the_owners_alone(sqlite_db):
     queue = sqlite_db.queue()
     queue.add_task(ECHO)
@@ -100,6 +205,81 @@ def test_the_host_lock_is_re_entered_by_its_holder_and_released_by_the_outermost
             pass
         assert not _free_elsewhere(lock.path), "released by the inner exit"
     assert _free_elsewhere(lock.path)
+
+
+def _hold_until(path, held, release):
+    """In a child: take the host lock, say so, and let go when told."""
+    with HostLock(path):
+        held.set()
+        release.wait(60)
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """Another process holding the host lock of tmp_path/x.db: (path, release event)."""
+    path = str(tmp_path / "x.db")
+    context = multiprocessing.get_context("fork")
+    held, release = context.Event(), context.Event()
+    process = context.Process(target=_hold_until, args=(path, held, release))
+    process.start()
+    try:
+        assert held.wait(START_TIMEOUT), "the holder did not take the lock"
+        yield path, release
+    finally:
+        release.set()
+        process.join(10)
+
+
+@pytest.mark.timeout(60)
+def test_a_bounded_wait_that_gave_up_leaves_no_lock_behind(holder):
+    """A wait with a timeout blocks in flock in a thread of its process, so the holder's
+    hand-over is immediate. Given up (HostLockBusy), that flock stays pending; granted later
+    with nobody waiting, the thread lets it go at once: another process can take the lock,
+    and so can this one's next wait."""
+    path, release = holder
+    lock = HostLock(path, timeout=0.2)
+    with pytest.raises(HostLockBusy, match="held by another writer for 0.2s"):
+        with lock:
+            pass
+    assert _lock_waiters(path + SUFFIX) == 1, "the flock it gave up on is not pending"
+    release.set()
+    wait_for(lambda: _free_elsewhere(path + SUFFIX), timeout=10,
+             message="the lock granted after the wait gave up to be let go")
+    with lock:
+        assert not _free_elsewhere(path + SUFFIX)
+    assert _free_elsewhere(path + SUFFIX)
+
+
+@pytest.mark.timeout(60)
+def test_the_next_wait_takes_over_the_flock_a_wait_gave_up_on(holder):
+    """Waits that give up leave one pending flock per process, never one each; the next
+    wait gets the lock from it the moment the holder lets go."""
+    path, release = holder
+    lock = HostLock(path, timeout=0.1)
+    for _ in range(3):
+        with pytest.raises(HostLockBusy):
+            with lock:
+                pass
+    assert _lock_waiters(path + SUFFIX) == 1
+    lock.timeout = 30
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold():
+        with lock:
+            inside.set()
+            leave.wait(30)
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert not inside.is_set(), "it took the lock while another process held it"
+        assert _lock_waiters(path + SUFFIX) == 1
+        release.set()
+        assert inside.wait(10), "the wait did not get the lock when the holder let go"
+        assert not _free_elsewhere(path + SUFFIX)
+    finally:
+        leave.set()
+        thread.join(10)
+    assert _free_elsewhere(path + SUFFIX)
 
 
 def _free_elsewhere(path):

@@ -85,7 +85,9 @@ class Store:
         if self.is_sqlite:
             _create_private(self.db.database)
             if self.db.database != ":memory:":
-                self.host_lock = HostLock(self.db.database, timeout=patience)
+                # Never longer than SQLite's own lock would keep it waiting (hostlock.py).
+                self.host_lock = HostLock(self.db.database, timeout=patience if patience
+                                          is not None else config.database.busy_timeout)
         self.wakeup_directory = wakeup.directory(self.url, config.runner.wakeup_dir)
         self.waiters_directory = self.wakeup_directory + wakeup.ENDED
         self.origin = wakeup.origin(self.wakeup_directory)
@@ -167,6 +169,19 @@ class Store:
             started = utcnow() - timedelta(seconds=float(uptime))
         known = [t for t in (started, reachable_since) if t is not None]
         return max(known) if known else None
+
+    def commit_count(self):
+        """SQLite: a number that changes whenever another connection commits to the database
+        (PRAGMA data_version), read without waiting for the write lock; None on the other
+        backends, or when it cannot be read. A bounded writer that found the database busy
+        tells by it whether the writers ahead of it make progress (worth waiting for) or one
+        holds the lock and commits nothing."""
+        if not self.is_sqlite:
+            return None
+        try:
+            return self.db.execute_sql("PRAGMA data_version").fetchone()[0]
+        except (pw.OperationalError, pw.InterfaceError):
+            return None
 
     # -- transactions -----------------------------------------------------------------------
 
