@@ -41,10 +41,10 @@ def _running():
     return Runner.select().where((Runner.status == RUNNING) & (Runner.kind != MAINTAINER)).count()
 
 
-def _start_overseer(database, tmp_path, base, limit):
+def _start_overseer(database, tmp_path, base, limit, more=""):
     config = database.write_config(
         tmp_path / "c.toml", '[runner]\npoll_interval = 60\nwakeup_dir = "%s"\nlimit = %d\n'
-        '[log]\nlevel = "debug"\n' % (base, limit))
+        '[log]\nlevel = "debug"\n%s' % (base, limit, more))
     log_path = tmp_path / "overseer.log"
     overseer = spawn("overseer", config=config, log_path=log_path)
     hub = os.path.join(wakeup.directory(database.url, base), wakeup.HUB)
@@ -95,6 +95,140 @@ def test_a_new_task_wakes_one_idle_runner_not_all(database_sp, tmp_path, short_d
         wait_for(lambda: len(read_records(log)) == 9, timeout=10, message="the batch to run")
         wait_for(lambda: len(_woken(log_path)) - before >= 2, timeout=5, message="wake-ups")
         assert len(_woken(log_path)) - before <= 3
+    finally:
+        stop_process(overseer, signal.SIGTERM)
+        queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_runner_the_hub_wakes_claims_without_looking_first(database_sp, tmp_path, short_dir):
+    """The hub wakes one idle runner per run added, so a woken runner has work: it claims at
+    once, guarded, without its look for work first (a round trip less between the enqueue
+    and the handler: bench/run.py --only pickup). Without a hub every runner is woken, and
+    each looks (a read) before it claims."""
+    queue = database_sp.queue(runner={"wakeup_dir": short_dir})
+    overseer, log_path = _start_overseer(database_sp, tmp_path, short_dir, limit=1)
+    try:
+        log = str(tmp_path / "records")
+        wait_for(lambda: LOOK in log_path.read_text(errors="replace"),
+                 message="the runner to look once and go idle")
+        checked = 0
+        for n in range(1, 7):
+            since = len(log_path.read_text(errors="replace"))
+            task_id = queue.add_task("sample_handlers.Record", data={"log": log})
+            wait_for(lambda: len(read_records(log)) == n, timeout=10, message="the run")
+            text = log_path.read_text(errors="replace")[since:]
+            started = text.index("of task %d started" % task_id)
+            found = WOKEN.search(text[:started])
+            if found is None:
+                continue     # added while the runner still looked after its last run
+            assert LOOK not in text[found.end():started], text[found.end():started]
+            checked += 1
+            if checked == 2:
+                break
+        assert checked == 2, "the runner was woken for %d of %d tasks" % (checked, n)
+    finally:
+        stop_process(overseer, signal.SIGTERM)
+        queue.close()
+
+
+def _idle_with_its_order_read(database, tmp_path, short_dir):
+    """An overseer with one runner that looked and waits: its claim order stays what
+    that look read (poll interval 60 s), and counts as fresh for a minute (check_interval:
+    a busy runner re-reads it no sooner)."""
+    overseer, log_path = _start_overseer(database, tmp_path, short_dir, limit=1,
+                                         more="[overseer]\ncheck_interval = 60\n")
+    # Its first look is for its first claim, unguarded: a pause committed after that look
+    # and before the claim does not stop it (CI). Its second is as it goes idle.
+    wait_for(lambda: log_path.read_text(errors="replace").count(LOOK) >= 2,
+             message="the runner to look for its first claim, then as it goes idle")
+    return overseer, log_path
+
+
+def _mail_paused_after_the_look(database, tmp_path, short_dir):
+    """(queue, overseer, its log): the queue "mail" is in the claim order the idle runner
+    read (_idle_with_its_order_read), then paused, which wakes nobody."""
+    queue = database.queue(runner={"wakeup_dir": short_dir})
+    queue.pause_queue("mail", create=True)
+    queue.resume_queue("mail")
+    overseer, log_path = _idle_with_its_order_read(database, tmp_path, short_dir)
+    if not queue.pause_queue("mail"):
+        stop_process(overseer, signal.SIGTERM)
+        raise AssertionError("mail was paused already")
+    return queue, overseer, log_path
+
+
+def _scheduled(task_id):
+    return Task.get_by_id(task_id).last_status == "scheduled"
+
+
+@pytest.mark.timeout(120)
+def test_a_claim_without_a_look_leaves_a_queue_paused_since_alone(database_sp, tmp_path,
+                                                                  short_dir):
+    """The runner the hub woke claims on the claim order of its last look, however old: a
+    queue paused since is still in it, so the claim itself leaves that queue alone
+    (sql.CLAIM_GUARD). The runner then looks and claims what may be claimed. And the
+    claims it makes while busy after that one use a claim order read after it, not that
+    old one (CI: a busy runner's claim of its next run took the paused queue's tasks).
+    (PostgreSQL and SQLite: on MySQL a runner always looks first.)"""
+    queue, overseer, log_path = _mail_paused_after_the_look(database_sp, tmp_path, short_dir)
+    try:
+        log = str(tmp_path / "records")
+        mail = queue.add_task("sample_handlers.Record", data={"log": log}, queue="mail")
+        wait_for(lambda: _woken(log_path), message="the hub to wake the runner")
+        plain = queue.add_task("sample_handlers.Record", data={"log": log})
+        wait_for(lambda: read_records(log), timeout=10, message="the default task to run")
+        assert [task for task, _, _ in read_records(log)] == [plain]
+        assert _scheduled(mail)
+    finally:
+        stop_process(overseer, signal.SIGTERM)
+        queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_after_a_claim_without_a_look_the_next_claim_reads_the_claim_order_again(
+        database_sp, tmp_path, short_dir):
+    """The claims a runner makes while busy use its claim order until check_interval has
+    passed since it was read: after a claim without a look, that order is the old one, which
+    still has a queue paused since. So the claim of the next run, made with the outcome,
+    reads the claim order first (CI: a busy runner took the paused queue's tasks)."""
+    queue, overseer, log_path = _mail_paused_after_the_look(database_sp, tmp_path, short_dir)
+    try:
+        log = str(tmp_path / "records")
+        mail, plain = queue.add_tasks([
+            {"handler": "sample_handlers.Record", "data": {"log": log}, "queue": "mail"},
+            {"handler": "sample_handlers.Record", "data": {"log": log}}])
+        wait_for(lambda: read_records(log), timeout=10, message="the default task to run")
+        with_outcome = "of task %d finished" % plain
+        wait_for(lambda: with_outcome in log_path.read_text(errors="replace"), timeout=10,
+                 message="its outcome, and the claim made with it")
+        wait_for(lambda: LOOK in log_path.read_text(errors="replace").split(with_outcome)[1],
+                 timeout=10, message="the runner to look after it")
+        assert [task for task, _, _ in read_records(log)] == [plain]
+        assert _scheduled(mail)
+    finally:
+        stop_process(overseer, signal.SIGTERM)
+        queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_claim_without_a_look_keeps_a_rate_limit_set_since(database_sp, tmp_path, short_dir):
+    """No rate key had a limit at the runner's last look, so its claims read no bucket; a
+    limit set since must still hold for the claim the hub's wake-up makes without a look."""
+    queue = database_sp.queue(runner={"wakeup_dir": short_dir})
+    overseer, log_path = _idle_with_its_order_read(database_sp, tmp_path, short_dir)
+    try:
+        log = str(tmp_path / "records")
+        queue.set_rate_limit("api", "1/min")
+        first, second = queue.add_tasks([{"handler": "sample_handlers.Record",
+                                          "data": {"log": log}, "rate_key": "api"}] * 2)
+        wait_for(lambda: read_records(log), timeout=10, message="one keyed task to run")
+        plain = queue.add_task("sample_handlers.Record", data={"log": log})
+        wait_for(lambda: len(read_records(log)) == 2, timeout=10,
+                 message="the task without a key to run")
+        ran = [task for task, _, _ in read_records(log)]
+        assert ran[1] == plain and ran[0] in (first, second), ran
+        assert _scheduled(second if ran[0] == first else first)
     finally:
         stop_process(overseer, signal.SIGTERM)
         queue.close()

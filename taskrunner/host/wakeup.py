@@ -148,6 +148,9 @@ class Listener:
         name = "%d.%s.sock" % (os.getpid(), secrets.token_hex(4))
         self.path = os.path.join(path, name)
         self.announced = False
+        # Whether the last drain() read a wake-up sent to this runner alone: it had told a
+        # hub it was idle, and a hub wakes one idle runner per run added.
+        self.called = False
         for attempt in range(3):
             self.dir = RuntimeDir.open(path, create=True)
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -178,6 +181,7 @@ class Listener:
                 woken = True
         except (BlockingIOError, InterruptedError):
             pass
+        self.called = woken and self.announced
         if woken:
             self.announced = False
         return woken
@@ -386,8 +390,10 @@ def notify_in_transaction(db, count=None, queue=None, sender=""):
 
 class PostgresListener:
     """A standalone runner's LISTEN on its own connection; a NOTIFY makes its socket
-    readable. One that arrives during another query is kept by psycopg and yielded by the
-    next drain, and the runner checks for work after every wait anyway."""
+    readable. One that arrives while the runner waits for another query's result is read
+    with that result and kept by psycopg (3.2.4 and later), so the socket stays quiet: the
+    runner drains before it blocks as well as after. It LISTENs before it looks for work,
+    so a task committed after the look is never missed."""
 
     def __init__(self, db):
         self.db = db
@@ -404,6 +410,8 @@ class PostgresListener:
         return self.connection.fileno()
 
     def drain(self):
+        """Whether any notification had arrived (all are consumed)."""
+        heard = False
         for _ in self.connection.notifies(timeout=0):
-            pass
-        return True
+            heard = True
+        return heard

@@ -29,7 +29,7 @@ import peewee as pw
 
 from . import batches, outcomes, stops
 from ..fleet import leadership, liveness, maintenance
-from ..runs import durable, flow, lifecycle, queues
+from ..runs import durable, flow, lifecycle, queues, sql
 from ..store import outage
 from ..store.bound import BRIEF
 from ..periodic import scheduler as periodic
@@ -83,6 +83,7 @@ class Worker:
         # The queues it serves (None: all); `claim_order` is re-read every check_interval.
         self.serving = tuple(serving) if serving is not None else None
         self.claim_order, self._order_read_at = (), None
+        self._unlooked = False      # the next claim is guarded, without a look (_idle)
         # Off for work run inside someone else's process (run_pending): its RSS is the
         # application's, not a runner's that may be replaced, and it takes no runner slot.
         self.memory_limit = memory_limit
@@ -160,15 +161,20 @@ class Worker:
             raise Interrupted(reason)
 
     def _wait(self, timeout):
-        """Sleep until a signal, a wake-up from whoever added work, or `timeout`."""
+        """Sleep until a signal, a wake-up from whoever added work, or `timeout`. Returns
+        whether the hub woke this runner alone, for a run added (Listener.called)."""
         sources = [fd for fd in (self._wake_r, self._listener) if fd is not None]
         if self._pg_listener is not None:
             self._pg_listener.ensure()
+            if self._pg_listener.drain():      # it came with another query's result
+                log.debug("runner %d woken", self.runner_id)
+                return False
             sources.append(self._pg_listener)
         if not sources:
             time.sleep(timeout)
-            return
+            return False
         ready, _, _ = select.select(sources, [], [], timeout)
+        called = False
         for source in ready:
             if source is self._wake_r:
                 try:
@@ -177,6 +183,8 @@ class Worker:
                     pass
             elif source.drain():
                 log.debug("runner %d woken", self.runner_id)
+                called = called or source is self._listener and source.called
+        return called
 
     # -- heartbeat ----------------------------------------------------------------------
 
@@ -409,8 +417,11 @@ class Worker:
                 maintenance.process_queue(self.store, reachable_since=self.db_back_at,
                                           lease=self.lease)
                 self._maintained_at = time.monotonic()
-            # Told before looking: news sent after the look still wakes this runner.
+            # Told (and LISTENing) before looking: news sent after the look still wakes
+            # this runner.
             told = listener is None or listener.idle(self.serving)
+            if self._pg_listener is not None:
+                self._pg_listener.ensure()
             if self._look():
                 # Runs wait, but a rate limit holds them back: sleep until its next token
                 # (a signal or news of other work wakes it sooner), never polling faster.
@@ -422,9 +433,23 @@ class Worker:
                     listener.leave()
                 return
             if told:
-                self._wait(interval)
+                if self._wait(interval) and self._claims_unlooked():
+                    # The hub woke this runner alone for a run added: it claims at once,
+                    # guarded, without a look first (one round trip less to the run's
+                    # start); an empty claim brings it back here, to look.
+                    self._unlooked = True
+                    return
             else:
                 self._tell_again(listener, interval)
+
+    def _claims_unlooked(self):
+        """Whether a claim may skip the look before it: a guarded claim (sql.CLAIM_GUARD)
+        can stand in for it — one run at a time, on PostgreSQL or SQLite (on MySQL the
+        guard would be a statement of its own, as the look is), and no queue of the last
+        claim order under flow control (those claims read what the look read themselves)."""
+        return self.batch is None and self._order_read_at is not None \
+            and self.store.backend in sql.GUARDED_BACKENDS and not any(
+            flow.claim_flow(self.store, queue) for queue in self.claim_order)
 
     def _tell_again(self, listener, interval):
         """The hub lags (its queue is full): tell it again every TELL_AGAIN, without
@@ -473,8 +498,7 @@ class Worker:
                 self._work_batched(burst)       # returns when the runner is to exit
             while claimed is not None or not self._should_exit():
                 if claimed is None:
-                    claimed = self._with_database(lambda: lifecycle.claim(
-                        self.store, self.runner_id, self._claim_order(), self.now()),
+                    claimed = self._with_database(self._claim,
                                                   reconnected=self._give_back_lost_claims,
                                                   while_stopping=False)
                     if claimed is None:
@@ -500,6 +524,17 @@ class Worker:
             log.info("runner %d exiting after %d runs: %s", self.runner_id, self.runs_done,
                      self.stop_reason)
         return self.runs_done
+
+    def _claim(self):
+        """One claim of a run; right after the hub woke this runner, a guarded one on the
+        claim order of its last look, however old (see _idle). The claims it makes while
+        busy after that one trust the order for check_interval after it was read: so the
+        next reads it again first."""
+        if not self._unlooked:
+            return lifecycle.claim(self.store, self.runner_id, self._claim_order(), self.now())
+        self._unlooked, self._order_read_at = False, None
+        return lifecycle.claim(self.store, self.runner_id, self.claim_order, self.now(),
+                               guarded=True)
 
     def _register(self):
         """The runner row (None: stopped while the disk could not take it); RunnerLimitReached
@@ -571,16 +606,29 @@ class Worker:
                         self.runner_id)
 
     def _retire_briefly(self):
-        """Told to stop: one try on a bounded store, so that a locked or unreachable database
+        """Told to stop: tries on a bounded store, so that a locked or unreachable database
         never keeps a stopping runner from exiting (its overseer's graceful_timeout, a
-        supervisor's stop timeout); a row left ``running`` is swept by its PID."""
+        supervisor's stop timeout); a row left ``running`` is swept by its PID. SQLite: a
+        try that found the database busy is made again while other writers commit (this
+        host's runners stopping at once, each retire with its fsync), until graceful_timeout
+        from the stop signal; a lock held by a writer that commits nothing (another program,
+        a writer waiting behind it) ends the tries at once."""
         store = self.store.bounded()
+        deadline = self.told_to_stop + self.config.overseer.graceful_timeout
         try:
-            liveness.retire(store, self.runner_id, self.stop_reason, rss=self.rss(),
-                            runs_done=self.runs_done)
-        except (pw.OperationalError, pw.InterfaceError) as exc:
-            log.warning("runner %d could not retire its row (%s): its PID will tell",
-                        self.runner_id, outage.first_line(exc))
+            seen = store.commit_count()
+            while True:
+                try:
+                    liveness.retire(store, self.runner_id, self.stop_reason, rss=self.rss(),
+                                    runs_done=self.runs_done)
+                    return
+                except (pw.OperationalError, pw.InterfaceError) as exc:
+                    now = store.commit_count()
+                    if now is None or now == seen or time.monotonic() >= deadline:
+                        log.warning("runner %d could not retire its row (%s): its PID will "
+                                    "tell", self.runner_id, outage.first_line(exc))
+                        return
+                    seen = now
         finally:
             store.close()
 

@@ -160,34 +160,43 @@ def runs_of_runner_query(store, runner_id):
                                                  & run_status_is(Run, RUNNING))
 
 
-def claim(store, runner_id, queues=(DEFAULT_QUEUE,), now=None):
+def claim(store, runner_id, queues=(DEFAULT_QUEUE,), now=None, guarded=False):
     """Start the next run for `runner_id` from the first of `queues` (names, in the order
     to try) that has one: highest priority first, FIFO within a priority within a queue
-    (rule 2; the race it closes: sql.claim). Returns a ClaimedRun or None."""
+    (rule 2; the race it closes: sql.claim). Returns a ClaimedRun or None. `guarded`: none
+    from a queue paused meanwhile, and none while a rate key has a limit (sql.CLAIM_GUARD;
+    for `queues` without flow control only)."""
     now = now or utcnow()
     at = store.database_time(now)
     if store.backend == "postgresql":
         # One statement per queue tried, each its own transaction.
-        return _claim_step(store, runner_id, queues, now, at)
-    return store.write(lambda: _claim_step(store, runner_id, queues, now, at))
+        return _claim_step(store, runner_id, queues, now, at, guarded)
+    return store.write(lambda: _claim_step(store, runner_id, queues, now, at, guarded))
 
 
-def claim_many(store, runner_id, queues, now, limit):
+def claim_many(store, runner_id, queues, now, limit, share=True):
     """Inside the caller's write transaction: up to `limit` runs for `runner_id`, from
-    `queues` in turn, in the claim order (rule 2, as `claim`). A list of ClaimedRun."""
+    `queues` in turn, in the claim order (rule 2, as `claim`); with `share`, of each queue
+    no more than this runner's share of its backlog (sql.backlog_share). A list of
+    ClaimedRun."""
     at, claimed = store.database_time(now), []
     for queue in queues:
         if len(claimed) >= limit:
             break
+        control = flow.claim_flow(store, queue)
+        want = limit - len(claimed)
+        if share and want > 1 and control is None:
+            want = sql.backlog_share(store, queue, want)
         claimed += [ClaimedRun(*row, now) for row in sql.claim(
-            store, runner_id, queue, at, limit - len(claimed), flow.claim_flow(store, queue))]
+            store, runner_id, queue, at, want, control)]
     return claimed
 
 
-def _claim_step(store, runner_id, queues, now, at):
+def _claim_step(store, runner_id, queues, now, at, guarded=False):
     """claim() inside the caller's write transaction: each queue in turn."""
     for queue in queues:
-        rows = sql.claim(store, runner_id, queue, at, flow=flow.claim_flow(store, queue))
+        rows = sql.claim(store, runner_id, queue, at, flow=flow.claim_flow(store, queue),
+                         guarded=guarded)
         if rows:
             return ClaimedRun(*rows[0], now)
     return None

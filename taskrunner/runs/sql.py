@@ -100,17 +100,30 @@ def _sqlite_apart(columns):
 # marked is the one left: the fleet's pass ends that run (liveness.end_orphaned_runs), and the
 # runner's heartbeat finds its row dead and its run taken away.
 RUNNER_ALIVE = "EXISTS (SELECT 1 FROM task_runners WHERE id = %s AND status = 'running')"
+# A guarded claim (`claim(..., guarded=True)`) also checks what a runner's look reads before an
+# ordinary claim: the queue is not paused, and no rate key has a limit (then the claim would
+# be a flow claim). A runner the hub woke for a new run claims so at once, on the claim order
+# of its last look, however old: what changed since makes the claim come back empty, and the
+# runner looks, then claims again. Only on GUARDED_BACKENDS (see claim_statements).
+GUARDED_BACKENDS = ("postgresql", "sqlite")
+CLAIM_GUARD = ("NOT EXISTS (SELECT 1 FROM task_queues AS q WHERE q.name = task_runs.queue "
+               "AND q.paused) AND NOT EXISTS (SELECT 1 FROM task_rate_buckets AS b "
+               "WHERE b.kind = 'key')")
+
+
+def _guard(guarded):
+    return "\n        AND " + CLAIM_GUARD if guarded else ""
 
 # -- PostgreSQL --------------------------------------------------------------------------------
 
-def _pg_claim_ctes(limit):
+def _pg_claim_ctes(limit, guarded=False):
     # The claim order comes back only where in_claim_order has rows to sort: one run needs
     # none of it (3 columns fewer to copy, send and parse per job).
     order = limit > 1
     return """
     next AS (
         SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = %%s
-            AND %s
+            AND %s%s
         ORDER BY %s LIMIT %d FOR UPDATE SKIP LOCKED),
     claimed AS (
         UPDATE task_runs AS r SET status = 'running', runner_id = %%s, started_on = %%s,
@@ -121,7 +134,7 @@ def _pg_claim_ctes(limit):
         WHERE t.id = claimed.task_id
         RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
             t.max_runtime, t.periodic_task_id%s)""" % (
-        RUNNER_ALIVE % "%s", claim_order_sql(), int(limit),
+        RUNNER_ALIVE % "%s", _guard(guarded), claim_order_sql(), int(limit),
         "".join(", r." + c for c, _ in CLAIM_ORDER if c != "id") if order else "",
         "".join(", claimed." + c for c, _ in CLAIM_ORDER) if order else "")
 
@@ -189,15 +202,15 @@ PG_SUCCESSES = """
 
 # -- SQLite ------------------------------------------------------------------------------------
 
-def _sqlite_claim(limit):
+def _sqlite_claim(limit, guarded=False):
     # One run: "id = (...)", as "IN" builds an ephemeral list first (3 us more per claim).
     return ("""
     UPDATE task_runs SET status = 'running', runner_id = ?, started_on = ?, updated_on = ?
     WHERE id %s (SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = ?
                  ORDER BY %s LIMIT %d)
-        AND %s
+        AND %s%s
     RETURNING id, task_id, attempt%s""" % ("=" if limit == 1 else "IN", claim_order_sql(),
-                                           int(limit), RUNNER_ALIVE % "?",
+                                           int(limit), RUNNER_ALIVE % "?", _guard(guarded),
                                            ", " + CLAIM_COLUMNS if limit > 1 else ""), """
     UPDATE task_queue SET last_status = 'running', updated_on = ? WHERE id = ?
     RETURNING handler, data, max_runtime, periodic_task_id""")
@@ -463,27 +476,56 @@ def _mysql_flow_claim_rows(store, statements, values, rate, keys, fair):
     return [tuple(row[:CLAIMED_WIDTH])]
 
 
+# -- a batch's share of the backlog -----------------------------------------------------------
+
+# The runners running now (every host's), and the scheduled runs of one queue, counted up to a
+# cap off the claim index (an index-only read of at most the cap's entries, however long the
+# backlog).
+_BACKLOG = ("SELECT (SELECT count(*) FROM task_runners WHERE status = 'running' AND kind = "
+            "'runner'), (SELECT count(*) FROM (SELECT 1 FROM task_runs WHERE status = "
+            "'scheduled' AND queue = {p} LIMIT {p}) AS backlog)")
+BACKLOG = {"sqlite": _BACKLOG.format(p="?"), "postgresql": _BACKLOG.format(p="%s"),
+           "mysql": _BACKLOG.format(p="%s")}
+# The most runners a share is counted for: the backlog is read up to `want` times this.
+SHARE_OF = 64
+
+
+def backlog_share(store, queue, want):
+    """How many of `queue`'s scheduled runs a batched runner takes, at most `want`: its share
+    of them among the runners running now, rounded up — all of `want` while the backlog
+    is at least `want` per runner, one when there are no more runs than runners. So a few
+    runs added at once go to as many runners instead of the first one woken, and a batch
+    shrinks as the backlog drains (no runner holds runs the others could start)."""
+    runners, backlog = store.db.execute_sql(BACKLOG[store.backend],
+                                            (queue, want * SHARE_OF)).fetchone()
+    return max(1, min(want, -(-backlog // max(1, runners))))
+
+
 # -- claiming ----------------------------------------------------------------------------------
 
 _CLAIMS = {}      # (backend, limit) -> the statement(s) of a claim of up to `limit` runs
 
 
-def claim_statements(backend, limit):
+def claim_statements(backend, limit, guarded=False):
     """The statement(s) that claim up to `limit` runs of one queue on `backend`: a single
     claim is the claim of many with a limit of 1 (LIMIT is written into the statement, as
-    the planner then knows it reads a few rows off the index)."""
-    key = (backend, limit)
+    the planner then knows it reads a few rows off the index). `guarded`: see CLAIM_GUARD;
+    not on MySQL, whose locking read would lock (or skip) the rows the guard reads too."""
+    if guarded and backend not in GUARDED_BACKENDS:
+        raise ValueError("no guarded claim on %s" % backend)
+    key = (backend, limit, guarded)
     if key not in _CLAIMS:
-        _CLAIMS[key] = ("WITH" + _pg_claim_ctes(limit) + " SELECT * FROM claimed_task"
-                        if backend == "postgresql" else _sqlite_claim(limit)
+        _CLAIMS[key] = ("WITH" + _pg_claim_ctes(limit, guarded) + " SELECT * FROM claimed_task"
+                        if backend == "postgresql" else _sqlite_claim(limit, guarded)
                         if backend == "sqlite" else _mysql_claim(limit))
     return _CLAIMS[key]
+
 
 
 CLAIMED_WIDTH = 7     # run id, task id, attempt, handler, data, max_runtime, periodic_task_id
 
 
-def claim(store, runner_id, queue, at, limit=1, flow=None):
+def claim(store, runner_id, queue, at, limit=1, flow=None, guarded=False):
     """Up to `limit` scheduled runs of `queue` become ``running`` under `runner_id` (and
     their tasks), in the claim order: a list of (run id, task id, attempt, handler, data,
     max_runtime, periodic_task_id). Inside the caller's write transaction, but on PostgreSQL
@@ -492,10 +534,12 @@ def claim(store, runner_id, queue, at, limit=1, flow=None):
     FOR UPDATE SKIP LOCKED, so a concurrent claimer passes over them instead of waiting;
     SQLite takes the write lock up front (BEGIN IMMEDIATE), so the select and the update
     are one step.
-    `flow`: (rate, keys, fair) of a queue under flow control (`flow_claim`, one run)."""
+    `flow`: (rate, keys, fair) of a queue under flow control (`flow_claim`, one run).
+    `guarded`: the queue must not be paused, nor any rate key limited (CLAIM_GUARD; not
+    with `flow`)."""
     if flow is not None and any(flow):
         return flow_claim(store, runner_id, queue, at, *flow)
-    execute, statements = executor(store.db), claim_statements(store.backend, limit)
+    execute, statements = executor(store.db), claim_statements(store.backend, limit, guarded)
     if store.backend == "postgresql":
         return in_claim_order(execute(statements, (queue, runner_id, runner_id, at, at, at)),
                               CLAIMED_WIDTH)
