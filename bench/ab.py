@@ -79,8 +79,16 @@ def main(argv=None):
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--floor", action="store_true", help="the raw-SQL floor too")
     parser.add_argument("--db", default="sqlite", choices=("sqlite", "postgresql"))
+    parser.add_argument("--taskrunner-option", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE",
+                        help="into both trees' configs (repeatable), e.g. runner.batch=16")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    try:
+        common.TASKRUNNER_OPTIONS = common.merge_sections(*map(common.parse_option,
+                                                               args.taskrunner_option))
+    except ValueError as exc:
+        parser.error(str(exc))
     peer = Huey() if args.db == "sqlite" else Procrastinate()
     systems = [peer, TaskrunnerAt("taskrunner base", os.path.abspath(args.base)),
                TaskrunnerAt("taskrunner", common.ROOT)] + ([Floor()] if args.floor else [])

@@ -305,6 +305,20 @@ def _database_section(url):
     return section
 
 
+def parse_option(text):
+    """"section.key=value" → {section: {key: value}}; the value read as JSON when it is
+    (16, true, 0.5, "x"), else as a string. ValueError when it is not of that form."""
+    name, sep, raw = text.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not sep or not dot or not section or not key:
+        raise ValueError("%r is not SECTION.KEY=VALUE" % text)
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return {section: {key: value}}
+
+
 def merge_sections(*layers):
     """{section: {key: value}} dicts merged key by key, later layers winning."""
     merged = {}

@@ -9,19 +9,27 @@ machine slows all sides alike.
   floor and (SQLite) the disk's ceiling;
 - work: the same with tasks that sleep (5 ms, W = 4);
 - enqueue: add_task()/s and add_tasks()/s, and the latency of one add_task() beside the
-  peer's single enqueue (Huey's `noop()`, Procrastinate's `defer()`) on the same database
-  server, each system's workers running, in alternating blocks of calls.
+  peers' single enqueue (Huey's `noop()`, Procrastinate's `defer()`, PgQueuer's
+  `enqueue()`) on the same database server, each system's workers running, in alternating
+  blocks of calls;
+- pickup: after the workers idled 2 s, one job queued: the time until its handler runs,
+  beside Huey's (SQLite) and PgQueuer's (PostgreSQL).
 """
+import os
 import time
 
 from bench import common
 from bench.common import (OverseerProcess, create_database, drop_url, make_queue, median,
                           percentile, query, ratio, wait_until)
 from bench.waits import median_summary
-from bench.systems import (CLASSIC, PEERS, Ceiling, Floor, Huey, Job, Taskrunner, marks_count,
-                           measure)
+from bench.systems import (CLASSIC, PEERS, Ceiling, Floor, Huey, Job, PgQueuer, Taskrunner,
+                           marks_count, measure)
 
 RATES = ("jobs_per_s", "steady_jobs_per_s")
+MARK = "bench.handlers.Mark"
+# pickup: the peer each backend is held to (issue 32: no worse than Huey's on SQLite and
+# PgQueuer's on PostgreSQL; PgQueuer's batch size does not change how it picks one job up).
+PICKUP_PEERS = ("huey", "pgqueuer batch=1")
 PARTIAL = {}            # backend → the throughput cells measured so far
 
 
@@ -177,20 +185,88 @@ def enqueue(backend, s):
             "single": single_enqueue(backend, s)}
 
 
+# -- pickup ------------------------------------------------------------------------------
+
+def pickup(backend, s, warmup=5):
+    """Pickup after idle, taskrunner beside the peer it is held to (PICKUP_PEERS): each
+    system's W workers idle for s.pickup_idle seconds, then one job is queued, and the time
+    from the enqueue call's return to the job's handler running (its mark) is taken; every
+    round, every system in rotated order (their idle periods overlap), each job's outcome
+    recorded before the next system's job is queued. A negative time is a handler that ran
+    before the enqueuing call returned."""
+    peers, skipped = peers_of(backend, PICKUP_PEERS)
+    if not peers:
+        return {"skipped": skipped} if skipped else None
+    systems, times = [], {}
+    try:
+        _start_enqueuers(systems, backend, peers, s.workers, warmup, marked=True)
+        times = {e.name: [] for e in systems}
+        for r in range(s.pickup_rounds):
+            time.sleep(s.pickup_idle)
+            for e in rotated(systems, r):
+                before, done = marks_count(e.marks), e.done()
+                e.call()
+                returned = time.time()
+                wait_until(lambda: marks_count(e.marks) > before, 60,
+                           "%s to run the job queued" % e.name, interval=0.002, procs=e.procs)
+                times[e.name].append(1000 * (e.last_mark() - returned))
+                # Its outcome written (PgQueuer buffers its acknowledgement up to 0.1 s)
+                # before the next system's job: no system's write lands in another's pickup.
+                wait_until(lambda: e.done() > done, 60, "%s to record the job" % e.name,
+                           interval=0.01, procs=e.procs)
+    finally:
+        for e in systems:
+            e.stop()
+    result = {"rounds": s.pickup_rounds, "idle_s": s.pickup_idle, "workers": s.workers,
+              "peer": peers[0].name, "systems": {}}
+    for name, values in times.items():
+        result["systems"][name] = {"p50_ms": round(percentile(values, 50), 2),
+                                   "p95_ms": round(percentile(values, 95), 2),
+                                   "p99_ms": round(percentile(values, 99), 2),
+                                   "max_ms": round(max(values), 2)}
+    ours, peer = result["systems"]["taskrunner"], result["systems"][peers[0].name]
+    for q in ("p50", "p99"):
+        result[q + "_over_peer"] = ratio(ours[q + "_ms"], peer[q + "_ms"])
+    if skipped:
+        result["skipped"] = skipped
+    return result
+
+
+def _start_enqueuers(systems, backend, peers, workers, warmup, marked=False):
+    """taskrunner's and each peer's _Enqueuer appended to `systems` (the caller stops them,
+    even those started before a failure), each having run `warmup` untimed jobs."""
+    for system in [Taskrunner()] + peers:
+        systems.append(_Enqueuer(backend, system, workers, marked=marked))
+    for e in systems:
+        for _ in range(warmup):
+            e.call()
+    for e in systems:
+        wait_until(lambda: e.done() >= warmup, 60, "%s to run %d tasks" % (e.name, warmup),
+                   interval=0.1, procs=e.procs)
+
+
 class _Enqueuer:
     """One system's single enqueue, with its W workers running (idle between calls, as
-    beside a web application): `call()` queues one no-op, `done()` counts those run."""
+    beside a web application): `call()` queues one no-op, `done()` counts those run. With
+    `marked`, each job appends "TIME PID" to the file `marks` when it runs (taskrunner:
+    bench.handlers.Mark; Huey and PgQueuer: their no-op marks anyway)."""
 
-    def __init__(self, backend, system, workers):
+    def __init__(self, backend, system, workers, marked=False):
         self.name = system.name
         self.job = Job(n=0, workers=workers)
-        self.procs, self.close_call = [], None
+        self.procs, self.close_call, self.marks = [], None, None
         if isinstance(system, Taskrunner):
             self.ctx = url = create_database(backend, "enq1")
             queue = make_queue(url)
             overseer = OverseerProcess(url, workers, "enqueue", log={"level": "warning"}).start()
             self.procs = [overseer.proc]
-            self.call, self.close_call = (lambda: queue.add_task(common.NOOP)), queue.close
+            if marked:
+                self.marks = os.path.join(common.workdir(), "taskrunner-%d.marks"
+                                          % time.monotonic_ns())
+                self.call = lambda: queue.add_task(MARK, {"marks": self.marks})
+            else:
+                self.call = lambda: queue.add_task(common.NOOP)
+            self.close_call = queue.close
             self.done = lambda: query(url, "SELECT count(*) FROM task_runs WHERE status = 'success'")[0][0]
             self.teardown = lambda: (overseer.stop(), drop_url(url))
             return
@@ -200,12 +276,23 @@ class _Enqueuer:
         if isinstance(system, Huey):
             from bench import huey_app
             self.call, self.close_call = huey_app.enqueuer(ctx[0])
+            self.marks = ctx[1]
             self.done = lambda: marks_count(ctx[1])
+        elif isinstance(system, PgQueuer):
+            from bench import pgqueuer_app
+            self.call, self.close_call = pgqueuer_app.enqueuer(ctx[0])
+            self.marks = ctx[1]
+            self.done = lambda: query(ctx[0], PgQueuer.DONE)[0][0]     # acknowledged
         else:
             from bench import procrastinate_app
             self.call, self.close_call = procrastinate_app.enqueuer(ctx)
             self.done = lambda: query(ctx, "SELECT count(*) FROM procrastinate_events "
                                            "WHERE type = 'succeeded'")[0][0]
+
+    def last_mark(self):
+        """The time of the last job marked (epoch seconds)."""
+        with open(self.marks, "rb") as fh:
+            return float(fh.read().splitlines()[-1].split()[0])
 
     def stop(self):
         try:
@@ -220,21 +307,14 @@ class _Enqueuer:
 def single_enqueue(backend, s, block=50, warmup=20):
     """Per-call latency (ms) of one enqueue, taskrunner beside the peer, in alternating
     blocks of `block` calls, s.single_adds calls each; every system's workers run (W =
-    s.workers) and have run `warmup` untimed calls first. The classic peers: Huey,
-    Procrastinate."""
-    peers, skipped = peers_of(backend, CLASSIC)
+    s.workers) and have run `warmup` untimed calls first. The peers: Huey, Procrastinate
+    and PgQueuer (`p50_over_peer` is of the first, `over_peers` of each)."""
+    peers, skipped = peers_of(backend, CLASSIC + ("pgqueuer batch=1",))
     if not peers:
         return {"skipped": skipped} if skipped else None
     systems = []
     try:
-        for system in [Taskrunner()] + peers:
-            systems.append(_Enqueuer(backend, system, s.workers))
-        for e in systems:
-            for _ in range(warmup):
-                e.call()
-        for e in systems:
-            wait_until(lambda: e.done() >= warmup, 60, "%s to run %d tasks" % (e.name, warmup),
-                       interval=0.1, procs=e.procs)
+        _start_enqueuers(systems, backend, peers, s.workers, warmup)
         times = {e.name: [] for e in systems}
         for b in range(max(1, s.single_adds // block)):
             for e in rotated(systems, b):
@@ -250,7 +330,9 @@ def single_enqueue(backend, s, block=50, warmup=20):
     for name, values in times.items():
         result["systems"][name] = {"p50_ms": round(percentile(values, 50), 3),
                                    "p95_ms": round(percentile(values, 95), 3)}
-    peer = result["systems"][peers[0].name]
-    result["p50_over_peer"] = ratio(result["systems"]["taskrunner"]["p50_ms"], peer["p50_ms"])
+    ours = result["systems"]["taskrunner"]["p50_ms"]
+    result["over_peers"] = {peer.name: ratio(ours, result["systems"][peer.name]["p50_ms"])
+                            for peer in peers}
+    result["p50_over_peer"] = result["over_peers"][peers[0].name]
     return result
 

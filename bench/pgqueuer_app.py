@@ -13,13 +13,14 @@ flushed on its own (the closest PgQueuer comes to "committed before the next job
 up to 100 finished jobs are uncommitted at a time and run again after a crash.
 
 Finish times come from its own log table (pgqueuer_log, status 'successful', written by the
-ack's statement); each job appends the worker's pid to MARKS (one line per job, O_APPEND),
-which gives each worker's share.
+ack's statement); each job appends the time and the worker's pid to MARKS (one line per job,
+O_APPEND), which gives each worker's share and when a job ran (bench/compare.py's pickup).
 """
 import asyncio
 import logging
 import os
 import sys
+import time
 from datetime import timedelta
 
 import asyncpg
@@ -32,7 +33,7 @@ def _mark():
     global _marks
     if _marks is None:
         _marks = os.open(os.environ["BENCH_MARKS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    os.write(_marks, b"%d\n" % os.getpid())
+    os.write(_marks, b"%.6f %d\n" % (time.time(), os.getpid()))
 
 
 async def _connect(dsn):

@@ -180,15 +180,33 @@ def show_enqueue(results):
     rows = []
     for backend, r in results.items():
         single = r.get("single") or {}
+        over = single.get("over_peers") or {single.get("peer"): single.get("p50_over_peer")}
         for name, e in single.get("systems", {}).items():
-            rows.append([backend, name, e["p50_ms"], e["p95_ms"],
-                         "%.2f ×" % single["p50_over_peer"] if name == "taskrunner" else ""])
+            rows.append([backend, name, e["p50_ms"], e["p95_ms"], ", ".join(
+                "%.2f × %s" % (v, PEER_NAMES[peer]) for peer, v in over.items())
+                if name == "taskrunner" else ""])
         for peer, why in single.get("skipped", {}).items():
             rows.append([backend, peer, "skipped: " + why, "", ""])
     if rows:
         print_table("single enqueue, one call at a time, alternating blocks of calls, every "
                     "system's workers running (ms)",
                     ["db", "system", "p50", "p95", "p50 ÷ peer's"], rows)
+
+
+def show_pickup(results):
+    rows = []
+    for backend, r in results.items():
+        for name, e in r.get("systems", {}).items():
+            rows.append([backend, name, e["p50_ms"], e["p95_ms"], e["p99_ms"], e["max_ms"],
+                         "%.2f × / %.2f ×" % (r["p50_over_peer"], r["p99_over_peer"])
+                         if name == "taskrunner" else ""])
+        for peer, why in r.get("skipped", {}).items():
+            rows.append([backend, peer, "skipped: " + why, "", "", "", ""])
+    if rows:
+        some = next((r for r in results.values() if "rounds" in r), {})
+        print_table("pickup after %s s idle: the enqueue call's return → the handler ran (ms), "
+                    "%s jobs each" % (some.get("idle_s", "?"), some.get("rounds", "?")),
+                    ["db", "system", "p50", "p95", "p99", "max", "p50 / p99 ÷ peer's"], rows)
 
 
 def show_latency(results):
@@ -223,7 +241,7 @@ def show_detection(results):
 
 
 SHOW = {"throughput": show_throughput, "work": show_work, "enqueue": show_enqueue,
-        "latency": show_latency, "rss": show_rss, "scale": show_scale, "detection": show_detection}
+        "pickup": show_pickup, "latency": show_latency, "rss": show_rss, "scale": show_scale, "detection": show_detection}
 
 
 # -- targets -----------------------------------------------------------------------------
@@ -340,11 +358,21 @@ def evaluate(report):
                     backend, v, v >= WORK_TARGETS[peer], "%.2f ×" % v)
     for backend, r in report.get("enqueue", {}).items():
         single = r.get("single") or {}
-        if "p50_over_peer" in single:
-            v, peer = single["p50_over_peer"], single["peer"]
+        over = single.get("over_peers") or ({single["peer"]: single["p50_over_peer"]}
+                                            if "p50_over_peer" in single else {})
+        for peer, v in over.items():
             add("add_task p50 ≤ %s's single enqueue" % PEER_NAMES[peer], backend, v, v <= 1,
                 "%.2f × (%.2f vs %.2f ms)" % (v, single["systems"]["taskrunner"]["p50_ms"],
                                               single["systems"][peer]["p50_ms"]))
+    for backend, r in report.get("pickup", {}).items():
+        if "systems" not in r:
+            continue
+        peer = r["peer"]
+        for q in ("p50", "p99"):
+            v = r[q + "_over_peer"]
+            add("pickup %s after %g s idle ≤ %s's" % (q, r["idle_s"], PEER_NAMES[peer]), backend,
+                v, v <= 1, "%.2f × (%.2f vs %.2f ms)" % (
+                    v, r["systems"]["taskrunner"][q + "_ms"], r["systems"][peer][q + "_ms"]))
     for backend, r in report.get("latency", {}).items():
         add("pickup p50 ≤ 10 ms", backend, r["p50_ms"], r["p50_ms"] <= 10, "%.1f ms" % r["p50_ms"])
         add("pickup p99 ≤ 50 ms", backend, r["p99_ms"], r["p99_ms"] <= 50, "%.1f ms" % r["p99_ms"])

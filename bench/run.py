@@ -7,7 +7,8 @@
                         [--taskrunner-option SECTION.KEY=VALUE ...] [--only SCENARIO,...]
 
 Scenarios (the JSON's keys): throughput (with the floor, the ceiling and the peers, per W
-and log level), work (tasks that sleep), enqueue, latency, scale, detection, rss; plus meta
+and log level), work (tasks that sleep), enqueue, pickup (after idle, beside a peer),
+latency, scale, detection, rss; plus meta
 (date, machine, versions, settings) and targets (met / missed). Absolute numbers depend on
 the machine and its load: compare the ratios, which are measured inside one invocation with
 the compared runs alternating.
@@ -17,7 +18,6 @@ Exit 0 when every scenario ran (targets missed or not), 1 when one failed; a wat
 """
 import argparse
 import importlib.metadata
-import json
 import os
 import platform
 import subprocess
@@ -34,7 +34,7 @@ from bench.report import SHOW, evaluate  # noqa: E402
 
 # name → function(backend, settings); rss comes with latency.
 SCENARIOS = {"throughput": compare.throughput, "work": compare.work, "enqueue": compare.enqueue,
-             "latency": scenarios.latency, "scale": scenarios.scale,
+             "pickup": compare.pickup, "latency": scenarios.latency, "scale": scenarios.scale,
              "detection": scenarios.detection}
 LOG_LEVELS = ("warning", "info")
 
@@ -79,7 +79,9 @@ def meta(args, settings, backends):
                      "task_ms": settings.task_ms, "work_n": settings.work_n,
                      "work_workers": settings.work_workers,
                      "rounds": settings.rounds, "single_adds": settings.single_adds,
-                     "idle_seconds": settings.idle_seconds, "scale_sizes": settings.scale_sizes,
+                     "idle_seconds": settings.idle_seconds,
+                     "pickup_rounds": settings.pickup_rounds, "pickup_idle": settings.pickup_idle,
+                     "scale_sizes": settings.scale_sizes,
                      "scale_drain": settings.scale_drain, "kills": settings.kills,
                      "sqlite_synchronous": common.SQLITE_SYNCHRONOUS},
         # The disk's ceiling for SQLite: one-row commits/s at the bench's synchronous.
@@ -93,25 +95,11 @@ def _list(text, convert=str):
     return tuple(convert(item.strip()) for item in text.split(",") if item.strip())
 
 
-def parse_option(text):
-    """"section.key=value" → {section: {key: value}}; the value read as JSON when it is
-    (16, true, 0.5, "x"), else as a string. ValueError when it is not of that form."""
-    name, sep, raw = text.partition("=")
-    section, dot, key = name.strip().partition(".")
-    if not sep or not dot or not section or not key:
-        raise ValueError("%r is not SECTION.KEY=VALUE" % text)
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = raw
-    return {section: {key: value}}
-
-
 def parse_variant(text):
     """"default" → no options; "runner.batch=16+runner.x=y" → (text, their sections)."""
     if text == "default":
         return text, {}
-    return text, common.merge_sections(*(parse_option(part) for part in text.split("+")))
+    return text, common.merge_sections(*(common.parse_option(part) for part in text.split("+")))
 
 
 def parse_args(argv):
@@ -164,7 +152,7 @@ def parse_args(argv):
     if args.task_ms is not None and args.task_ms <= 0:
         parser.error("--task-ms: a positive number of milliseconds")
     try:
-        args.options = common.merge_sections(*map(parse_option, args.taskrunner_option))
+        args.options = common.merge_sections(*map(common.parse_option, args.taskrunner_option))
         args.variant_list = tuple(parse_variant(v) for v in _list(args.variants))
     except ValueError as exc:
         parser.error(str(exc))

@@ -36,6 +36,8 @@ class Settings:
     single_adds: int = 2000          # enqueue: add_task calls per measurement (and per system)
     idle_seconds: float = 30         # latency: runners idle before the burst
     settle_seconds: float = 6        # latency: after registration, past the first heartbeat
+    pickup_rounds: int = 100         # pickup: jobs per system, each after an idle period (p99: 100)
+    pickup_idle: float = 2.0         # pickup: seconds the workers idle before each job
     scale_sizes: tuple = (1000, 1_000_000)
     scale_drain: int = 500           # scale: runs per measurement (< the small backlog)
     scale_rounds: int = 4
@@ -46,6 +48,7 @@ class Settings:
         """The sizes of a full or a quick run; `given` (sweep, n, ...) overrides them."""
         sizes = {} if not quick else dict(
             quick=True, n=2000, rounds=1, work_n=400, single_adds=300, idle_seconds=5,
+            pickup_rounds=5,
             scale_sizes=(1000, 100_000), scale_drain=200, scale_rounds=2, kills=5)
         sizes.update({k: v for k, v in given.items() if v is not None})
         return cls(**sizes)

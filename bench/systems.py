@@ -381,7 +381,7 @@ class PgQueuer(_PostgresPeer):
         url, marks = ctx
         rows = query(url, "SELECT created FROM pgqueuer_log WHERE status = 'successful'")
         with open(marks) as fh:
-            shares = Counter(fh.read().split()).values()
+            shares = Counter(line.split()[1] for line in fh).values()
         return [common.to_epoch(r[0]) for r in rows], shares
 
     def teardown(self, ctx):

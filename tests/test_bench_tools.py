@@ -169,6 +169,34 @@ def test_a_tiny_run_of_each_new_peer_on_postgresql(which, monkeypatch, tmp_path)
     assert abs(sum(result["shares"]) - 1) < 0.01
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_pickup_times_each_system_from_its_enqueue_to_its_handler(backend, monkeypatch,
+                                                                  tmp_path):
+    """bench/compare.py's pickup, tiny (2 jobs each after 0.2 s idle, W = 1): taskrunner
+    and the peer it is held to (Huey on SQLite, PgQueuer on PostgreSQL) each timed by its
+    handler's mark, and the targets read from it."""
+    from bench import compare
+    from bench.report import evaluate
+    from bench.scenarios import Settings
+    if backend == "postgresql":
+        _postgres_or_skip()
+    monkeypatch.setattr(common, "_workdir", str(tmp_path))
+    try:
+        result = compare.pickup(backend, Settings.make(True, sweep=(1,), pickup_rounds=2,
+                                                       pickup_idle=0.2))
+    finally:
+        common.cleanup()
+    peer = "huey" if backend == "sqlite" else "pgqueuer batch=1"
+    assert "skipped" not in result, result
+    assert result["peer"] == peer and set(result["systems"]) == {"taskrunner", peer}
+    for times in result["systems"].values():
+        # Run after the call returned (a handler may start a hair before the caller sees the
+        # commit: not by a second), and within the minute wait_until allows.
+        assert -1000 < times["p50_ms"] <= times["max_ms"] < 60_000, result
+    targets = [t["target"] for t in evaluate({"pickup": {backend: result}})]
+    assert len(targets) == 2 and all(t.startswith("pickup p") for t in targets), targets
+
+
 def test_the_class_tables_put_taskrunner_beside_each_peer_of_its_class():
     from bench.report import class_rows, evaluate
 
