@@ -432,8 +432,13 @@ def test_a_kill_after_stopwaitsecs_takes_the_overseer_alone_and_its_runner_finis
     assert "terminated by SIGKILL" in supervisor.log(), supervisor.log()
     assert not psutil.pid_exists(overseer) or \
         psutil.Process(overseer).status() == psutil.STATUS_ZOMBIE
-    assert Run.get_by_id(run.id).status == RUNNING, "the KILL must not end the run in flight"
-    assert psutil.pid_exists(runner.pid), "the runner must outlive the overseer's KILL"
+    # supervisorctl returns some time after the KILL (2.6 s of the run are left, less on a
+    # loaded machine), so the runner may have finished its run and exited by now: a dead
+    # runner is wrong only while its run is still in flight (the PID is read first).
+    runner_alive = psutil.pid_exists(runner.pid)
+    status = Run.get_by_id(run.id).status
+    assert status in (RUNNING, SUCCESS), "the KILL must not end the run in flight: %s" % status
+    assert runner_alive or status == SUCCESS, "the runner must outlive the overseer's KILL"
     assert_ran_to_its_end(wait_ended(run, supervisor), "supervisord's KILL", supervisor)
     supervisor.wait_for(lambda: not supervisor.leftovers(), "the runners to exit")
     ended = Runner.get_by_id(runner.id)

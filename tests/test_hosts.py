@@ -82,6 +82,7 @@ def hosts(tmp_path):
         queue.close()
 
 
+@pytest.mark.timing        # a 3 s heartbeat timeout and a bound on noticing: never beside a heavy test
 @pytest.mark.timeout(120)
 def test_a_dead_host_is_noticed_by_heartbeat_on_the_database_clock(hosts, tmp_path):
     queue, start = hosts
