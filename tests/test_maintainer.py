@@ -34,6 +34,7 @@ from taskrunner.store.models import (MAINTAINER, OVERSEER, RUNNING, SUCCESS, TIM
                                      Task, utcnow)
 from test_overseer import (MACHINE_SLACK, Overseers, is_gone, live_pids, maintainer_of,
                            overseer_row, overseer_toml, runner_rows, wait_up)
+from test_runner_processes import waiting_in_select
 
 
 @pytest.fixture
@@ -69,6 +70,10 @@ def test_a_group_stop_while_another_program_holds_sqlites_lock_ends_within_grace
     wait_up(overseers, proc, 2)
     [(_, _, busy_pid)] = wait_started(log)
     [idle_pid] = [pid for pid in live_pids(proc.pid) if pid != busy_pid]
+    # Idle: in its wait, not still in its first look (a write that would wait busy_timeout
+    # for the lock taken next, as any runner's write would).
+    wait_for(lambda: waiting_in_select(idle_pid), timeout=5 + MACHINE_SLACK,
+             message="the idle runner %d to wait" % idle_pid)
 
     holder = sqlite3.connect(sqlite_path(sqlite_db), isolation_level=None)
     try:
@@ -83,7 +88,7 @@ def test_a_group_stop_while_another_program_holds_sqlites_lock_ends_within_grace
         assert code == 0, overseers.log()
         assert elapsed <= graceful + 2, "exited %.1fs after TERM (graceful_timeout %gs)\n%s" % (
             elapsed, graceful, overseers.log())
-        assert idle_gone <= 2, "the idle runner took %.1fs" % idle_gone
+        assert idle_gone <= 2, "the idle runner took %.1fs\n%s" % (idle_gone, overseers.log())
         # The busy runner's handler ran to its end (its outcome waits for the database).
         assert [t for t, _, _ in read_records(log)] == [busy_task], overseers.log()
         assert all(is_gone(pid) for pid in live_pids(proc.pid))
@@ -270,6 +275,7 @@ def test_after_losing_the_database_no_heartbeat_is_judged_for_heartbeat_timeout(
         database.drop()
 
 
+@pytest.mark.timing
 def test_the_overseers_statements_give_up_on_a_held_lock_within_their_patience(database):
     """What the overseer writes itself goes through a bounded store (Store.bounded): with the
     row it writes locked by another transaction (SQLite: the database's write lock; then the
