@@ -82,10 +82,7 @@ def _secret_values(url):
         found.add(masked[start + 2:at].partition(":")[2])
     for key in _KEY.finditer(url):
         if unquote(key.group(1)).strip().lower() in URL_SECRET_KEYS:
-            quoted = _QUOTED.match(url, key.end())
-            following = _NEXT_PARAMETER.search(url, key.end())
-            end = quoted.end() if quoted else following.start() if following else len(url)
-            found.add(url[key.end():end].strip("'\""))
+            found.add(url[key.end():_value_end(url, key.end())].strip("'\""))
     found |= {unquote(value) for value in found}
     return {value for value in found if value}
 
@@ -106,7 +103,7 @@ def redactor(url):
 
 
 def _masked_secrets(url):
-    """The secrets of `url` (None: none) to mask wherever a text quotes them, longest first.
+    """The secrets of `url` (none when it is not a string) to mask wherever a text quotes them, longest first.
     One or two characters are no secret, and masking them everywhere garbles the message."""
     if not isinstance(url, str):
         return ()
@@ -141,10 +138,18 @@ def _mask_keywords(text):
         pos = key.end()
         if unquote(key.group(1)).strip().lower() not in URL_SECRET_KEYS:
             continue   # scan on inside the value: "host= password=x" gives host "password=x"
-        quoted = _QUOTED.match(text, pos)
-        following = _NEXT_PARAMETER.search(text, pos)
-        pos = quoted.end() if quoted else following.start() if following else len(text)
+        pos = _value_end(text, pos)
         out.append("***")
+
+
+def _value_end(text, start):
+    """Where the secret value that starts at `start` ends: a quoted one at its closing
+    quote; an unquoted one before the next "&key=", or at the end."""
+    quoted = _QUOTED.match(text, start)
+    if quoted:
+        return quoted.end()
+    following = _NEXT_PARAMETER.search(text, start)
+    return following.start() if following else len(text)
 
 
 def mask_url(url):
