@@ -4,6 +4,7 @@ hub (its overseer killed) enqueuers and standalone runners fall back to the runn
 sockets; news from another host reaches the hub through its LISTEN. The hub is a process of
 its own: it wakes runners while the overseer is busy, it is started again when it dies, and
 its LISTEN connection outlives the overseer's forks."""
+import contextlib
 import os
 import re
 import signal
@@ -145,17 +146,21 @@ def _idle_with_its_order_read(database, tmp_path, short_dir):
     return overseer, log_path
 
 
+@contextlib.contextmanager
 def _mail_paused_after_the_look(database, tmp_path, short_dir):
-    """(queue, overseer, its log): the queue "mail" is in the claim order the idle runner
-    read (_idle_with_its_order_read), then paused, which wakes nobody."""
+    """(queue, the overseer's log, a records file for sample_handlers.Record): the queue
+    "mail" is in the claim order the idle runner read (_idle_with_its_order_read), then
+    paused, which wakes nobody. The overseer is stopped on leaving."""
     queue = database.queue(runner={"wakeup_dir": short_dir})
     queue.pause_queue("mail", create=True)
     queue.resume_queue("mail")
     overseer, log_path = _idle_with_its_order_read(database, tmp_path, short_dir)
-    if not queue.pause_queue("mail"):
+    try:
+        assert queue.pause_queue("mail"), "mail was paused already"
+        yield queue, log_path, str(tmp_path / "records")
+    finally:
         stop_process(overseer, signal.SIGTERM)
-        raise AssertionError("mail was paused already")
-    return queue, overseer, log_path
+        queue.close()
 
 
 def _scheduled(task_id):
@@ -171,18 +176,14 @@ def test_a_claim_without_a_look_leaves_a_queue_paused_since_alone(database_sp, t
     claims it makes while busy after that one use a claim order read after it, not that
     old one (CI: a busy runner's claim of its next run took the paused queue's tasks).
     (PostgreSQL and SQLite: on MySQL a runner always looks first.)"""
-    queue, overseer, log_path = _mail_paused_after_the_look(database_sp, tmp_path, short_dir)
-    try:
-        log = str(tmp_path / "records")
+    paused = _mail_paused_after_the_look(database_sp, tmp_path, short_dir)
+    with paused as (queue, log_path, log):
         mail = queue.add_task("sample_handlers.Record", data={"log": log}, queue="mail")
         wait_for(lambda: _woken(log_path), message="the hub to wake the runner")
         plain = queue.add_task("sample_handlers.Record", data={"log": log})
         wait_for(lambda: read_records(log), timeout=10, message="the default task to run")
         assert [task for task, _, _ in read_records(log)] == [plain]
         assert _scheduled(mail)
-    finally:
-        stop_process(overseer, signal.SIGTERM)
-        queue.close()
 
 
 @pytest.mark.timeout(120)
@@ -192,9 +193,8 @@ def test_after_a_claim_without_a_look_the_next_claim_reads_the_claim_order_again
     passed since it was read: after a claim without a look, that order is the old one, which
     still has a queue paused since. So the claim of the next run, made with the outcome,
     reads the claim order first (CI: a busy runner took the paused queue's tasks)."""
-    queue, overseer, log_path = _mail_paused_after_the_look(database_sp, tmp_path, short_dir)
-    try:
-        log = str(tmp_path / "records")
+    paused = _mail_paused_after_the_look(database_sp, tmp_path, short_dir)
+    with paused as (queue, log_path, log):
         mail, plain = queue.add_tasks([
             {"handler": "sample_handlers.Record", "data": {"log": log}, "queue": "mail"},
             {"handler": "sample_handlers.Record", "data": {"log": log}}])
@@ -206,9 +206,6 @@ def test_after_a_claim_without_a_look_the_next_claim_reads_the_claim_order_again
                  timeout=10, message="the runner to look after it")
         assert [task for task, _, _ in read_records(log)] == [plain]
         assert _scheduled(mail)
-    finally:
-        stop_process(overseer, signal.SIGTERM)
-        queue.close()
 
 
 @pytest.mark.timeout(120)
