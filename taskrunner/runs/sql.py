@@ -114,6 +114,7 @@ CLAIM_GUARD = ("NOT EXISTS (SELECT 1 FROM task_queues AS q WHERE q.name = task_r
 def _guard(guarded):
     return "\n        AND " + CLAIM_GUARD if guarded else ""
 
+
 # -- PostgreSQL --------------------------------------------------------------------------------
 
 def _pg_claim_ctes(limit, guarded=False):
@@ -519,7 +520,6 @@ def claim_statements(backend, limit, guarded=False):
                         if backend == "postgresql" else _sqlite_claim(limit, guarded)
                         if backend == "sqlite" else _mysql_claim(limit))
     return _CLAIMS[key]
-
 
 
 CLAIMED_WIDTH = 7     # run id, task id, attempt, handler, data, max_runtime, periodic_task_id
