@@ -13,6 +13,8 @@ from .handler import RunContext, TaskHandler
 
 if TYPE_CHECKING:
     from .config import Config
+    from .functions import (Call, FunctionTask, TaskFailed, TaskHandle, Workflow, WorkflowHandle,
+                            chain, group, results_of, task, use_queue)
     from .api import TaskQueue
     from .reads.records import (PeriodicTaskInfo, RunInfo, RunnerInfo, StepInfo, TaskInfo,
                                 TaskOutcome)
@@ -22,9 +24,13 @@ __version__ = "0.1.0"
 _LAZY = {"TaskQueue": "api", "Config": "config", "TaskInfo": "reads.records",
          "RunInfo": "reads.records", "RunnerInfo": "reads.records",
          "PeriodicTaskInfo": "reads.records", "TaskOutcome": "reads.records",
-         "StepInfo": "reads.records"}
+         "StepInfo": "reads.records", "task": "functions", "FunctionTask": "functions",
+         "TaskHandle": "functions", "TaskFailed": "functions", "Call": "functions",
+         "Workflow": "functions", "WorkflowHandle": "functions", "chain": "functions",
+         "group": "functions", "results_of": "functions", "use_queue": "functions"}
 
-__all__ = ["TaskQueue", "TaskHandler", "RunContext", "TaskError", "Retry", "Config", "TaskInfo",
+__all__ = ["task", "TaskHandle", "TaskFailed", "FunctionTask", "Call", "Workflow",
+           "WorkflowHandle", "chain", "group", "results_of", "use_queue", "TaskQueue", "TaskHandler", "RunContext", "TaskError", "Retry", "Config", "TaskInfo",
            "RunInfo", "RunnerInfo", "PeriodicTaskInfo", "TaskRunnerError", "InputError",
            "ConfigError", "DatabaseUnavailable", "HandlerError", "StateError", "TaskNotFound",
            "SchemaBehind", "TaskOutcome", "WaitTimeout", "EventTimeout", "StepInfo"]

@@ -7,7 +7,8 @@ import select
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, TypeVar, Union
 
 from .runs import concurrency, control, durable, enqueue, flow, lifecycle, queues, rotation
 from .fleet import maintenance
@@ -22,6 +23,13 @@ from .reads.records import QueueInfo, RunInfo, StepInfo, TaskInfo, TaskOutcome
 from .reads import workflows as workflow_reads
 from .reads.workflows import ParentResults, WorkflowInfo
 from .store.bound import Store
+
+if TYPE_CHECKING:
+    from .functions import FunctionTask, TaskHandle
+    if sys.version_info >= (3, 10):
+        from typing import ParamSpec
+        P = ParamSpec("P")
+    R = TypeVar("R")
 
 # TaskQueue.wait reads the task at least this often (seconds): the bound on seeing an end
 # that no wake-up reported (another host, a runner that died).
@@ -135,6 +143,12 @@ class TaskQueue:
             rate_key=rate_key, tenant=tenant, connection=connection,
             after=None if after is None else list(after), on_parent_failure=on_parent_failure))
 
+    def enqueue(self, function_task: "FunctionTask[P, R]", *args: "P.args",
+                **kwargs: "P.kwargs") -> "TaskHandle[R]":
+        """Queue a run of a function task (``@task``) in this queue's database, with the
+        function's own arguments: ``fn.using(on=queue).enqueue(...)``."""
+        return function_task.using(on=self).enqueue(*args, **kwargs)
+
     def add_tasks(self, tasks: Iterable[Mapping[str, Any]], *,
                   connection: Any = None) -> List[int]:
         """Queue many tasks (dicts of add_task's arguments, with "handler"). All are
@@ -232,6 +246,11 @@ class TaskQueue:
     def get_task(self, task_id: int) -> TaskInfo:
         """The task; TaskNotFound for an unknown id."""
         return reads.get_task(self.store, task_id)
+
+    def outcomes(self, task_ids: Iterable[int]) -> Dict[int, Optional[TaskOutcome]]:
+        """{id: the task's outcome, or None while it has not ended} for many tasks in one
+        read; an unknown id is left out."""
+        return reads.task_outcomes(self.store, [int(task_id) for task_id in task_ids])
 
     def runs_of(self, task_id: int) -> List[RunInfo]:
         """Every run of the task, oldest first."""

@@ -100,13 +100,15 @@ class EventTimeout(TaskError):
 
 
 class Waiting(BaseException):
-    """Raised by ``run.sleep`` and ``run.wait_for`` to end the run as ``waiting``: the runner
-    stores it (not a failure, no retry used) and the task runs again at `until` (naive UTC,
-    this host's clock) or when the event `event` is sent. A BaseException, so that a
+    """Raised by ``run.sleep``, ``run.wait_for`` and ``run.wait_for_tasks`` to end the run as
+    ``waiting``: the runner stores it (not a failure, no retry used) and the task runs again
+    at `until` (naive UTC, this host's clock), when the event `event` is sent, or when the
+    last of the tasks `tasks` has ended. A BaseException, so that a
     handler's ``except Exception`` lets it through."""
 
     def __init__(self, until: "object" = None, event: "str | None" = None,
-                 message: str = "waiting") -> None:
+                 message: str = "waiting", tasks: "list[int] | None" = None) -> None:
         super().__init__(message)
         self.until = until
         self.event = event
+        self.tasks = tasks          # run.wait_for_tasks: the ids of tasks not ended yet

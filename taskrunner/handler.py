@@ -4,6 +4,7 @@ A handler is named by its dotted path (``myapp.tasks.SendDigest``). It must subc
 `TaskHandler` and, when ``[handlers] allow`` is set, match one of its glob patterns. The
 allow-list is checked *before* importing, so a disallowed path never runs module code.
 """
+import contextvars
 import fnmatch
 import importlib
 import json
@@ -87,11 +88,15 @@ def load_handler(path, allow=()):
         # Where the import failed, for the run that needed it (the CLI prints one line).
         error.import_traceback = traceback.format_exc()
         raise error from None
-    cls = getattr(module, class_name, None)
-    if cls is None:
+    found = getattr(module, class_name, None)
+    if found is None:
         raise HandlerError("handler %r not found: module %r has no %r" % (path, module_name, class_name))
+    # A function task (``@task``) carries the TaskHandler class that runs it: one lifecycle
+    # below both faces.
+    cls = getattr(found, "__taskrunner_handler__", found)
     if not (isinstance(cls, type) and issubclass(cls, TaskHandler)):
-        raise HandlerError("handler %r is not a TaskHandler subclass" % path)
+        raise HandlerError("handler %r is neither a TaskHandler subclass nor a function task "
+                           "(@task)" % path)
     return cls
 
 
@@ -138,6 +143,17 @@ def encode_data(data, max_size):
     if size > max_size:
         raise HandlerError("task data is %d bytes, over [task] max_data_size (%d)" % (size, max_size))
     return text
+
+
+# The run whose handler this thread (or its event loop) is executing: what a function task's
+# ``enqueue`` adds its children to, exactly once (functions.py). Set by the runner.
+CURRENT_RUN: "contextvars.ContextVar[Optional[RunContext]]" = contextvars.ContextVar(
+    "taskrunner_current_run", default=None)
+
+
+def current_run() -> "Optional[RunContext]":
+    """The `RunContext` of the run being executed here, or None outside a handler."""
+    return CURRENT_RUN.get()
 
 
 class RunContext:
@@ -373,3 +389,32 @@ class RunContext:
         again as soon as it is; an event sent before the wait is kept for it. Raises
         `EventTimeout` when `timeout` seconds (from the first call) pass without it."""
         return self._durable_run().wait_for(name, timeout)
+
+    def wait_for_tasks(self, task_ids: "list[int]") -> "list[dict[str, Any]]":
+        """Wait durably until every task of `task_ids` (children this run added) has ended,
+        and return how each ended, in order: ``{"task_id", "status"`` (``success``,
+        ``given-up`` or ``cancelled``), ``"results", "error_code", "error_message"}``. Until
+        then the run ends ``waiting`` — no runner held, no retry used — and the last of them
+        to end gives the task its next run, which comes back here and goes on. Recorded the
+        first time (as the step ``join-N``), so call it in the same order on every
+        attempt."""
+        ids = [int(task_id) for task_id in task_ids]
+
+        def read(wanted: "list[int]") -> "dict[int, Any]":
+            found = self.queue.outcomes(wanted)
+            missing = [task_id for task_id in wanted if task_id not in found]
+            if missing:
+                from .errors import TaskNotFound
+                raise TaskNotFound("no task with id %s" % missing[0])
+            return {task_id: None if outcome is None else {
+                "task_id": task_id, "status": outcome.status, "results": outcome.results,
+                "error_code": outcome.error_code, "error_message": outcome.error_message}
+                for task_id, outcome in found.items()}
+        return list(self._durable_run().join(ids, read))
+
+    def add_once(self, label: str, insert: Callable[[], Any]) -> Any:
+        """``insert()`` — which adds tasks through ``run.queue`` and returns their ids —
+        exactly once per task: in the transaction that records it as the step
+        ``add-N:label``; a later attempt that comes back here gets the recorded ids and adds
+        nothing. What a function task's ``enqueue`` does inside a handler."""
+        return self._durable_run().add(label, insert)

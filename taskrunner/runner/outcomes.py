@@ -32,7 +32,8 @@ class Outcome(NamedTuple):
     retry_at: Any = None                 # naive UTC datetime of a snoozed or waiting run
     traceback: Optional[str] = None
     exc: Optional[BaseException] = None
-    waiting_for: Optional[str] = None    # the event a waiting run waits for
+    # The event a waiting run waits for, or the ids of the tasks it waits for (a list).
+    waiting_for: Any = None
 
 
 def failed(code, message, traceback=None, exc=None, status=ERROR):
@@ -45,6 +46,8 @@ def of_exception(exc, now, aborted=False, stopping=None):
     a failure while its runner was told to stop (`stopping`: why) hands the run back too;
     `Waiting` (run.sleep, run.wait_for) ends it waiting, stopping or not."""
     if isinstance(exc, Waiting):
+        if exc.tasks:
+            return Outcome(WAITING, "WaitingForTasks", str(exc), waiting_for=list(exc.tasks))
         return Outcome(WAITING, "Sleeping" if exc.event is None else "WaitingForEvent",
                        str(exc), retry_at=exc.until, waiting_for=exc.event)
     if isinstance(exc, Interrupted):

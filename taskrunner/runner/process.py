@@ -35,7 +35,7 @@ from ..store.bound import BRIEF
 from ..periodic import scheduler as periodic
 from ..host import wakeup
 from ..errors import HandlerError, RunnerLimitReached, Waiting
-from ..handler import RunContext, load_handler
+from ..handler import CURRENT_RUN, RunContext, load_handler
 from .current import CurrentRun
 from .heartbeat import Heartbeat
 from ..store.models import CANCELLED, DEFAULT_QUEUE, RUNNER, SUCCESS, utcnow
@@ -294,6 +294,7 @@ class Worker:
         outcome = outcomes.Outcome(SUCCESS)
         try:
             run.enter_handler(context)
+            current = CURRENT_RUN.set(context)
             try:
                 coroutine = handler.handle(context)
                 if inspect.iscoroutine(coroutine):
@@ -301,6 +302,7 @@ class Worker:
                     # signal leaves asyncio.run, which cancels the coroutine on its way out.
                     asyncio.run(coroutine)
             finally:
+                CURRENT_RUN.reset(current)
                 run.close()      # from here on, what the heartbeat decided is final
         except (Interrupted, Waiting, Exception, SystemExit) as exc:
             # Interrupted: its run was taken away (rule 8) when an abort reason is set, else

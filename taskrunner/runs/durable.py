@@ -34,6 +34,9 @@ from ..store.models import RUNNING, WAITING, as_utc, utcnow
 # Step kinds: a function's result, the end of a sleep, an event consumed (or timed out), the
 # deadline of a wait for an event.
 STEP, SLEEP, EVENT, DEADLINE = "step", "sleep", "event", "deadline"
+# The names of steps that record tasks a run added (``add-N:...``) and how the tasks it
+# waited for ended (``join-N``).
+ADD, JOIN = "add", "join"
 NAME_LIMIT = 200        # characters of a step's or an event's name
 NOT_SENT = object()
 
@@ -258,6 +261,41 @@ class DurableRun:
             kind = found[0]
         self._steps[name] = (kind, recorded)
         return _decoded(recorded)
+
+    def add(self, label, insert):
+        """Tasks this run adds, exactly once: ``insert()`` adds them through this store and
+        returns their ids (JSON), inside the transaction that records the step
+        ``add-N:label`` (N counting this attempt's adds, in call order); a later attempt
+        that comes back to this call gets the recorded ids and adds nothing. Inside a
+        transaction of the handler's own (``transaction_step``), whose record makes the
+        adds exactly once already, ``insert()`` simply joins it."""
+        if self.store.db.in_transaction():
+            return insert()
+        self._load()
+        step = ("%s:%s" % (self._ordinal_name(ADD, None), label))[:NAME_LIMIT]
+        if step in self._steps:
+            return _decoded(self._steps[step][1])
+        return self._record_with(step, STEP, lambda conn: insert(), self._now())
+
+    def join(self, task_ids, read):
+        """How the tasks `task_ids` ended, once all have: ``read(ids)`` gives {id: a JSON
+        outcome, or None while the task has not ended}. Recorded as the step ``join-N`` the
+        first time all have ended, so every later attempt gets the same outcomes; until
+        then the run ends ``waiting`` for those that have not (errors.Waiting: the last of
+        them to end gives the task its next run, holding no runner meanwhile)."""
+        self._load()
+        step = self._ordinal_name(JOIN, None)
+        if step not in self._steps:
+            outcomes = self._through(lambda: read(list(task_ids)))
+            pending = [task_id for task_id in task_ids if outcomes.get(task_id) is None]
+            if pending:
+                raise Waiting(tasks=pending, message="waiting for %d task%s: %s" % (
+                    len(pending), "" if len(pending) == 1 else "s",
+                    ", ".join(map(str, pending[:10])) + (" ..." if len(pending) > 10 else "")))
+            self._record(step, STEP, encode([outcomes[task_id] for task_id in task_ids],
+                                            "the outcomes of the tasks waited for"),
+                         self._now())
+        return _decoded(self._steps[step][1])
 
     def _ordinal_name(self, kind, name):
         if name is not None:

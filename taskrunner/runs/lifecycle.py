@@ -423,6 +423,35 @@ def _requeue(store, task_id, now, retry_at):
 
 
 def _wait(store, task_id, now, until, event):
+    if isinstance(event, list):
+        return _wait_for_tasks(store, task_id, now, event)
+    return _wait_for_time_or_event(store, task_id, now, until, event)
+
+
+def _wait_for_tasks(store, task_id, now, task_ids):
+    """The task of a run that ended waiting for the tasks `task_ids` (run.wait_for_tasks:
+    children it added): it waits as their dependent (graph.py), released by the last of them
+    to end, whatever that end (``on_parent_failure`` "run": the resumed attempt reads how
+    each ended); a run at once when all have ended meanwhile.
+    Race closed: a child ending while this run ends — both lock the child's row (its end
+    first; parent_states here), so either this sees it ended, or its end sees the edge."""
+    Task = store.Task
+    store.locked(Task.select(Task.id).where(Task.id == task_id)).get()
+    states = graph.parent_states(store, task_ids)
+    pending = sorted(task for task, state in states.items() if state == "pending")
+    Task.update(last_status=WAITING, waiting_for=None, runs_crashed=0,
+                next_run_on=None if pending else now, updated_on=now,
+                waiting_parents=len(pending) or None,
+                on_parent_failure="run" if pending else Task.on_parent_failure).where(
+        Task.id == task_id).execute()
+    if pending:
+        graph.insert_edges(store, [(0, parent, False) for parent in pending], [task_id])
+    else:
+        _create_runs(store, [task_id], now)
+        store.wake_after_commit(1)
+
+
+def _wait_for_time_or_event(store, task_id, now, until, event):
     """The task of a run that ended ``waiting`` (run.sleep, run.wait_for): ``waiting`` until
     `until` (None: for the event alone) or the event `event`, its failures not counted; a run
     at once when that time has come or the event was sent already.
