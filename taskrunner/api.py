@@ -110,9 +110,11 @@ class TaskQueue:
                  concurrency_limit: Optional[int] = None, rate_key: Optional[str] = None,
                  tenant: Optional[str] = None, connection: Any = None,
                  after: Optional[Iterable[int]] = None,
-                 on_parent_failure: Optional[str] = None) -> int:
+                 on_parent_failure: Optional[str] = None,
+                 delay: Union[float, str, None] = None) -> int:
         """Queue one task and return its id. `scheduled_on` is an aware datetime (a naive
-        one is refused) or None for now. With `unique_key`, adding a key that a not-yet-final
+        one is refused) or None for now; `delay` instead: due that long from now (seconds
+        or a span, ``"5min"``). With `unique_key`, adding a key that a not-yet-final
         task holds stores nothing and returns that task's id. `queue`: None for the
         handler class's ``queue`` attribute, else ``default``. With `concurrency_key`, at
         most `concurrency_limit` (default 1) runs of the tasks sharing the key are live at
@@ -141,7 +143,8 @@ class TaskQueue:
             queued_by=queued_by, max_runtime=max_runtime, retry_backoff=retry_backoff,
             queue=queue, concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
             rate_key=rate_key, tenant=tenant, connection=connection,
-            after=None if after is None else list(after), on_parent_failure=on_parent_failure))
+            after=None if after is None else list(after), on_parent_failure=on_parent_failure,
+            delay=delay))
 
     def enqueue(self, function_task: "FunctionTask[P, R]", *args: "P.args",
                 **kwargs: "P.kwargs") -> "TaskHandle[R]":

@@ -1,0 +1,76 @@
+"""Function tasks for tests/test_functions.py."""
+from typing import Any, Dict, List
+
+from taskrunner import RunContext, group, results_of, task
+
+
+@task
+def add(a: int, b: int = 0) -> int:
+    return a + b
+
+
+@task(queue="mail", priority=5, max_retries=3, timeout="5min",
+      concurrency_key="order-{order_id}")
+def send_receipt(order_id: int, *, to: str = "customer@example.com") -> Dict[str, Any]:
+    return {"order": order_id, "to": to}
+
+
+@task(retry=False)
+def fails(message: str) -> None:
+    raise ValueError(message)
+
+
+@task
+async def shout(text: str) -> str:
+    return text.upper()
+
+
+@task
+def gather_args(first: int, *rest: int, scale: int = 1, **named: int) -> Dict[str, Any]:
+    return {"sum": (first + sum(rest)) * scale, "named": named}
+
+
+@task
+def collect(results: List[int], label: str) -> Dict[str, Any]:
+    return {"label": label, "results": results}
+
+
+@task
+def durable_sum(run: RunContext, values: List[int]) -> int:
+    doubled = run.step("double", lambda: [2 * value for value in values])
+    return sum(doubled)
+
+
+@task(retry_backoff=0)
+def parent(run: RunContext, count: int) -> int:
+    """Adds `count` children, fails its first attempt after adding them (as a crash would),
+    and sums their results once they have all ended."""
+    handles = [add.enqueue(index, 100) for index in range(count)]
+    if run.attempt == 1:
+        raise RuntimeError("died after adding its children")
+    return sum(results_of(handles))
+
+
+@task(retry_backoff=0)
+def fan_out(run: RunContext, count: int) -> Dict[str, Any]:
+    """A group and its fan-in added from inside a handler; waits for the fan-in's result."""
+    workflow = group(add.s(index, 1) for index in range(count)).then(collect.s("fan-in"))
+    handle = workflow.enqueue()
+    if run.attempt == 1:
+        raise RuntimeError("died after adding the workflow")
+    return handle.result()
+
+
+@task
+def waits_for_a_failure(run: RunContext) -> str:
+    handle = fails.enqueue("child broke")
+    try:
+        handle.result()
+    except Exception as exc:    # TaskFailed: how the child ended
+        return "%s: %s" % (type(exc).__name__, exc)
+    return "no failure"
+
+
+@task
+def twice(run: RunContext) -> List[Any]:
+    return [run.wait_for("shipped"), run.wait_for("shipped")]
