@@ -74,3 +74,16 @@ def waits_for_a_failure(run: RunContext) -> str:
 @task
 def twice(run: RunContext) -> List[Any]:
     return [run.wait_for("shipped"), run.wait_for("shipped")]
+
+
+@task
+def sleeps_a_day(run: RunContext, name: str) -> str:
+    run.sleep(86400)
+    return "rested " + name
+
+
+@task(max_retries=3, retry_backoff="1h")
+def flaky(run: RunContext) -> int:
+    if run.attempt < 3:
+        raise RuntimeError("not yet")
+    return run.attempt

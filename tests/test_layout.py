@@ -37,7 +37,7 @@ LEVELS = {
     "runner": 3.3, "runner.stops": 3.3, "runner.current": 3.3, "runner.outcomes": 3.3,
     "runner.batches": 3.35, "runner.heartbeat": 3.4,
     "runner.process": 4, "overseer": 4, "overseer.maintainer": 4, "overseer.overseer": 4,
-    "api": 4, "functions": 4,
+    "api": 4, "functions": 4, "testing": 5,
     # 5. entry points
     "cli": 5, "web": 5, "contrib": 5, "__main__": 5, "__init__": 5,
 }
