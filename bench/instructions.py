@@ -43,7 +43,11 @@ def collected(root, argv, env, out):
     return int(found.group(1))
 
 
-def per_job(root, tasks, floor, scratch, backend="sqlite"):
+# What the backlog's tasks are (--handler): a class handler, or a function task (@task).
+HANDLERS = {"class": (common.NOOP, None), "function": ("bench.function_tasks.noop", {})}
+
+
+def per_job(root, tasks, floor, scratch, backend="sqlite", handler="class"):
     """(instructions per job, of the runner or the floor) of the tree at `root`."""
     env = dict(tree_env(root), PYTHONHASHSEED="0")
     config = os.path.join(scratch, "runner.toml")
@@ -56,7 +60,8 @@ def per_job(root, tasks, floor, scratch, backend="sqlite"):
         run_in_tree(root, [sys.executable, "-m", "taskrunner", "--database", url, "init-db"],
                     env=env, check=True, capture_output=True)
         if count:
-            add_backlog(url, count)
+            path, data = HANDLERS[handler]
+            add_backlog(url, count, path, data)
         if floor:
             return [sys.executable, "-m", "bench.floor", url, "1"]
         return [sys.executable, "-m", "taskrunner", "--config", config, "--database", url,
@@ -75,22 +80,28 @@ def main(argv=None):
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--floor", action="store_true", help="the raw-SQL floor too")
     parser.add_argument("--db", default="sqlite", choices=("sqlite", "postgresql"))
+    parser.add_argument("--handler", action="append", choices=sorted(HANDLERS),
+                        help="the tasks: a class handler (the default) or a function task "
+                             "(@task); repeat for both")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         parser.error("valgrind is not installed")
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    sides = [(os.path.abspath(tree), False) for tree in args.tree]
+    handlers = args.handler or ["class"]
+    sides = [(os.path.abspath(tree), False, handler) for tree in args.tree
+             for handler in handlers]
     if args.floor:
-        sides.append((os.path.abspath(args.tree[-1]), True))
+        sides.append((os.path.abspath(args.tree[-1]), True, "class"))
     try:
-        for root, floor in sides:
+        for root, floor, handler in sides:
             scratch = tempfile.mkdtemp(prefix="trbench-instr-", dir=base)
             try:
-                count = per_job(root, args.tasks, floor, scratch, args.db)
+                count = per_job(root, args.tasks, floor, scratch, args.db, handler)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             print("%-40s %s: %.0fk instructions per job" % (
-                root, "floor" if floor else "runner", count / 1000), flush=True)
+                root, "floor" if floor else "runner, %s tasks" % handler, count / 1000),
+                flush=True)
     finally:
         common.cleanup()
     return 0
