@@ -219,3 +219,25 @@ def test_mypy_flags_a_wrong_argument_in_the_users_code(tmp_path):
     assert 'Argument 1 to "enqueue" of "FunctionTask" has incompatible type "str"; ' \
            'expected "int"' in errors[0]
     assert 'incompatible type "int"; expected "str"' in errors[1]
+
+
+def test_per_call_after_and_connection_and_the_awaitable_enqueue(database, default):
+    import asyncio
+    from test_transactional import connect
+    first = ft.add.enqueue(1, 1)
+    second = ft.collect.using(after=[first]).enqueue([0], "after")
+    assert default.get_task(second.id).status == "waiting"
+    app = connect(database)
+    try:
+        ft.add.using(connection=app).enqueue(5, 5)
+        app.rollback()
+        kept = ft.add.using(connection=app).enqueue(6, 6)
+        app.commit()
+    finally:
+        app.close()
+    loud = asyncio.run(ft.shout.enqueue_async("async"))
+    default.run_pending()
+    assert second.result(timeout=5) == {"label": "after", "results": [0]}
+    assert kept.result(timeout=5) == 12 and loud.result(timeout=5) == "ASYNC"
+    stored = [t.data for t in default.tasks(handler="function_tasks.add", limit=None)]
+    assert {"a": 5, "b": 5} not in stored and {"a": 6, "b": 6} in stored
