@@ -120,6 +120,11 @@ class FunctionTask(Generic[P, R]):
         self.signature = signature.replace(
             parameters=parameters[1:] if self.takes_context else parameters)
         self.is_async = inspect.iscoroutinefunction(fn)
+        # Every parameter may be given by name: the stored arguments are the call's keywords
+        # as they are (the runner's path for most functions, without rebuilding the call).
+        self.by_name = all(parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                              inspect.Parameter.KEYWORD_ONLY)
+                           for parameter in self.signature.parameters.values())
         self.__taskrunner_handler__ = _handler_class(self)
         self.__doc__, self.__name__ = fn.__doc__, fn.__name__
         self.__qualname__, self.__module__ = fn.__qualname__, fn.__module__
@@ -250,14 +255,20 @@ class FunctionTask(Generic[P, R]):
         if not isinstance(run.data, dict):
             raise InputError("%s: task data must be the arguments by name, not %r"
                              % (self.name, run.data))
-        data = dict(run.data)
-        if PREVIOUS in data:
-            data[data.pop(PREVIOUS)] = next(iter(run.parent_results.values()), None)
-        if ALL_PARENTS in data:
-            data[data.pop(ALL_PARENTS)] = list(run.parent_results.values())
-        args, kwargs = _arguments(self.signature, data)
+        data = run.data
+        if PREVIOUS in data or ALL_PARENTS in data:
+            data = dict(data)
+            if PREVIOUS in data:
+                data[data.pop(PREVIOUS)] = next(iter(run.parent_results.values()), None)
+            if ALL_PARENTS in data:
+                data[data.pop(ALL_PARENTS)] = list(run.parent_results.values())
+        if self.by_name and data.keys() <= self.signature.parameters.keys():
+            args: List[Any] = []
+            kwargs = data
+        else:
+            args, kwargs = _arguments(self.signature, data)
         if self.takes_context:
-            args.insert(0, run)
+            return self.fn(run, *args, **kwargs)
         return self.fn(*args, **kwargs)
 
 

@@ -87,3 +87,18 @@ def flaky(run: RunContext) -> int:
     if run.attempt < 3:
         raise RuntimeError("not yet")
     return run.attempt
+
+
+@task(retry_backoff=0)
+def pay_and_ship(run: RunContext, order_id: int) -> int:
+    """A payment row and the shipping task in one transaction (the step's), then a crash."""
+    def pay(connection: Any) -> int:
+        mark = "?" if type(connection).__module__.startswith("sqlite3") else "%s"
+        cursor = connection.cursor()
+        cursor.execute("INSERT INTO payments (order_id) VALUES (%s)" % mark, (order_id,))
+        cursor.close()
+        return add.enqueue(order_id, 1000).id
+    shipping = run.transaction_step("pay", pay)
+    if run.attempt == 1:
+        raise RuntimeError("died after paying")
+    return int(shipping)

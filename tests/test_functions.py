@@ -241,3 +241,13 @@ def test_per_call_after_and_connection_and_the_awaitable_enqueue(database, defau
     assert kept.result(timeout=5) == 12 and loud.result(timeout=5) == "ASYNC"
     stored = [t.data for t in default.tasks(handler="function_tasks.add", limit=None)]
     assert {"a": 5, "b": 5} not in stored and {"a": 6, "b": 6} in stored
+
+
+def test_a_transaction_step_commits_its_rows_and_its_children_together_once(queue):
+    queue.store.db.execute_sql("CREATE TABLE payments (order_id INTEGER)")
+    handle = queue.enqueue(ft.pay_and_ship, 7)
+    drain(queue)
+    shipping = handle.result(timeout=5)
+    assert list(queue.store.db.execute_sql("SELECT order_id FROM payments").fetchall()) == [(7,)]
+    assert [t.id for t in tasks_named(queue, "function_tasks.add")] == [shipping]
+    assert [s.name for s in queue.steps_of(handle.id)] == ["pay"]
