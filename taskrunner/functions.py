@@ -461,6 +461,11 @@ class TaskHandle(Generic[R]):
         `RunContext.wait_for_tasks`; `timeout` is not used there)."""
         return results_of([self], timeout)[0]
 
+    def send_event(self, name: str, payload: Any = None) -> bool:
+        """Send the event `name` to the task (`TaskQueue.send_event`): its
+        ``run.wait_for(name)`` returns `payload`. Returns whether it was woken."""
+        return self.queue.send_event(self.id, name, payload)
+
     async def wait_async(self, timeout: Optional[float] = None) -> "TaskOutcome":
         """`wait`, awaitable."""
         return await self.queue.wait_async(self.id, timeout)

@@ -27,8 +27,8 @@ def test_a_task_waiting_for_an_event_waits_until_the_test_sends_it(tmp_path):
         handle = ft.twice.enqueue()
         run_all(queue)
         assert handle.status == "waiting"
-        queue.send_event(handle.id, "shipped", {"box": 1})
-        queue.send_event(handle.id, "shipped", {"box": 2})
+        handle.send_event("shipped", {"box": 1})
+        handle.send_event("shipped", {"box": 2})
         run_all(queue)
         assert handle.result(timeout=0) == [{"box": 1}, {"box": 2}]
 
