@@ -219,6 +219,26 @@ class FunctionTask(Generic[P, R]):
             data[name] = value
         return data
 
+    def check_data(self, data: Any) -> None:
+        """InputError unless `data` is arguments of this function by name (what
+        `data_of` makes; ``taskrunner add NAME --data`` must give the same)."""
+        if not isinstance(data, dict):
+            raise InputError("%s: the task data must be a JSON object of the function's "
+                             "arguments by name, not %s" % (self.name, json.dumps(data)))
+        given = {key: value for key, value in data.items()
+                 if key not in (PREVIOUS, ALL_PARENTS)}
+        for key in (PREVIOUS, ALL_PARENTS):
+            if key in data:
+                if data[key] not in self.signature.parameters:
+                    raise InputError("%s: %s names no parameter: %r" % (self.name, key,
+                                                                        data[key]))
+                given[data[key]] = None
+        try:
+            args, kwargs = _arguments(self.signature, given)
+            self.signature.bind(*args, **kwargs)
+        except (InputError, TypeError) as exc:
+            raise InputError("%s(): %s" % (self.name, exc)) from None
+
     def _row_options(self, data: Mapping[str, Any]) -> Dict[str, Any]:
         """add_task's options from this task's and this call's options."""
         options = self.options
@@ -364,6 +384,10 @@ def _handler_class(function_task: FunctionTask[Any, Any]) -> type:
 
     class FunctionHandler(TaskHandler):
         queue = function_task.options.get("queue")
+
+        @classmethod
+        def check_data(cls, data: Any) -> None:
+            function_task.check_data(data)
 
         def handle(self, run: RunContext) -> Optional[Awaitable[None]]:
             value = function_task.call_in(run)

@@ -54,6 +54,12 @@ class TaskHandler:
     def handle(self, run: "RunContext") -> Optional[Awaitable[None]]:
         raise NotImplementedError("%s.handle(run) is not implemented" % type(self).__name__)
 
+    @classmethod
+    def check_data(cls, data: Any) -> None:
+        """Raise `InputError` when `data` cannot be this handler's task data; called as a
+        task is added, before anything is stored (a function task checks the arguments
+        against its signature). Accepts any JSON unless overridden."""
+
     def on_failure(self, run: "RunContext", exc: BaseException) -> None:
         """Called after a run of this handler failed; does nothing unless overridden."""
 

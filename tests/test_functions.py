@@ -251,3 +251,22 @@ def test_a_transaction_step_commits_its_rows_and_its_children_together_once(queu
     assert list(queue.store.db.execute_sql("SELECT order_id FROM payments").fetchall()) == [(7,)]
     assert [t.id for t in tasks_named(queue, "function_tasks.add")] == [shipping]
     assert [s.name for s in queue.steps_of(handle.id)] == ["pay"]
+
+
+def test_the_cli_add_of_a_function_task_checks_its_data_against_the_signature(database):
+    database.queue().close()
+    wrong = taskrunner("add", "function_tasks.add", "--data", '{"a": 1, "c": 2}',
+                       url=database.url)
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1, wrong.stderr
+    assert "function_tasks.add(): the task's data names no parameter of the function: c" \
+        in wrong.stderr
+    missing = taskrunner("add", "function_tasks.add", "--data", '{"b": 2}', url=database.url)
+    assert missing.returncode == 2 and "missing a required argument: 'a'" in missing.stderr
+    not_named = taskrunner("add", "function_tasks.add", "--data", "[1, 2]", url=database.url)
+    assert not_named.returncode == 2 and "arguments by name" in not_named.stderr
+    right = taskrunner("add", "function_tasks.add", "--data", '{"a": 1, "b": 2}',
+                       url=database.url, check=True)
+    with database.queue() as queue:
+        assert [t.data for t in queue.tasks(limit=None)] == [{"a": 1, "b": 2}]
+        queue.run_pending()
+        assert queue.wait(int(right.stdout), timeout=5).results == 3

@@ -96,6 +96,8 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
     else:
         check_queue_name(queue)
     text = encode_data(data, defaults.max_data_size)
+    if cls is not None:
+        cls.check_data(data)
     now = now or utcnow()
     if delay is not None:
         if scheduled_on is not None:
