@@ -104,16 +104,19 @@ def run(timeout):
 
 
 def enqueue():
-    """One Django task of each of two functions, and one stored as a Django task was before
-    tasks were named by their import path: handler `RunDjangoTask`, the path in its data."""
+    """One Django task of each of two functions, one whose @task names another backend, and
+    one stored as a Django task was before tasks were named by their import path: handler
+    `RunDjangoTask`, the path in its data."""
     add = tasks.add.enqueue(2, 3)
     send = tasks.send.enqueue("c@example.com", subject="receipt")
+    elsewhere = tasks.elsewhere.using(backend="default").enqueue(21)
     backend = default_task_backend
     stored_before = backend.queue().add_task(
         "taskrunner.contrib.django.handler.RunDjangoTask",
         {"task": "demo.tasks.add", "args": [20, 22], "kwargs": {}, "backend": backend.alias,
          "run_after": None})
-    return {"add": add.id, "send": send.id, "stored_before": str(stored_before)}
+    return {"add": add.id, "send": send.id, "elsewhere": elsewhere.id,
+            "stored_before": str(stored_before)}
 
 
 def results(ids):
