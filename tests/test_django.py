@@ -164,6 +164,60 @@ def test_overseer_runs_django_tasks_and_results_tell_their_runs(project, tmp_pat
                                      ("task_finished", "SUCCESSFUL")]
 
 
+def _tasks(project, *args):
+    return {str(t["id"]): t for t in json.loads(project.manage("taskrunner", "tasks", "--json",
+                                                               *args).stdout)}
+
+
+def test_a_django_task_is_named_by_its_import_path_everywhere(project):
+    ids = project.scenario("enqueue")
+    add, send, before, elsewhere = (ids[name] for name in ("add", "send", "stored_before",
+                                                           "elsewhere"))
+    listed = _tasks(project)
+    assert (listed[add]["handler"], listed[send]["handler"]) == ("demo.tasks.add",
+                                                                 "demo.tasks.send")
+    assert listed[add]["queue"] == "default" and listed[send]["queue"] == "emails"
+    # The handler names the task: the data is the call.
+    assert listed[add]["data"] == {"args": [2, 3], "kwargs": {}, "backend": "default",
+                                   "run_after": None}
+    # Stored before tasks were named by their path: kept as it was stored. A task of another
+    # backend's @task names no handler: stored as every Django task was before.
+    for task_id in (before, elsewhere):
+        assert listed[task_id]["handler"] == "taskrunner.contrib.django.handler.RunDjangoTask"
+    assert sorted(_tasks(project, "--handler", "demo.tasks.add")) == [add]
+    assert sorted(_tasks(project, "--handler", "demo.tasks.send")) == [send]
+    project.manage("taskrunner", "runner", "--burst", "--queue", "default,emails")
+    results = project.scenario("results", add, send, before, elsewhere)
+    assert (results[add]["status"], results[add]["return_value"]) == ("SUCCESSFUL", 5)
+    assert results[send]["return_value"]["to"] == "c@example.com"
+    assert results[send]["return_value"]["subject"] == "receipt"
+    for task_id in (before, elsewhere):
+        assert (results[task_id]["status"], results[task_id]["return_value"]) == \
+            ("SUCCESSFUL", 42)
+    assert {t["status"] for t in _tasks(project).values()} == {"success"}
+    metrics = project.manage("taskrunner", "metrics").stdout
+    ended = dict(re.findall(r'^taskrunner_runs_ended_total\{handler="([^"]+)",status="success"\} '
+                            r'(\S+)$', metrics, re.M))
+    assert ended == {"demo.tasks.add": "1.0", "demo.tasks.send": "1.0",
+                     "taskrunner.contrib.django.handler.RunDjangoTask": "2.0"}, metrics
+
+
+def test_a_plain_runner_runs_django_tasks_with_nothing_registered(project):
+    """`taskrunner runner` itself, not manage.py: Django is not set up before a task's module
+    is imported, and nothing registers a hook; the object found at the task's path names the
+    handler that runs it."""
+    ids = project.scenario("enqueue")
+    env = dict(project.env, DJANGO_SETTINGS_MODULE="project.settings",
+               TASKRUNNER_DATABASE_URL=project.database.url,
+               TASKRUNNER_CONFIG=project.env["DEMO_TASKRUNNER_CONFIG"])
+    subprocess.run([project.python, "-m", "taskrunner", "runner", "--burst", "--queue",
+                    "default,emails"], cwd=PROJECT, env=env, check=True, timeout=120)
+    results = project.scenario("results", *ids.values())
+    assert [r["status"] for r in results.values()] == ["SUCCESSFUL"] * 4, results
+    assert [results[ids[name]]["return_value"] for name in ("add", "stored_before",
+                                                            "elsewhere")] == [5, 42, 42]
+
+
 def test_manage_py_taskrunner_runs_taskrunner_commands(project):
     status = project.manage("taskrunner", "status", "--json")
     assert json.loads(status.stdout)["database"].startswith(project.database.url.split(":")[0])
@@ -227,4 +281,5 @@ def test_dashboard_mounted_in_django_for_staff_only_with_its_csrf_intact(project
     status, location = seen["with_token"]
     assert status == 303 and location.startswith("/ops/taskrunner/tasks/")
     assert seen["status_after"] == "FAILED"        # cancelled
+    assert seen["task_page_names"] == [True, False]   # its Django path, not RunDjangoTask
     assert seen["metrics"] == [200, True]

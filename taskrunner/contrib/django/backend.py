@@ -1,27 +1,31 @@
 """`TaskrunnerBackend`: Django's Tasks API on taskrunner's queue.
 
-A Django task becomes one taskrunner task of the handler `RunDjangoTask` whose data is
-``{"task": module path, "args": [...], "kwargs": {...}, "backend": alias, "run_after":
-ISO 8601 or null}``; its result is read back from the task and its runs (`result_of`).
+A Django task becomes one taskrunner task whose handler is the task's import path
+(``shop.tasks.send_receipt``: its name in the CLI, the dashboard and the metrics) and whose
+data is ``{"args": [...], "kwargs": {...}, "backend": alias, "run_after": ISO 8601 or
+null}``; its result is read back from the task and its runs (results.py).
+
+The backend's ``task_class`` is `TaskrunnerTask` (handler.py): Django's ``@task`` makes the
+object at that path with it, and the object names the handler that runs it, so a runner
+finds the handler by importing the path, as it finds any other. A task whose ``@task`` names
+another backend is a plain Django `Task` that names no handler; enqueued here (``.using(
+backend=...)``) it is stored as every Django task was before: under `RUN_DJANGO_TASK`, its
+path in the data (``"task"``).
 """
-from datetime import datetime
 from typing import Any, Dict, List, Optional
 
-from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from ...api import TaskQueue
 from ...config import Config, check_queue_name
 from ...errors import TaskNotFound, TaskRunnerError
-from ...reads.records import RunInfo, TaskInfo
-from ...store.models import CANCELLED, FAILED, RUNNING, SUCCESS
 from .compat import tasks
 from .database import url_of
+from .handler import TaskrunnerTask
+from .results import RUN_DJANGO_TASK, django_task, result_of
 
-HANDLER = "taskrunner.contrib.django.handler.RunDjangoTask"
 # OPTIONS: where the tables are (a DATABASES alias, else a URL of their own), a taskrunner
 # config file for everything else, and the retry policy of the tasks this backend adds.
 TASK_OPTIONS = {"MAX_RETRIES": "max_retries", "RUN_TIMEOUT": "run_timeout",
@@ -42,6 +46,7 @@ class TaskrunnerBackend(tasks.BaseTaskBackend):
     same order as Django's).
     """
 
+    task_class = TaskrunnerTask
     supports_defer = True
     supports_priority = True
     supports_get_result = True
@@ -102,14 +107,17 @@ class TaskrunnerBackend(tasks.BaseTaskBackend):
         run_after = task.run_after
         if run_after is not None and timezone.is_naive(run_after):
             run_after = timezone.make_aware(run_after)     # USE_TZ = False: local time
-        data = {"task": task.module_path, "args": tasks.normalize_json(list(args)),
+        data = {"args": tasks.normalize_json(list(args)),
                 "kwargs": tasks.normalize_json(dict(kwargs)), "backend": self.alias,
                 "run_after": run_after.isoformat() if run_after is not None else None}
+        handler = task.module_path
+        if not isinstance(task, TaskrunnerTask):     # its @task names another backend
+            handler, data = RUN_DJANGO_TASK, dict(data, task=task.module_path)
         options = dict(self.task_options, priority=task.priority, queue=task.queue_name,
                        scheduled_on=run_after)
         queue = self.queue()
         if self.database is None:
-            task_id = queue.add_task(HANDLER, data, **options)
+            task_id = queue.add_task(handler, data, **options)
             result = self._ready(task, task_id, data)
             tasks.task_enqueued.send(type(self), task_result=result)
             return result
@@ -117,7 +125,7 @@ class TaskrunnerBackend(tasks.BaseTaskBackend):
         # Through Django's own connection and transaction: a rollback leaves no task, and the
         # runners are woken only once it is committed (before, they would find nothing).
         with transaction.atomic(using=self.database):
-            task_id = queue.add_task(HANDLER, data, connection=connections[self.database],
+            task_id = queue.add_task(handler, data, connection=connections[self.database],
                                      **options)
             result = self._ready(task, task_id, data)
             transaction.on_commit(lambda: self._committed(queue, result), using=self.database)
@@ -146,59 +154,7 @@ class TaskrunnerBackend(tasks.BaseTaskBackend):
             info, runs = queue.get_task(task_id), queue.runs_of(task_id)
         except TaskNotFound:
             raise tasks.TaskResultDoesNotExist(result_id) from None
-        if info.handler != HANDLER:     # a taskrunner task that is no Django task
+        task = django_task(info)
+        if task is None:        # a taskrunner task that is no Django task
             raise tasks.TaskResultDoesNotExist(result_id)
-        return result_of(self.alias, info, runs)
-
-
-def _local(value: Optional[datetime]) -> Optional[datetime]:
-    """An aware UTC datetime as Django gives datetimes: aware with USE_TZ, else naive local."""
-    if value is None or settings.USE_TZ:
-        return value
-    return timezone.make_naive(value)
-
-
-def exception_class_path(run: RunInfo) -> str:
-    """The exception a failed run raised (stored by `RunDjangoTask`); a run that never
-    raised one (its runner died, its timeout passed) gets the nearest builtin."""
-    if isinstance(run.results, dict) and isinstance(run.results.get("exception_class_path"), str):
-        return str(run.results["exception_class_path"])
-    if run.error_code == "HandlerError":
-        return "taskrunner.errors.HandlerError"
-    return "builtins.TimeoutError"
-
-
-def status_of(info: TaskInfo) -> Any:
-    """Django's status of a task: a task waiting to retry is READY again; one that gave up or
-    was cancelled is FAILED."""
-    status = tasks.TaskResultStatus
-    if info.status == SUCCESS:
-        return status.SUCCESSFUL
-    if info.given_up or info.status == CANCELLED:
-        return status.FAILED
-    return status.RUNNING if info.status == RUNNING else status.READY
-
-
-def result_of(alias: str, info: TaskInfo, runs: List[RunInfo]) -> Any:
-    """The `TaskResult` of a task of `RunDjangoTask` and its runs."""
-    spec = info.data
-    run_after = spec.get("run_after")
-    task = import_string(spec["task"]).using(
-        priority=info.priority, queue_name=info.queue, backend=alias,
-        run_after=_local(datetime.fromisoformat(run_after)) if run_after else None)
-    status = status_of(info)
-    started = [run.started_on for run in runs if run.started_on is not None]
-    finished = status in (tasks.TaskResultStatus.SUCCESSFUL, tasks.TaskResultStatus.FAILED)
-    result = tasks.TaskResult(
-        task=task, id=str(info.id), status=status, enqueued_at=_local(info.queued_on),
-        started_at=_local(min(started)) if started else None,
-        last_attempted_at=_local(max(started)) if started else None,
-        finished_at=_local(info.finished_on) if finished else None,
-        args=spec["args"], kwargs=spec["kwargs"], backend=alias,
-        errors=[tasks.TaskError(exception_class_path=exception_class_path(run),
-                                traceback=run.traceback or run.error_message or "")
-                for run in runs if run.status in FAILED],
-        worker_ids=[str(run.runner_id) for run in runs if run.runner_id is not None])
-    if status == tasks.TaskResultStatus.SUCCESSFUL and isinstance(info.results, dict):
-        object.__setattr__(result, "_return_value", info.results.get("return_value"))
-    return result
+        return result_of(self.alias, task, info, runs)

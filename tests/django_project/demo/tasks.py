@@ -39,3 +39,9 @@ def fails_once(context, value):
 async def async_add(a, b):
     await asyncio.sleep(0)
     return a + b
+
+
+@task(backend="elsewhere")
+def elsewhere(a):
+    """A task of another backend: taskrunner runs it when enqueued with .using(backend=...)."""
+    return a * 2

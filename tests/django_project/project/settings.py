@@ -34,6 +34,9 @@ TASKS = {"default": {
     "OPTIONS": {"DATABASE": "default", "MAX_RETRIES": 2, "RETRY_BACKOFF": 0.2,
                 "CONFIG": os.environ.get("DEMO_TASKRUNNER_CONFIG")},
 }}
+# Another backend's task, enqueued on taskrunner's with .using(backend="default").
+TASKS["elsewhere"] = {"BACKEND": ("django.tasks" if django.VERSION >= (6,) else "django_tasks")
+                      + ".backends.dummy.DummyBackend"}
 if not TASKS["default"]["OPTIONS"]["CONFIG"]:
     del TASKS["default"]["OPTIONS"]["CONFIG"]
 

@@ -103,6 +103,28 @@ def run(timeout):
     return {"results": seen, "ready_while_retrying": ready_while_retrying}
 
 
+def enqueue():
+    """One Django task of each of two functions, one whose @task names another backend, and
+    one stored as a Django task was before tasks were named by their import path: handler
+    `RunDjangoTask`, the path in its data."""
+    add = tasks.add.enqueue(2, 3)
+    send = tasks.send.enqueue("c@example.com", subject="receipt")
+    elsewhere = tasks.elsewhere.using(backend="default").enqueue(21)
+    backend = default_task_backend
+    stored_before = backend.queue().add_task(
+        "taskrunner.contrib.django.handler.RunDjangoTask",
+        {"task": "demo.tasks.add", "args": [20, 22], "kwargs": {}, "backend": backend.alias,
+         "run_after": None})
+    return {"add": add.id, "send": send.id, "elsewhere": elsewhere.id,
+            "stored_before": str(stored_before)}
+
+
+def results(ids):
+    """The `TaskResult` of each task id, as Django reads it back."""
+    return {result_id: described(default_task_backend.get_result(result_id))
+            for result_id in ids}
+
+
 def dashboard():
     """The mounted dashboard through Django's own request handling (sessions, auth, Django's
     CSRF middleware enforced)."""
@@ -126,6 +148,8 @@ def dashboard():
     seen["parts_links"] = sorted(set(re.findall(r'href=\\"(/[^"?\\]*)', parts)))
     seen["css"] = client.get("/ops/taskrunner/static/app.css").status_code
     task_page = client.get("/ops/taskrunner/tasks/%s" % result.id).content.decode()
+    seen["task_page_names"] = ["demo.tasks.always_fails" in task_page,
+                               "RunDjangoTask" in task_page]
     token = re.search(r'name="csrf" value="([^"]+)"', task_page).group(1)
     action = "/ops/taskrunner/tasks/%s/cancel" % result.id
     form = "application/x-www-form-urlencoded"      # as a browser sends the dashboard's forms
@@ -143,8 +167,10 @@ def dashboard():
 class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("name")
+        parser.add_argument("ids", nargs="*")
         parser.add_argument("--timeout", type=float, default=60)
 
-    def handle(self, name, timeout, **options):
-        seen = {"contract": contract, "dashboard": dashboard}.get(name, lambda: run(timeout))()
+    def handle(self, name, ids, timeout, **options):
+        seen = {"contract": contract, "dashboard": dashboard, "enqueue": enqueue,
+                "results": lambda: results(ids)}.get(name, lambda: run(timeout))()
         self.stdout.write(json.dumps(seen))
