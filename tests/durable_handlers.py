@@ -93,6 +93,28 @@ class WaitForApproval(TaskHandler):
         run.results = {"approved": payload}
 
 
+class WaitTwice(TaskHandler):
+    """Waits for the event "shipped" twice (data["timeout"] seconds each, or for ever) and
+    logs each wait's return; with data["fail_first"], attempt 1 fails after both. Its hooks
+    are logged too."""
+
+    def handle(self, run):
+        log, timeout = run.data["log"], run.data.get("timeout")
+        first = run.wait_for("shipped", timeout=timeout)
+        record(log, "first %d %s" % (run.attempt, first))
+        second = run.wait_for("shipped", timeout=timeout)
+        record(log, "second %d %s" % (run.attempt, second))
+        if run.data.get("fail_first") and run.attempt == 1:
+            raise TaskError("fails after both waits", code="Planned")
+        run.results = {"shipped": [first, second]}
+
+    def on_failure(self, run, exc):
+        record(run.data["log"], "on_failure %d %s" % (run.attempt, type(exc).__name__))
+
+    def on_give_up(self, task):
+        record(task.data["log"], "on_give_up %s %d" % (task.last_error_code, task.runs_failed))
+
+
 class Steps(TaskHandler):
     """data["steps"] steps with a checkpoint after each (the 600-step task of the issue):
     each step's execution is logged outside the database; the handler returns (and so is

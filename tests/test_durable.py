@@ -230,15 +230,91 @@ def test_an_event_sent_before_the_wait_is_kept_for_it(queue, log):
 
 @pytest.mark.timeout(120)
 def test_a_wait_with_a_timeout_fails_with_event_timeout_when_nothing_comes(queue, log):
-    task_id = queue.add_task(H + "WaitForApproval", {"log": log, "timeout": 600}, max_retries=1)
+    """Uncaught, EventTimeout gives the task up at once: max_retries more runs would each
+    fail the same way on the recorded timeout."""
+    task_id = queue.add_task(H + "WaitForApproval", {"log": log, "timeout": 600}, max_retries=5)
     queue.run_pending(now=T0)
     task = queue.get_task(task_id)
     assert task.status == "waiting" and task.waiting_for == "approved"
     assert task.waiting_until == T0 + timedelta(minutes=10)
-    drain(queue, now=T0 + timedelta(minutes=11))
+    assert drain(queue, now=T0 + timedelta(minutes=11)) == 1
     task = queue.get_task(task_id)
     assert task.given_up and task.last_error_code == "EventTimeout", task
+    assert task.runs_failed == 1 and [r.status for r in queue.runs_of(task_id)] == [
+        "waiting", "error"]
     assert issubclass(EventTimeout, Exception)
+
+
+@pytest.mark.timeout(120)
+def test_a_second_wait_of_one_name_waits_for_a_second_event(queue, log):
+    """Issue 40: the second ``wait_for("shipped")`` of an attempt waits for (and consumes) a
+    second event, recorded as the step ``event:shipped#2``; it does not return the first
+    payload again."""
+    task_id = queue.add_task(H + "WaitTwice", {"log": log})
+    assert queue.run_pending() == 1
+    assert queue.send_event(task_id, "shipped", "parcel-1") is True
+    assert queue.run_pending() == 1
+    task = queue.get_task(task_id)
+    assert (task.status, task.waiting_for) == ("waiting", "shipped"), task
+    assert queue.run_pending() == 0         # the first event is consumed: nothing wakes it
+    assert queue.send_event(task_id, "shipped", "parcel-2") is True
+    assert queue.run_pending() == 1
+    task = queue.get_task(task_id)
+    assert task.status == "success" and task.results == {"shipped": ["parcel-1", "parcel-2"]}
+    assert lines(log) == [["first", "2", "parcel-1"], ["first", "3", "parcel-1"],
+                          ["second", "3", "parcel-2"]]
+    assert [(s.name, s.kind, s.result) for s in queue.steps_of(task_id)] == [
+        ("event:shipped", "event", {"payload": "parcel-1"}),
+        ("event:shipped#2", "event", {"payload": "parcel-2"})]
+
+
+@pytest.mark.timeout(120)
+def test_events_sent_before_the_waits_are_taken_in_order_and_replayed_alike(queue, log):
+    """Events kept before the waits go to the waits of their name in the order sent, one
+    each; a later attempt replays the same payloads and consumes no more events."""
+    task_id = queue.add_task(H + "WaitTwice", {"log": log, "fail_first": True}, max_retries=2)
+    for payload in ("a", "b", "c"):
+        assert queue.send_event(task_id, "shipped", payload) is False
+    drain(queue)
+    task = queue.get_task(task_id)
+    assert task.status == "success" and task.results == {"shipped": ["a", "b"]}, task
+    assert lines(log) == [["first", "1", "a"], ["second", "1", "b"],
+                          ["on_failure", "1", "TaskError"], ["first", "2", "a"],
+                          ["second", "2", "b"]]
+    Event = queue.store.Event
+    assert [(e.payload, e.consumed_on is not None) for e in Event.select().where(
+        Event.task_id == task_id).order_by(Event.id)] == [
+        ('"a"', True), ('"b"', True), ('"c"', False)]
+
+
+@pytest.mark.timeout(120)
+def test_an_uncaught_event_timeout_gives_up_at_once_whatever_max_retries(queue, log):
+    """Issue 40: an uncaught EventTimeout is not retried (every retry would fail at once on
+    the recorded timeout): the task gives up after that one failed run, with the error kept
+    and on_give_up called. Each wait of a name has its own deadline (``deadline:NAME``,
+    ``deadline:NAME#2``), counted from its own first call."""
+    task_id = queue.add_task(H + "WaitTwice", {"log": log, "timeout": 600}, max_retries=5)
+    queue.run_pending(now=T0)
+    assert queue.get_task(task_id).waiting_until == T0 + timedelta(minutes=10)
+    assert queue.send_event(task_id, "shipped", "parcel-1") is True
+    queue.run_pending(now=T0 + timedelta(minutes=5))
+    task = queue.get_task(task_id)
+    assert task.status == "waiting" and task.waiting_until == T0 + timedelta(minutes=15), task
+    assert queue.run_pending(now=T0 + timedelta(minutes=14)) == 0
+    assert drain(queue, now=T0 + timedelta(minutes=16)) == 1
+    assert drain(queue, now=T0 + timedelta(days=1)) == 0          # no further run
+    task = queue.get_task(task_id)
+    assert task.given_up and task.finished_on is not None, task
+    assert (task.status, task.runs_failed, task.last_error_code) == ("error", 1, "EventTimeout")
+    assert "'shipped'" in task.last_error_message
+    assert [t.id for t in queue.tasks(status="given-up")] == [task_id]
+    assert [r.status for r in queue.runs_of(task_id)] == ["waiting", "waiting", "error"]
+    assert lines(log) == [["first", "2", "parcel-1"], ["first", "3", "parcel-1"],
+                          ["on_failure", "3", "EventTimeout"], ["on_give_up", "EventTimeout", "1"]]
+    assert [(s.name, s.kind) for s in queue.steps_of(task_id)] == [
+        ("deadline:shipped", "deadline"), ("event:shipped", "event"),
+        ("deadline:shipped#2", "deadline"), ("event:shipped#2", "event")]
+    assert queue.steps_of(task_id)[-1].result == {"timeout": True}
 
 
 @pytest.mark.timeout(120)

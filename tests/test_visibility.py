@@ -116,6 +116,32 @@ def test_on_failure_and_on_give_up_are_called_and_never_change_the_outcome(
     assert len(hook_errors) == (3 if hooks_fail else 0)
 
 
+def test_a_task_error_with_retry_false_gives_up_at_once_with_its_hooks(queue, tmp_path):
+    """``TaskError(..., retry=False)``: the task gives up after this failure whatever its
+    max_retries, as any give-up (error kept, on_give_up called, dependents cancelled); an
+    operator's retry re-arms it."""
+    log = str(tmp_path / "hooks.log")
+    task_id = queue.add_task(H + "Hooked", data={"log": log, "no_retry": True},
+                             max_retries=5, retry_backoff=0)
+    dependent = queue.add_task("taskrunner.handlers.Echo", after=[task_id])
+    assert queue.run_pending() == 1
+    assert queue.run_pending() == 0
+    task = queue.get_task(task_id)
+    assert task.given_up and task.finished_on is not None, task
+    assert (task.status, task.runs_failed, task.last_error_code, task.last_error_message) == (
+        "error", 1, "Refused", "attempt 1 refused")
+    runs = queue.runs_of(task_id)
+    assert read_lines(log) == [["on_failure", runs[0].id, 1, "TaskError"],
+                               ["on_give_up", task_id, "error", 1]]
+    assert [t.id for t in queue.tasks(status="given-up")] == [task_id]
+    assert queue.get_task(dependent).status == "cancelled"
+    assert queue.retry(task_id) == 1
+    assert queue.run_pending() == 1
+    assert queue.get_task(task_id).given_up and len(queue.runs_of(task_id)) == 2
+    from taskrunner import TaskError
+    assert TaskError("x").retry is True and TaskError("x", retry=False).retry is False
+
+
 # -- 5. async handlers ----------------------------------------------------------------------
 
 def test_async_handler_runs_to_completion(queue):

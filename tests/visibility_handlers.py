@@ -4,7 +4,7 @@ import json
 import os
 import time
 
-from taskrunner import TaskHandler
+from taskrunner import TaskError, TaskHandler
 
 # Set to make `broken_handlers` fail on import (test_visibility).
 BREAK_ENV = "TASKRUNNER_TEST_BREAK_IMPORT"
@@ -36,10 +36,13 @@ class KeyFails(TaskHandler):
 
 
 class Hooked(TaskHandler):
-    """Fails; records its hooks' calls in data["log"]. data["hooks_fail"]: the hooks raise."""
+    """Fails; records its hooks' calls in data["log"]. data["hooks_fail"]: the hooks raise;
+    data["no_retry"]: fails with TaskError(..., retry=False)."""
 
     def handle(self, run):
         run.results = {"partial": 1}
+        if run.data.get("no_retry"):
+            raise TaskError("attempt %d refused" % run.attempt, code="Refused", retry=False)
         raise RuntimeError("attempt %d failed" % run.attempt)
 
     def on_failure(self, run, exc):
