@@ -63,12 +63,20 @@ class TaskError(Exception):
     """Raise from a handler to fail the run with a chosen error code.
 
     ``raise TaskError("mailbox full", code="MAILBOX_FULL")`` stores error_code
-    ``MAILBOX_FULL``; any other exception stores its class name as the code.
+    ``MAILBOX_FULL``; any other exception stores its class name as the code. The task is
+    retried, as after any failure, until ``max_retries`` failures in a row.
+
+    ``retry=False`` says that no retry can succeed (a refusal, a bad input, a deadline
+    passed): the task gives up after this failure, whatever its ``max_retries`` — final,
+    with this error kept and ``on_give_up`` called, as any give-up. ``EventTimeout`` is
+    raised with it. A run that ends so because its runner was stopping is still handed
+    back (it runs again at once and gives up there).
     """
 
-    def __init__(self, message: str, code: "str | None" = None) -> None:
+    def __init__(self, message: str, code: "str | None" = None, retry: bool = True) -> None:
         super().__init__(message)
         self.code = code
+        self.retry = retry
 
 
 class SchemaBehind(InputError):
@@ -93,10 +101,12 @@ class Retry(Exception):
 
 class EventTimeout(TaskError):
     """Raised by ``run.wait_for(name, timeout=...)`` when the event did not come in time
-    (on that attempt and on every later one: the timeout is recorded like a step)."""
+    (on that attempt and on every later one: the timeout is recorded like a step). Not
+    retried (``retry=False``): uncaught, it gives the task up at once with error code
+    ``EventTimeout``; catch it to do something else."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, code="EventTimeout")
+        super().__init__(message, code="EventTimeout", retry=False)
 
 
 class Waiting(BaseException):

@@ -392,8 +392,17 @@ class RunContext:
     def wait_for(self, name: str, timeout: Optional[float] = None) -> Any:
         """Wait durably for the event `name` (``TaskQueue.send_event``) and return its
         payload: until it is sent, the run ends ``waiting`` as for `sleep`, and the task runs
-        again as soon as it is; an event sent before the wait is kept for it. Raises
-        `EventTimeout` when `timeout` seconds (from the first call) pass without it."""
+        again as soon as it is; an event sent before the wait is kept for it.
+
+        Each call takes one event: the N-th wait for `name` in an attempt (in call order)
+        waits for and consumes the N-th event of that name sent to the task, recorded as the
+        step ``event:NAME`` for the first, ``event-N:NAME`` after it — so call it in the same
+        order on every attempt. Events sent early are kept and taken in the order sent.
+
+        Raises `EventTimeout` when `timeout` seconds (from this wait's first call) pass
+        without it. Uncaught, it gives the task up at once (no retry: every retry would
+        time out again), with error code ``EventTimeout``; catch it to go on without the
+        event."""
         return self._durable_run().wait_for(name, timeout)
 
     def wait_for_tasks(self, task_ids: "list[int]") -> "list[dict[str, Any]]":

@@ -248,7 +248,7 @@ def test_a_wait_with_a_timeout_fails_with_event_timeout_when_nothing_comes(queue
 @pytest.mark.timeout(120)
 def test_a_second_wait_of_one_name_waits_for_a_second_event(queue, log):
     """Issue 40: the second ``wait_for("shipped")`` of an attempt waits for (and consumes) a
-    second event, recorded as the step ``event:shipped#2``; it does not return the first
+    second event, recorded as the step ``event-2:shipped``; it does not return the first
     payload again."""
     task_id = queue.add_task(H + "WaitTwice", {"log": log})
     assert queue.run_pending() == 1
@@ -265,7 +265,7 @@ def test_a_second_wait_of_one_name_waits_for_a_second_event(queue, log):
                           ["second", "3", "parcel-2"]]
     assert [(s.name, s.kind, s.result) for s in queue.steps_of(task_id)] == [
         ("event:shipped", "event", {"payload": "parcel-1"}),
-        ("event:shipped#2", "event", {"payload": "parcel-2"})]
+        ("event-2:shipped", "event", {"payload": "parcel-2"})]
 
 
 @pytest.mark.timeout(120)
@@ -292,7 +292,7 @@ def test_an_uncaught_event_timeout_gives_up_at_once_whatever_max_retries(queue, 
     """Issue 40: an uncaught EventTimeout is not retried (every retry would fail at once on
     the recorded timeout): the task gives up after that one failed run, with the error kept
     and on_give_up called. Each wait of a name has its own deadline (``deadline:NAME``,
-    ``deadline:NAME#2``), counted from its own first call."""
+    ``deadline-2:NAME``), counted from its own first call."""
     task_id = queue.add_task(H + "WaitTwice", {"log": log, "timeout": 600}, max_retries=5)
     queue.run_pending(now=T0)
     assert queue.get_task(task_id).waiting_until == T0 + timedelta(minutes=10)
@@ -313,7 +313,7 @@ def test_an_uncaught_event_timeout_gives_up_at_once_whatever_max_retries(queue, 
                           ["on_failure", "3", "EventTimeout"], ["on_give_up", "EventTimeout", "1"]]
     assert [(s.name, s.kind) for s in queue.steps_of(task_id)] == [
         ("deadline:shipped", "deadline"), ("event:shipped", "event"),
-        ("deadline:shipped#2", "deadline"), ("event:shipped#2", "event")]
+        ("deadline-2:shipped", "deadline"), ("event-2:shipped", "event")]
     assert queue.steps_of(task_id)[-1].result == {"timeout": True}
 
 

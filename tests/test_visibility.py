@@ -116,7 +116,8 @@ def test_on_failure_and_on_give_up_are_called_and_never_change_the_outcome(
     assert len(hook_errors) == (3 if hooks_fail else 0)
 
 
-def test_a_task_error_with_retry_false_gives_up_at_once_with_its_hooks(queue, tmp_path):
+def test_a_task_error_with_retry_false_gives_up_at_once_with_its_hooks(queue, tmp_path,
+                                                                        caplog):
     """``TaskError(..., retry=False)``: the task gives up after this failure whatever its
     max_retries, as any give-up (error kept, on_give_up called, dependents cancelled); an
     operator's retry re-arms it."""
@@ -124,8 +125,11 @@ def test_a_task_error_with_retry_false_gives_up_at_once_with_its_hooks(queue, tm
     task_id = queue.add_task(H + "Hooked", data={"log": log, "no_retry": True},
                              max_retries=5, retry_backoff=0)
     dependent = queue.add_task("taskrunner.handlers.Echo", after=[task_id])
-    assert queue.run_pending() == 1
+    with caplog.at_level(logging.INFO, logger="taskrunner"):
+        assert queue.run_pending() == 1
     assert queue.run_pending() == 0
+    assert "task %d gave up after 1 failed run(s) (an error not to retry)" % task_id in [
+        r.getMessage().split(":")[0] for r in caplog.records]
     task = queue.get_task(task_id)
     assert task.given_up and task.finished_on is not None, task
     assert (task.status, task.runs_failed, task.last_error_code, task.last_error_message) == (

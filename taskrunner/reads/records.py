@@ -21,8 +21,8 @@ from ..runs.sql import claim_order_of
 
 # The words a task list is filtered by, everywhere (API, CLI, dashboard): its latest run's
 # status (``waiting`` too while it waits for its parents, with no run yet), and three views
-# of failure: retrying (failed, a run will come), given-up
-# (failed max_retries times in a row) and failed (either). docs/index.md, "Words".
+# of failure: retrying (failed, a run will come), given-up (failed max_retries times in a
+# row, or by an error not to retry) and failed (either). docs/index.md, "Words".
 TASK_STATUSES = (SCHEDULED, RUNNING, WAITING, "retrying", "given-up", SUCCESS, CANCELLED, ERROR,
                  TIMEOUT, "failed")
 STOPPING = "stopping"       # the state of a running runner that is winding down its run
@@ -68,7 +68,8 @@ class TaskInfo(_Record):
     # The status of its latest run, or cancelled; `waiting` while it sleeps, waits for an
     # event, or waits for its parents (no run yet: `waiting_parents`).
     status: str
-    given_up: bool              # failed max_retries times in a row: no further run
+    given_up: bool              # failed max_retries times in a row, or by an error not to
+                                # retry (TaskError retry=False): no further run
     priority: int
     queued_on: datetime
     queued_by: Optional[str]
@@ -123,8 +124,8 @@ class StepInfo(_Record):
 @dataclass(frozen=True)
 class TaskOutcome(_Record):
     """A task that reached a final state (`TaskQueue.wait`): ``success``, ``given-up``
-    (failed max_retries times in a row) or ``cancelled``, with its results, or its last
-    error and traceback."""
+    (failed max_retries times in a row, or by an error not to retry) or ``cancelled``,
+    with its results, or its last error and traceback."""
     task_id: int
     status: str
     results: Any

@@ -34,17 +34,19 @@ class Outcome(NamedTuple):
     exc: Optional[BaseException] = None
     # The event a waiting run waits for, or the ids of the tasks it waits for (a list).
     waiting_for: Any = None
+    give_up: bool = False                # a failure not to retry (TaskError retry=False)
 
 
-def failed(code, message, traceback=None, exc=None, status=ERROR):
-    return Outcome(status, code, message, traceback=traceback, exc=exc)
+def failed(code, message, traceback=None, exc=None, status=ERROR, give_up=False):
+    return Outcome(status, code, message, traceback=traceback, exc=exc, give_up=give_up)
 
 
 def of_exception(exc, now, aborted=False, stopping=None):
     """The outcome of a handler that raised `exc`: an interrupt is a timeout when its run
     was taken away (`aborted`), else a hand-back; `Retry` requeues (at `now` + in_seconds);
     a failure while its runner was told to stop (`stopping`: why) hands the run back too;
-    `Waiting` (run.sleep, run.wait_for) ends it waiting, stopping or not."""
+    `Waiting` (run.sleep, run.wait_for) ends it waiting, stopping or not. A `TaskError`
+    with ``retry=False`` (EventTimeout among them) gives its task up now."""
     if isinstance(exc, Waiting):
         if exc.tasks:
             return Outcome(WAITING, "WaitingForTasks", str(exc), waiting_for=list(exc.tasks))
@@ -65,7 +67,8 @@ def of_exception(exc, now, aborted=False, stopping=None):
     if stopping is not None:
         return Outcome(REQUEUED, "Stopped", "handed back: %s; the handler ended with %s: %s"
                        % (stopping, code, text))
-    return failed(code, text, format_traceback(exc), exc)
+    return failed(code, text, format_traceback(exc), exc,
+                  give_up=isinstance(exc, TaskError) and not exc.retry)
 
 
 def format_traceback(exc):
@@ -103,9 +106,9 @@ def after_run(store, claimed, outcome, elapsed, handler=None, context=None):
                     claimed.run_id, claimed.task_id, exc_info=True)
         return
     if task.given_up:
-        log.error("task %d gave up after %d failed run(s): %s (%s: %s)", task.id,
-                  task.runs_failed, task.handler, task.last_error_code,
-                  _short(task.last_error_message),
+        log.error("task %d gave up after %d failed run(s)%s: %s (%s: %s)", task.id,
+                  task.runs_failed, " (an error not to retry)" if outcome.give_up else "",
+                  task.handler, task.last_error_code, _short(task.last_error_message),
                   extra=run_fields(claimed, "given-up", error_code=task.last_error_code))
         if handler is not None:
             _call_hook(claimed, "on_give_up", handler.on_give_up, task)

@@ -231,7 +231,8 @@ class Worker:
         args = (claimed.run_id, claimed.task_id, status, self.runner_id, outcome.results,
                 outcome.code, outcome.message)
         options = dict(periodic_task_id=claimed.periodic_task_id, retry_at=outcome.retry_at,
-                       traceback=outcome.traceback, now=now, waiting_for=outcome.waiting_for)
+                       traceback=outcome.traceback, now=now, waiting_for=outcome.waiting_for,
+                       give_up=outcome.give_up)
         if claim_next and outcome.exc is None and not self._should_exit():
             ended, following = self._with_database(lambda: lifecycle.end_run_and_claim(
                 self.store, *args, queues=self._claim_order(), **options),

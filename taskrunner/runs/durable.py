@@ -14,7 +14,8 @@ behind a handler's ``run``.
   lifecycle's end) and the task's next run is created at its time (the maintainer's pass,
   through next_run_on) or at once by `send_event`. A sleep's end, an event's deadline and
   the event consumed are recorded as steps too, so a resumed attempt replays them instead
-  of starting them again.
+  of starting them again; the N-th wait for one name in an attempt is a step of its own
+  (``event-N:NAME``) and takes the N-th event of that name.
 
 Everything here rides out a database outage (store.outage): a handler never sees a
 database error from these calls.
@@ -123,9 +124,10 @@ def consume_event(store, task_id, name, run_id, at):
 def send_event(store, task_id, name, payload=None, now=None):
     """Store the event `name` (its JSON `payload`) for the task; when the task is
     ``waiting`` for that event, its run is created in the same transaction (and the runners
-    woken after it). An event the task does not wait for yet is kept: the task's first
-    ``run.wait_for(name)`` consumes it. Returns whether the task was woken. TaskNotFound for
-    an unknown task, StateError for one that has ended.
+    woken after it). An event the task does not wait for yet is kept: the task's next
+    ``run.wait_for(name)`` consumes it (the events of a name in the order sent, one per
+    wait). Returns whether the task was woken. TaskNotFound for an unknown task, StateError
+    for one that has ended.
     Race closed: the event and a run ending ``waiting`` for it — both lock the task row
     first; the one that comes second sees the other (lifecycle._wait)."""
     check_name("event name", name)
@@ -180,6 +182,7 @@ class DurableRun:
         self._resumed = None
         self._steps = {}
         self._calls = {}             # kind -> calls made this attempt (unnamed sleeps)
+        self._waits = {}             # event name -> waits for it made this attempt
 
     def _through(self, fn):
         return outage.call_through(self.store.db, fn)[0]
@@ -329,20 +332,27 @@ class DurableRun:
                       % _iso(end))
 
     def wait_for(self, name, timeout=None):
-        """The payload of the event `name` sent to the task (TaskQueue.send_event), consumed
-        once: recorded as the step ``event:NAME``, so every later attempt gets the same
-        payload. Until it comes, the run ends ``waiting`` (errors.Waiting); after `timeout`
-        seconds (counted from the first call, on any attempt) EventTimeout."""
+        """The payload of an event `name` sent to the task (TaskQueue.send_event), consumed
+        once: recorded as a step, so every later attempt gets the same payload. The N-th
+        wait for `name` in an attempt (in call order) is the step ``event:NAME`` for the
+        first, ``event-N:NAME`` after it (as ``sleep-N``; a prefix, so that no other name's
+        first wait has the same step name), and takes the oldest event of that name no
+        earlier wait consumed: the N-th one sent, when no wait before it timed out. Until it
+        comes, the run ends ``waiting`` (errors.Waiting); after `timeout` seconds (counted
+        from that wait's first call, on any attempt: the step ``deadline:NAME`` or
+        ``deadline-N:NAME``) EventTimeout."""
         check_name("event name", name)
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(
                 timeout, (int, float)) or not 0 <= timeout <= 3153600000):
             raise InputError("run.wait_for(timeout=...) takes seconds, not %r" % (timeout,))
         self._load()
-        step = "event:" + name
+        count = self._waits[name] = self._waits.get(name, 0) + 1
+        ordinal = "" if count == 1 else "-%d" % count     # the first keeps its stored name
+        step = "event%s:%s" % (ordinal, name)
         if step not in self._steps:
             deadline = None
             if timeout is not None:
-                key = "deadline:" + name
+                key = "deadline%s:%s" % (ordinal, name)
                 if key in self._steps:
                     deadline = _time(_decoded(self._steps[key][1])["until"])
                 else:

@@ -269,22 +269,24 @@ def report_progress(store, run_id, runner_id, percent=None, results=None, now=No
 
 def end_run(store, run_id, task_id, status, runner_id=None, results=None, error_code=None,
             error_message=None, now=None, periodic_task_id=None, retry_at=None, traceback=None,
-            waiting_for=None):
+            waiting_for=None, give_up=False):
     """End a running run with `status` and aggregate its task (`end_in_transaction`).
     Returns False when it lost the race of rule 4 (someone ended the run meanwhile).
     Whoever waits for a task on this host (`TaskQueue.wait`) is woken after the commit.
+    `give_up`: a failure that gives its task up whatever its max_retries (TaskError
+    ``retry=False``).
     """
     return _end_run(store, run_id, task_id, status, store.database_time(now), runner_id,
                     results, error_code, error_message, periodic_task_id,
-                    _on_database_clock(store, retry_at), traceback, waiting_for)
+                    _on_database_clock(store, retry_at), traceback, waiting_for, give_up)
 
 
 def _end_run(store, run_id, task_id, status, at, runner_id=None, results=None, error_code=None,
              error_message=None, periodic_task_id=None, retry_at=None, traceback=None,
-             waiting_for=None):
+             waiting_for=None, give_up=False):
     """end_run() on the database's clock (`at`, `retry_at`)."""
     args = (store, run_id, task_id, status, runner_id, results, error_code, error_message, at,
-            periodic_task_id, retry_at, traceback, waiting_for)
+            periodic_task_id, retry_at, traceback, waiting_for, give_up)
     ended = None
     if _single_statement_end(store, status, runner_id, periodic_task_id):
         ended = sql.end_success_alone(store, run_id, task_id, runner_id, results, at)
@@ -297,7 +299,8 @@ def _end_run(store, run_id, task_id, status, at, runner_id=None, results=None, e
 
 def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, error_code=None,
                       error_message=None, now=None, periodic_task_id=None, retry_at=None,
-                      traceback=None, queues=(DEFAULT_QUEUE,), waiting_for=None):
+                      traceback=None, queues=(DEFAULT_QUEUE,), waiting_for=None,
+                      give_up=False):
     """end_run() of a runner's own run and claim() of its next from `queues` in one
     transaction, so a busy runner pays one commit per job (one statement on PostgreSQL for
     a success and a run of the first queue). Same rules as the two calls; the claim happens
@@ -318,7 +321,8 @@ def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, e
         retry_at = _on_database_clock(store, retry_at)
         ended, claimed = store.write(lambda: (
             _end(store, run_id, task_id, status, runner_id, results, error_code,
-                 error_message, at, periodic_task_id, retry_at, traceback, waiting_for),
+                 error_message, at, periodic_task_id, retry_at, traceback, waiting_for,
+                 give_up),
             _claim_step(store, runner_id, queues, now, at)))
     if ended:
         store.wake_waiters()
@@ -363,7 +367,7 @@ def end_in_transaction(store, run_id, task_id, status, runner_id, results, error
 
 
 def _end(store, run_id, task_id, status, runner_id, results, error_code, error_message, at,
-         periodic_task_id, retry_at, traceback, waiting_for=None):
+         periodic_task_id, retry_at, traceback, waiting_for=None, give_up=False):
     """end_in_transaction() on the database's clock. A success is its runner's, and needs no
     read: the caller passes the periodic task id it knows from the claim."""
     if status == SUCCESS:
@@ -387,7 +391,8 @@ def _end(store, run_id, task_id, status, runner_id, results, error_code, error_m
     elif status == WAITING:
         _wait(store, task_id, at, retry_at, waiting_for)
     else:
-        _aggregate(store, task_id, status, error_code, error_message, at, not_before=retry_at)
+        _aggregate(store, task_id, status, error_code, error_message, at, not_before=retry_at,
+                   give_up=give_up)
     return True
 
 
@@ -480,15 +485,17 @@ def wake_waiting(store, task_id, now):
     store.wake_after_commit(1)
 
 
-def _aggregate(store, task_id, status, error_code, error_message, now, not_before=None):
+def _aggregate(store, task_id, status, error_code, error_message, now, not_before=None,
+               give_up=False):
     """The task after its run ended with a failure, or ``cancelled``: last_status,
-    runs_failed, the last error, and when (if ever) its next run may be created; then the
-    hooks, with the periodic task read from the (locked) task."""
+    runs_failed, the last error, and when (if ever) its next run may be created — none
+    after max_retries failures in a row, or after a failure that says so (`give_up`); then
+    the hooks, with the periodic task read from the (locked) task."""
     Task, config = store.Task, store.config
     task = store.locked(Task.select(Task.runs_failed, Task.runs_crashed, Task.max_retries,
                                     Task.retry_backoff, Task.periodic_task_id,
                                     Task.dependents).where(Task.id == task_id)).get()
-    final = status == CANCELLED or task.runs_failed + 1 >= task.max_retries
+    final = status == CANCELLED or give_up or task.runs_failed + 1 >= task.max_retries
     if status == CANCELLED:
         sql.end_task(store, task_id, CANCELLED, now)
     else:
@@ -502,7 +509,7 @@ def _aggregate(store, task_id, status, error_code, error_message, now, not_befor
                                        config.task.retry_backoff_max)
         else:
             values["runs_crashed"] = 0      # a run that ended by itself: no crash loop
-        if runs_failed >= task.max_retries:
+        if final:
             # Given up: final, with the reason kept in last_error_*.
             sql.end_task(store, task_id, status, now, **values)
         else:

@@ -122,8 +122,9 @@ class Task(BaseModel):
 
     @property
     def given_up(self):
-        return self.last_status in FAILED and self.next_run_on is None \
-            and self.runs_failed >= self.max_retries
+        """Failed and final: after max_retries failures in a row, or a failure not to retry
+        (TaskError ``retry=False``) — as the status word ``given-up`` (reads.state_word)."""
+        return self.last_status in FAILED and self.finished_on is not None
 
 
 class Run(BaseModel):
