@@ -267,7 +267,8 @@ class TaskQueue:
         """Send the event `name`, with a JSON `payload`, to a task: when the task is
         ``waiting`` for it (``run.wait_for(name)``), its run is created at once, in the same
         transaction that stores the event, and this host's runners are woken; an event the
-        task does not wait for yet is kept, and its first ``run.wait_for(name)`` takes it.
+        task does not wait for yet is kept, and its next ``run.wait_for(name)`` takes it (events
+        of one name are taken in the order they were sent, one per wait).
         Returns whether the task was woken. TaskNotFound for an unknown task, StateError for
         one that has ended."""
         return bool(durable.send_event(self.store, task_id, name, payload))

@@ -56,14 +56,16 @@ PREVIOUS, ALL_PARENTS = "$previous", "$parents"
 
 
 class TaskFailed(TaskError):
-    """`TaskHandle.result()` of a task that ended without success (given up or cancelled):
-    ``outcome`` says how (status, error code and message)."""
+    """`TaskHandle.result()` of a task that ended without success (given up or cancelled),
+    with how (``status``, ``error_code``, ``error_message``). Inside a task that lets it
+    through, no retry can help — a later attempt reads the same ending — so the task gives
+    up at once (``retry=False``)."""
 
     def __init__(self, task_id: int, name: str, status: str, error_code: Optional[str],
                  error_message: Optional[str]) -> None:
         super().__init__("task %d (%s) ended %s%s" % (
             task_id, name, status, ": %s: %s" % (error_code, error_message)
-            if error_code else ""), code="TaskFailed")
+            if error_code else ""), code="TaskFailed", retry=False)
         self.task_id, self.status = task_id, status
         self.error_code, self.error_message = error_code, error_message
 

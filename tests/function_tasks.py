@@ -102,3 +102,8 @@ def pay_and_ship(run: RunContext, order_id: int) -> int:
     if run.attempt == 1:
         raise RuntimeError("died after paying")
     return int(shipping)
+
+
+@task(max_retries=5, retry_backoff=0)
+def lets_a_failure_through(run: RunContext) -> None:
+    fails.enqueue("child broke").result()

@@ -270,3 +270,11 @@ def test_the_cli_add_of_a_function_task_checks_its_data_against_the_signature(da
         assert [t.data for t in queue.tasks(limit=None)] == [{"a": 1, "b": 2}]
         queue.run_pending()
         assert queue.wait(int(right.stdout), timeout=5).results == 3
+
+
+def test_a_child_failure_a_parent_lets_through_gives_the_parent_up_at_once(queue):
+    handle = queue.enqueue(ft.lets_a_failure_through)
+    drain(queue)
+    task = queue.get_task(handle.id)
+    assert handle.status == "given-up" and task.last_error_code == "TaskFailed"
+    assert len(queue.runs_of(handle.id)) == 2     # the wait, then the failure: no retries
