@@ -172,9 +172,10 @@ class RunContext:
     ``id``, ``task_id`` and ``attempt`` identify the run; ``queue`` is the TaskQueue executing
     it (to queue follow-up tasks).
 
-    Durable execution (docs: "Durable handlers"): ``checkpoint(value)`` and
+    Durable execution (docs: "Durable tasks"): ``checkpoint(value)`` and
     ``resumed_from``, ``step(name, fn, ...)`` and ``transaction_step(name, fn, ...)`` (run
-    once per task), ``idempotency_key(name)``, ``sleep(...)`` and ``wait_for(name)``.
+    once per task), ``idempotency_key(name)``, ``sleep(...)``, ``wait_for(name)`` and
+    ``wait_for_tasks(ids)``.
     """
 
     def __init__(self, run_id: int, task_id: int, attempt: int, data: Any, *,
