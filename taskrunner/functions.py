@@ -12,12 +12,15 @@ on — over the same engine as class handlers.
 - A function whose first parameter is annotated `RunContext` gets the run (steps,
   checkpoints, sleep, events); it is not one of the arguments given at enqueue.
 - Inside a running task, ``enqueue`` (and a workflow's) adds its tasks **exactly once**: in
-  the transaction that records it as a step of the running task (`RunContext.add_once`), so
-  an attempt that replays after a crash gets the same handles and adds nothing. A handle's
+  the transaction that records it as a step of the running task (`RunContext.add_once`),
+  named by the function and a digest of its arguments, so an attempt that replays after a
+  crash gets the same handles for the same calls, in whatever order it makes them, and
+  adds nothing. A handle's
   ``result()`` there waits durably (`RunContext.wait_for_tasks`), holding no runner.
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import sys
@@ -163,7 +166,8 @@ class FunctionTask(Generic[P, R]):
         row = self._row_options(data)
         connection = self.options.get("connection")
         if run is not None and connection is None:
-            task_id = run.add_once(self.name, lambda: [queue.add_task(self.name, data, **row)])[0]
+            task_id = run.add_once("%s:%s" % (self.name, _digest([data, row])),
+                                   lambda: [queue.add_task(self.name, data, **row)])[0]
         else:
             task_id = queue.add_task(self.name, data, connection=connection, **row)
         return TaskHandle(int(task_id), queue, self.name)
@@ -431,6 +435,13 @@ def _arguments(signature: inspect.Signature, data: Mapping[str, Any]
     return args, kwargs
 
 
+def _digest(call: Any) -> str:
+    """A short digest of a call's arguments and options: what tells one child of a running
+    task from another when an attempt comes back to it."""
+    text = json.dumps(call, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
 def _formatted(name: str, key: str, value: Any, data: Mapping[str, Any]) -> Any:
     if not isinstance(value, str) or "{" not in value:
         return value
@@ -583,7 +594,8 @@ class Workflow:
         def add() -> List[int]:
             added = queue.add_workflow(specs, name=name)
             return [added.id] + list(added.task_ids)
-        ids = run.add_once("workflow", add) if run is not None else add()
+        ids = run.add_once("workflow:%s" % _digest([specs, name]), add) if run is not None \
+            else add()
         return WorkflowHandle(ids[0], [TaskHandle(task_id, queue, call.task.name)
                                        for task_id, (call, _, _) in zip(ids[1:], self.specs)],
                               queue)

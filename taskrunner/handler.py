@@ -172,9 +172,10 @@ class RunContext:
     ``id``, ``task_id`` and ``attempt`` identify the run; ``queue`` is the TaskQueue executing
     it (to queue follow-up tasks).
 
-    Durable execution (docs: "Durable handlers"): ``checkpoint(value)`` and
+    Durable execution (docs: "Durable tasks"): ``checkpoint(value)`` and
     ``resumed_from``, ``step(name, fn, ...)`` and ``transaction_step(name, fn, ...)`` (run
-    once per task), ``idempotency_key(name)``, ``sleep(...)`` and ``wait_for(name)``.
+    once per task), ``idempotency_key(name)``, ``sleep(...)``, ``wait_for(name)`` and
+    ``wait_for_tasks(ids)``.
     """
 
     def __init__(self, run_id: int, task_id: int, attempt: int, data: Any, *,
@@ -430,6 +431,8 @@ class RunContext:
     def add_once(self, label: str, insert: Callable[[], Any]) -> Any:
         """``insert()`` — which adds tasks through ``run.queue`` and returns their ids —
         exactly once per task: in the transaction that records it as the step
-        ``add-N:label``; a later attempt that comes back here gets the recorded ids and adds
-        nothing. What a function task's ``enqueue`` does inside a handler."""
+        ``add:LABEL`` (``add-2:LABEL`` for the same label again in an attempt); a later
+        attempt that comes back here with the same label gets the recorded ids and adds
+        nothing. What a function task's ``enqueue`` does inside a handler, with the
+        function's path and a digest of its arguments as the label."""
         return self._durable_run().add(label, insert)

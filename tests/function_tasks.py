@@ -107,3 +107,13 @@ def pay_and_ship(run: RunContext, order_id: int) -> int:
 @task(max_retries=5, retry_backoff=0)
 def lets_a_failure_through(run: RunContext) -> None:
     fails.enqueue("child broke").result()
+
+
+@task(retry_backoff=0)
+def reorders(run: RunContext, items: List[int]) -> List[int]:
+    order = items if run.attempt == 1 else list(reversed(items))
+    handles = {item: add.enqueue(item, 100) for item in order}
+    twice = [add.enqueue(9, 100), add.enqueue(9, 100)]
+    if run.attempt == 1:
+        raise RuntimeError("died after adding its children")
+    return results_of([handles[item] for item in items] + twice)

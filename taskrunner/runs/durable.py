@@ -35,7 +35,7 @@ from ..store.models import RUNNING, WAITING, as_utc, utcnow
 # Step kinds: a function's result, the end of a sleep, an event consumed (or timed out), the
 # deadline of a wait for an event.
 STEP, SLEEP, EVENT, DEADLINE = "step", "sleep", "event", "deadline"
-# The names of steps that record tasks a run added (``add-N:...``) and how the tasks it
+# The names of steps that record tasks a run added (``add:...``) and how the tasks it
 # waited for ended (``join-N``).
 ADD, JOIN = "add", "join"
 NAME_LIMIT = 200        # characters of a step's or an event's name
@@ -268,14 +268,18 @@ class DurableRun:
     def add(self, label, insert):
         """Tasks this run adds, exactly once: ``insert()`` adds them through this store and
         returns their ids (JSON), inside the transaction that records the step
-        ``add-N:label`` (N counting this attempt's adds, in call order); a later attempt
-        that comes back to this call gets the recorded ids and adds nothing. Inside a
-        transaction of the handler's own (``transaction_step``), whose record makes the
-        adds exactly once already, ``insert()`` simply joins it."""
+        ``add:LABEL`` — ``add-2:LABEL``, ``add-3:LABEL``, ... for the same label again in
+        this attempt, in call order. `label` names what is added (a function task and a
+        digest of its arguments and options): a later attempt that makes the same call gets
+        the recorded ids and adds nothing, whatever the calls around it; a call with other
+        arguments adds its own task. Inside a transaction of the handler's own
+        (``transaction_step``), whose record makes the adds exactly once already,
+        ``insert()`` simply joins it."""
         if self.store.db.in_transaction():
             return insert()
         self._load()
-        step = ("%s:%s" % (self._ordinal_name(ADD, None), label))[:NAME_LIMIT]
+        count = self._calls[(ADD, label)] = self._calls.get((ADD, label), 0) + 1
+        step = ("%s:%s" % (ADD if count == 1 else "%s-%d" % (ADD, count), label))[:NAME_LIMIT]
         if step in self._steps:
             return _decoded(self._steps[step][1])
         return self._record_with(step, STEP, lambda conn: insert(), self._now())
