@@ -415,6 +415,86 @@ def test_mysql_deadlock_and_lock_wait_timeout_are_transient(my):
         queue.close()
 
 
+@pytest.fixture(params=("postgresql", "mysql"))
+def server(request, tmp_path):
+    db = Database(request.param, tmp_path)
+    yield db
+    db.drop()
+
+
+def test_a_deadlock_inside_a_nested_write_runs_the_outermost_transaction_again(server):
+    """store.write inside store.write (DurableRun.add: the add inside the transaction of
+    its step): a deadlock in the inner one rolls back the whole transaction on MariaDB (not
+    only the savepoint), so the outermost is run again, all of it. Trying the inner one
+    alone again ran it outside any transaction: its writes committed on their own, the
+    outer ones before it lost, and the outer one failed (SAVEPOINT does not exist)."""
+    queue = server.queue()
+    store, db = queue.store, queue.store.db
+    make_pair(db)
+    db.execute_sql("CREATE TABLE marks (what VARCHAR(20) NOT NULL)")
+    db.execute_sql("CREATE TABLE ballast (n INTEGER NOT NULL)")
+    if server.backend == "postgresql":
+        import psycopg
+        other = psycopg.connect(server.url)
+        # The store's side waits first and checks first: the victim.
+        other.execute("SET deadlock_timeout = '10s'")
+        other.commit()
+    else:
+        import pymysql
+        parts = urlsplit(server.url)
+        other = pymysql.connect(host=parts.hostname, port=parts.port or 3306,
+                                user=parts.username or "root", password=parts.password or "",
+                                database=server.name)
+    holds_2, go, errors = threading.Event(), threading.Event(), []
+    outer_calls, inner_calls = [], []
+
+    def other_side():
+        try:
+            cur = other.cursor()
+            # InnoDB takes the transaction that changed fewer rows as the victim.
+            cur.executemany("INSERT INTO ballast (n) VALUES (%s)", [(n,) for n in range(3000)])
+            cur.execute("UPDATE pair SET n = n + 1 WHERE id = 2")
+            holds_2.set()
+            go.wait(20)
+            time.sleep(0.5)          # the store's side waits for row 2 first
+            cur.execute("UPDATE pair SET n = n + 1 WHERE id = 1")
+            other.commit()
+        except Exception as exc:     # reported below: the other side must not be the victim
+            errors.append(exc)
+
+    def inner():
+        inner_calls.append(1)
+        db.execute_sql("UPDATE pair SET n = n + 10 WHERE id = 1")
+        if len(inner_calls) == 1:
+            go.set()
+        db.execute_sql("UPDATE pair SET n = n + 10 WHERE id = 2")
+        db.execute_sql("INSERT INTO marks (what) VALUES ('inner')")
+
+    def outer():
+        outer_calls.append(1)
+        db.execute_sql("INSERT INTO marks (what) VALUES ('before')")
+        store.write(inner)
+        db.execute_sql("INSERT INTO marks (what) VALUES ('after')")
+
+    thread = threading.Thread(target=other_side)
+    thread.start()
+    try:
+        assert holds_2.wait(20)
+        store.write(outer)
+        thread.join(30)
+        assert not errors, errors
+        assert len(inner_calls) == 2, "the deadlock did not hit the store's side"
+        assert len(outer_calls) == 2
+        assert sorted(r[0] for r in db.execute_sql("SELECT what FROM marks").fetchall()) == [
+            "after", "before", "inner"]
+        assert dict(db.execute_sql("SELECT id, n FROM pair").fetchall()) == {1: 11, 2: 11}
+    finally:
+        go.set()
+        thread.join(30)
+        other.close()
+        queue.close()
+
+
 def test_mysql_errors_are_classified_by_code_not_by_message(my):
     queue = my.queue()
     db = queue.store.db

@@ -186,7 +186,8 @@ class Store:
     # -- transactions -----------------------------------------------------------------------
 
     def write(self, fn):
-        """Run ``fn()`` in a write transaction, again after a deadlock or a busy database;
+        """Run ``fn()`` in a write transaction, again after a deadlock or a busy database
+        (the outermost transaction: inside another, ``fn()`` runs in a savepoint, once);
         after the outermost one commits (and, with `use_group_sync`, is durable), wake idle
         runners for the runs ``fn`` made claimable (`wake_after_commit`)."""
         state = self._writes
@@ -202,8 +203,15 @@ class Store:
         own = depth == 0 and not self.db.in_transaction()
         lock = self.host_lock if own else None
         changes = self._changes() if own else None
+        # Inside another transaction (a savepoint), tried once: a deadlock rolls back the
+        # whole transaction on MariaDB/MySQL, not only the savepoint, so trying this alone
+        # again would run it outside any transaction — its writes committed on their own,
+        # the outer ones before it lost (an add inside a step's transaction, DurableRun.add,
+        # committed without its step). The error reaches the outermost write, which runs
+        # the whole transaction again.
+        attempts = self._attempts() if own else 1
         try:
-            result = retry_transaction(self.db, attempt, lock=lock, attempts=self._attempts())
+            result = retry_transaction(self.db, attempt, lock=lock, attempts=attempts)
         finally:
             state.depth = depth
         if own:
