@@ -101,7 +101,7 @@ def load_handler(path, allow=()):
     # below both faces.
     cls = getattr(found, "__taskrunner_handler__", found)
     if not (isinstance(cls, type) and issubclass(cls, TaskHandler)):
-        raise HandlerError("handler %r is neither a TaskHandler subclass nor a function task "
+        raise HandlerError("handler %r is not a TaskHandler subclass or a function task "
                            "(@task)" % path)
     return cls
 
