@@ -292,3 +292,15 @@ def test_a_replay_finds_each_child_by_its_arguments_in_whatever_order_it_comes(q
     assert stored == [1, 2, 3, 9, 9]
     names = [step.name for step in queue.steps_of(handle.id)]
     assert sum(name.startswith("add-2:function_tasks.add:") for name in names) == 1
+
+
+def test_metrics_and_the_workflow_graph_name_a_function_task_by_its_import_path(database,
+                                                                                  default):
+    fan = group(ft.add.s(n, n) for n in range(2)).then(ft.collect.s("m")).enqueue()
+    default.run_pending()
+    graph = default.workflow(fan.id)
+    assert sorted(task.handler for task in graph.tasks) == [
+        "function_tasks.add", "function_tasks.add", "function_tasks.collect"]
+    metrics = taskrunner("metrics", url=database.url, check=True).stdout
+    assert 'taskrunner_runs_ended_total{handler="function_tasks.add",status="success"} 2.0' \
+        in metrics
