@@ -86,6 +86,10 @@ def test_backend_enqueues_and_reads_results_as_django_expects(project):
     # Args and kwargs as Django normalises them (a tuple is a list), stored and read back.
     assert first["args"] == [2] and first["kwargs"] == {"b": [3, 4]}
     assert seen["read"] == first
+    # What enqueue() returned is what was stored, to the microsecond (Django's own tests and
+    # django-tasks-db's: get_result(result.id) == result, refresh() changes nothing).
+    assert seen["stored_is_returned"] and seen["refresh_changes_nothing"]
+    assert seen["committed_is_returned"] and seen["async"]["is_returned"]
     send = seen["send"]
     assert (send["queue_name"], send["priority"], send["status"]) == ("emails", 50, "READY")
     assert send["run_after"] is not None
