@@ -111,6 +111,7 @@ def test_without_use_tz_times_are_naive_local_time(project):
     project.env["DEMO_USE_TZ"] = "0"
     seen = project.scenario("contract")
     assert seen["enqueued"]["status"] == "READY" and seen["read"] == seen["enqueued"]
+    assert seen["stored_is_returned"] and seen["refresh_changes_nothing"]
     # run_after was naive Paris time: read back naive, as Django gives datetimes then.
     assert seen["send"]["run_after"] is not None and "+" not in seen["send"]["run_after"]
 

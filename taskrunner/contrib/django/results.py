@@ -40,7 +40,7 @@ def django_task(info: TaskInfo) -> Optional[Any]:
     return task if isinstance(task, tasks.Task) else None
 
 
-def _local(value: Optional[datetime]) -> Optional[datetime]:
+def local_time(value: Optional[datetime]) -> Optional[datetime]:
     """An aware UTC datetime as Django gives datetimes: aware with USE_TZ, else naive local."""
     if value is None or settings.USE_TZ:
         return value
@@ -75,15 +75,15 @@ def result_of(alias: str, task: Any, info: TaskInfo, runs: List[RunInfo]) -> Any
     run_after = spec.get("run_after")
     task = task.using(
         priority=info.priority, queue_name=info.queue, backend=alias,
-        run_after=_local(datetime.fromisoformat(run_after)) if run_after else None)
+        run_after=local_time(datetime.fromisoformat(run_after)) if run_after else None)
     status = status_of(info)
     started = [run.started_on for run in runs if run.started_on is not None]
     finished = status in (tasks.TaskResultStatus.SUCCESSFUL, tasks.TaskResultStatus.FAILED)
     result = tasks.TaskResult(
-        task=task, id=str(info.id), status=status, enqueued_at=_local(info.queued_on),
-        started_at=_local(min(started)) if started else None,
-        last_attempted_at=_local(max(started)) if started else None,
-        finished_at=_local(info.finished_on) if finished else None,
+        task=task, id=str(info.id), status=status, enqueued_at=local_time(info.queued_on),
+        started_at=local_time(min(started)) if started else None,
+        last_attempted_at=local_time(max(started)) if started else None,
+        finished_at=local_time(info.finished_on) if finished else None,
         args=spec["args"], kwargs=spec["kwargs"], backend=alias,
         errors=[tasks.TaskError(exception_class_path=exception_class_path(run),
                                 traceback=run.traceback or run.error_message or "")
