@@ -223,6 +223,26 @@ def test_a_plain_runner_runs_django_tasks_with_nothing_registered(project):
                                                             "elsewhere")] == [5, 42, 42]
 
 
+def test_a_task_raising_system_exit_is_reported_as_itself(project, tmp_path):
+    """Django's immediate backend: a task that raises SystemExit (a BaseException) fails with
+    exception_class_path ``builtins.SystemExit`` and task_finished is sent; sync and async."""
+    signals = tmp_path / "signals.jsonl"
+    project.env["DEMO_SIGNAL_LOG"] = str(signals)
+    ids = project.scenario("exits")
+    project.manage("taskrunner", "runner", "--burst")
+    results = project.scenario("results", *ids.values())
+    for name, result_id in ids.items():
+        errors = results[result_id]["errors"]
+        assert errors, (name, results[result_id])
+        assert errors[0]["exception_class_path"] == "builtins.SystemExit", (name, errors)
+        assert "SystemExit" in errors[0]["traceback"], (name, errors)
+    sent = [json.loads(line) for line in signals.read_text().splitlines()]
+    for name in ids:
+        seen = [(line["signal"], line["status"]) for line in sent if line["task"] == name]
+        assert seen[:2] == [("task_started", "RUNNING"), ("task_finished", "FAILED")], (name,
+                                                                                      sent)
+
+
 def test_manage_py_taskrunner_runs_taskrunner_commands(project):
     status = project.manage("taskrunner", "status", "--json")
     assert json.loads(status.stdout)["database"].startswith(project.database.url.split(":")[0])

@@ -128,6 +128,11 @@ def enqueue():
             "stored_before": str(stored_before)}
 
 
+def exits():
+    """A sync and an async task that raise SystemExit."""
+    return {"exits": tasks.exits.enqueue(3).id, "async_exits": tasks.async_exits.enqueue(4).id}
+
+
 def results(ids):
     """The `TaskResult` of each task id, as Django reads it back."""
     return {result_id: described(default_task_backend.get_result(result_id))
@@ -181,5 +186,6 @@ class Command(BaseCommand):
 
     def handle(self, name, ids, timeout, **options):
         seen = {"contract": contract, "dashboard": dashboard, "enqueue": enqueue,
+                "exits": exits,
                 "results": lambda: results(ids)}.get(name, lambda: run(timeout))()
         self.stdout.write(json.dumps(seen))
