@@ -243,6 +243,20 @@ def test_a_task_raising_system_exit_is_reported_as_itself(project, tmp_path):
                                                                                       sent)
 
 
+def test_a_task_whose_module_does_not_import_in_the_runner_is_an_import_error(project):
+    """Django (import_string) and django-tasks-db report a task path that does not import
+    with its ImportError; the runner reports it as its HandlerError, whose stored traceback
+    is the import's: Django's error names the import's exception."""
+    ids = project.scenario("fragile")
+    env = dict(project.env)
+    project.env["DEMO_FRAGILE"] = "1"
+    project.manage("taskrunner", "runner", "--burst")
+    project.env = env
+    [error] = project.scenario("results", ids["job"])[ids["job"]]["errors"][:1]
+    assert error["exception_class_path"] == "builtins.ImportError", error
+    assert "ImportError: a dependency of demo.fragile is missing here" in error["traceback"]
+
+
 def test_manage_py_taskrunner_runs_taskrunner_commands(project):
     status = project.manage("taskrunner", "status", "--json")
     assert json.loads(status.stdout)["database"].startswith(project.database.url.split(":")[0])

@@ -133,6 +133,12 @@ def exits():
     return {"exits": tasks.exits.enqueue(3).id, "async_exits": tasks.async_exits.enqueue(4).id}
 
 
+def fragile():
+    """A task of a module that the runner cannot import ($DEMO_FRAGILE there)."""
+    from demo.fragile import job
+    return {"job": job.enqueue().id}
+
+
 def results(ids):
     """The `TaskResult` of each task id, as Django reads it back."""
     return {result_id: described(default_task_backend.get_result(result_id))
@@ -186,6 +192,6 @@ class Command(BaseCommand):
 
     def handle(self, name, ids, timeout, **options):
         seen = {"contract": contract, "dashboard": dashboard, "enqueue": enqueue,
-                "exits": exits,
+                "exits": exits, "fragile": fragile,
                 "results": lambda: results(ids)}.get(name, lambda: run(timeout))()
         self.stdout.write(json.dumps(seen))
