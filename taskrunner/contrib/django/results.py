@@ -6,6 +6,7 @@ there names its handler, handler.py); one stored under `RUN_DJANGO_TASK` names i
 in its data instead (tasks stored before Django tasks were named by their path, and tasks
 whose ``@task`` names another backend).
 """
+import re
 from datetime import datetime
 from typing import Any, List, Optional
 
@@ -47,13 +48,25 @@ def local_time(value: Optional[datetime]) -> Optional[datetime]:
     return timezone.make_naive(value)
 
 
+# The last line of a formatted traceback: the exception's class, qualified by its module but
+# for builtins (traceback.format_exception).
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+
+
 def exception_class_path(run: RunInfo) -> str:
-    """The exception a failed run raised (stored by `RunDjangoTask`); a run that never
-    raised one (its runner died, its timeout passed) gets the nearest builtin."""
+    """The exception a failed run raised (stored by `RunDjangoTask`); a task whose module did
+    not import in the runner (a HandlerError with the import's traceback) the import's
+    exception, as Django's import_string raises it; a run that never raised one (its runner
+    died, its timeout passed) gets the nearest builtin."""
     if isinstance(run.results, dict) and isinstance(run.results.get("exception_class_path"), str):
         return str(run.results["exception_class_path"])
     if run.error_code == "HandlerError":
-        return "taskrunner.errors.HandlerError"
+        lines = (run.traceback or "").rstrip().splitlines()
+        raised = _RAISED.match(lines[-1]) if lines else None
+        if raised is None:
+            return "taskrunner.errors.HandlerError"
+        name = raised.group(1)
+        return name if "." in name else "builtins." + name
     return "builtins.TimeoutError"
 
 
