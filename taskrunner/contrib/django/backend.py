@@ -135,7 +135,7 @@ class TaskrunnerBackend(tasks.BaseTaskBackend):
         return result
 
     @staticmethod
-    def _queued_on(queue: TaskQueue, connection: Any, task_id: int) -> datetime:
+    def _queued_on(queue: TaskQueue, connection: Any, task_id: int) -> Optional[datetime]:
         """The task's queued_on as stored, read in the transaction that added it (the
         store's own connection cannot see it before the commit)."""
         Task = queue.store.Task
@@ -150,7 +150,7 @@ class TaskrunnerBackend(tasks.BaseTaskBackend):
         tasks.task_enqueued.send(type(self), task_result=result)
 
     def _ready(self, task: Any, task_id: int, data: Dict[str, Any],
-               queued_on: datetime) -> Any:
+               queued_on: Optional[datetime]) -> Any:
         """The result of a task just added, as `get_result` reads it back: enqueued_at is
         the stored queued_on, not a second reading of the clock."""
         return tasks.TaskResult(
