@@ -549,7 +549,9 @@ def claim(store, runner_id, queue, at, limit=1, flow=None, guarded=False):
     max_runtime, periodic_task_id). Inside the caller's write transaction, but on PostgreSQL
     (one statement).
     Race closed: two runners taking the same run — PostgreSQL and MySQL lock the candidates
-    FOR UPDATE SKIP LOCKED, so a concurrent claimer passes over them instead of waiting;
+    FOR UPDATE SKIP LOCKED, so a concurrent claimer passes over them instead of waiting, and
+    lock each candidate's task row with it (PG_SKIP_LOCKED; MySQL's join), so a task row
+    another transaction holds makes the claim pass over that task, not wait for it;
     SQLite takes the write lock up front (BEGIN IMMEDIATE), so the select and the update
     are one step.
     `flow`: (rate, keys, fair) of a queue under flow control (`flow_claim`, one run).
