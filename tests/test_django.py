@@ -86,6 +86,10 @@ def test_backend_enqueues_and_reads_results_as_django_expects(project):
     # Args and kwargs as Django normalises them (a tuple is a list), stored and read back.
     assert first["args"] == [2] and first["kwargs"] == {"b": [3, 4]}
     assert seen["read"] == first
+    # What enqueue() returned is what was stored, to the microsecond (Django's own tests and
+    # django-tasks-db's: get_result(result.id) == result, refresh() changes nothing).
+    assert seen["stored_is_returned"] and seen["refresh_changes_nothing"]
+    assert seen["committed_is_returned"] and seen["async"]["is_returned"]
     send = seen["send"]
     assert (send["queue_name"], send["priority"], send["status"]) == ("emails", 50, "READY")
     assert send["run_after"] is not None
@@ -107,6 +111,7 @@ def test_without_use_tz_times_are_naive_local_time(project):
     project.env["DEMO_USE_TZ"] = "0"
     seen = project.scenario("contract")
     assert seen["enqueued"]["status"] == "READY" and seen["read"] == seen["enqueued"]
+    assert seen["stored_is_returned"] and seen["refresh_changes_nothing"]
     # run_after was naive Paris time: read back naive, as Django gives datetimes then.
     assert seen["send"]["run_after"] is not None and "+" not in seen["send"]["run_after"]
 
@@ -216,6 +221,40 @@ def test_a_plain_runner_runs_django_tasks_with_nothing_registered(project):
     assert [r["status"] for r in results.values()] == ["SUCCESSFUL"] * 4, results
     assert [results[ids[name]]["return_value"] for name in ("add", "stored_before",
                                                             "elsewhere")] == [5, 42, 42]
+
+
+def test_a_task_raising_system_exit_is_reported_as_itself(project, tmp_path):
+    """Django's immediate backend: a task that raises SystemExit (a BaseException) fails with
+    exception_class_path ``builtins.SystemExit`` and task_finished is sent; sync and async."""
+    signals = tmp_path / "signals.jsonl"
+    project.env["DEMO_SIGNAL_LOG"] = str(signals)
+    ids = project.scenario("exits")
+    project.manage("taskrunner", "runner", "--burst")
+    results = project.scenario("results", *ids.values())
+    for name, result_id in ids.items():
+        errors = results[result_id]["errors"]
+        assert errors, (name, results[result_id])
+        assert errors[0]["exception_class_path"] == "builtins.SystemExit", (name, errors)
+        assert "SystemExit" in errors[0]["traceback"], (name, errors)
+    sent = [json.loads(line) for line in signals.read_text().splitlines()]
+    for name in ids:
+        seen = [(line["signal"], line["status"]) for line in sent if line["task"] == name]
+        assert seen[:2] == [("task_started", "RUNNING"), ("task_finished", "FAILED")], (name,
+                                                                                      sent)
+
+
+def test_a_task_whose_module_does_not_import_in_the_runner_is_an_import_error(project):
+    """Django (import_string) and django-tasks-db report a task path that does not import
+    with its ImportError; the runner reports it as its HandlerError, whose stored traceback
+    is the import's: Django's error names the import's exception."""
+    ids = project.scenario("fragile")
+    env = dict(project.env)
+    project.env["DEMO_FRAGILE"] = "1"
+    project.manage("taskrunner", "runner", "--burst")
+    project.env = env
+    [error] = project.scenario("results", ids["job"])[ids["job"]]["errors"][:1]
+    assert error["exception_class_path"] == "builtins.ImportError", error
+    assert "ImportError: a dependency of demo.fragile is missing here" in error["traceback"]
 
 
 def test_manage_py_taskrunner_runs_taskrunner_commands(project):

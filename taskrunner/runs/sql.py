@@ -117,15 +117,25 @@ def _guard(guarded):
 
 # -- PostgreSQL --------------------------------------------------------------------------------
 
+# A claim locks the candidate run and its task row together, skipping the candidate when
+# either is locked. Race closed: a task row another transaction holds (the application's
+# SELECT ... FOR UPDATE, an admin's edit, a long migration) — a claim that locked the run alone
+# then waited for the task row in its UPDATE, and the runner stopped with other work due. The
+# task row is locked FOR NO KEY UPDATE, the lock the claim's UPDATE of it takes anyway (a
+# success's FOR KEY SHARE of it does not conflict).
+PG_SKIP_LOCKED = "FOR UPDATE OF task_runs SKIP LOCKED FOR NO KEY UPDATE OF t SKIP LOCKED"
+
+
 def _pg_claim_ctes(limit, guarded=False):
     # The claim order comes back only where in_claim_order has rows to sort: one run needs
     # none of it (3 columns fewer to copy, send and parse per job).
     order = limit > 1
     return """
     next AS (
-        SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = %%s
+        SELECT task_runs.id FROM task_runs JOIN task_queue AS t ON t.id = task_runs.task_id
+        WHERE task_runs.status = 'scheduled' AND task_runs.queue = %%s
             AND %s%s
-        ORDER BY %s LIMIT %d FOR UPDATE SKIP LOCKED),
+        ORDER BY %s LIMIT %d %s),
     claimed AS (
         UPDATE task_runs AS r SET status = 'running', runner_id = %%s, started_on = %%s,
             updated_on = %%s
@@ -135,7 +145,8 @@ def _pg_claim_ctes(limit, guarded=False):
         WHERE t.id = claimed.task_id
         RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
             t.max_runtime, t.periodic_task_id%s)""" % (
-        RUNNER_ALIVE % "%s", _guard(guarded), claim_order_sql(), int(limit),
+        RUNNER_ALIVE % "%s", _guard(guarded), claim_order_sql("task_runs."), int(limit),
+        PG_SKIP_LOCKED,
         "".join(", r." + c for c, _ in CLAIM_ORDER if c != "id") if order else "",
         "".join(", claimed." + c for c, _ in CLAIM_ORDER) if order else "")
 
@@ -241,9 +252,14 @@ def _mysql_claim(limit):
     FOR UPDATE SKIP LOCKED""" % (RUNNER_ALIVE % "%s", claim_order_sql("r."), int(limit))
 
 
-MYSQL_START = ("UPDATE task_runs SET status = 'running', runner_id = %%s, started_on = %%s, "
-               "updated_on = %%s WHERE id IN (%s)",
-               "UPDATE task_queue SET last_status = 'running', updated_on = %%s WHERE id IN (%s)")
+# The locking read skips a run whose run or task row is locked. The UPDATEs that follow name
+# the primary key (FORCE INDEX): on a small table InnoDB would rather scan it, locking every
+# row it reads, and wait for a row another transaction holds (a task row the application
+# locked, the run another claimer took) — the wait the SKIP LOCKED was there to avoid.
+MYSQL_START = ("UPDATE task_runs FORCE INDEX (PRIMARY) SET status = 'running', runner_id = %%s, "
+               "started_on = %%s, updated_on = %%s WHERE id IN (%s)",
+               "UPDATE task_queue FORCE INDEX (PRIMARY) SET last_status = 'running', "
+               "updated_on = %%s WHERE id IN (%s)")
 # The whole SET, unlike SQLite's: InnoDB leaves the index entries of a column set to the value
 # it had. The task's UPDATE matches a task without dependents only (an UPDATE reads the
 # latest row, under its lock): when it changes nothing, the task has some, and the third
@@ -325,12 +341,14 @@ def _pg_flow_claim(rate, keys, fair):
     if fair:
         ctes.append("pick AS %s" % _fair_pick("postgresql", keys))
     ctes.append("""next AS (
-        SELECT id, rate_key, tenant FROM task_runs WHERE status = 'scheduled' AND queue = {q}
+        SELECT task_runs.id, task_runs.rate_key, task_runs.tenant
+        FROM task_runs JOIN task_queue AS t ON t.id = task_runs.task_id
+        WHERE task_runs.status = 'scheduled' AND task_runs.queue = {q}
             %s%s AND %s
-        ORDER BY %s LIMIT 1 FOR UPDATE SKIP LOCKED)""" % (
-        "AND tenant = (SELECT tenant FROM pick) " if fair else "",
-        "AND " + _key_filter("postgresql", "rate_key") if keys else "",
-        RUNNER_ALIVE % "{runner}", claim_order_sql()))
+        ORDER BY %s LIMIT 1 %s)""" % (
+        "AND task_runs.tenant = (SELECT tenant FROM pick) " if fair else "",
+        "AND " + _key_filter("postgresql", "task_runs.rate_key") if keys else "",
+        RUNNER_ALIVE % "{runner}", claim_order_sql("task_runs."), PG_SKIP_LOCKED))
     allowed = ""
     if rate:
         ctes.append("queue_token AS (%s AND EXISTS (SELECT 1 FROM next) RETURNING 1)"
@@ -531,7 +549,9 @@ def claim(store, runner_id, queue, at, limit=1, flow=None, guarded=False):
     max_runtime, periodic_task_id). Inside the caller's write transaction, but on PostgreSQL
     (one statement).
     Race closed: two runners taking the same run — PostgreSQL and MySQL lock the candidates
-    FOR UPDATE SKIP LOCKED, so a concurrent claimer passes over them instead of waiting;
+    FOR UPDATE SKIP LOCKED, so a concurrent claimer passes over them instead of waiting, and
+    lock each candidate's task row with it (PG_SKIP_LOCKED; MySQL's join), so a task row
+    another transaction holds makes the claim pass over that task, not wait for it;
     SQLite takes the write lock up front (BEGIN IMMEDIATE), so the select and the update
     are one step.
     `flow`: (rate, keys, fair) of a queue under flow control (`flow_claim`, one run).

@@ -12,6 +12,7 @@ another backend is a plain Django `Task` that names no handler; enqueued here (`
 backend=...)``) it is stored as every Django task was before: under `RUN_DJANGO_TASK`, its
 path in the data (``"task"``).
 """
+from datetime import datetime
 from typing import Any, Dict, List, Optional
 
 from django.core import checks
@@ -21,10 +22,11 @@ from django.utils import timezone
 from ...api import TaskQueue
 from ...config import Config, check_queue_name
 from ...errors import TaskNotFound, TaskRunnerError
+from ...reads.records import aware
 from .compat import tasks
 from .database import url_of
 from .handler import TaskrunnerTask
-from .results import RUN_DJANGO_TASK, django_task, result_of
+from .results import RUN_DJANGO_TASK, django_task, local_time, result_of
 
 # OPTIONS: where the tables are (a DATABASES alias, else a URL of their own), a taskrunner
 # config file for everything else, and the retry policy of the tasks this backend adds.
@@ -118,27 +120,42 @@ class TaskrunnerBackend(tasks.BaseTaskBackend):
         queue = self.queue()
         if self.database is None:
             task_id = queue.add_task(handler, data, **options)
-            result = self._ready(task, task_id, data)
+            result = self._ready(task, task_id, data, queue.get_task(task_id).queued_on)
             tasks.task_enqueued.send(type(self), task_result=result)
             return result
         from django.db import connections, transaction
         # Through Django's own connection and transaction: a rollback leaves no task, and the
         # runners are woken only once it is committed (before, they would find nothing).
+        connection = connections[self.database]
         with transaction.atomic(using=self.database):
-            task_id = queue.add_task(handler, data, connection=connections[self.database],
-                                     **options)
-            result = self._ready(task, task_id, data)
+            task_id = queue.add_task(handler, data, connection=connection, **options)
+            result = self._ready(task, task_id, data, self._queued_on(queue, connection,
+                                                                      task_id))
             transaction.on_commit(lambda: self._committed(queue, result), using=self.database)
         return result
+
+    @staticmethod
+    def _queued_on(queue: TaskQueue, connection: Any, task_id: int) -> Optional[datetime]:
+        """The task's queued_on as stored, read in the transaction that added it (the
+        store's own connection cannot see it before the commit)."""
+        Task = queue.store.Task
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT %s FROM %s WHERE id = %%s" % (
+                Task.queued_on.column_name, Task._meta.table_name), [task_id])
+            value = cursor.fetchone()[0]
+        return aware(Task.queued_on.python_value(value))
 
     def _committed(self, queue: TaskQueue, result: Any) -> None:
         queue.wake()
         tasks.task_enqueued.send(type(self), task_result=result)
 
-    def _ready(self, task: Any, task_id: int, data: Dict[str, Any]) -> Any:
+    def _ready(self, task: Any, task_id: int, data: Dict[str, Any],
+               queued_on: Optional[datetime]) -> Any:
+        """The result of a task just added, as `get_result` reads it back: enqueued_at is
+        the stored queued_on, not a second reading of the clock."""
         return tasks.TaskResult(
             task=task, id=str(task_id), status=tasks.TaskResultStatus.READY,
-            enqueued_at=timezone.now(), started_at=None, finished_at=None,
+            enqueued_at=local_time(queued_on), started_at=None, finished_at=None,
             last_attempted_at=None, args=data["args"], kwargs=data["kwargs"],
             backend=self.alias, errors=[], worker_ids=[])
 

@@ -42,8 +42,9 @@ import django
 from django.apps import apps
 from django.db import close_old_connections
 
-from ...errors import HandlerError
+from ...errors import HandlerError, Waiting
 from ...handler import RunContext, TaskHandler
+from ...runner.outcomes import Interrupted
 from .compat import tasks
 
 log = logging.getLogger("taskrunner.django")
@@ -57,8 +58,8 @@ def setup() -> None:
 class RunDjangoTask(TaskHandler):
     """Calls a Django task with the args and kwargs of the data: the task at `task_path`, or
     for `RunDjangoTask` itself the one named in the data (``"task"``). The return value is
-    stored as ``{"return_value": ...}``; an exception as ``{"exception_class_path": ...}``
-    beside the run's traceback, and raised on, so the run fails and is retried as any
+    stored as ``{"return_value": ...}``; an exception (any BaseException, as Django reports
+    them) as ``{"exception_class_path": ...}`` beside the run's traceback, and raised on, so the run fails and is retried as any
     other (``MAX_RETRIES``)."""
 
     # The import path of the Django task that this class runs (`handler_for`).
@@ -93,9 +94,8 @@ class RunDjangoTask(TaskHandler):
         try:
             run.results = {"return_value": tasks.normalize_json(
                 task.func(*args, **spec["kwargs"]))}
-        except Exception as exc:
-            run.results = {"exception_class_path": _path(type(exc))}
-            signals.finished(result, exc=exc)
+        except BaseException as exc:
+            _failed(run, signals, result, exc)
             raise
         else:
             signals.finished(result, value=run.results["return_value"])
@@ -107,11 +107,22 @@ class RunDjangoTask(TaskHandler):
                      result: Any) -> None:
         try:
             run.results = {"return_value": tasks.normalize_json(await coroutine)}
-        except Exception as exc:
-            run.results = {"exception_class_path": _path(type(exc))}
-            signals.finished(result, exc=exc)
+        except BaseException as exc:
+            _failed(run, signals, result, exc)
             raise
         signals.finished(result, value=run.results["return_value"])
+
+
+def _failed(run: RunContext, signals: "_Signals", result: Any, exc: BaseException) -> None:
+    """An attempt that raised `exc`: its class stored beside the run's traceback, and
+    task_finished (FAILED) sent — for any BaseException, as Django's immediate backend does
+    (SystemExit, KeyboardInterrupt; the caller raises it on). Not for the runner's own
+    interrupt (a stop hands the run back, a timeout takes it away: no failure of the task)
+    or a durable wait."""
+    if isinstance(exc, (Interrupted, Waiting)):
+        return
+    run.results = {"exception_class_path": _path(type(exc))}
+    signals.finished(result, exc=exc)
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,6 +6,7 @@ there names its handler, handler.py); one stored under `RUN_DJANGO_TASK` names i
 in its data instead (tasks stored before Django tasks were named by their path, and tasks
 whose ``@task`` names another backend).
 """
+import re
 from datetime import datetime
 from typing import Any, List, Optional
 
@@ -40,20 +41,32 @@ def django_task(info: TaskInfo) -> Optional[Any]:
     return task if isinstance(task, tasks.Task) else None
 
 
-def _local(value: Optional[datetime]) -> Optional[datetime]:
+def local_time(value: Optional[datetime]) -> Optional[datetime]:
     """An aware UTC datetime as Django gives datetimes: aware with USE_TZ, else naive local."""
     if value is None or settings.USE_TZ:
         return value
     return timezone.make_naive(value)
 
 
+# The last line of a formatted traceback: the exception's class, qualified by its module but
+# for builtins (traceback.format_exception).
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+
+
 def exception_class_path(run: RunInfo) -> str:
-    """The exception a failed run raised (stored by `RunDjangoTask`); a run that never
-    raised one (its runner died, its timeout passed) gets the nearest builtin."""
+    """The exception a failed run raised (stored by `RunDjangoTask`); a task whose module did
+    not import in the runner (a HandlerError with the import's traceback) the import's
+    exception, as Django's import_string raises it; a run that never raised one (its runner
+    died, its timeout passed) gets the nearest builtin."""
     if isinstance(run.results, dict) and isinstance(run.results.get("exception_class_path"), str):
         return str(run.results["exception_class_path"])
     if run.error_code == "HandlerError":
-        return "taskrunner.errors.HandlerError"
+        lines = (run.traceback or "").rstrip().splitlines()
+        raised = _RAISED.match(lines[-1]) if lines else None
+        if raised is None:
+            return "taskrunner.errors.HandlerError"
+        name = raised.group(1)
+        return name if "." in name else "builtins." + name
     return "builtins.TimeoutError"
 
 
@@ -75,15 +88,15 @@ def result_of(alias: str, task: Any, info: TaskInfo, runs: List[RunInfo]) -> Any
     run_after = spec.get("run_after")
     task = task.using(
         priority=info.priority, queue_name=info.queue, backend=alias,
-        run_after=_local(datetime.fromisoformat(run_after)) if run_after else None)
+        run_after=local_time(datetime.fromisoformat(run_after)) if run_after else None)
     status = status_of(info)
     started = [run.started_on for run in runs if run.started_on is not None]
     finished = status in (tasks.TaskResultStatus.SUCCESSFUL, tasks.TaskResultStatus.FAILED)
     result = tasks.TaskResult(
-        task=task, id=str(info.id), status=status, enqueued_at=_local(info.queued_on),
-        started_at=_local(min(started)) if started else None,
-        last_attempted_at=_local(max(started)) if started else None,
-        finished_at=_local(info.finished_on) if finished else None,
+        task=task, id=str(info.id), status=status, enqueued_at=local_time(info.queued_on),
+        started_at=local_time(min(started)) if started else None,
+        last_attempted_at=local_time(max(started)) if started else None,
+        finished_at=local_time(info.finished_on) if finished else None,
         args=spec["args"], kwargs=spec["kwargs"], backend=alias,
         errors=[tasks.TaskError(exception_class_path=exception_class_path(run),
                                 traceback=run.traceback or run.error_message or "")

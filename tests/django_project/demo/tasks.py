@@ -45,3 +45,15 @@ async def async_add(a, b):
 def elsewhere(a):
     """A task of another backend: taskrunner runs it when enqueued with .using(backend=...)."""
     return a * 2
+
+
+@task
+def exits(code):
+    """Ends as sys.exit() would: Django reports it as a failure with SystemExit."""
+    raise SystemExit(code)
+
+
+@task
+async def async_exits(code):
+    await asyncio.sleep(0)
+    raise SystemExit(code)

@@ -1,6 +1,7 @@
 """``manage.py scenario NAME``: one scenario of tests/test_django.py, run inside the project
 as an application would run it; prints what it saw as JSON."""
 import asyncio
+import copy
 import json
 import time
 from datetime import timedelta
@@ -60,6 +61,12 @@ def contract():
     first = tasks.add.enqueue(2, b=(3, 4))
     seen["enqueued"] = described(first)
     seen["read"] = described(tasks.add.get_result(first.id))
+    # Django's and django-tasks-db's contract: the result enqueue() returned is the stored
+    # one, and refresh() of a task nothing ran changes nothing.
+    seen["stored_is_returned"] = tasks.add.get_result(first.id) == first
+    before = copy.copy(first)
+    first.refresh()
+    seen["refresh_changes_nothing"] = first == before
     seen["send"] = described(tasks.send.using(run_after=later).enqueue("a@example.com"))
     seen["missing"] = [missing("999999999"), missing("not-a-number")]
     try:
@@ -72,10 +79,12 @@ def contract():
     with transaction.atomic():
         committed = tasks.add.enqueue(5, 5)
     seen["committed"] = described(default_task_backend.get_result(committed.id))
+    seen["committed_is_returned"] = default_task_backend.get_result(committed.id) == committed
 
     async def in_loop():
         result = await tasks.async_add.aenqueue(1, 2)
-        return described(await tasks.async_add.aget_result(result.id))
+        stored = await tasks.async_add.aget_result(result.id)
+        return dict(described(stored), is_returned=stored == result)
     seen["async"] = asyncio.run(in_loop())
     return seen
 
@@ -117,6 +126,17 @@ def enqueue():
          "run_after": None})
     return {"add": add.id, "send": send.id, "elsewhere": elsewhere.id,
             "stored_before": str(stored_before)}
+
+
+def exits():
+    """A sync and an async task that raise SystemExit."""
+    return {"exits": tasks.exits.enqueue(3).id, "async_exits": tasks.async_exits.enqueue(4).id}
+
+
+def fragile():
+    """A task of a module that the runner cannot import ($DEMO_FRAGILE there)."""
+    from demo.fragile import job
+    return {"job": job.enqueue().id}
 
 
 def results(ids):
@@ -172,5 +192,6 @@ class Command(BaseCommand):
 
     def handle(self, name, ids, timeout, **options):
         seen = {"contract": contract, "dashboard": dashboard, "enqueue": enqueue,
+                "exits": exits, "fragile": fragile,
                 "results": lambda: results(ids)}.get(name, lambda: run(timeout))()
         self.stdout.write(json.dumps(seen))
