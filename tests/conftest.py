@@ -229,9 +229,11 @@ def pytest_collection_modifyitems(items):
     pytest-xdist (the README's test command runs four workers) they overlap each other and
     the short tests fill the gaps, instead of one of them starting last and the run waiting
     for it alone; the timing tests last, when the heavy ones are over. Within each group the
-    order stays as written."""
+    order stays as written. A heavy test is slow too: ``-m "not slow"`` (the README's quick
+    subset) leaves out every test that takes the machine for itself."""
     for item in items:
-        if item.path.name in ("test_deploy.py", "test_db_restart.py", "test_hosts.py"):
+        if item.path.name in ("test_deploy.py", "test_db_restart.py", "test_hosts.py") or \
+                item.get_closest_marker("heavy"):
             item.add_marker(pytest.mark.slow)
     items.sort(key=_order)
 
