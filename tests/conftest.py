@@ -4,7 +4,13 @@ helpers to run real taskrunner processes.
 PostgreSQL and MySQL tests need a server: by default postgresql://postgres@127.0.0.1:5432/postgres
 and mysql://root@127.0.0.1:3306/test (override with TASKRUNNER_TEST_POSTGRES_URL and
 TASKRUNNER_TEST_MYSQL_URL). Without the server they are skipped with the reason — except in
-CI (CI=true or TASKRUNNER_REQUIRE_DATABASES=1), where an unreachable server fails them.
+CI (CI=true or TASKRUNNER_REQUIRE_DATABASES=1), where an unreachable server fails them, as
+a missing tool of the machine does (chromium, pgbouncer, libfaketime: .ci/run installs them).
+
+The README's test command installs the ``test`` extra only. A test that needs more (the
+``bench`` extra's peers, a Django 6 interpreter) skips saying what to install — except
+where TASKRUNNER_REQUIRE_EXTRAS=1 (.ci/run's run with every extra), where it fails: CI's run
+of the README command itself requires the databases but not the extras.
 
 TASKRUNNER_TEST_PGBOUNCER=1 runs the PostgreSQL tests through PgBouncer in transaction pooling
 mode (tests/servers.py, one per test process, started on first use): each test's
@@ -64,6 +70,18 @@ THROUGH_PGBOUNCER = os.environ.get("TASKRUNNER_TEST_PGBOUNCER") == "1"
 def databases_required():
     return os.environ.get("CI", "").lower() in ("1", "true", "yes") or \
         os.environ.get("TASKRUNNER_REQUIRE_DATABASES") == "1"
+
+
+def extras_required():
+    return os.environ.get("TASKRUNNER_REQUIRE_EXTRAS") == "1"
+
+
+def extra_missing(reason):
+    """Skip the test for `reason` (what is missing and how to install it), or fail it where
+    every extra is required (TASKRUNNER_REQUIRE_EXTRAS=1)."""
+    if extras_required():
+        pytest.fail(reason + " (TASKRUNNER_REQUIRE_EXTRAS=1)")
+    pytest.skip(reason)
 
 
 def direct_only(database, why):
@@ -211,9 +229,11 @@ def pytest_collection_modifyitems(items):
     pytest-xdist (the README's test command runs four workers) they overlap each other and
     the short tests fill the gaps, instead of one of them starting last and the run waiting
     for it alone; the timing tests last, when the heavy ones are over. Within each group the
-    order stays as written."""
+    order stays as written. A heavy test is slow too: ``-m "not slow"`` (the README's quick
+    subset) leaves out every test that takes the machine for itself."""
     for item in items:
-        if item.path.name in ("test_deploy.py", "test_db_restart.py", "test_hosts.py"):
+        if item.path.name in ("test_deploy.py", "test_db_restart.py", "test_hosts.py") or \
+                item.get_closest_marker("heavy"):
             item.add_marker(pytest.mark.slow)
     items.sort(key=_order)
 

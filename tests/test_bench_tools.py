@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench import common  # noqa: E402
+from conftest import databases_required, extra_missing  # noqa: E402
 from bench.cpu import tree_seconds  # noqa: E402
 from taskrunner.config import Config  # noqa: E402
 
@@ -133,9 +134,20 @@ def test_a_child_of_a_tree_comparison_imports_that_tree_even_from_this_checkout(
 def _postgres_or_skip():
     why = common.server_available("postgresql")
     if why:
-        if os.environ.get("TASKRUNNER_REQUIRE_DATABASES"):
+        if databases_required():
             pytest.fail("PostgreSQL is required: %s" % why)
         pytest.skip("PostgreSQL not reachable: %s" % why)
+
+
+def _peer_or_skip(name, backend):
+    """The peer `name` of bench/systems.py, or the test skipped saying what to install (the
+    bench extra), failed where every extra is required."""
+    from bench import systems
+    peer = next(p for p in systems.PEERS if p.name == name)
+    why = peer.available(backend)
+    if why:
+        extra_missing("%s: %s" % (name, why))
+    return peer
 
 
 def test_the_new_peers_say_where_they_are_compared_and_what_they_need():
@@ -154,10 +166,7 @@ def test_a_tiny_run_of_each_new_peer_on_postgresql(which, monkeypatch, tmp_path)
     """50 no-op jobs, W = 2, against the real server: every job counted once, finish times,
     CPU and shares measured."""
     from bench import systems
-    peer = next(p for p in systems.PEERS if p.name == which)
-    why = peer.available("postgresql")
-    if why:
-        pytest.skip(why)
+    peer = _peer_or_skip(which, "postgresql")
     _postgres_or_skip()
     monkeypatch.setattr(common, "_workdir", str(tmp_path))
     try:
@@ -178,6 +187,8 @@ def test_pickup_times_each_system_from_its_enqueue_to_its_handler(backend, monke
     from bench import compare
     from bench.report import evaluate
     from bench.scenarios import Settings
+    peer = "huey" if backend == "sqlite" else "pgqueuer batch=1"
+    _peer_or_skip(peer, backend)
     if backend == "postgresql":
         _postgres_or_skip()
     monkeypatch.setattr(common, "_workdir", str(tmp_path))
@@ -186,7 +197,6 @@ def test_pickup_times_each_system_from_its_enqueue_to_its_handler(backend, monke
                                                        pickup_idle=0.2))
     finally:
         common.cleanup()
-    peer = "huey" if backend == "sqlite" else "pgqueuer batch=1"
     assert "skipped" not in result, result
     assert result["peer"] == peer and set(result["systems"]) == {"taskrunner", peer}
     for times in result["systems"].values():

@@ -6,8 +6,9 @@ import sqlite3
 
 import pytest
 
-from taskrunner import TaskQueue
-from taskrunner.store.db import MINIMUM_VERSIONS, check_version, parse_mysql_version, server_version
+from taskrunner import Config, TaskQueue
+from taskrunner.store.db import (MINIMUM_VERSIONS, check_version, open_database,
+                                 parse_mysql_version, server_version)
 from taskrunner.errors import ConfigError
 
 from conftest import taskrunner
@@ -42,6 +43,17 @@ def test_a_malformed_url_is_one_line(url, fragment):
     result = taskrunner("check", url=url)
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result
     assert fragment in result.stderr and "s3cret" not in result.stderr
+
+
+def test_a_mysql_urls_password_reaches_pymysql_by_its_own_name():
+    """peewee's db_url hands it on as `passwd`, an alias PyMySQL warns about at every
+    connect (DeprecationWarning: 'passwd' is deprecated)."""
+    pytest.importorskip("pymysql", reason="the mysql extra: pip install '.[mysql]'")
+    config = Config.from_dict({"database": {"url": "mysql://app:p%40ss@db.example:3307/q"}})
+    params = open_database(config.database).connect_params
+    assert "passwd" not in params
+    assert (params["user"], params["password"], params["host"], params["port"]) == \
+        ("app", "p@ss", "db.example", 3307)
 
 
 @pytest.mark.parametrize("product,version,ok", [

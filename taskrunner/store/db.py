@@ -136,10 +136,15 @@ def open_database(database_config, ephemeral=False, patience=None):
         bounds = {} if patience is None or "init_command" in _query_keys(parts) else {
             "init_command": "SET SESSION innodb_lock_wait_timeout = %d"
                             % max(1, math.ceil(patience))}
+        # peewee's db_url names a MySQL URL's password `passwd`, an alias PyMySQL deprecates
+        # (a DeprecationWarning at every connect): the parsed URL with PyMySQL's own name.
+        params = db_url.parse(url, unquote_password=True, unquote_user=True)
+        if "passwd" in params:
+            params["password"] = params.pop("passwd")
         # DATETIME(6): microseconds matter for FIFO order and timing.
-        return db_url.connect(url, unquote_password=True, unquote_user=True, charset="utf8mb4",
-                              connect_timeout=connect_timeout,
-                              field_types={"DATETIME": "DATETIME(6)"}, **bounds)
+        params.update(charset="utf8mb4", connect_timeout=connect_timeout,
+                      field_types={"DATETIME": "DATETIME(6)"}, **bounds)
+        return peewee.MySQLDatabase(params.pop("database"), **params)
     except (ValueError, TypeError, RuntimeError) as exc:
         raise ConfigError("invalid database URL %s: %s" % (_shown(url), redact(str(exc), url))) \
             from None
