@@ -4,11 +4,12 @@ be done in-process in tests. Everything else (runners, the overseer, the CLI) wo
 """
 import asyncio
 import select
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-import sys
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, TypeVar, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional,
+                    TypeVar, Union)
 
 from .runs import concurrency, control, durable, enqueue, flow, lifecycle, queues, rotation
 from .fleet import maintenance

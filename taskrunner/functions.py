@@ -175,11 +175,11 @@ class FunctionTask(Generic[P, R]):
     async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> "TaskHandle[R]":
         """`enqueue`, awaitable: the statements run in the queue's thread (``connection``:
         a psycopg ``AsyncConnection`` whose transaction the task joins)."""
-        data = self.data_of(args, kwargs)
         queue, run = _queue_for(self.options.get("on"))
         if run is not None:
             # A handler's own connection, on the runner's thread: one short write.
             return self.enqueue(*args, **kwargs)
+        data = self.data_of(args, kwargs)
         row = self._row_options(data)
         task_id = await queue.add_task_async(self.name, data,
                                              connection=self.options.get("connection"), **row)

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 import traceback
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Tuple
 
-from .errors import HandlerError
+from .errors import HandlerError, TaskNotFound
 
 if TYPE_CHECKING:
     from .api import TaskQueue
@@ -420,7 +420,6 @@ class RunContext:
             found = self.queue.outcomes(wanted)
             missing = [task_id for task_id in wanted if task_id not in found]
             if missing:
-                from .errors import TaskNotFound
                 raise TaskNotFound("no task with id %s" % missing[0])
             return {task_id: None if outcome is None else {
                 "task_id": task_id, "status": outcome.status, "results": outcome.results,
