@@ -346,6 +346,15 @@ def database_sp(request, tmp_path):
     db.drop()
 
 
+@pytest.fixture(params=("postgresql", "mysql"))
+def database_pm(request, tmp_path):
+    """The two servers only, for what SQLite's single writer cannot show (deadlocks, two
+    connections racing)."""
+    db = Database(request.param, tmp_path)
+    yield db
+    db.drop()
+
+
 @pytest.fixture
 def sqlite_db(tmp_path):
     return Database("sqlite", tmp_path)

@@ -415,36 +415,29 @@ def test_mysql_deadlock_and_lock_wait_timeout_are_transient(my):
         queue.close()
 
 
-@pytest.fixture(params=("postgresql", "mysql"))
-def server(request, tmp_path):
-    db = Database(request.param, tmp_path)
-    yield db
-    db.drop()
-
-
-def test_a_deadlock_inside_a_nested_write_runs_the_outermost_transaction_again(server):
+def test_a_deadlock_inside_a_nested_write_runs_the_outermost_transaction_again(database_pm):
     """store.write inside store.write (DurableRun.add: the add inside the transaction of
     its step): a deadlock in the inner one rolls back the whole transaction on MariaDB (not
     only the savepoint), so the outermost is run again, all of it. Trying the inner one
     alone again ran it outside any transaction: its writes committed on their own, the
     outer ones before it lost, and the outer one failed (SAVEPOINT does not exist)."""
-    queue = server.queue()
+    queue = database_pm.queue()
     store, db = queue.store, queue.store.db
     make_pair(db)
     db.execute_sql("CREATE TABLE marks (what VARCHAR(20) NOT NULL)")
     db.execute_sql("CREATE TABLE ballast (n INTEGER NOT NULL)")
-    if server.backend == "postgresql":
+    if database_pm.backend == "postgresql":
         import psycopg
-        other = psycopg.connect(server.url)
+        other = psycopg.connect(database_pm.url)
         # The store's side waits first and checks first: the victim.
         other.execute("SET deadlock_timeout = '10s'")
         other.commit()
     else:
         import pymysql
-        parts = urlsplit(server.url)
+        parts = urlsplit(database_pm.url)
         other = pymysql.connect(host=parts.hostname, port=parts.port or 3306,
                                 user=parts.username or "root", password=parts.password or "",
-                                database=server.name)
+                                database=database_pm.name)
     holds_2, go, errors = threading.Event(), threading.Event(), []
     outer_calls, inner_calls = [], []
 

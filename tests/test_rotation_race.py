@@ -10,7 +10,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from conftest import Database, direct_only, wait_for
+from conftest import direct_only, wait_for
 
 from taskrunner import TaskQueue
 from taskrunner.runs import control, lifecycle, rotation
@@ -20,11 +20,9 @@ from taskrunner.store.models import ERROR, SCHEDULED, utcnow
 ECHO = "taskrunner.handlers.Echo"
 
 
-@pytest.fixture(params=("postgresql", "mysql"))
-def database(request, tmp_path):
-    db = Database(request.param, tmp_path)
-    yield db
-    db.drop()
+@pytest.fixture
+def database(database_pm):
+    return database_pm
 
 
 def _session_id(store):
