@@ -1,6 +1,7 @@
-"""``taskrunner periodic``: add, list, enable, disable and remove periodic tasks — one by
-name, or every one of an owner at once."""
-from .args import add_wide, json_arg, open_queue, print_json, print_table, queue_name, shown
+"""``taskrunner periodic``: add, alter, list, enable, disable and remove periodic tasks — one
+by name, or every one of an owner at once."""
+from .args import (add_wide, iso_time, json_arg, open_queue, print_json, print_table,
+                   queue_name, shown)
 from .runs import STATS_HEADERS, stats_cells, when
 from ..errors import InputError
 
@@ -19,11 +20,24 @@ def cmd_periodic(args):
                    "max_retries": args.max_retries, "owner": args.owner,
                    "enabled": not args.disabled, "subject": args.subject, "group": args.group,
                    "timebox": args.timebox, "tolerance": args.tolerance, "queue": args.queue,
-                   "anchor": args.anchor}
+                   "anchor": args.anchor, "resume": bool(args.resume)}
         # As `add`: a refused definition opens no database (not even to create the schema).
         periodic.check_periodic(args.loaded_config, args.name, args.handler, args.timer,
                                 data=args.data, **options)
     store = open_queue(args).store
+    if args.action == "alter":
+        changes = {key: getattr(args, key) for key in ALTER_OPTIONS
+                   if getattr(args, key) is not None}
+        row = reads.periodic_info(periodic.alter_periodic(store, args.name, owner=args.owner,
+                                                          **changes))
+        if args.json:
+            print_json(shown(row.to_json(), args.loaded_config))
+            return
+        print("periodic task %r altered; next run %s" % (row.name, row.nextrun.isoformat()
+                                                         if row.enabled and row.nextrun
+                                                         else "never" if row.enabled
+                                                         else "none (disabled)"))
+        return
     if args.action == "run":
         task_id = periodic.run_now(store, args.name, owner=args.owner)
         if args.json:
@@ -46,6 +60,7 @@ def cmd_periodic(args):
             print_json(rows)
             return
         if args.wide:
+            # The counts are lifetime ones; AVG and P95 are over the runs rotation has kept.
             print_table(["NAME", "ENABLED", "TIMER", "NEXT RUN", "LAST RUN", "LAST STATUS",
                          "FAILURES", "CRASHED", "DROPPED", "GROUP", "SUBJECT", "HANDLER"]
                         + STATS_HEADERS,
@@ -53,17 +68,19 @@ def cmd_periodic(args):
                           " ".join(filter(None, (r["timer"], r["timezone"]))),
                           when(r["nextrun"]), when(r["last_run"]), r["last_status"],
                           r["consecutive_failures"], r["consecutive_crashes"], r["dropped"],
-                          r["group"], r["subject"], r["handler"]] + stats_cells(r["stats"])
-                         for r in rows],
+                          r["group"], r["subject"], r["handler"], r["run_count"],
+                          r["success_count"], r["error_count"], r["crash_count"]]
+                         + stats_cells(r["stats"])[4:] for r in rows],
                         wide=True, zone=True)
             return
         # What an operator scans for; --wide (or --json) has the rest.
+        # RUNS, OK and ERRORS are lifetime counts; P95 is over the runs rotation has kept.
         print_table(["NAME", "TIMER", "NEXT RUN", "LAST RUN", "LAST", "FAILS", "CRASHED", "RUNS",
                      "OK", "ERRORS", "P95"],
                     [[r["name"], r["timer"], when(r["nextrun"]) if r["enabled"] else "disabled",
                       when(r["last_run"]), r["last_status"], r["consecutive_failures"],
-                      r["consecutive_crashes"]]
-                     + [stats_cells(r["stats"])[i] for i in (0, 1, 2, 5)] for r in rows],
+                      r["consecutive_crashes"], r["run_count"], r["success_count"],
+                      r["error_count"], stats_cells(r["stats"])[5]] for r in rows],
                     zone=True)
     elif args.all:
         count = periodic.remove_owned(store, args.owner) if args.action == "remove" else \
@@ -117,7 +134,25 @@ def add_periodic_parser(command, parser_class):
                         "Nuntium)")
     a.add_argument("--queue", type=queue_name, metavar="NAME",
                    help="the queue of its tasks (default: the handler's, else 'default')")
+    add_resume(a)
     a.add_argument("--json", action="store_true", help="print JSON")
+    a = actions.add_parser("alter", help="change a periodic task in place (its counters stay)")
+    a.add_argument("name")
+    a.add_argument("--timer", help="a new timer: its schedule starts afresh from now, unless "
+                                   "--next-start is given")
+    a.add_argument("--next-start", type=iso_time, metavar="ISO8601",
+                   help="its next due time (naive = local time)")
+    a.add_argument("--data", type=json_arg)
+    a.add_argument("--priority", type=int)
+    a.add_argument("--max-retries", type=int)
+    a.add_argument("--max-runtime", metavar="SPAN",
+                   help="timebox of each task submitted from now on (replaces a timebox)")
+    a.add_argument("--queue", type=queue_name, metavar="NAME")
+    a.add_argument("--enable", dest="enabled", action="store_const", const=True)
+    a.add_argument("--disable", dest="enabled", action="store_const", const=False)
+    add_resume(a)
+    a.add_argument("--owner", help="refuse unless the periodic task has this owner")
+    a.add_argument("--json", action="store_true", help="print the periodic task as JSON")
     a = actions.add_parser("list", help="list periodic tasks")
     a.add_argument("--owner", help="only the periodic tasks of this owner")
     a.add_argument("--group", help="only the periodic tasks of this group")
@@ -136,3 +171,15 @@ def add_periodic_parser(command, parser_class):
         a.add_argument("--all", action="store_true",
                        help="every periodic task of --owner, in one transaction")
         a.add_argument("--json", action="store_true", help="print JSON")
+
+
+# `periodic alter`'s options, by the name alter_periodic takes.
+ALTER_OPTIONS = ("timer", "next_start", "data", "priority", "max_retries", "max_runtime",
+                 "queue", "enabled", "resume")
+
+
+def add_resume(parser):
+    parser.add_argument("--resume", dest="resume", action="store_const", const=True,
+                        help="start each task from the checkpoint of the previous one when "
+                             "that one ended without success")
+    parser.add_argument("--no-resume", dest="resume", action="store_const", const=False)

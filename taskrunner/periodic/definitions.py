@@ -29,7 +29,7 @@ def definition(config, spec, where, import_handler=True, builtin=False):
     starting "taskrunner." are taskrunner's own (`builtin`)."""
     known = {"name", "handler", "timer", "data", "priority", "enabled", "catch_up",
              "max_runtime", "min_spacing", "max_retries", "owner", "submitter", "subject",
-             "group", "timebox", "tolerance", "queue", "anchor"}
+             "group", "timebox", "tolerance", "queue", "anchor", "resume"}
     unknown = set(spec) - known
     if unknown:
         raise InputError("%s: unknown key %s" % (where, ", ".join(sorted(unknown))))
@@ -71,11 +71,12 @@ def definition(config, spec, where, import_handler=True, builtin=False):
               "max_retries": spec.get("max_retries"), "subject": spec.get("subject"),
               "group_name": spec.get("group"), "timezone": zone,
               "queue": check_queue_name(spec.get("queue") or DEFAULT_QUEUE, "%s: queue" % where),
-              "anchor": anchor}
+              "anchor": anchor, "resume": spec.get("resume", False)}
     if isinstance(values["priority"], bool) or not isinstance(values["priority"], int):
         raise InputError("%s: priority must be an integer" % where)
-    if not isinstance(values["enabled"], bool):
-        raise InputError("%s: enabled must be true or false" % where)
+    for key in ("enabled", "resume"):
+        if not isinstance(values[key], bool):
+            raise InputError("%s: %s must be true or false" % (where, key))
     retries = values["max_retries"]
     if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int)
                                 or retries < 1):

@@ -26,7 +26,7 @@ import peewee as pw
 
 from ..runs import lifecycle, sql
 from ..fleet import liveness
-from ..runs.enqueue import add_task, insert_many_and_wake, remember_queues, task_row
+from ..runs.enqueue import add_task, insert_many_and_wake, remember_queues, task_row, utc_instant
 from ..errors import InputError, StateError, check_text
 from ..handler import load_handler
 from ..store.models import CANCELLED, CRASHED, DEFAULT_QUEUE, SUCCESS
@@ -85,11 +85,101 @@ def run_now(store, name, owner=None, now=None):
             max_runtime=row.max_runtime, queue=row.queue, max_retries=row.max_retries,
             queued_by="periodic:%s (run now)" % row.name, periodic_task_id=row.id, now=now,
             import_handler=False, subject=row.subject, group=row.group_name)
+        if row.resume:
+            carry_checkpoints(store, [(task_id, row.last_task_id)])
         PeriodicTask.update({PeriodicTask.submitted_count: PeriodicTask.submitted_count + 1,
                              PeriodicTask.last_task_id: task_id, PeriodicTask.updated_on: at}
                             ).where(PeriodicTask.id == row.id).execute()
         return task_id
     return store.write(step)
+
+
+def carry_checkpoints(store, pairs):
+    """Inside the caller's write transaction, for periodic tasks with ``resume``: each new
+    task of `pairs` ((task id, its previous task's id or None)) starts from the checkpoint of
+    the previous task when that one ended without success (stopped at its max_runtime, timed
+    out, given up, cancelled) — Nuntium's "the next instantiation will proceed from that
+    point". A previous task that succeeded, or stored no checkpoint, passes nothing on."""
+    pairs = [(task_id, previous) for task_id, previous in pairs if previous is not None]
+    if not pairs:
+        return
+    Task = store.Task
+    ended = {row[0]: row[1:] for row in Task.select(
+        Task.id, Task.checkpoint, Task.checkpoint_on).where(
+        Task.id.in_([previous for _, previous in pairs]) & Task.finished_on.is_null(False)
+        & (Task.last_status != SUCCESS) & Task.checkpoint.is_null(False)).tuples()}
+    for task_id, previous in pairs:
+        if previous in ended:
+            checkpoint, checkpoint_on = ended[previous]
+            Task.update(checkpoint=checkpoint, checkpoint_on=checkpoint_on).where(
+                Task.id == task_id).execute()
+
+
+# What alter_periodic changes; the rest of a definition is remove + add.
+ALTERABLE = ("timer", "data", "queue", "priority", "max_retries", "max_runtime", "enabled",
+             "resume", "next_start")
+
+
+def _definition_of(row):
+    """The definition a stored row was made from, as `definition` takes it: the values
+    Nuntium's timebox and tolerance derive (max_runtime, min_spacing) are left to them."""
+    return {"name": row.name, "handler": row.handler, "timer": row.timer,
+            "data": json.loads(row.data), "priority": row.priority, "enabled": row.enabled,
+            "catch_up": row.catch_up, "owner": row.owner, "submitter": row.submitter,
+            "max_retries": row.max_retries, "subject": row.subject, "group": row.group_name,
+            "timebox": row.timebox, "tolerance": row.tolerance, "queue": row.queue,
+            "anchor": row.anchor, "resume": bool(row.resume),
+            "max_runtime": None if row.timebox == "half" else row.max_runtime,
+            "min_spacing": None if row.tolerance is not None else row.min_spacing}
+
+
+def alter_periodic(store, name, owner=None, now=None, **changes):
+    """Change the periodic task `name` in place (TimescaleDB's alter_job): its `timer`,
+    `data`, `queue`, `priority`, `max_retries`, `max_runtime` (an absolute limit, which
+    replaces a timebox), `enabled`, `resume` and `next_start` (an aware datetime: its next
+    due time). Its counters, last run and tasks stay. Every value is checked before anything
+    is written: InputError, and nothing changed. A new timer starts its schedule afresh from
+    now on the database's clock, as enabling does, unless `next_start` is given. A periodic
+    task from the config file takes `next_start` alone: the file holds the rest (the
+    overseer's next sync would undo a change). Returns the changed row."""
+    unknown = sorted(set(changes) - set(ALTERABLE))
+    if unknown:
+        raise InputError("periodic task %r: %s cannot be altered (these can: %s)"
+                         % (name, ", ".join(unknown), ", ".join(ALTERABLE)))
+    if not changes:
+        raise InputError("periodic task %r: nothing to change" % (name,))
+    PeriodicTask = store.PeriodicTask
+    at = store.database_time(now)
+    row = _get(store, name, owner)
+    if row.source == "config" and set(changes) != {"next_start"}:
+        source = store.config.source
+        raise InputError(
+            "periodic task %r is defined in the config file%s: change it there (the overseer's "
+            "next sync would undo a change made here); only next_start may be altered"
+            % (name, "" if source.startswith("<") else " %s" % source))
+    spec = _definition_of(row)
+    spec.update((key, value) for key, value in changes.items() if key != "next_start")
+    if "max_runtime" in changes:
+        spec["timebox"] = None
+    values, timer = definition(store.config, spec, "periodic task %r" % (name,),
+                               import_handler=False)
+    if values["timer"] == row.timer:
+        values["timezone"] = row.timezone   # the zone it was defined in stays
+    update = {key: value for key, value in values.items() if getattr(row, key) != value}
+    if "next_start" in changes:
+        update["nextrun"] = utc_instant(changes["next_start"], "next_start")
+    elif "timer" in update or "timezone" in update:
+        update["nextrun"] = first_due(timer, at)
+    elif update.get("enabled"):
+        update["nextrun"] = first_due(parse_timer(row.timer, row.timezone), at)
+    update["updated_on"] = at
+
+    def step():
+        # The row locked: a scheduler's pass (SKIP LOCKED) leaves it until this commits.
+        store.locked(PeriodicTask.select(PeriodicTask.id).where(PeriodicTask.id == row.id)).get()
+        PeriodicTask.update(**update).where(PeriodicTask.id == row.id).execute()
+    store.write(step)
+    return PeriodicTask.get_by_id(row.id)
 
 
 def set_enabled(store, name, enabled, owner=None, now=None):
@@ -194,7 +284,7 @@ def sync_definitions(store, config=None, now=None, import_handlers=True):
 Due = namedtuple("Due", (
     "id", "name", "handler", "data", "priority", "submitter", "timer", "timezone", "nextrun",
     "catch_up", "max_runtime", "max_retries", "last_due", "last_task_id", "subject",
-    "group_name", "tolerance", "queue", "anchor"))
+    "group_name", "tolerance", "queue", "anchor", "resume"))
 DUE_TIMES = (Due._fields.index("nextrun"), Due._fields.index("last_due"))
 
 
@@ -459,6 +549,8 @@ class PeriodicScheduler:
         by_row = {advance[6]: advance[5] for advance in advances}
         outcomes = [(row, kind, by_row[row.id] if kind == "submitted" else detail)
                     for row, kind, detail in outcomes]
+        carry_checkpoints(self.store, [(detail, row.last_task_id) for row, kind, detail
+                                       in outcomes if kind == "submitted" and row.resume])
         if advances:
             self._advance_rows(advances)
         return outcomes, [task["queue"] for task in tasks]
@@ -540,16 +632,22 @@ def unfinished_task(store, periodic_task_id):
 def record_outcome(store, periodic_task_id, status, now, error_code=None):
     """After a run of one of its tasks ended: the periodic task's last status, consecutive
     failures, crashes (total) and consecutive crashes (a crash after a crash; any other end
-    but a cancel resets them) — a hook of the run lifecycle."""
+    but a cancel resets them), and its lifetime counts of runs, successes and errors (a
+    cancel counts in none) — a hook of the run lifecycle."""
     PeriodicTask = store.PeriodicTask
     values = {PeriodicTask.last_status: status, PeriodicTask.updated_on: now}
+    if status != CANCELLED:
+        values[PeriodicTask.run_count] = PeriodicTask.run_count + 1
     if error_code == CRASHED:
         values[PeriodicTask.crash_count] = PeriodicTask.crash_count + 1
         values[PeriodicTask.consecutive_crashes] = PeriodicTask.consecutive_crashes + 1
     elif status != CANCELLED:
         values[PeriodicTask.consecutive_crashes] = 0
+        if status != SUCCESS:
+            values[PeriodicTask.error_count] = PeriodicTask.error_count + 1
     if status == SUCCESS:
         values[PeriodicTask.consecutive_failures] = 0
+        values[PeriodicTask.success_count] = PeriodicTask.success_count + 1
     elif status != CANCELLED:
         values[PeriodicTask.consecutive_failures] = PeriodicTask.consecutive_failures + 1
     PeriodicTask.update(values).where(PeriodicTask.id == periodic_task_id).execute()

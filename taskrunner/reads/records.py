@@ -232,7 +232,8 @@ class QueueInfo(_Record):
 
 @dataclass(frozen=True)
 class PeriodicTaskInfo(_Record):
-    """A timer that submits tasks, with its counters."""
+    """A timer that submits tasks, with its counters (lifetime: submitted, skipped, dropped
+    and the *_count fields)."""
     name: str
     enabled: bool
     handler: str
@@ -263,9 +264,17 @@ class PeriodicTaskInfo(_Record):
     dropped: int
     queue: str
     anchor: str
+    # Over the runs task_runs still holds (rotation deletes old ones): the last times and
+    # durations; the lifetime counts are the *_count fields.
     stats: Optional[RunStats] = None
     crash_count: int = 0            # runs of its tasks ended by a dead runner, in all
     consecutive_crashes: int = 0    # of those, in a row up to now
+    # Lifetime: runs of its tasks that ended success, error or timeout; successes; errors
+    # and timeouts that were not crashes.
+    run_count: int = 0
+    success_count: int = 0
+    error_count: int = 0
+    resume: bool = False            # its next task starts from an unsuccessful one's checkpoint
 
 
 def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = None,
@@ -351,7 +360,9 @@ def periodic_info(row: Any, stats: Optional[RunStats] = None) -> PeriodicTaskInf
         owner=row.owner, source=row.source, worker=row.worker, marked=aware(row.marked),
         subject=row.subject, group=row.group_name, timebox=row.timebox, tolerance=row.tolerance,
         dropped=row.dropped_count, queue=row.queue, anchor=row.anchor, stats=stats,
-        crash_count=row.crash_count, consecutive_crashes=row.consecutive_crashes)
+        crash_count=row.crash_count, consecutive_crashes=row.consecutive_crashes,
+        run_count=row.run_count, success_count=row.success_count, error_count=row.error_count,
+        resume=bool(row.resume))
 
 
 # -- queries ------------------------------------------------------------------------------------

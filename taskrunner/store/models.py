@@ -232,6 +232,11 @@ class PeriodicTask(BaseModel):
     skipped_count = pw.IntegerField(default=0)
     crash_count = pw.IntegerField(default=0)
     consecutive_crashes = pw.IntegerField(default=0)
+    # Lifetime counts of its tasks' runs (task_runs loses rows to rotation): runs that ended
+    # success, error or timeout; successes; errors and timeouts that were not crashes.
+    run_count = pw.IntegerField(default=0)
+    success_count = pw.IntegerField(default=0)
+    error_count = pw.IntegerField(default=0)
     updated_on = pw.DateTimeField()
     # Docspell's subject (a human title) and group_ (the tenant it belongs to).
     subject = pw.CharField(null=True)
@@ -244,6 +249,9 @@ class PeriodicTask(BaseModel):
     # What an `every` timer's next due time counts from: "due" (a fixed grid) or "now" (the
     # scheduler's pass, Nuntium's nextRun = currentTime + interval).
     anchor = pw.CharField(max_length=8, default="due")
+    # Its next task starts from the checkpoint of the previous one when that one ended
+    # without success (Nuntium: the next instantiation proceeds from that point).
+    resume = pw.BooleanField(default=False)
 
     class Meta:
         table_name = "periodic_tasks"
