@@ -207,6 +207,14 @@ class Dashboard:
             except StateError as exc:
                 notice = str(exc)
             return _redirect("/periodic?" + urlencode({"notice": notice}))
+        if path == "/periodic/alter":
+            name = form.get("name", "")
+            try:
+                periodic.alter_periodic(self.store, name, **pages.alter_changes(form))
+                notice = "periodic task %r altered" % name
+            except InputError as exc:
+                notice = "nothing changed: %s" % exc
+            return _redirect("/periodic?" + urlencode({"notice": notice}))
         if path in ("/periodic/enable", "/periodic/disable"):
             enable = path == "/periodic/enable"
             periodic.set_enabled(self.store, form.get("name", ""), enable)

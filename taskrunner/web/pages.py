@@ -4,6 +4,7 @@ A page is ``(title, body)``; the parts of it that refresh by themselves are func
 their own (``*_live``) that the page embeds in an element with an id, and that
 ``/api/parts`` serves again as JSON for the page's script to swap in.
 """
+import json
 from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any, Dict, Mapping, Optional
@@ -492,21 +493,76 @@ def failures(view: View, params: Mapping[str, str]) -> str:
 
 
 def _stats(p: Any) -> str:
+    """Its lifetime counts; the times and durations of the runs rotation has kept."""
     st = p.stats
     submitted = "%d submitted, %d skipped" % (p.submitted, p.skipped)
-    if st is None or not st.runs:
+    if st is None or not p.run_count:
         return '<span class="muted">no run yet</span><br><small>%s</small>' % submitted
     parts = ['%d run%s: <span class="ok">%d ok</span>'
-             % (st.runs, "" if st.runs == 1 else "s", st.successes)]
-    if st.errors:
-        parts.append('<span class="err">%d failed</span>' % st.errors)
-    if st.crashes:
-        parts.append('<span class="err">%d crashed</span>' % st.crashes)
+             % (p.run_count, "" if p.run_count == 1 else "s", p.success_count)]
+    if p.error_count:
+        parts.append('<span class="err">%d failed</span>' % p.error_count)
+    if p.crash_count:
+        parts.append('<span class="err">%d crashed</span>' % p.crash_count)
     timing = "avg %s · p95 %s" % (span(st.avg_duration), span(st.p95_duration)) \
         if st.avg_duration is not None else ""
     success = "last success %s" % ago(st.last_success) if st.last_success else "never succeeded"
     return '<span class="nowrap">%s</span><br><small>%s%s<br>%s</small>' % (
         " · ".join(parts), e(timing) + "<br>" if timing else "", e(success), submitted)
+
+
+def _alter_form(view: View, p: Any) -> str:
+    """A periodic task's "Alter" form: a field left empty keeps its value. Nothing is
+    filled in: the data shown is masked, and sent back it would overwrite the real one. A
+    periodic task from the config file takes its next start alone."""
+    if view.read_only:
+        return ""
+    fields = [("next_start", "Next start", "ISO 8601, e.g. 2026-01-31T08:00Z")]
+    if p.source != "config":
+        fields = [("timer", "Timer", p.timer), fields[0],
+                  ("priority", "Priority", str(p.priority)),
+                  ("max_retries", "Max retries", str(p.max_retries or "")),
+                  ("max_runtime", "Max runtime", str(p.max_runtime or "")),
+                  ("queue", "Queue", p.queue), ("data", "Data (JSON)", "unchanged")]
+    inputs = "".join('<label>%s <input name="%s" placeholder="%s"></label>'
+                     % (e(label), e(key), e(hint)) for key, label, hint in fields)
+    if p.source != "config":
+        inputs += "".join(
+            '<label>%s <select name="%s"><option value="">unchanged</option><option value="on">'
+            'on</option><option value="off">off</option></select></label>' % (label, key)
+            for key, label in (("enabled", "Enabled"), ("resume", "Resume from checkpoint")))
+    return ('<details class="alter"><summary>Alter</summary><form method="post" '
+            'action="/periodic/alter"><input type="hidden" name="csrf" value="%s"><input '
+            'type="hidden" name="name" value="%s">%s<button type="submit">Alter</button></form>'
+            '</details>' % (e(view.csrf), e(p.name), inputs))
+
+
+def alter_changes(form: Mapping[str, str]) -> Dict[str, Any]:
+    """What the "Alter" form asks to change, as alter_periodic takes it: the fields filled
+    in; InputError for one that is not what it should be."""
+    changes: Dict[str, Any] = {}
+    for key in ("timer", "queue", "max_runtime"):
+        if form.get(key, "").strip():
+            changes[key] = form[key].strip()
+    for key in ("priority", "max_retries"):
+        text = form.get(key, "").strip()
+        if text:
+            try:
+                changes[key] = int(text)
+            except ValueError:
+                raise InputError("%s must be an integer, not %r" % (key, text)) from None
+    if form.get("data", "").strip():
+        try:
+            changes["data"] = json.loads(form["data"])
+        except ValueError as exc:
+            raise InputError("data: invalid JSON: %s" % exc) from None
+    for key in ("enabled", "resume"):
+        if form.get(key) in ("on", "off"):
+            changes[key] = form[key] == "on"
+    next_start = _time_param(form, "next_start")
+    if next_start is not None:
+        changes["next_start"] = next_start
+    return changes
 
 
 def periodic(view: View, params: Mapping[str, str]) -> str:
@@ -521,7 +577,7 @@ def periodic(view: View, params: Mapping[str, str]) -> str:
         toggle = view.action("/periodic/run", "Run now", {"name": p.name}) + view.action(
             "/periodic/%s" % ("disable" if p.enabled else "enable"),
             "Disable" if p.enabled else "Enable", {"name": p.name},
-            css="danger" if p.enabled else "")
+            css="danger" if p.enabled else "") + _alter_form(view, p)
         name = '<a class="nowrap" href="/tasks%s">%s</a>' % (e(query(periodic=p.name)),
                                                              e(p.name))
         if p.subject:
