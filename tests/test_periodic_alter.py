@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 import pytest
 
 from conftest import ok, taskrunner, usage_error
-from sample_handlers import read_records
+from durable_handlers import lines
 from taskrunner import Config, InputError
 from taskrunner.periodic.scheduler import (PeriodicScheduler, add_periodic, alter_periodic,
                                            run_now, sync_definitions)
@@ -176,7 +176,8 @@ def test_resume_starts_the_next_task_from_the_checkpoint_of_one_that_failed(data
     assert json.loads(tasks_of("resumes")[-1].checkpoint) == {"done": 3}
     assert tasks_of("fresh")[-1].checkpoint is None
     queue.run_pending()
-    assert sorted(read_records(log)) == sorted(["1 None", "1 None", "1 {'done': 3}", "1 None"])
+    assert sorted(" ".join(line) for line in lines(log)) == [
+        "1 None", "1 None", "1 None", "1 {'done': 3}"]
 
     # A success passes nothing on: attempt 2 of a task succeeds after attempt 1's checkpoint.
     alter_periodic(queue.store, "resumes", max_retries=2, now=at(25))
@@ -253,3 +254,50 @@ def test_dashboard_alter_form_needs_the_csrf_token_and_changes_in_place(sqlite_d
     finally:
         served.stop()
         queue.close()
+
+
+@pytest.mark.timeout(240)
+def test_a_task_stopped_at_its_max_runtime_is_continued_by_the_next_one(sqlite_db, tmp_path):
+    """A real runner stops the first task at its max_runtime after it checkpointed some of its
+    steps; the next task of the periodic task (`resume`) starts at the step after the
+    checkpoint, not at step 0."""
+    queue = sqlite_db.queue()
+    log = str(tmp_path / "steps")
+    add_periodic(queue.store, "long", "durable_handlers.Steps", "every 1h", max_retries=1,
+                 data={"log": log, "steps": 100000, "sleep": 0.02}, max_runtime="2s",
+                 resume=True)
+    first = run_now(queue.store, "long")
+    burst = taskrunner("runner", "--burst", url=sqlite_db.url, timeout=120)
+    assert burst.returncode == 0, burst.stderr
+    first_task = Task.get_by_id(first)
+    assert first_task.last_status in (ERROR, "timeout") and first_task.finished_on is not None
+    done = json.loads(first_task.checkpoint)
+    assert done > 0 and [int(line[1]) for line in lines(log)
+                         if int(line[0]) == first][0] == 0
+
+    second = run_now(queue.store, "long")
+    assert json.loads(Task.get_by_id(second).checkpoint) == done
+    burst = taskrunner("runner", "--burst", url=sqlite_db.url, timeout=120)
+    assert burst.returncode == 0, burst.stderr
+    steps = [int(line[1]) for line in lines(log) if int(line[0]) == second]
+    assert steps and steps[0] == done
+    assert row("long").run_count == 2 and row("long").error_count == 2
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_migration_counts_the_runs_kept_so_far_and_leaves_resume_off(database):
+    """An existing database: 0024 undone (its columns dropped, its record forgotten) on a
+    periodic task with history, then applied again as an upgrade would."""
+    queue = database.queue(task={"retry_backoff": 0})
+    with_history(queue)
+    db = queue.store.db
+    for column in ("run_count", "success_count", "error_count", "resume"):
+        db.execute_sql("ALTER TABLE periodic_tasks DROP COLUMN %s" % column)
+    db.execute_sql("DELETE FROM taskrunner_migrations WHERE name = "
+                   "'0024_periodic_lifetime_counts_and_resume'")
+    assert queue.store.migrate() == ["0024_periodic_lifetime_counts_and_resume"]
+    migrated = row("job")
+    assert (migrated.run_count, migrated.success_count, migrated.error_count,
+            migrated.resume) == (2, 1, 1, False)
+    queue.close()
