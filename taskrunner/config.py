@@ -615,4 +615,6 @@ PERIODIC_DESCRIPTIONS = {
     "subject": "What it is for, in words; copied to the tasks it submits.",
     "group": "The tenant it belongs to; copied to its tasks; `periodic list --group G`.",
     "queue": "The queue of the submitted tasks; default `default`.",
+    "resume": "`true`: a task starts from the checkpoint of the previous one when that one "
+              "ended without success (stopped at its `max_runtime`, given up); default false.",
 }
