@@ -275,6 +275,7 @@ class PeriodicTaskInfo(_Record):
     success_count: int = 0
     error_count: int = 0
     resume: bool = False            # its next task starts from an unsuccessful one's checkpoint
+    max_retries: Optional[int] = None   # of its tasks; None: [task] max_retries
 
 
 def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = None,
@@ -362,7 +363,7 @@ def periodic_info(row: Any, stats: Optional[RunStats] = None) -> PeriodicTaskInf
         dropped=row.dropped_count, queue=row.queue, anchor=row.anchor, stats=stats,
         crash_count=row.crash_count, consecutive_crashes=row.consecutive_crashes,
         run_count=row.run_count, success_count=row.success_count, error_count=row.error_count,
-        resume=bool(row.resume))
+        resume=bool(row.resume), max_retries=row.max_retries)
 
 
 # -- queries ------------------------------------------------------------------------------------
