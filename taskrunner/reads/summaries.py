@@ -16,9 +16,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import peewee as pw
 
 from ..errors import InputError
-from ..store.models import (CANCELLED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS, WAITING,
+from ..store.models import (ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS,
                             as_utc, run_status_is, utcnow)
-from .records import (TASK_STATUSES, TaskInfo, aware, failed_predicate, not_succeeded_predicate,
+from .blockers import blocked_by
+from .records import (TASK_STATES, TASK_STATUSES, TaskInfo, aware, failed_predicate, not_succeeded_predicate,
                       status_condition, task_info)
 
 # What the dashboard's status filter offers: the words of every task filter.
@@ -128,7 +129,8 @@ def find_tasks(store: Any, view: TaskFilter = TaskFilter(), before: Optional[int
     if conditions:
         query = query.where(*conditions)
     rows = list(query)
-    tasks = [task_info(row) for row in rows[:limit]]
+    blockers = blocked_by(store, rows[:limit])
+    tasks = [task_info(row, blockers=blockers.get(row.id)) for row in rows[:limit]]
     return TaskPage(tasks, tasks[-1].id if len(rows) > limit else None)
 
 
@@ -167,8 +169,7 @@ def status_counts(store: Any, succeeded: Optional[int] = None) -> Dict[str, int]
     few index entries, read every time; `succeeded` is the caller's recent
     `succeeded_count`, or None to count them now."""
     Task = store.Task
-    counts = {s: 0 for s in (SCHEDULED, RUNNING, WAITING, "retrying", "given-up", SUCCESS,
-                             CANCELLED)}
+    counts = dict.fromkeys(TASK_STATES, 0)
     for status, n in Task.select(Task.last_status, pw.fn.COUNT(pw.SQL("*"))).where(
             not_succeeded_predicate()).group_by(Task.last_status).tuples():
         key = "given-up" if status in FAILED else status
