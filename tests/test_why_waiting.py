@@ -4,6 +4,8 @@ counting what ``tasks --status S --queue Q`` counts."""
 import json
 from datetime import timedelta
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from taskrunner.fleet import liveness
 from taskrunner.reads import records as reads
 from taskrunner.runs import lifecycle
@@ -163,6 +165,10 @@ def test_queue_list_counts_what_the_task_filter_counts(database):
     assert listed["default"]["scheduled"] == 2 and listed["default"]["running"] == 1
     assert listed["default"]["due"] == 0       # neither of its scheduled tasks has a run
     assert listed["undeclared"]["tasks"]["waiting"] == 1
+    metrics = {s.labels["queue"]: s.value for f in text_string_to_metric_families(
+        ok(taskrunner("metrics", url=url))) for s in f.samples
+        if s.name == "taskrunner_queue_scheduled"}
+    assert metrics["default"] == listed["default"]["scheduled"] == 2
     table = ok(taskrunner("queue", "list", url=url)).splitlines()
     assert table[0].split()[3:6] == ["SCHEDULED", "DUE", "RUNNING"]
     default = next(line.split() for line in table if line.startswith("default "))

@@ -237,7 +237,8 @@ def queue_lag(store: Any, now: Optional[datetime] = None) -> float:
 @dataclass(frozen=True)
 class QueueFigures:
     """A queue's figures in the metrics, or (named OTHER) those of the queues not named:
-    runs scheduled and running (their sum), seconds since the oldest scheduled run of a
+    tasks scheduled (as ``tasks --status scheduled --queue NAME`` counts them) and runs
+    running (their sum), seconds since the oldest scheduled run of a
     queue not paused was due (the oldest of all; a pause is no lag), how many of the queues
     are paused (0 or 1 for one) and for how long (the longest)."""
     name: str
@@ -288,15 +289,18 @@ def queue_figures(store: Any, named: Sequence[str], limit: int,
     def since(then: Any) -> float:
         then = _datetime(then)
         return round(max(0.0, (now - then).total_seconds()), 3) if then else 0.0
-    waiting = {q: (n, oldest) for q, n, oldest in Run.select(
-        Run.queue, count, pw.fn.MIN(Run.scheduled_on)).where(
-        run_status_is(Run, SCHEDULED) & Run.queue.in_(names)).group_by(Run.queue).tuples()}
+    Task = store.Task
+    is_scheduled = not_succeeded_predicate() & (Task.last_status == SCHEDULED)
+    scheduled_tasks = dict(Task.select(Task.queue, pw.fn.COUNT(pw.SQL("*"))).where(
+        is_scheduled & Task.queue.in_(names)).group_by(Task.queue).tuples())
+    oldest_due = dict(Run.select(Run.queue, pw.fn.MIN(Run.scheduled_on)).where(
+        run_status_is(Run, SCHEDULED) & Run.queue.in_(names)).group_by(Run.queue).tuples())
     running = dict(Run.select(Run.queue, count).where(
         run_status_is(Run, RUNNING) & Run.queue.in_(names)).group_by(Run.queue).tuples())
     paused = dict(Queue.select(Queue.name, Queue.paused_on).where(
         (Queue.paused == True) & Queue.name.in_(names)).tuples())  # noqa: E712
-    result = [QueueFigures(name, waiting.get(name, (0, None))[0], running.get(name, 0),
-                           0.0 if name in paused else since(waiting.get(name, (0, None))[1]),
+    result = [QueueFigures(name, scheduled_tasks.get(name, 0), running.get(name, 0),
+                           0.0 if name in paused else since(oldest_due.get(name)),
                            int(name in paused), since(paused[name]) if name in paused else 0.0)
               for name in names]
     is_paused = Queue.paused == True  # noqa: E712
@@ -304,8 +308,8 @@ def queue_figures(store: Any, named: Sequence[str], limit: int,
         pw.fn.COUNT(Queue.name), pw.fn.SUM(pw.Case(None, [(is_paused, 1)], 0)),
         pw.fn.MIN(pw.Case(None, [(is_paused, Queue.paused_on)], None))).where(
         Queue.name.not_in(names)).tuples().get()
-    scheduled = Run.select(count).where(
-        run_status_is(Run, SCHEDULED) & Run.queue.not_in(names)).scalar()
+    scheduled = Task.select(pw.fn.COUNT(pw.SQL("*"))).where(
+        is_scheduled & Task.queue.not_in(names)).scalar()
     oldest = Run.select(pw.fn.MIN(Run.scheduled_on)).where(
         run_status_is(Run, SCHEDULED) & Run.queue.not_in(names)
         & Run.queue.not_in(Queue.select(Queue.name).where(is_paused))).scalar()
