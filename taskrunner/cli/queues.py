@@ -71,7 +71,8 @@ def print_queues(queues, wide=False):
                "RETRYING", "RUNNERS", "LAG"]
     rows = [[q["name"], "paused" if q["paused"] else "active",
              q["limit"] if q["limit"] is not None else "-", q["scheduled"], q["due"],
-             q["running"], q["tasks"]["waiting"], q["tasks"]["retrying"], q["runners"], "paused %.0fs" % q["paused_for"] if q["paused"]
+             q["running"], q["tasks"]["waiting"], q["tasks"]["retrying"], q["runners"],
+             "paused %.0fs" % q["paused_for"] if q["paused"]
              else "%.1fs" % q["lag"] if q["lag"] is not None else "-"] for q in queues]
     if any(q["rate"] or q["fair_by"] or q["aging"] or q["throttled"] for q in queues):
         headers += ["RATE", "ALLOWANCE", "THROTTLED", "TENANTS WAITING", "AGING"]

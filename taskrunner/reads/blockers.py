@@ -55,8 +55,8 @@ def blocked_by(store: Any, rows: List[Any], now: Optional[datetime] = None
         Run.active_task_id, Run.status, Run.scheduled_on).where(
         Run.active_task_id.in_(ids)).tuples()}
     paused = {name: since for name, since in Queue.select(Queue.name, Queue.paused_on).where(
-        (Queue.paused == True) & Queue.name.in_(sorted({r.queue for r in open_rows})))  # noqa
-        .tuples()}
+        (Queue.paused == True)  # noqa: E712
+        & Queue.name.in_(sorted({r.queue for r in open_rows}))).tuples()}
     keys = sorted({r.waiting_key for r in open_rows if r.waiting_key})
     holders: Dict[str, List[Dict[str, Any]]] = {}
     if keys:

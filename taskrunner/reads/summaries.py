@@ -19,8 +19,8 @@ from ..errors import InputError
 from ..store.models import (ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS,
                             as_utc, run_status_is, utcnow)
 from .blockers import blocked_by
-from .records import (TASK_STATES, TASK_STATUSES, TaskInfo, aware, failed_predicate, not_succeeded_predicate,
-                      status_condition, task_info)
+from .records import (TASK_STATES, TASK_STATUSES, TaskInfo, aware, failed_predicate,
+                      not_succeeded_predicate, status_condition, task_info)
 
 # What the dashboard's status filter offers: the words of every task filter.
 STATUS_FILTERS = TASK_STATUSES
