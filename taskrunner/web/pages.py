@@ -275,7 +275,8 @@ def tasks(view: View, params: Mapping[str, str]) -> str:
     return '%s%s%s<p class="pager">%s %s</p>' % (
         _filter_form(params), bulk,
         table(["Task", "Handler", "Queue", "Status", "Failures", "Runs", "Scheduled",
-               "Finished", "Error"], rows, "no task matches this filter", css="tasks"),
+               "Finished", "Error / why waiting"], rows, "no task matches this filter",
+              css="tasks"),
         newest, more)
 
 
