@@ -480,12 +480,7 @@ class TaskHandle(Generic[R]):
 
     @property
     def status(self) -> str:
-        task = self.info()
-        if task.given_up:
-            return "given-up"
-        if task.status in ("error", "timeout"):
-            return "retrying"
-        return task.status
+        return self.info().status
 
     def wait(self, timeout: Optional[float] = None) -> "TaskOutcome":
         """Block until the task has ended; its outcome (`TaskQueue.wait`)."""

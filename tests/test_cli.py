@@ -313,7 +313,7 @@ def test_add_runner_and_json_outputs_give_a_dashboard_what_it_needs(database):
     tasks = as_json(taskrunner("tasks", "--json", url=url))
     assert [t["id"] for t in tasks] == [fail_id, echo_id]
     failed = tasks[0]
-    assert (failed["status"], failed["given_up"], failed["runs_failed"]) == ("error", True, 1)
+    assert (failed["status"], failed["given_up"], failed["runs_failed"]) == ("given-up", True, 1)
     assert (failed["last_error_code"], failed["last_error_message"]) == ("Nope", "no luck")
 
     given_up = as_json(taskrunner("tasks", "--status", "given-up", "--json", url=url))

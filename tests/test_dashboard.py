@@ -158,7 +158,7 @@ def test_actions_need_the_csrf_token_and_change_the_database(sqlite_db):
     try:
         status, body, _ = fetch(served.url + "/tasks/%d/retry" % ids["failed"], data="x=1")
         assert status == 403 and "CSRF" in body
-        assert queue.get_task(ids["failed"]).status == "error"
+        assert queue.get_task(ids["failed"]).status == "given-up"
         page = fetch(served.url + "/tasks/%d" % ids["failed"])[1]
         token = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
         status, _, headers = fetch(served.url + "/tasks/%d/retry" % ids["failed"],
@@ -183,7 +183,7 @@ def test_read_only_serves_pages_without_actions(sqlite_db):
         page = fetch(served.url + "/tasks/%d" % ids["failed"])[1]
         assert "read-only" in page and 'method="post"' not in page
         status, _, _ = fetch(served.url + "/tasks/%d/retry" % ids["failed"], data="csrf=x")
-        assert status == 403 and queue.get_task(ids["failed"]).status == "error"
+        assert status == 403 and queue.get_task(ids["failed"]).status == "given-up"
     finally:
         served.stop()
         queue.close()

@@ -288,7 +288,7 @@ def test_a_post_without_the_csrf_token_is_refused(browser, site):
         "fetch('/tasks/%d/retry', {method: 'POST', body: new URLSearchParams({x: '1'})})"
         ".then(function (r) { done(r.status); });" % ids["failed"])
     assert status == 403
-    assert site.queue.get_task(ids["failed"]).status == "error"
+    assert site.queue.get_task(ids["failed"]).status == "given-up"
 
 
 def test_a_dns_rebinding_page_reads_nothing_and_changes_nothing(browser, site):

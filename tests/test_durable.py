@@ -305,7 +305,7 @@ def test_an_uncaught_event_timeout_gives_up_at_once_whatever_max_retries(queue, 
     assert drain(queue, now=T0 + timedelta(days=1)) == 0          # no further run
     task = queue.get_task(task_id)
     assert task.given_up and task.finished_on is not None, task
-    assert (task.status, task.runs_failed, task.last_error_code) == ("error", 1, "EventTimeout")
+    assert (task.status, task.runs_failed, task.last_error_code) == ("given-up", 1, "EventTimeout")
     assert "'shipped'" in task.last_error_message
     assert [t.id for t in queue.tasks(status="given-up")] == [task_id]
     assert [r.status for r in queue.runs_of(task_id)] == ["waiting", "waiting", "error"]

@@ -39,7 +39,7 @@ def test_migration_0019_keeps_the_history_and_durable_handlers_work_after_it(bac
         old = queue.get_task(1)
         assert (old.status, old.data, old.results, old.checkpoint, old.steps) == (
             "success", {"old": True}, {"kept": 1}, None, None)
-        assert queue.steps_of(1) == [] and queue.get_task(2).status == "error"
+        assert queue.steps_of(1) == [] and queue.get_task(2).status == "retrying"
         log = str(tmp_path / "log")
         task_id = queue.add_task(H + "CheckpointThenFail", {"log": log})
         while queue.run_pending():

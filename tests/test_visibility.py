@@ -107,7 +107,7 @@ def test_on_failure_and_on_give_up_are_called_and_never_change_the_outcome(
     assert read_lines(log) == [
         ["on_failure", runs[0].id, 1, "RuntimeError"],
         ["on_failure", runs[1].id, 2, "RuntimeError"],
-        ["on_give_up", task_id, "error", 2]]
+        ["on_give_up", task_id, "given-up", 2]]
     assert [(r.status, r.error_code, r.results) for r in runs] == [
         ("error", "RuntimeError", {"partial": 1})] * 2
     assert queue.get_task(task_id).given_up
@@ -133,10 +133,10 @@ def test_a_task_error_with_retry_false_gives_up_at_once_with_its_hooks(queue, tm
     task = queue.get_task(task_id)
     assert task.given_up and task.finished_on is not None, task
     assert (task.status, task.runs_failed, task.last_error_code, task.last_error_message) == (
-        "error", 1, "Refused", "attempt 1 refused")
+        "given-up", 1, "Refused", "attempt 1 refused")
     runs = queue.runs_of(task_id)
     assert read_lines(log) == [["on_failure", runs[0].id, 1, "TaskError"],
-                               ["on_give_up", task_id, "error", 1]]
+                               ["on_give_up", task_id, "given-up", 1]]
     assert [t.id for t in queue.tasks(status="given-up")] == [task_id]
     assert queue.get_task(dependent).status == "cancelled"
     assert queue.retry(task_id) == 1
@@ -166,7 +166,7 @@ def test_run_pending_takes_a_task_through_its_retries_without_sleeping(queue):
     task_id = queue.add_task(H + "KeyFails", max_retries=3, retry_backoff=60)
     assert queue.run_pending(now=utc(t0)) == 1
     task = queue.get_task(task_id)
-    assert task.status == "error" and not task.given_up
+    assert task.status == "retrying" and not task.given_up
     retry_at = task.next_run_on
     assert utc(t0 + timedelta(seconds=29)) < retry_at <= utc(t0 + timedelta(seconds=61))
     assert queue.run_pending(now=retry_at - timedelta(seconds=1)) == 0    # backoff holds
@@ -617,7 +617,7 @@ def test_retry_and_cancel_many_by_ids_and_by_filter(database):
     out = ok(taskrunner("retry", str(failed[0]), str(failed[1]), str(ok_id), url=url))
     assert out.splitlines()[0] == "re-armed 2 of 3 task(s)"
     assert "task %d is success" % ok_id in out
-    assert [queue.get_task(i).status for i in failed] == ["scheduled", "scheduled", "error"]
+    assert [queue.get_task(i).status for i in failed] == ["scheduled", "scheduled", "given-up"]
     out = ok(taskrunner("retry", "--status", "given-up", "--handler", H + "KeyFails", url=url))
     assert out.splitlines()[0] == "re-armed 1 of 1 task(s)"
     out = ok(taskrunner("cancel", "--handler", H + "KeyFails", url=url))

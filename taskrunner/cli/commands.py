@@ -274,7 +274,7 @@ def cmd_tasks(args):
         return
     print_table(["ID", "HANDLER", "STATUS", "RUNS", "FAILED", "CRASHED", "SCHEDULED",
                   "NEXT RUN", "FINISHED", "RESULT / ERROR"],
-                 [[t["id"], t["handler"], reads.state_word(t["status"], t["finished_on"]),
+                 [[t["id"], t["handler"], t["status"],
                    t["runs"], t["runs_failed"], t["runs_crashed"], when(t["scheduled_on"]),
                    when(t["next_run_on"]),
                    when(t["finished_on"]),

@@ -55,7 +55,9 @@ def add_queue_command(command):
             a.add_argument("--create", action="store_true",
                            help="record the queue if no task used it yet (else refused)")
         a.add_argument("--json", action="store_true", help="print JSON")
-    a = actions.add_parser("list", help="queues: paused, limit, waiting, running, lag")
+    a = actions.add_parser("list", help="queues: paused, limit, tasks by status (as "
+                                        "`tasks --status S --queue NAME` counts them), "
+                                        "runs due, lag")
     add_wide(a)
     a.add_argument("--json", action="store_true", help="print JSON")
 
@@ -65,10 +67,12 @@ def print_queues(queues, wide=False):
     queue has a rate, fairness or aging, or runs held back by a key's rate."""
     if not queues:
         return
-    headers = ["QUEUE", "STATE", "LIMIT", "SCHEDULED", "RUNNING", "RUNNERS", "LAG"]
+    headers = ["QUEUE", "STATE", "LIMIT", "SCHEDULED", "DUE", "RUNNING", "WAITING",
+               "RETRYING", "RUNNERS", "LAG"]
     rows = [[q["name"], "paused" if q["paused"] else "active",
-             q["limit"] if q["limit"] is not None else "-", q["scheduled"], q["running"],
-             q["runners"], "paused %.0fs" % q["paused_for"] if q["paused"]
+             q["limit"] if q["limit"] is not None else "-", q["scheduled"], q["due"],
+             q["running"], q["tasks"]["waiting"], q["tasks"]["retrying"], q["runners"],
+             "paused %.0fs" % q["paused_for"] if q["paused"]
              else "%.1fs" % q["lag"] if q["lag"] is not None else "-"] for q in queues]
     if any(q["rate"] or q["fair_by"] or q["aging"] or q["throttled"] for q in queues):
         headers += ["RATE", "ALLOWANCE", "THROTTLED", "TENANTS WAITING", "AGING"]

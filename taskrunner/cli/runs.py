@@ -10,7 +10,7 @@ import sys
 from .args import shown
 
 EXIT_SUCCESS, EXIT_NOT_SUCCESS, EXIT_TIMEOUT = 0, 1, 3
-FAILED_STATUSES = ("error", "timeout", "retrying", "given-up", "cancelled")
+FAILED_STATUSES = ("retrying", "given-up", "cancelled")
 
 
 def when(iso):
@@ -36,12 +36,19 @@ def short(value, width=40):
 
 def outcome_column(task):
     """A task table's RESULT / ERROR cell: its last error while it is failing or gave up,
-    else its latest results."""
+    what it waits for, why a scheduled task is not running, else its latest results."""
     if task["status"] in FAILED_STATUSES and task["last_error_code"]:
         return short("%s: %s" % (task["last_error_code"], task["last_error_message"]))
     if task["status"] == "waiting":
         return short(waiting_text(task))
+    if task["status"] == "scheduled" and task.get("blocked_by"):
+        return short(blocked_text(task), 60)
     return short(task["results"])
+
+
+def blocked_text(task):
+    """Why a task that has not ended is not running (its ``blocked_by``), in one line."""
+    return "; ".join(b["text"] for b in task.get("blocked_by") or [])
 
 
 def waiting_text(task):
@@ -61,13 +68,17 @@ def print_task(task):
     under them."""
     from .args import zone_note
     for key, value in task.items():
-        if key in ("last_traceback", "steps"):
+        if key in ("last_traceback", "steps", "blocked_by"):
             continue
         if key in ("data", "results", "checkpoint"):
             value = json.dumps(value)
         elif key.endswith("_on"):
             value = when(value)
         print("%-18s %s" % (key + ":", value))
+    if task.get("blocked_by"):
+        print("waiting because:")
+        for blocker in task["blocked_by"]:
+            print("  %s" % blocker["text"])
     print(zone_note())
     if task.get("steps"):
         print("steps:")

@@ -18,13 +18,16 @@ from ..store.models import (CANCELLED, CRASHED, ERROR, FAILED, RUNNING, SCHEDULE
                             STOPPING_PREFIX, SUCCESS, TIMEOUT, WAITING, run_status_is, utcnow)
 from ..runs import flow
 from ..runs.sql import claim_order_of
+from .blockers import blocked_by
 
-# The words a task list is filtered by, everywhere (API, CLI, dashboard): its latest run's
-# status (``waiting`` too while it waits for its parents, with no run yet), and three views
-# of failure: retrying (failed, a run will come), given-up (failed max_retries times in a
-# row, or by an error not to retry) and failed (either). docs/index.md, "Words".
-TASK_STATUSES = (SCHEDULED, RUNNING, WAITING, "retrying", "given-up", SUCCESS, CANCELLED, ERROR,
-                 TIMEOUT, "failed")
+# A task's status, the one word every face shows for it (API, CLI table and --json, the
+# dashboard, the metrics): its latest run's status (``waiting`` too while it waits for its
+# parents, with no run yet), a failure shown as retrying (a run will come) or given-up
+# (failed max_retries times in a row, or by an error not to retry). docs/index.md, "Words".
+TASK_STATES = (SCHEDULED, RUNNING, WAITING, "retrying", "given-up", SUCCESS, CANCELLED)
+# The words a task list is filtered by, everywhere: every status, and three views of
+# failure by the failed run's status (error, timeout) or both (failed).
+TASK_STATUSES = TASK_STATES + (ERROR, TIMEOUT, "failed")
 STOPPING = "stopping"       # the state of a running runner that is winding down its run
 MAX_LIMIT = 10000   # tasks in one listing
 
@@ -65,8 +68,8 @@ class TaskInfo(_Record):
     id: int
     handler: str
     data: Any
-    # The status of its latest run, or cancelled; `waiting` while it sleeps, waits for an
-    # event, or waits for its parents (no run yet: `waiting_parents`).
+    # One of TASK_STATES: `waiting` while it sleeps, waits for an event, or waits for its
+    # parents (no run yet: `waiting_parents`); a failure is `retrying` or `given-up`.
     status: str
     given_up: bool              # failed max_retries times in a row, or by an error not to
                                 # retry (TaskError retry=False): no further run
@@ -103,6 +106,11 @@ class TaskInfo(_Record):
     workflow_id: Optional[int] = None     # the workflow it was added in (graph.py)
     # The tasks it runs after that have not succeeded yet, while it waits for them (no run).
     waiting_parents: Optional[int] = None
+    # The status of its latest run as stored (a failure: ``error`` or ``timeout``).
+    last_run_status: Optional[str] = None
+    # Why it is not running while it has not ended (blockers.py: dicts of reason, text and
+    # the facts named); None once it runs or has ended.
+    blocked_by: Optional[List[Dict[str, Any]]] = None
 
 
 @dataclass(frozen=True)
@@ -212,7 +220,9 @@ class QueueInfo(_Record):
     name: str
     paused: bool
     limit: Optional[int]        # [queues.NAME] limit; None: served by the default runners
-    scheduled: int              # runs waiting to be claimed
+    # Its tasks by status, as ``tasks --status S --queue NAME`` counts them (TASK_STATES but
+    # success: that count reads the whole history); `scheduled` and `running` of those.
+    scheduled: int
     running: int
     runners: int                # runners serving it now, on every host
     # Seconds the oldest waiting run has been due; None: none waits, or the queue is paused
@@ -228,6 +238,8 @@ class QueueInfo(_Record):
     fair_by: Optional[str] = None
     tenants_waiting: Optional[int] = None
     aging: Optional[float] = None
+    tasks: Dict[str, int] = dataclasses.field(default_factory=dict)
+    due: int = 0                # runs waiting to be claimed (of its scheduled tasks)
 
 
 @dataclass(frozen=True)
@@ -279,12 +291,14 @@ class PeriodicTaskInfo(_Record):
 
 
 def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = None,
-              steps: Optional[List[StepInfo]] = None) -> TaskInfo:
+              steps: Optional[List[StepInfo]] = None,
+              blockers: Optional[List[Dict[str, Any]]] = None) -> TaskInfo:
     # A task that succeeded has no current error: the error columns (and the traceback) of
     # an earlier failed attempt stay with that run, in `runs_of`, not on the task.
     current = row.last_status != SUCCESS
     return TaskInfo(
-        id=row.id, handler=row.handler, data=_decoded(row.data), status=row.last_status,
+        id=row.id, handler=row.handler, data=_decoded(row.data),
+        status=state_word(row.last_status, row.finished_on),
         given_up=row.given_up, priority=row.priority, queued_on=aware(row.queued_on),
         queued_by=row.queued_by, scheduled_on=aware(row.scheduled_on),
         next_run_on=aware(row.next_run_on), finished_on=aware(row.finished_on),
@@ -300,7 +314,8 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         waiting_for=row.waiting_for if row.last_status == WAITING else None,
         waiting_until=aware(row.next_run_on) if row.last_status == WAITING else None,
         steps=steps, workflow_id=row.workflow_id,
-        waiting_parents=row.waiting_parents if row.finished_on is None else None)
+        waiting_parents=row.waiting_parents if row.finished_on is None else None,
+        last_run_status=row.last_status, blocked_by=blockers)
 
 
 def parents_text(count: int) -> str:
@@ -378,13 +393,15 @@ def _latest(store: Any, ids: List[int], column: Any) -> Dict[int, Any]:
     return dict(Run.select(Run.task_id, column).where(Run.id.in_(latest)).tuples())
 
 
-def _task_infos(store: Any, rows: List[Any]) -> List[TaskInfo]:
-    """Tasks with their latest results and traceback (two queries for any number)."""
+def _task_infos(store: Any, rows: List[Any], why: bool = True) -> List[TaskInfo]:
+    """Tasks with their latest results and traceback (two queries for any number), and
+    (`why`) what holds back those not running (blockers.py: a few more, for any number)."""
     ids = [row.id for row in rows]
     results = _latest(store, ids, store.Run.results)
     tracebacks = _latest(store, ids, store.Run.traceback)
-    return [task_info(row, _decoded(results.get(row.id)), tracebacks.get(row.id))
-            for row in rows]
+    blockers = blocked_by(store, rows) if why else {}
+    return [task_info(row, _decoded(results.get(row.id)), tracebacks.get(row.id),
+                      blockers=blockers.get(row.id)) for row in rows]
 
 
 def get_task(store: Any, task_id: int, with_steps: bool = False) -> TaskInfo:
@@ -415,17 +432,16 @@ def task_outcomes(store: Any, task_ids: List[int]) -> Dict[int, Optional[TaskOut
     ended = [task_id for task_id, finished_on in known.items() if finished_on is not None]
     rows = list(Task.select().where(Task.id.in_(ended))) if ended else []
     outcomes: Dict[int, Optional[TaskOutcome]] = dict.fromkeys(known)
-    outcomes.update((task.id, _outcome(task)) for task in _task_infos(store, rows))
+    outcomes.update((task.id, _outcome(task)) for task in _task_infos(store, rows, why=False))
     return outcomes
 
 
 def _outcome(task: TaskInfo) -> Optional[TaskOutcome]:
     if task.finished_on is None:
         return None
-    status = "given-up" if task.given_up else task.status
-    failed = status != SUCCESS
+    failed = task.status != SUCCESS
     return TaskOutcome(
-        task_id=task.id, status=status, results=task.results,
+        task_id=task.id, status=task.status, results=task.results,
         error_code=task.last_error_code if failed else None,
         error_message=task.last_error_message if failed else None,
         traceback=task.last_traceback if failed else None, finished_on=task.finished_on)
@@ -603,15 +619,15 @@ def running_runners(store: Any) -> List[RunnerInfo]:
 
 
 def queue_stats(store: Any, now: Optional[datetime] = None) -> List[QueueInfo]:
-    """Every queue used or configured: paused, limit, runs scheduled and running, runners
-    serving it, lag. Live runs are read from the partial indexes, never the history."""
+    """Every queue used or configured (or named by a task that has not succeeded): paused,
+    limit, its tasks by status (as the task filters count them), runs due, runners serving
+    it, lag. Read from the partial indexes, never the history."""
     Run, Queue, RunnerQueue = store.Run, store.Queue, store.RunnerQueue
     now = now or datetime.now(timezone.utc).replace(tzinfo=None)
     waiting = {q: (n, oldest) for q, n, oldest in Run.select(
         Run.queue, pw.fn.COUNT(Run.id), pw.fn.MIN(Run.scheduled_on)).where(
         run_status_is(Run, SCHEDULED)).group_by(Run.queue).tuples()}
-    running = dict(Run.select(Run.queue, pw.fn.COUNT(Run.id)).where(
-        run_status_is(Run, RUNNING)).group_by(Run.queue).tuples())
+    tasks = queue_task_counts(store)
     runners = dict(RunnerQueue.select(RunnerQueue.queue, pw.fn.COUNT(RunnerQueue.id))
                    .group_by(RunnerQueue.queue).tuples())
     paused = {name: (bool(flag), since) for name, flag, since in Queue.select(
@@ -622,19 +638,42 @@ def queue_stats(store: Any, now: Optional[datetime] = None) -> List[QueueInfo]:
     held = flow.held_by_keys(store, [b["name"] for b in buckets
                                      if b["kind"] == flow.KEY and b["throttled"]])
     result = []
-    for name in sorted(set(paused) | set(configured) | set(waiting) | set(running)):
+    for name in sorted(set(paused) | set(configured) | set(waiting) | set(tasks)):
         count, oldest = waiting.get(name, (0, None))
         if isinstance(oldest, str):      # SQLite returns MIN() of a datetime as text
             oldest = datetime.fromisoformat(oldest)
         is_paused, since = paused.get(name, (False, None))
+        counts = tasks.get(name, dict.fromkeys(OPEN_STATES, 0))
         result.append(QueueInfo(
             name=name, paused=is_paused,
             limit=configured[name].limit if name in configured else None,
-            scheduled=count, running=running.get(name, 0), runners=runners.get(name, 0),
+            scheduled=counts[SCHEDULED], running=counts[RUNNING], tasks=counts, due=count,
+            runners=runners.get(name, 0),
             lag=_seconds_since(oldest, now) if oldest and not is_paused else None,
             paused_for=_seconds_since(since or now, now) if is_paused else None,
             **_flow_of(store, name, configured.get(name), by_queue.get(name), held)))
     return result
+
+
+# The states a queue's tasks are counted by: every one but success (see QueueInfo.tasks).
+OPEN_STATES = tuple(s for s in TASK_STATES if s != SUCCESS)
+
+
+def queue_task_counts(store: Any) -> Dict[str, Dict[str, int]]:
+    """{queue: {state: tasks}} over OPEN_STATES, by the conditions of `status_condition`
+    (one query, on the partial index of the tasks that have not succeeded)."""
+    Task = store.Task
+    ended = Task.finished_on.is_null(False)
+    counts: Dict[str, Dict[str, int]] = {}
+    for queue, status, final, n in (Task.select(Task.queue, Task.last_status, ended,
+                                                pw.fn.COUNT(pw.SQL("*")))
+                                    .where(not_succeeded_predicate())
+                                    .group_by(Task.queue, Task.last_status, ended).tuples()):
+        word = state_word(status, final)
+        by_state = counts.setdefault(queue, dict.fromkeys(OPEN_STATES, 0))
+        if word in by_state:
+            by_state[word] += n
+    return counts
 
 
 def _flow_of(store: Any, name: str, configured: Any, bucket: Any,

@@ -16,10 +16,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import peewee as pw
 
 from ..errors import InputError
-from ..store.models import (CANCELLED, ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS, WAITING,
+from ..store.models import (ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS,
                             as_utc, run_status_is, utcnow)
-from .records import (TASK_STATUSES, TaskInfo, aware, failed_predicate, not_succeeded_predicate,
-                      status_condition, task_info)
+from .blockers import blocked_by
+from .records import (TASK_STATES, TASK_STATUSES, TaskInfo, aware, failed_predicate,
+                      not_succeeded_predicate, status_condition, task_info)
 
 # What the dashboard's status filter offers: the words of every task filter.
 STATUS_FILTERS = TASK_STATUSES
@@ -128,7 +129,8 @@ def find_tasks(store: Any, view: TaskFilter = TaskFilter(), before: Optional[int
     if conditions:
         query = query.where(*conditions)
     rows = list(query)
-    tasks = [task_info(row) for row in rows[:limit]]
+    blockers = blocked_by(store, rows[:limit])
+    tasks = [task_info(row, blockers=blockers.get(row.id)) for row in rows[:limit]]
     return TaskPage(tasks, tasks[-1].id if len(rows) > limit else None)
 
 
@@ -167,8 +169,7 @@ def status_counts(store: Any, succeeded: Optional[int] = None) -> Dict[str, int]
     few index entries, read every time; `succeeded` is the caller's recent
     `succeeded_count`, or None to count them now."""
     Task = store.Task
-    counts = {s: 0 for s in (SCHEDULED, RUNNING, WAITING, "retrying", "given-up", SUCCESS,
-                             CANCELLED)}
+    counts = dict.fromkeys(TASK_STATES, 0)
     for status, n in Task.select(Task.last_status, pw.fn.COUNT(pw.SQL("*"))).where(
             not_succeeded_predicate()).group_by(Task.last_status).tuples():
         key = "given-up" if status in FAILED else status
@@ -236,7 +237,8 @@ def queue_lag(store: Any, now: Optional[datetime] = None) -> float:
 @dataclass(frozen=True)
 class QueueFigures:
     """A queue's figures in the metrics, or (named OTHER) those of the queues not named:
-    runs scheduled and running (their sum), seconds since the oldest scheduled run of a
+    tasks scheduled (as ``tasks --status scheduled --queue NAME`` counts them) and runs
+    running (their sum), seconds since the oldest scheduled run of a
     queue not paused was due (the oldest of all; a pause is no lag), how many of the queues
     are paused (0 or 1 for one) and for how long (the longest)."""
     name: str
@@ -287,15 +289,18 @@ def queue_figures(store: Any, named: Sequence[str], limit: int,
     def since(then: Any) -> float:
         then = _datetime(then)
         return round(max(0.0, (now - then).total_seconds()), 3) if then else 0.0
-    waiting = {q: (n, oldest) for q, n, oldest in Run.select(
-        Run.queue, count, pw.fn.MIN(Run.scheduled_on)).where(
-        run_status_is(Run, SCHEDULED) & Run.queue.in_(names)).group_by(Run.queue).tuples()}
+    Task = store.Task
+    is_scheduled = not_succeeded_predicate() & (Task.last_status == SCHEDULED)
+    scheduled_tasks = dict(Task.select(Task.queue, pw.fn.COUNT(pw.SQL("*"))).where(
+        is_scheduled & Task.queue.in_(names)).group_by(Task.queue).tuples())
+    oldest_due = dict(Run.select(Run.queue, pw.fn.MIN(Run.scheduled_on)).where(
+        run_status_is(Run, SCHEDULED) & Run.queue.in_(names)).group_by(Run.queue).tuples())
     running = dict(Run.select(Run.queue, count).where(
         run_status_is(Run, RUNNING) & Run.queue.in_(names)).group_by(Run.queue).tuples())
     paused = dict(Queue.select(Queue.name, Queue.paused_on).where(
         (Queue.paused == True) & Queue.name.in_(names)).tuples())  # noqa: E712
-    result = [QueueFigures(name, waiting.get(name, (0, None))[0], running.get(name, 0),
-                           0.0 if name in paused else since(waiting.get(name, (0, None))[1]),
+    result = [QueueFigures(name, scheduled_tasks.get(name, 0), running.get(name, 0),
+                           0.0 if name in paused else since(oldest_due.get(name)),
                            int(name in paused), since(paused[name]) if name in paused else 0.0)
               for name in names]
     is_paused = Queue.paused == True  # noqa: E712
@@ -303,8 +308,8 @@ def queue_figures(store: Any, named: Sequence[str], limit: int,
         pw.fn.COUNT(Queue.name), pw.fn.SUM(pw.Case(None, [(is_paused, 1)], 0)),
         pw.fn.MIN(pw.Case(None, [(is_paused, Queue.paused_on)], None))).where(
         Queue.name.not_in(names)).tuples().get()
-    scheduled = Run.select(count).where(
-        run_status_is(Run, SCHEDULED) & Run.queue.not_in(names)).scalar()
+    scheduled = Task.select(pw.fn.COUNT(pw.SQL("*"))).where(
+        is_scheduled & Task.queue.not_in(names)).scalar()
     oldest = Run.select(pw.fn.MIN(Run.scheduled_on)).where(
         run_status_is(Run, SCHEDULED) & Run.queue.not_in(names)
         & Run.queue.not_in(Queue.select(Queue.name).where(is_paused))).scalar()

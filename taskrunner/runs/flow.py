@@ -358,6 +358,28 @@ def buckets(store, now=None):
     return out
 
 
+def empty_buckets(store, queues, keys, now=None):
+    """{(kind, name): seconds until its next token} of the buckets of `queues` and `keys`
+    that have less than a token now (one query; the others are left out)."""
+    Bucket = store.RateBucket
+    condition = None
+    for kind, names in ((QUEUE, sorted(set(queues))), (KEY, sorted(set(keys)))):
+        if names:
+            named = (Bucket.kind == kind) & Bucket.name.in_(names)
+            condition = named if condition is None else condition | named
+    if condition is None:
+        return {}
+    e = sql.epoch_seconds(store.database_time(now))
+    out = {}
+    for kind, name, rate, burst, tokens, stamp in Bucket.select(
+            Bucket.kind, Bucket.name, Bucket.rate, Bucket.burst, Bucket.tokens,
+            Bucket.stamp).where(condition).tuples():
+        allowance = _tokens(tokens, burst, rate, stamp, e)
+        if allowance < 1:
+            out[(kind, name)] = round((1 - allowance) / rate, 3)
+    return out
+
+
 def held_by_keys(store, keys):
     """{queue: scheduled runs with one of `keys`} (the keys whose bucket is empty)."""
     if not keys:

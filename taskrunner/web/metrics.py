@@ -62,7 +62,8 @@ class StoreCollector:
 
         per_queue = [GaugeMetricFamily("taskrunner_queue_%s" % name, text, labels=["queue"])
                      for name, text in (
-                         ("scheduled", "Runs waiting in a queue (due or not)."),
+                         ("scheduled", "Tasks scheduled in a queue, due or not (as "
+                          "taskrunner tasks --status scheduled --queue NAME counts them)."),
                          ("running", "Runs of a queue running now."),
                          ("lag_by_queue_seconds", "Seconds since a queue's oldest waiting "
                           "run was due (0 when none waits or it is paused)."),

@@ -86,7 +86,7 @@ def overview_live(view: View, params: Mapping[str, str]) -> str:
     counts = summaries.status_counts(store, view.succeeded())
     tiles = "".join(
         '<a class="tile tile-%s" href="/tasks%s"><span class="n">%d</span><span>%s</span></a>'
-        % (e(name), e(query(status=name)), n, e(name.replace("-", " ")))
+        % (e(name), e(query(status=name)), n, e(name))
         for name, n in counts.items())
     minutes = summaries.runs_per_minute(store)
     done = sum(m.succeeded for m in minutes), sum(m.failed for m in minutes)
@@ -111,8 +111,9 @@ def overview_live(view: View, params: Mapping[str, str]) -> str:
 
 
 def queues_card(view: View) -> str:
-    """Each queue: paused or active, its host limit, runs waiting and running, the runners
-    serving it, its lag; a Pause / Resume button."""
+    """Each queue: paused or active, its host limit, its tasks scheduled (as the tasks
+    filter counts them), runs due, tasks running, the runners serving it, its lag; a
+    Pause / Resume button."""
     rows = []
     for q in reads.queue_stats(view.store):
         toggle = view.action("/queues/%s" % ("resume" if q.paused else "pause"),
@@ -123,12 +124,14 @@ def queues_card(view: View) -> str:
                      e(q.limit) if q.limit is not None else '<span class="muted">-</span>',
                      '<a href="/tasks%s">%d</a>' % (e(query(queue=q.name, status="scheduled")),
                                                     q.scheduled),
-                     "%d" % q.running, "%d" % q.runners,
+                     "%d" % q.due,
+                     '<a href="/tasks%s">%d</a>' % (e(query(queue=q.name, status="running")),
+                                                    q.running), "%d" % q.runners,
                      '<span class="muted">paused %s</span>' % span(q.paused_for) if q.paused
                      else span(q.lag) if q.lag else '<span class="muted">none</span>', toggle])
     return '<section class="card" id="queues"><h2>Queues</h2>%s</section>' % table(
-        ["Queue", "State", "Host limit", "Scheduled", "Running", "Runners", "Lag", ""], rows,
-        "no queue is used yet", css="queues") + rates_card(view)
+        ["Queue", "State", "Host limit", "Scheduled", "Due", "Running", "Runners", "Lag", ""],
+        rows, "no queue is used yet", css="queues") + rates_card(view)
 
 
 def rates_card(view: View) -> str:
@@ -242,9 +245,11 @@ def task_row(t: Any) -> list:
                                                       short(t.last_error_message or "", 60))
     elif t.status == "waiting":
         outcome = _waiting(t)
+    elif t.blocked_by:
+        outcome = e("; ".join(b["text"] for b in t.blocked_by))
     return ['<a href="/tasks/%d">%d</a>' % (t.id, t.id), e(t.handler),
             '<a href="/tasks%s">%s</a>' % (e(query(queue=t.queue)), e(t.queue)),
-            status(reads.state_word(t.status, t.finished_on)),
+            status(t.status),
             "%d / %d" % (t.runs_failed, t.max_retries), "%d" % t.runs,
             when(t.scheduled_on), when(t.finished_on), outcome]
 
@@ -271,7 +276,8 @@ def tasks(view: View, params: Mapping[str, str]) -> str:
     return '%s%s%s<p class="pager">%s %s</p>' % (
         _filter_form(params), bulk,
         table(["Task", "Handler", "Queue", "Status", "Failures", "Runs", "Scheduled",
-               "Finished", "Error"], rows, "no task matches this filter", css="tasks"),
+               "Finished", "Error / why waiting"], rows, "no task matches this filter",
+              css="tasks"),
         newest, more)
 
 
@@ -313,6 +319,12 @@ def _waiting(t: Any) -> str:
     return "until %s" % when(t.waiting_until)
 
 
+def _blocked(t: Any) -> str:
+    """Why a task that has not ended is not running (reads.blocked_by), one reason a line."""
+    return "<br>".join('<span class="why why-%s">%s</span>' % (e(b["reason"]), e(b["text"]))
+                       for b in t.blocked_by or [])
+
+
 def steps_table(view: View, steps: Any) -> str:
     rows = [[e(s.name), e(s.kind), status(s.status), e(s.run_id), e(s.attempt),
              when(s.finished_on), span(s.duration),
@@ -324,8 +336,8 @@ def steps_table(view: View, steps: Any) -> str:
 def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
     t = reads.get_task(view.store, task_id, with_steps=True)
     runs = reads.runs_of(view.store, task_id)
-    shown = "given-up" if t.given_up else t.status
-    facts = [("Status", status(shown)), ("Handler", e(t.handler)),
+    facts = [("Status", status(t.status)), ("Waiting because", _blocked(t)),
+             ("Handler", e(t.handler)),
              ("Queue", '<a href="/tasks%s">%s</a>' % (e(query(queue=t.queue)), e(t.queue))),
              ("Priority", e(t.priority)),
              ("Queued", "%s by %s" % (when(t.queued_on), e(t.queued_by or "-"))),
@@ -388,7 +400,7 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
 def task(view: View, params: Mapping[str, str], task_id: int) -> str:
     t = reads.get_task(view.store, task_id)
     actions = ""
-    if t.status in ("error", "timeout"):
+    if t.status in ("retrying", "given-up"):
         actions += view.action("/tasks/%d/retry" % t.id, "Retry")
     if t.finished_on is None and t.status != "cancelled":
         actions += view.action("/tasks/%d/cancel" % t.id, "Cancel", css="danger")
