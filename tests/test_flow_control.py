@@ -11,7 +11,7 @@ from taskrunner.errors import ConfigError, InputError
 from taskrunner.fleet import liveness
 from taskrunner.runner.process import Worker
 from taskrunner.runs import enqueue, flow, lifecycle
-from taskrunner.runs import sql as catalogue
+from taskrunner.runs import sql as runs_sql
 from taskrunner.store.models import utcnow
 
 from test_queue import _Statements
@@ -247,7 +247,7 @@ def test_flow_statements_are_built_for_every_combination():
         for rate in (False, True):
             for keys in (False, True):
                 for fair in (False, True):
-                    assert catalogue.flow_claim_statements(backend, rate, keys, fair)
+                    assert runs_sql.flow_claim_statements(backend, rate, keys, fair)
 
 
 def test_rate_cli_sets_lists_and_clears_limits_and_status_shows_them(sqlite_db, tmp_path):

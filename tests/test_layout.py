@@ -25,7 +25,7 @@ LEVELS = {
     "host.claimfile": 2.05,
     "store.bound": 2.1, "store.outage": 2.1, "host.hub": 2.1,
     # 3. the rules: the run lifecycle and its SQL catalogue, liveness, periodic, reads
-    "runs": 2.9, "runs.concurrency": 2.9, "runs.sql": 2.95, "runs.flow": 2.97,
+    "runs": 2.9, "runs.concurrency": 2.9, "runs.statements": 2.93, "runs.sql": 2.95, "runs.flow": 2.97,
     "runs.graph": 2.97,
     "runs.lifecycle": 3.0, "runs.enqueue": 3.0,
     "fleet": 3.1, "fleet.liveness": 3.1, "fleet.leadership": 3.15,

@@ -29,7 +29,8 @@ import peewee as pw
 
 from . import batches, outcomes, stops
 from ..fleet import leadership, liveness, maintenance
-from ..runs import durable, flow, lifecycle, queues, sql
+from ..runs import durable, flow, lifecycle, queues
+from ..runs.statements.shared import GUARDED_BACKENDS
 from ..store import outage
 from ..store.bound import BRIEF
 from ..periodic import scheduler as periodic
@@ -446,12 +447,12 @@ class Worker:
                 self._tell_again(listener, interval)
 
     def _claims_unlooked(self):
-        """Whether a claim may skip the look before it: a guarded claim (sql.CLAIM_GUARD)
-        can stand in for it — one run at a time, on PostgreSQL or SQLite (on MySQL the
-        guard would be a statement of its own, as the look is), and no queue of the last
-        claim order under flow control (those claims read what the look read themselves)."""
+        """Whether a claim may skip the look before it: a guarded claim (CLAIM_GUARD in
+        runs/statements/shared.py) can stand in for it — one run at a time, on PostgreSQL or
+        SQLite (on MySQL the guard would be a statement of its own, as the look is), and no
+        queue of the last claim order under flow control (those claims read what the look read themselves)."""
         return self.batch is None and self._order_read_at is not None \
-            and self.store.backend in sql.GUARDED_BACKENDS and not any(
+            and self.store.backend in GUARDED_BACKENDS and not any(
             flow.claim_flow(self.store, queue) for queue in self.claim_order)
 
     def _tell_again(self, listener, interval):
