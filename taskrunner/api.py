@@ -480,7 +480,7 @@ class TaskQueue:
         so a test takes a task through its retries without sleeping:
         ``run_pending(now=t0)``, then ``run_pending(now=t0 + timedelta(hours=1))``. With
         `now`, dead runners and overdue runs are left alone (their clocks are real)."""
-        from .runner.process import Worker
+        from .runner.loop import Runner
         clock = None
         if now is not None:
             if now.tzinfo is None:
@@ -492,7 +492,7 @@ class TaskQueue:
                 maintenance.process_queue(self.store)
             else:
                 lifecycle.create_missing_runs(self.store, clock)
-            worker = Worker(self.store, install_signals=False, memory_limit=False, clock=clock,
+            worker = Runner(self.store, install_signals=False, memory_limit=False, clock=clock,
                             facade=lambda store: self)
             ran = int(worker.work(burst=True, max_runs=None if max_runs is None
                                   else max_runs - done))

@@ -9,7 +9,7 @@ from conftest import ALL_BACKENDS, Database
 from taskrunner import Config
 from taskrunner.errors import ConfigError, InputError
 from taskrunner.fleet import liveness
-from taskrunner.runner.process import Worker
+from taskrunner.runner.loop import Runner
 from taskrunner.runs import enqueue, flow, lifecycle
 from taskrunner.runs import sql as runs_sql
 from taskrunner.store.models import utcnow
@@ -77,7 +77,7 @@ def test_an_idle_runners_look_is_one_read_and_sees_a_key_limit_set_meanwhile(dat
     queue = database.queue()
     queue.add_task(ECHO)
     runner = database.queue()            # a store of its own, as a runner process has
-    worker = Worker(runner.store, install_signals=False, memory_limit=False)
+    worker = Runner(runner.store, install_signals=False, memory_limit=False)
     with _Statements() as statements:
         assert worker._look()
     assert len(statements.sent) == 1, statements.sent

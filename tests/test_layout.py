@@ -169,7 +169,7 @@ def test_circle_check_can_fail():
 
 def test_type_only_imports_close_circles_too():
     """A handler names the queue it is handed by handler.Queue, not api.TaskQueue: through
-    that type-only import ran a circle of six modules (handler, api, runner.process,
+    that type-only import ran a circle of six modules (handler, api, runner.loop,
     periodic.scheduler, periodic.definitions, runs.enqueue) the circle check did not see."""
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                      "    from .api import TaskQueue\n")
