@@ -60,7 +60,7 @@ RUNNER_ALIVE = "EXISTS (SELECT 1 FROM task_runners WHERE id = %s AND status = 'r
 # ordinary claim: the queue is not paused, and no rate key has a limit (then the claim would
 # be a flow claim). A runner the hub woke for a new run claims so at once, on the claim order
 # of its last look, however old: what changed since makes the claim come back empty, and the
-# runner looks, then claims again. Only on GUARDED_BACKENDS (see claim_statements).
+# runner looks, then claims again. Only on GUARDED_BACKENDS (mysql.claim says why not there).
 GUARDED_BACKENDS = ("postgresql", "sqlite")
 CLAIM_GUARD = ("NOT EXISTS (SELECT 1 FROM task_queues AS q WHERE q.name = task_runs.queue "
                "AND q.paused) AND NOT EXISTS (SELECT 1 FROM task_rate_buckets AS b "
