@@ -26,11 +26,20 @@ from .reads.workflows import ParentResults, WorkflowInfo
 from .store.bound import Store
 
 if TYPE_CHECKING:
-    from .functions import FunctionTask, TaskHandle
+    from typing import Protocol
     if sys.version_info >= (3, 10):
         from typing import ParamSpec
         P = ParamSpec("P")
-    R = TypeVar("R")
+    H = TypeVar("H", covariant=True)
+
+    class Enqueueable(Protocol[P, H]):
+        """A function task (`functions.FunctionTask`) as `TaskQueue.enqueue` uses it, its
+        handle `H`: named here, as functions.py opens a TaskQueue (a type imported back from
+        it would close an import circle)."""
+
+        def using(self, *, on: "TaskQueue") -> "Enqueueable[P, H]": ...
+
+        def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> H: ...
 
 # TaskQueue.wait reads the task at least this often (seconds): the bound on seeing an end
 # that no wake-up reported (another host, a runner that died).
@@ -147,8 +156,8 @@ class TaskQueue:
             after=None if after is None else list(after), on_parent_failure=on_parent_failure,
             delay=delay))
 
-    def enqueue(self, function_task: "FunctionTask[P, R]", *args: "P.args",
-                **kwargs: "P.kwargs") -> "TaskHandle[R]":
+    def enqueue(self, function_task: "Enqueueable[P, H]", *args: "P.args",
+                **kwargs: "P.kwargs") -> "H":
         """Queue a run of a function task (``@task``) in this queue's database, with the
         function's own arguments: ``fn.using(on=queue).enqueue(...)``."""
         return function_task.using(on=self).enqueue(*args, **kwargs)
@@ -471,7 +480,7 @@ class TaskQueue:
         so a test takes a task through its retries without sleeping:
         ``run_pending(now=t0)``, then ``run_pending(now=t0 + timedelta(hours=1))``. With
         `now`, dead runners and overdue runs are left alone (their clocks are real)."""
-        from .runner.process import Worker
+        from .runner.loop import Runner
         clock = None
         if now is not None:
             if now.tzinfo is None:
@@ -483,7 +492,7 @@ class TaskQueue:
                 maintenance.process_queue(self.store)
             else:
                 lifecycle.create_missing_runs(self.store, clock)
-            worker = Worker(self.store, install_signals=False, memory_limit=False, clock=clock,
+            worker = Runner(self.store, install_signals=False, memory_limit=False, clock=clock,
                             facade=lambda store: self)
             ran = int(worker.work(burst=True, max_runs=None if max_runs is None
                                   else max_runs - done))

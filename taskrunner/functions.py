@@ -30,7 +30,7 @@ from typing import (Any, Awaitable, Callable, Coroutine, Dict, Generic, Iterable
                     Mapping, Optional, Sequence, Tuple, TypeVar, Union, overload)
 
 from .errors import InputError, TaskError
-from .handler import RunContext, TaskHandler, current_run
+from .handler import Queue, RunContext, TaskHandler, current_run
 
 if sys.version_info >= (3, 10):
     from typing import Concatenate, ParamSpec
@@ -90,7 +90,7 @@ def use_queue(queue: Optional["TaskQueue"]) -> Optional["TaskQueue"]:
     return before
 
 
-def _queue_for(on: Optional["TaskQueue"]) -> Tuple["TaskQueue", Optional[RunContext]]:
+def _queue_for(on: Optional["TaskQueue"]) -> Tuple[Queue, Optional[RunContext]]:
     """(the TaskQueue to add to, the run whose step records the add, or None)."""
     global _default
     run = current_run()
@@ -459,7 +459,7 @@ class TaskHandle(Generic[R]):
     face uses: scheduled, running, waiting, retrying, given-up, success, cancelled),
     ``wait(timeout)`` for its outcome and ``result(timeout)`` for its return value."""
 
-    def __init__(self, task_id: int, queue: "TaskQueue", name: str = "") -> None:
+    def __init__(self, task_id: int, queue: Queue, name: str = "") -> None:
         self.id, self.queue, self.name = task_id, queue, name
 
     def __int__(self) -> int:
@@ -601,7 +601,7 @@ class WorkflowHandle:
     the order given), ``wait(timeout)`` for its state, ``result()`` of its last task."""
 
     def __init__(self, workflow_id: int, tasks: List[TaskHandle[Any]],
-                 queue: "TaskQueue") -> None:
+                 queue: Queue) -> None:
         self.id, self.tasks, self.queue = workflow_id, tasks, queue
 
     def __int__(self) -> int:

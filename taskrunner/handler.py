@@ -13,13 +13,14 @@ import os
 import re
 from datetime import datetime, timezone
 import traceback
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Tuple
+from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterable, List, Mapping,
+                    Optional, Protocol, Tuple, Union)
 
 from .errors import HandlerError, TaskNotFound
 
 if TYPE_CHECKING:
-    from .api import TaskQueue
-    from .reads.records import TaskInfo
+    from .reads.records import RunInfo, TaskInfo, TaskOutcome
+    from .reads.workflows import ParentResults, WorkflowInfo
 
 # Progress is part of the runner's conversation with the database: its warnings go there.
 log = logging.getLogger("taskrunner.runner")
@@ -162,6 +163,51 @@ def current_run() -> "Optional[RunContext]":
     return CURRENT_RUN.get()
 
 
+class Queue(Protocol):
+    """The queue a handler is handed (``run.queue``): what a run may ask of the queue that
+    executes it, as `TaskQueue` (taskrunner.api) does it. A type of its own, so a handler
+    names no facade above it (the facade imports the runner, which imports handlers)."""
+
+    def add_task(self, handler: str, data: Any = None, *,
+                 scheduled_on: Optional[datetime] = None, max_retries: Optional[int] = None,
+                 priority: int = 0, run_timeout: Union[float, str, None] = None,
+                 unique_key: Optional[str] = None, queued_by: Optional[str] = None,
+                 max_runtime: Union[float, str, None] = None,
+                 retry_backoff: Union[float, str, None] = None, queue: Optional[str] = None,
+                 concurrency_key: Optional[str] = None,
+                 concurrency_limit: Optional[int] = None, rate_key: Optional[str] = None,
+                 tenant: Optional[str] = None, connection: Any = None,
+                 after: Optional[Iterable[int]] = None,
+                 on_parent_failure: Optional[str] = None,
+                 delay: Union[float, str, None] = None) -> int: ...
+
+    async def add_task_async(self, handler: str, data: Any = None, *, connection: Any = None,
+                             **options: Any) -> int: ...
+
+    def add_workflow(self, tasks: Iterable[Union[str, Mapping[str, Any]]],
+                     name: Optional[str] = None) -> Any: ...
+
+    def get_task(self, task_id: int) -> "TaskInfo": ...
+
+    def runs_of(self, task_id: int) -> "List[RunInfo]": ...
+
+    def outcomes(self, task_ids: Iterable[int]) -> "Dict[int, Optional[TaskOutcome]]": ...
+
+    def parent_results(self, task_id: int) -> "ParentResults": ...
+
+    def send_event(self, task_id: int, name: str, payload: Any = None) -> bool: ...
+
+    def wait(self, task_id: int, timeout: Optional[float] = None) -> "TaskOutcome": ...
+
+    async def wait_async(self, task_id: int,
+                         timeout: Optional[float] = None) -> "TaskOutcome": ...
+
+    def wait_workflow(self, workflow_id: int,
+                      timeout: Optional[float] = None) -> "WorkflowInfo": ...
+
+    def rotate(self) -> Dict[str, int]: ...
+
+
 class RunContext:
     """What a handler receives as `run`.
 
@@ -170,7 +216,7 @@ class RunContext:
     run ends), ``progress(percent)``, ``deadline`` (aware UTC datetime or None) and
     ``should_stop()``, with ``stop_reason`` and ``stop_deadline`` saying why and by when.
     ``id``, ``task_id`` and ``attempt`` identify the run; ``queue`` is the TaskQueue executing
-    it (to queue follow-up tasks).
+    it (to queue follow-up tasks; typed as `Queue`).
 
     Durable execution (docs: "Durable tasks"): ``checkpoint(value)`` and
     ``resumed_from``, ``step(name, fn, ...)`` and ``transaction_step(name, fn, ...)`` (run
@@ -179,7 +225,7 @@ class RunContext:
     """
 
     def __init__(self, run_id: int, task_id: int, attempt: int, data: Any, *,
-                 queue: "TaskQueue", deadline: Optional[datetime] = None,
+                 queue: Queue, deadline: Optional[datetime] = None,
                  report: Optional[Callable[[Optional[int], Optional[str]], bool]] = None,
                  stopping: Optional[Callable[[], bool]] = None,
                  durable: Optional[Callable[[], Any]] = None,

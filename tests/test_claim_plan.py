@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from taskrunner.runs import lifecycle
-from taskrunner.runs import sql as catalogue
+from taskrunner.runs import sql as runs_sql
+from taskrunner.runs.statements import mysql, postgresql, sqlite
 from taskrunner.fleet import liveness
 from taskrunner.runs import flow, queues
 from taskrunner.store.models import Run, utcnow
@@ -22,7 +23,7 @@ def _plans(queue, backend, runner_id, name="default"):
     now, r = utcnow(), runner_id
     plans = []
     for limit in (1, 16):
-        claim = catalogue.claim_statements(backend, limit)
+        claim = runs_sql.claim_statements(backend, limit)
         if backend == "sqlite":
             rows = queue.store.db.execute_sql("EXPLAIN QUERY PLAN " + claim[0],
                                               (r, now, now, name, r)).fetchall()
@@ -36,7 +37,7 @@ def _plans(queue, backend, runner_id, name="default"):
             plans.append(" | ".join(str(dict(zip(names, r))) for r in cursor.fetchall()))
     if backend == "postgresql":
         plans.append(" | ".join(r[0] for r in queue.store.db.execute_sql(
-            "EXPLAIN " + catalogue.PG_SUCCESS_AND_CLAIM,
+            "EXPLAIN " + postgresql.SUCCESS_AND_CLAIM,
             (1, now, now, None, 1, r, now, now, name, r, r, now, now, now))))
     return plans
 
@@ -86,12 +87,12 @@ def test_live_runs_are_read_from_partial_indexes_not_the_history(database_sp):
     if backend == "postgresql":
         queue.store.db.execute_sql("ANALYZE task_runs")
     now = utcnow()
-    finish = (catalogue.PG_SUCCESS_AND_CLAIM, (claimed.task_id, now, now, None, claimed.run_id,
+    finish = (postgresql.SUCCESS_AND_CLAIM, (claimed.task_id, now, now, None, claimed.run_id,
                                                 runner_id, now,
                                                 now, "default", runner_id, runner_id, now, now,
                                                 now)) \
         if backend == "postgresql" \
-        else (catalogue.SQLITE_SUCCESS[0], (now, now, None, claimed.run_id, runner_id))
+        else (sqlite.SUCCESS[0], (now, now, None, claimed.run_id, runner_id))
     look = queues.claim_order(queue.store, None, with_work=True)      # idle runners' poll
     assert look == (["default"], True)
     # The look as the runner reads it: with flow control's one column (runs/flow.py).
@@ -179,9 +180,9 @@ def test_flow_claims_read_the_claim_indexes_too(database):
     runner_id = liveness.register(queue.store).id
     flow.prepare(queue.store, ["api"])
     now = utcnow()
-    values = {"q": "api", "runner": runner_id, "at": now, "e": catalogue.epoch_seconds(now)}
+    values = {"q": "api", "runner": runner_id, "at": now, "e": runs_sql.epoch_seconds(now)}
     for mode in FLOWS:
-        statements = catalogue.flow_claim_statements(backend, *mode)
+        statements = runs_sql.flow_claim_statements(backend, *mode)
         if backend == "sqlite":
             plan = " | ".join(str(r[-1]) for r in queue.store.db.execute_sql(
                 "EXPLAIN QUERY PLAN " + statements[0], dict(values, at=now.isoformat(" "))))
@@ -256,17 +257,17 @@ def test_graph_success_guard_and_release_read_by_index(database):
                (graph.RELEASE_COUNT % marks, [at] + some),
                (graph.RELEASE_READY % marks, some), (graph.RELEASE_MARK % marks, some)]
     if backend == "postgresql":
-        guard = [(catalogue.PG_SUCCESS, (claimed.task_id, now, now, None, claimed.run_id,
-                                         runner_id, now, now)),
-                 (catalogue.PG_SUCCESS_AND_CLAIM, (claimed.task_id, now, now, None,
-                                                   claimed.run_id, runner_id, now, now,
-                                                   "default", runner_id, runner_id, now, now,
-                                                   now))]
+        guard = [(postgresql.SUCCESS, (claimed.task_id, now, now, None, claimed.run_id,
+                                        runner_id, now, now)),
+                 (postgresql.SUCCESS_AND_CLAIM, (claimed.task_id, now, now, None,
+                                                 claimed.run_id, runner_id, now, now,
+                                                 "default", runner_id, runner_id, now, now,
+                                                 now))]
     elif backend == "sqlite":
-        guard = [(catalogue.SQLITE_SUCCESS[2].replace("?", "%s"),
+        guard = [(sqlite.SUCCESS[2].replace("?", "%s"),
                   (at, at, claimed.task_id))]
     else:
-        guard = [(catalogue.MYSQL_SUCCESS[1], (now, now, claimed.task_id))]
+        guard = [(mysql.SUCCESS[1], (now, now, claimed.task_id))]
     with queue.store.db.atomic():
         for statement, params in guard + release:
             plan = _plan_any(queue, backend, statement, params)

@@ -108,7 +108,7 @@ def test_metrics_command_prints_the_exposition_format(database):
 
 
 def test_cli_runner_and_overseer_do_not_import_the_dashboard_stack():
-    code = ("import sys, taskrunner.cli, taskrunner.runner.process,"
+    code = ("import sys, taskrunner.cli, taskrunner.runner.loop,"
             " taskrunner.overseer.overseer, taskrunner.api;"
             "from taskrunner.cli.commands import build_parser; build_parser();"
             "print(sorted(m for m in sys.modules if m.startswith(('taskrunner.web',"

@@ -296,7 +296,7 @@ def test_database_url_comes_from_django_settings(tmp_path, monkeypatch):
 
 
 def test_import_taskrunner_and_the_runner_load_no_framework():
-    code = ("import sys, taskrunner, taskrunner.api, taskrunner.cli, taskrunner.runner.process,"
+    code = ("import sys, taskrunner, taskrunner.api, taskrunner.cli, taskrunner.runner.loop,"
             " taskrunner.overseer.overseer\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'django', 'django_tasks', "
             "'fastapi', 'starlette', 'flask', 'asgiref'}))")

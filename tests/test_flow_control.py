@@ -9,9 +9,9 @@ from conftest import ALL_BACKENDS, Database
 from taskrunner import Config
 from taskrunner.errors import ConfigError, InputError
 from taskrunner.fleet import liveness
-from taskrunner.runner.process import Worker
+from taskrunner.runner.loop import Runner
 from taskrunner.runs import enqueue, flow, lifecycle
-from taskrunner.runs import sql as catalogue
+from taskrunner.runs import sql as runs_sql
 from taskrunner.store.models import utcnow
 
 from test_queue import _Statements
@@ -77,7 +77,7 @@ def test_an_idle_runners_look_is_one_read_and_sees_a_key_limit_set_meanwhile(dat
     queue = database.queue()
     queue.add_task(ECHO)
     runner = database.queue()            # a store of its own, as a runner process has
-    worker = Worker(runner.store, install_signals=False, memory_limit=False)
+    worker = Runner(runner.store, install_signals=False, memory_limit=False)
     with _Statements() as statements:
         assert worker._look()
     assert len(statements.sent) == 1, statements.sent
@@ -247,7 +247,7 @@ def test_flow_statements_are_built_for_every_combination():
         for rate in (False, True):
             for keys in (False, True):
                 for fair in (False, True):
-                    assert catalogue.flow_claim_statements(backend, rate, keys, fair)
+                    assert runs_sql.flow_claim_statements(backend, rate, keys, fair)
 
 
 def test_rate_cli_sets_lists_and_clears_limits_and_status_shows_them(sqlite_db, tmp_path):

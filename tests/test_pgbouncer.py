@@ -25,7 +25,7 @@ from sample_handlers import read_records
 from servers import PgBouncer, pgbouncer_available
 from taskrunner import Config, TaskQueue
 from taskrunner.store.models import RUNNER, RUNNING, SUCCESS
-from taskrunner.runner.process import Worker
+from taskrunner.runner import loop
 
 RECORD = "sample_handlers.Record"
 
@@ -83,7 +83,7 @@ def test_a_runner_does_not_listen_through_the_pooler(pg, bouncers):
     queue = TaskQueue(pooled(bouncer, pg, runner={"poll_interval": 0.05}))
     waited = threading.Event()
 
-    class Observed(Worker):
+    class Observed(loop.Runner):
         def _wait(self, timeout):
             super()._wait(timeout)
             waited.set()

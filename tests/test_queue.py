@@ -18,7 +18,7 @@ from taskrunner.store.models import (CANCELLED, ERROR, RUNNING, SCHEDULED, SUCCE
                                      Runner, Task, utcnow)
 from taskrunner.runs.lifecycle import retry_delay
 from taskrunner.fleet.liveness import ResidentSize
-from taskrunner.runner.process import Worker
+from taskrunner.runner import loop
 
 from conftest import Database, direct_only, runs_of, utc
 
@@ -169,7 +169,7 @@ def test_release_run_gives_an_unstarted_claim_back(queue, runner_id):
 
 
 def test_a_stopping_runner_gives_back_a_run_claimed_with_its_last_outcome(queue):
-    worker = Worker(queue.store, install_signals=False)
+    worker = loop.Runner(queue.store, install_signals=False)
     worker.runner_id = liveness.register(queue.store).id
     queue.add_task(ECHO)
     claimed = lifecycle.claim(queue.store, worker.runner_id)
@@ -196,7 +196,7 @@ def test_a_busy_runner_commits_once_per_run(sqlite_db):
     queue.add_tasks([{"handler": ECHO} for _ in range(100)])
     statements = []
     queue.store.db.connection().set_trace_callback(statements.append)
-    assert Worker(queue.store, install_signals=False, memory_limit=False).work(burst=True) == 100
+    assert loop.Runner(queue.store, install_signals=False, memory_limit=False).work(burst=True) == 100
     commits = sum(1 for sql in statements if sql.strip().upper() == "COMMIT")
     assert 100 <= commits <= 105, commits
     queue.close()
@@ -627,7 +627,7 @@ def test_runs_claimed_as_the_connection_was_lost_are_given_back(server_database)
     ending, before it claims again."""
     direct_only(server_database, "a server connection the server ends is replaced unseen; the client's is not cut")
     queue = server_database.queue()
-    worker = Worker(queue.store, install_signals=False)
+    worker = loop.Runner(queue.store, install_signals=False)
     worker.runner_id = liveness.register(queue.store).id
     ending, lost, waiting = queue.add_tasks([{"handler": ECHO, "priority": p} for p in (3, 2, 1)])
     in_hand = lifecycle.claim(queue.store, worker.runner_id)

@@ -19,7 +19,7 @@ from sample_handlers import read_records
 from taskrunner.fleet.liveness import default_host_id as hostname
 from taskrunner.store.models import (ERROR, REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
                                      Runner, Task)
-from taskrunner.runner.process import Worker
+from taskrunner.runner import loop
 
 # Generous but finite: the machine is shared and has two cores.
 EXIT_TIMEOUT = 30.0
@@ -243,7 +243,7 @@ def test_interrupting_on_purpose_hands_the_run_back_without_a_failure(how, sqlit
     sig = getattr(signal, signame)
     proc.send_signal(sig)
     if how.endswith("repeated"):
-        time.sleep(Worker.REPEAT_WINDOW + 0.2)   # the operator's pause between two Ctrl-C
+        time.sleep(loop.Runner.REPEAT_WINDOW + 0.2)   # the operator's pause between two Ctrl-C
         proc.send_signal(sig)
     assert procs.wait(proc) == 0, procs.logs()
 
@@ -301,7 +301,7 @@ def test_killed_runner_and_its_run_become_timeout_and_the_task_runs_again(databa
 # every process is ready, so all of them register at the same moment.
 BARRIER = """
 import os, sys
-import taskrunner.cli, taskrunner.api, taskrunner.runner.process, taskrunner.fleet.liveness
+import taskrunner.cli, taskrunner.api, taskrunner.runner.loop, taskrunner.fleet.liveness
 for driver in ("psycopg", "pymysql"):
     try:
         __import__(driver)

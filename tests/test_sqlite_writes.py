@@ -11,7 +11,7 @@ import sqlite3
 from taskrunner import TaskQueue
 from taskrunner.runs import rotation
 from taskrunner.store.models import utcnow
-from taskrunner.runner.process import Worker
+from taskrunner.runner.loop import Runner
 from taskrunner.store.bound import Store
 
 ECHO = "taskrunner.handlers.Echo"
@@ -66,7 +66,7 @@ def test_an_add_and_a_runs_end_and_next_claim_write_few_wal_pages(sqlite_db):
     runner_store.db.pragma("wal_autocheckpoint", 0, permanent=True)
     frames, size = _wal(store)
     # memory_limit off: this is the test process, whose RSS says nothing about the runner.
-    done = Worker(runner_store, install_signals=False, memory_limit=False).work(burst=True)
+    done = Runner(runner_store, install_signals=False, memory_limit=False).work(burst=True)
     assert done == n + 1000
     after = _wal(store)
     per_run, bytes_per_run = (after[0] - frames) / done, (after[1] - size) / done
@@ -87,7 +87,7 @@ def test_sqlite_keeps_no_index_on_the_end_time_of_tasks_and_rotation_still_works
         "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'task_queue'")}
     assert "task_queue_finished_on" not in names and "task_queue_queued_on" in names, names
     ids = queue.add_tasks([{"handler": ECHO}] * 5)
-    assert Worker(Store(sqlite_db.config()), install_signals=False,
+    assert Runner(Store(sqlite_db.config()), install_signals=False,
                   memory_limit=False).work(burst=True) == 5
     live = queue.add_task(ECHO)
     store.Task.update(finished_on=utcnow().replace(year=2000)).where(

@@ -17,7 +17,7 @@ from taskrunner.runs import lifecycle
 from taskrunner.runs.lifecycle import ClaimedRun
 from taskrunner.fleet import leadership, liveness
 from taskrunner.runner.current import CurrentRun
-from taskrunner.runner.process import Worker
+from taskrunner.runner import loop
 from taskrunner.store.models import (CANCELLED, REQUEUED, RUNNING, SCHEDULED, SUCCESS, TIMEOUT, Run,
                                      Runner,
                                      Task, utcnow)
@@ -190,7 +190,7 @@ def test_a_run_ending_as_the_heartbeat_checks_it_does_not_get_the_next_run_inter
     switch is made to happen inside that question, on the real database."""
     queue = sqlite_db.queue()
     queue.add_tasks([{"handler": "taskrunner.handlers.Echo"} for _ in range(2)])
-    worker = Worker(queue.store)
+    worker = loop.Runner(queue.store)
     worker.runner_id = liveness.register(queue.store).id
     first = lifecycle.claim(queue.store, worker.runner_id)
     first_run = worker.current = CurrentRun(first)
@@ -220,7 +220,7 @@ def test_a_cancel_racing_the_switch_to_the_next_run_never_lands_on_it(database, 
     a, b = queue.add_tasks([{"handler": "sample_handlers.Gated", "data": {"name": name + n},
                              "priority": p} for n, p in (("a", 1), ("b", 0))])
     (a_started, a_go), (b_started, b_go) = gate(name + "a"), gate(name + "b")
-    worker = Worker(queue.store, memory_limit=False)
+    worker = loop.Runner(queue.store, memory_limit=False)
     worker.runner_id = liveness.register(queue.store).id
     first = lifecycle.claim(queue.store, worker.runner_id)
     assert first.task_id == a
@@ -516,7 +516,7 @@ def test_a_run_leaves_no_cycle_for_the_garbage_collector(database):
     queue = database.queue()
     queue.add_tasks([{"handler": "taskrunner.handlers.Echo", "data": {"n": n}}
                      for n in range(30)])
-    worker = Worker(queue.store, memory_limit=False)
+    worker = loop.Runner(queue.store, memory_limit=False)
     worker.runner_id = liveness.register(queue.store).id
     claimed, done = lifecycle.claim(queue.store, worker.runner_id), 0
     gc.collect()

@@ -12,7 +12,7 @@ import pytest
 from conftest import direct_only, spawn, stop_process, wait_for
 from sample_handlers import read_records
 from taskrunner.host import wakeup
-from taskrunner.runner.process import Worker
+from taskrunner.runner import loop
 from taskrunner.store.models import RUNNING, Runner
 
 
@@ -63,7 +63,7 @@ def test_postgres_notify_wakes_runners_without_the_local_socket(tmp_path, reques
                   before_add=lambda: shutil.rmtree(wakeup.directory(database.url)))
 
 
-class _Observed(Worker):
+class _Observed(loop.Runner):
     """A standalone runner for a thread of the test. `after_look(worker)` runs once on the
     runner's thread right after its first idle look (it finds nothing): what another host
     does in that instant. `waits`: its connection's backend PID at each idle wait."""

@@ -165,7 +165,7 @@ def shared_base():
 IMPORTS = """
 import logging, select, socket
 import psycopg, psycopg.pq, psycopg.types, peewee, psutil
-import taskrunner, taskrunner.cli, taskrunner.runner.process, taskrunner.handlers, taskrunner.api
+import taskrunner, taskrunner.cli, taskrunner.runner.loop, taskrunner.handlers, taskrunner.api
 from taskrunner import TaskQueue
 from taskrunner.config import Config
 """

@@ -130,7 +130,7 @@ def cmd_add(args):
 
 
 def cmd_runner(args):
-    from ..runner.process import run_runner
+    from ..runner.loop import run_runner
     queue = open_queue(args)
     return run_runner(queue.store, burst=args.burst, max_runs=args.max_runs,
                       serving=args.queue, facade=lambda store: queue, held_stops=args.held_stops,
@@ -193,7 +193,7 @@ def cmd_run_event(args):
         log.info("periodic tasks: %d submitted, %d skipped", len(result["submitted"]),
                  len(result["skipped"]))
     else:
-        from ..runner.process import run_runner
+        from ..runner.loop import run_runner
         result = {}
         code = run_runner(queue.store, refuse_quietly=True, serving=args.queue, report=result,
                           facade=lambda store: queue, held_stops=args.held_stops,

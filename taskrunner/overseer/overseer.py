@@ -45,7 +45,7 @@ from ..errors import ConfigError, InputError, RunnerLimitReached
 from ..host.hub import HubProcess
 from ..store.models import DEFAULT_QUEUE, OVERSEER
 from ..api import TaskQueue
-from ..runner.process import Worker
+from ..runner.loop import Runner
 from ..store import outage
 from ..store.bound import BRIEF, Store
 from .maintainer import Maintainer, MaintainerProcess
@@ -296,7 +296,7 @@ class Overseer:
 
     def run_child(self, jitter):
         """The body of a forked runner; returns its exit code."""
-        worker = Worker(Store(self.config), parent_pid=self.pid, parent_id=self.row_id,
+        worker = Runner(Store(self.config), parent_pid=self.pid, parent_id=self.row_id,
                         serving=self.spawning, facade=TaskQueue)
         try:
             worker.work(max_runs=(self.config.runner.max_runs + jitter) or None)

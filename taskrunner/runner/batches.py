@@ -56,7 +56,7 @@ log = logging.getLogger("taskrunner.runner")
 Done = namedtuple("Done", "claimed outcome finished_on elapsed handler context")
 
 
-# -- claim many, end many, check the claimed (the statements: runs/sql.py) ----------------------
+# -- claim many, end many, check the claimed (the statements: runs/statements/) --------------------
 
 def end_successes(store, runner_id, done):
     """Inside the caller's write transaction: end ``success`` each run of `done` (Done

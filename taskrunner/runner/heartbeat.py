@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any, Optional, Protocol
 
 import peewee as pw
 
@@ -18,20 +19,38 @@ from ..runs import lifecycle
 from ..fleet import liveness
 from ..store import outage
 from ..store.models import TIMEOUT, utcnow
+from .current import CurrentRun
 
 log = logging.getLogger("taskrunner.runner")
 
 
+class Beating(Protocol):
+    """What the heartbeat thread reads of its runner (`loop.Runner`), and its one write to
+    it (`disown`); the state of the run executing is that run's CurrentRun."""
+    EXIT_HARD: int
+    ABORT_SIGNAL: str
+    store: Any
+    config: Any
+    install_signals: bool
+    runner_id: Optional[int]
+    runs_done: int
+    stop_reason: Optional[str]
+    current: Optional[CurrentRun]
+    rss: Any
+
+    def disown(self, reason: str) -> None: ...
+
+
 class Heartbeat:
-    """The heartbeat thread of one runner (`worker`, a runner.Worker). Of the runner it
-    reads the runner-wide state (its row, its stop reason) and sets only ``disowned`` and
-    ``stop_reason`` when its row is no longer ``running``; what it decides about a run goes
-    to that run's CurrentRun (current.py), the object it examined, never to whichever run
-    the runner executes by then."""
+    """The heartbeat thread of one runner (`runner`, as `Beating` says). Of the runner it
+    reads the runner-wide state (its row, its stop reason) and, when its row is no longer
+    ``running``, disowns it; what it decides about a run goes to that run's CurrentRun
+    (current.py), the object it examined, never to whichever run the runner executes by
+    then."""
     RESULTS_INTERVAL = 0.5    # how often changed run.results are stored
 
-    def __init__(self, worker):
-        self.worker = worker
+    def __init__(self, runner: Beating):
+        self.runner = runner
         self.stopped = threading.Event()
         self.thread = None
 
@@ -52,7 +71,7 @@ class Heartbeat:
         a handler runs: its run.results, when they changed. Whatever the handler does and
         whatever the database does: an outage is logged once, and the thread carries on until
         the runner exits."""
-        w = self.worker
+        w = self.runner
         interval = w.config.runner.heartbeat_interval
         wait, beat_at = min(interval, self.RESULTS_INTERVAL), time.monotonic() + interval
         shown_stopping = failing = None
@@ -75,8 +94,7 @@ class Heartbeat:
                     if not liveness.heartbeat(w.store, w.runner_id, rss=rss,
                                               runs_done=w.runs_done, stopping=stopping,
                                               stopping_run_id=run and run.claimed.run_id):
-                        w.disowned = True
-                        w.stop_reason = w.stop_reason or "runner row is no longer running"
+                        w.disown("runner row is no longer running")
                     shown_stopping = shown_stopping if stopping is None else stopping
                     outage.note_back(w.store.db)
                     if failing is not None:
@@ -111,7 +129,7 @@ class Heartbeat:
         operator cancelled gets kill_grace to see should_stop() before it is interrupted.
         Everything here is about the run read at the start (`run`): the runner may end it
         and start the next meanwhile, and the next is left alone."""
-        w = self.worker
+        w = self.runner
         run = w.current
         if run is None or not w.install_signals:
             return
@@ -157,7 +175,7 @@ class Heartbeat:
         exit hard after kill_grace, counted from `ended_on`, the end of the run, not from
         noticing it a heartbeat later: its retry may start at once, and two executions of
         one task must not overlap for longer."""
-        w = self.worker
+        w = self.runner
         claimed, grace = run.claimed, w.config.overseer.kill_grace
         late = 0.0 if ended_on is None else \
             min(grace, max(0.0, (utcnow() - ended_on).total_seconds()))
@@ -169,5 +187,5 @@ class Heartbeat:
         log.warning("run %d of task %d: interrupting the handler: %s", claimed.run_id,
                     claimed.task_id, reason)
         # Sent after the lock: the signal handler interrupts only a handler still running
-        # with an abort reason of its own run (Worker._on_signal).
+        # with an abort reason of its own run (Runner._on_signal).
         os.kill(os.getpid(), getattr(signal, w.ABORT_SIGNAL))

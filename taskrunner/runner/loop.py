@@ -1,12 +1,12 @@
-"""The runner: one process that claims runs and executes them, one at a time.
+"""The runner: one process that claims runs and executes them, one at a time (`Runner`).
 
-Loop: claim the next run, execute it, record the outcome; wait only when idle (woken at
-once by a signal). With ``[runner] batch`` > 1 it claims several runs at once and records
-their successes together (batches.py). TERM, HUP or INT: finish the current run, claim
-nothing more, mark the runner ``success`` and exit 0; USR1 interrupts the handler and hands the run back (the
-signals are described on `Worker`). The runner also exits after its current run when its
-RSS passes ``[runner] memory_limit``, after ``max_runs`` runs, when its parent overseer
-is gone, or when someone declared it dead.
+Loop (this module): claim the next run, execute it (execute.py), record the outcome; wait
+only when idle (idle.py; woken at once by a signal). With ``[runner] batch`` > 1 it claims
+several runs at once and records their successes together (batches.py). TERM, HUP or INT:
+finish the current run, claim nothing more, mark the runner ``success`` and exit 0; USR1
+interrupts the handler and hands the run back (the signals are described on `Runner`). The
+runner also exits after its current run when its RSS passes ``[runner] memory_limit``, after
+``max_runs`` runs, when its parent overseer is gone, or when someone declared it dead.
 
 Contract kept for the overseer: a heartbeat thread refreshes the runner row every
 ``[runner] heartbeat_interval``, whatever the handler is doing, and stops a run that was
@@ -15,30 +15,25 @@ timed out (rule 8). A database outage, however long, ends neither: both wait it 
 is full or read-only is such an outage: nothing is written until it takes writes again,
 and the runner neither crashes nor exits for it.
 """
-import asyncio
-import inspect
-import json
 import logging
 import os
-import select
 import signal
 import time
 from datetime import datetime, timedelta, timezone
 
 import peewee as pw
 
-from . import batches, outcomes, stops
-from ..fleet import leadership, liveness, maintenance
-from ..runs import durable, flow, lifecycle, queues, sql
+from . import batches, stops
+from ..fleet import liveness, maintenance
+from ..runs import lifecycle
 from ..store import outage
 from ..store.bound import BRIEF
-from ..periodic import scheduler as periodic
 from ..host import wakeup
-from ..errors import HandlerError, RunnerLimitReached, Waiting
-from ..handler import CURRENT_RUN, RunContext, load_handler
-from .current import CurrentRun
+from ..errors import RunnerLimitReached
+from .execute import Execution
 from .heartbeat import Heartbeat
-from ..store.models import CANCELLED, DEFAULT_QUEUE, RUNNER, SUCCESS, utcnow
+from .idle import Idle
+from ..store.models import DEFAULT_QUEUE, RUNNER, utcnow
 from .outcomes import Interrupted
 
 log = logging.getLogger("taskrunner.runner")
@@ -46,8 +41,9 @@ log = logging.getLogger("taskrunner.runner")
 MB = 1024 * 1024
 
 
-class Worker:
-    """One runner process's loop. Signals, one per intent:
+class Runner(Idle, Execution):
+    """One runner process's loop; waiting for work is `Idle`'s, one run's execution
+    `Execution`'s. Signals, one per intent:
 
     - TERM, INT, HUP: stop gracefully — finish the current run, claim nothing more, exit 0 —
       however many arrive and from whomever (a supervisor signalling the whole process
@@ -66,7 +62,6 @@ class Worker:
     ABORT_SIGNAL = "SIGUSR2"
     REPEAT_WINDOW = 1.0
     EXIT_HARD = 4             # the handler did not return after its run was taken away
-    TELL_AGAIN = 0.05         # seconds before telling a lagging hub again that it is idle
 
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
                  memory_limit=True, clock=None, serving=None, facade=None, held_stops=(),
@@ -160,173 +155,6 @@ class Worker:
         if run is not None and run.in_handler:
             raise Interrupted(reason)
 
-    def _wait(self, timeout):
-        """Sleep until a signal, a wake-up from whoever added work, or `timeout`. Returns
-        whether the hub woke this runner alone, for a run added (Listener.called)."""
-        sources = [fd for fd in (self._wake_r, self._listener) if fd is not None]
-        if self._pg_listener is not None:
-            self._pg_listener.ensure()
-            if self._pg_listener.drain():      # it came with another query's result
-                log.debug("runner %d woken", self.runner_id)
-                return False
-            sources.append(self._pg_listener)
-        if not sources:
-            time.sleep(timeout)
-            return False
-        ready, _, _ = select.select(sources, [], [], timeout)
-        called = False
-        for source in ready:
-            if source is self._wake_r:
-                try:
-                    os.read(self._wake_r, 512)
-                except BlockingIOError:
-                    pass
-            elif source.drain():
-                log.debug("runner %d woken", self.runner_id)
-                called = called or source is self._listener and source.called
-        return called
-
-    # -- heartbeat ----------------------------------------------------------------------
-
-    def _queue_facade(self):
-        """The `TaskQueue` a handler sees as ``run.queue``, on this runner's store (None
-        when the runner was started without one)."""
-        if self._facade is None and self.facade is not None:
-            self._facade = self.facade(self.store)
-        return self._facade
-
-    def now(self):
-        """Naive UTC now, or the time run_pending(now=...) was given."""
-        return self.clock if self.clock is not None else utcnow()
-
-    # -- executing one run --------------------------------------------------------------
-
-    def _handler_class(self, path):
-        cls = self._handlers.get(path)
-        if cls is None:
-            cls = self._handlers[path] = load_handler(path, self.config.handlers.allow)
-        return cls
-
-    def execute(self, claimed, claim_next=False):
-        """Run one claimed run's handler and record its outcome. With `claim_next`, unless
-        the runner is now due to exit or the run failed (its hooks run first), the outcome
-        and the claim of its next run are one transaction (one commit per job); returns that
-        run, or None."""
-        started = time.monotonic()
-        log.debug("run %d of task %d started: %s (attempt %d)", claimed.run_id, claimed.task_id,
-                  claimed.handler, claimed.attempt)
-        hard_deadline = claimed.started_on + timedelta(seconds=claimed.max_runtime) \
-            if claimed.max_runtime else None
-        run = self.current = CurrentRun(claimed, hard_deadline)
-        try:
-            outcome, handler, context = self._run_handler(run)
-        finally:
-            run.close()
-            self.current = None
-        self.runs_done += 1
-        status, now = outcome.status, self.now()
-        if self.batch is not None and self.batch.keep(claimed, outcome, now,
-                                                      time.monotonic() - started, handler, context):
-            return None               # written with the batch's next flush
-        args = (claimed.run_id, claimed.task_id, status, self.runner_id, outcome.results,
-                outcome.code, outcome.message)
-        options = dict(periodic_task_id=claimed.periodic_task_id, retry_at=outcome.retry_at,
-                       traceback=outcome.traceback, now=now, waiting_for=outcome.waiting_for,
-                       give_up=outcome.give_up)
-        if claim_next and outcome.exc is None and not self._should_exit():
-            ended, following = self._with_database(lambda: lifecycle.end_run_and_claim(
-                self.store, *args, queues=self._claim_order(), **options),
-                reconnected=lambda: self._give_back_lost_claims(keep=claimed.run_id))
-        else:
-            ended, following = self._with_database(lambda: lifecycle.end_run(
-                self.store, *args, **options)), None
-        if not ended:
-            # Refused, or the connection was lost after the end committed: which one?
-            ended = self._with_database(lambda: lifecycle.was_ended_by(
-                self.store, claimed.run_id, self.runner_id, status))
-        elapsed = time.monotonic() - started
-        if ended:
-            outcomes.after_run(self.store, claimed, outcome, elapsed, handler, context)
-        else:
-            log.warning("run %d of task %d finished %s in %.3fs, but it had been ended meanwhile "
-                        "(timeout); its outcome is discarded", claimed.run_id, claimed.task_id,
-                        status, elapsed)
-            if self.stop_reason is None:     # whoever ended it showed this runner stopping
-                self._with_database(lambda: liveness.heartbeat(self.store, self.runner_id,
-                                                               stopping=""))
-        return following
-
-    def _run_handler(self, run):
-        """Decode the data, load the handler and run it (`run`, a CurrentRun); returns
-        (Outcome, the handler instance or None, the RunContext or None)."""
-        claimed = run.claimed
-        try:
-            data = json.loads(claimed.data)
-        except ValueError as exc:
-            return outcomes.failed("DataDecodeError", "task data is not JSON: %s" % exc), None, None
-        try:
-            cls = self._handler_class(claimed.handler)
-        except HandlerError as exc:
-            return outcomes.failed("HandlerError", str(exc), getattr(exc, "import_traceback", None)
-                                ), None, None
-        if claimed.periodic_task_id is not None and claimed.attempt == 1 \
-                and not self._with_database(lambda: periodic.allow_start(
-                    self.store, claimed.periodic_task_id)):
-            # Nuntium's tolerance: the previous task of this periodic task started too recently
-            # (a retry of the same task is not a new occurrence).
-            return outcomes.Outcome(CANCELLED, "MinSpacing", "dropped: the previous task of this "
-                                 "periodic task started less than min_spacing ago"), None, None
-        deadline = None
-        if claimed.max_runtime:
-            # The handler's deadline comes a grace before the hard limit, so a handler that
-            # watches it and returns is not timed out.
-            grace = min(self.config.overseer.kill_grace, claimed.max_runtime / 10)
-            deadline = (claimed.started_on + timedelta(seconds=claimed.max_runtime - grace)
-                        ).replace(tzinfo=timezone.utc)
-        context = RunContext(
-            claimed.run_id, claimed.task_id, claimed.attempt, data, deadline=deadline,
-            report=lambda pct, results: lifecycle.report_progress(
-                self.store, claimed.run_id, self.runner_id, pct, results),
-            stopping=lambda: self.told_to_stop is not None or run.stopping() is not None,
-            queue=self._queue_facade(), stop_info=lambda: self._stop_info(run),
-            durable=lambda: durable.DurableRun(self.store, claimed.run_id, claimed.task_id,
-                                               claimed.attempt, self.runner_id, clock=self.now))
-        handler = cls()
-        outcome = outcomes.Outcome(SUCCESS)
-        try:
-            run.enter_handler(context)
-            current = CURRENT_RUN.set(context)
-            try:
-                coroutine = handler.handle(context)
-                if inspect.iscoroutine(coroutine):
-                    # async def handle: run to completion here; an Interrupted raised by a
-                    # signal leaves asyncio.run, which cancels the coroutine on its way out.
-                    asyncio.run(coroutine)
-            finally:
-                CURRENT_RUN.reset(current)
-                run.close()      # from here on, what the heartbeat decided is final
-        except (Interrupted, Waiting, Exception, SystemExit) as exc:
-            # Interrupted: its run was taken away (rule 8) when an abort reason is set, else
-            # a stop; any failure of a runner told to stop hands the run back.
-            outcome = outcomes.of_exception(
-                exc, self.now(), aborted=run.abort_reason is not None,
-                stopping=self.stop_reason if self.told_to_stop is not None else None)
-        if run.cancel_reason is not None:
-            # However the handler ended, the operator's cancel is the outcome.
-            outcome = outcomes.Outcome(CANCELLED, "Cancelled", "%s; the handler ended: %s" % (
-                run.cancel_reason, outcome.message or outcome.status),
-                traceback=outcome.traceback)
-        # Progress the database could not take during the run (a restart) is written now,
-        # before the outcome; it never reached the handler as an error.
-        context.flush_progress()
-        if context.results is not None:
-            try:
-                outcome = outcome._replace(results=json.dumps(context.results, allow_nan=False))
-            except (TypeError, ValueError) as exc:
-                outcome = outcomes.failed("ResultsNotJSON", "run.results is not JSON-serialisable: "
-                                       "%s" % exc, outcomes.format_traceback(exc), exc)
-        return outcome, handler, context
-
     STOP_REASONS = {"SIGHUP": "hup", "SIGTERM": "term", "SIGINT": "int",
                     INTERRUPT_SIGNAL: "interrupt"}
 
@@ -342,7 +170,17 @@ class Worker:
                 self.told_to_stop + self.config.overseer.graceful_timeout))
         return None, None
 
+    def disown(self, reason):
+        """Its row is no longer ``running`` (someone declared it dead): it claims nothing
+        more and retires no row. The heartbeat thread's only write to the runner."""
+        self.disowned = True
+        self.stop_reason = self.stop_reason or reason
+
     # -- the loop -----------------------------------------------------------------------
+
+    def now(self):
+        """Naive UTC now, or the time run_pending(now=...) was given."""
+        return self.clock if self.clock is not None else utcnow()
 
     def _with_database(self, fn, reconnected=None, while_stopping=True):
         """fn(), riding out a database restart or outage however long it lasts (see
@@ -387,82 +225,6 @@ class Worker:
             log.info("run %d of task %d given back unstarted: %s", claimed.run_id,
                      claimed.task_id, self.stop_reason)
         return None
-
-    def _claim_order(self):
-        """The queues to claim from, re-read every check_interval (pauses, new queues)."""
-        if self._order_read_at is None or time.monotonic() - self._order_read_at \
-                >= self.config.overseer.check_interval:
-            self._look()
-        return self.claim_order
-
-    def _look(self):
-        """Idle: re-read the claim order, whether a run waits in it and whether any rate key
-        has a limit, in one read (no more before the claim of a runner woken for new work;
-        with a queue's rate configured, its bucket is checked too)."""
-        order, work, limited = queues.claim_order(self.store, self.serving, with_work=True,
-                                                  also=[flow.keys_limited(self.store)])
-        self.claim_order, self._order_read_at = tuple(order), time.monotonic()
-        flow.prepare(self.store, order, limited[0] if limited else None)
-        return work
-
-    def _idle(self, standalone):
-        """Wait for work: poll a cheap read every poll_interval (a signal or a wake-up wakes
-        at once). The hub hears of it only when the runner goes idle and when it finds work
-        by itself (see wakeup.Listener). A runner without an overseer also sweeps its host's
-        runners while idle, and does the fleet's maintenance when it holds the maintenance
-        lease (an overseer takes it over)."""
-        interval = self.config.runner.poll_interval
-        listener = self._listener
-        while not self._should_exit():
-            if standalone and (self._maintained_at is None
-                               or time.monotonic() - self._maintained_at >= interval):
-                self.lease = self.lease or leadership.Lease(self.store, self.runner_id, RUNNER)
-                maintenance.process_queue(self.store, reachable_since=self.db_back_at,
-                                          lease=self.lease)
-                self._maintained_at = time.monotonic()
-            # Told (and LISTENing) before looking: news sent after the look still wakes
-            # this runner.
-            told = listener is None or listener.idle(self.serving)
-            if self._pg_listener is not None:
-                self._pg_listener.ensure()
-            if self._look():
-                # Runs wait, but a rate limit holds them back: sleep until its next token
-                # (a signal or news of other work wakes it sooner), never polling faster.
-                throttled = flow.throttled_for(self.store, self.claim_order)
-                if throttled > 0:
-                    self._wait(min(throttled, interval))
-                if listener is not None:
-                    listener.drain()
-                    listener.leave()
-                return
-            if told:
-                if self._wait(interval) and self._claims_unlooked():
-                    # The hub woke this runner alone for a run added: it claims at once,
-                    # guarded, without a look first (one round trip less to the run's
-                    # start); an empty claim brings it back here, to look.
-                    self._unlooked = True
-                    return
-            else:
-                self._tell_again(listener, interval)
-
-    def _claims_unlooked(self):
-        """Whether a claim may skip the look before it: a guarded claim (sql.CLAIM_GUARD)
-        can stand in for it — one run at a time, on PostgreSQL or SQLite (on MySQL the
-        guard would be a statement of its own, as the look is), and no queue of the last
-        claim order under flow control (those claims read what the look read themselves)."""
-        return self.batch is None and self._order_read_at is not None \
-            and self.store.backend in sql.GUARDED_BACKENDS and not any(
-            flow.claim_flow(self.store, queue) for queue in self.claim_order)
-
-    def _tell_again(self, listener, interval):
-        """The hub lags (its queue is full): tell it again every TELL_AGAIN, without
-        querying, until it hears (then the caller looks once more: news sent meanwhile
-        woke nobody), a wake-up or a signal, or `interval` passes."""
-        deadline = time.monotonic() + interval
-        while not self._should_exit() and time.monotonic() < deadline:
-            self._wait(min(self.TELL_AGAIN, max(0.0, deadline - time.monotonic())))
-            if not listener.announced and listener.idle(self.serving):
-                return
 
     def work(self, burst=False, max_runs=None):
         """Register, then claim and execute until told to stop (or, with burst, until no run
@@ -651,17 +413,17 @@ def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=
     `report`, a dict, receives ``runs`` (executed) and ``refused`` (why the runner did not
     start, or None). `facade` builds the handlers' ``run.queue`` from the store;
     `held_stops`, the stop signals caught while the command started (stops.hold)."""
-    worker = Worker(store, serving=serving, facade=facade, held_stops=held_stops,
+    runner = Runner(store, serving=serving, facade=facade, held_stops=held_stops,
                     wait_for_slot=wait_for_slot)
     report = {} if report is None else report
     report.update(runs=0, refused=None)
     try:
         if burst:
             maintenance.process_queue(store)
-        report["runs"] = worker.work(burst=burst, max_runs=max_runs)
+        report["runs"] = runner.work(burst=burst, max_runs=max_runs)
     except RunnerLimitReached as exc:
         report["refused"] = str(exc)
-        if refuse_quietly or worker.stop_reason is not None:
+        if refuse_quietly or runner.stop_reason is not None:
             log.info("not starting: %s", exc)
             return 0
         log.error("not starting: %s", exc)

@@ -1,0 +1,167 @@
+"""PostgreSQL's statements of the run state machine (River's river_job.sql per dialect,
+Procrastinate's named queries): each claim and end of a run in one statement of
+data-modifying CTEs, a busy runner's success and its next claim in one (one round trip and
+commit per job), each with the race it closes. `runs/sql.py` binds and runs them.
+
+The names every catalogue has: `claim`, `SUCCESS`, `flow_claim`, `BACKLOG`, `INSERT_QUEUE`;
+PostgreSQL's own (OWN): the success inside a transaction, the success with the next claim,
+and many successes in one statement.
+"""
+from .shared import (BACKLOG_SQL, CLAIM_ORDER, RUN_SUCCESS, RUNNER_ALIVE, TASK_SUCCESS,
+                     assignments, claim_order_sql, fair_pick, guard, key_filter, params, served,
+                     spend)
+
+OWN = ("SUCCESS_IN_TRANSACTION", "SUCCESS_AND_CLAIM", "SUCCESSES")
+
+# A claim locks the candidate run and its task row together, skipping the candidate when
+# either is locked. Race closed: a task row another transaction holds (the application's
+# SELECT ... FOR UPDATE, an admin's edit, a long migration) — a claim that locked the run alone
+# then waited for the task row in its UPDATE, and the runner stopped with other work due. The
+# task row is locked FOR NO KEY UPDATE, the lock the claim's UPDATE of it takes anyway (a
+# success's FOR KEY SHARE of it does not conflict).
+_SKIP_LOCKED = "FOR UPDATE OF task_runs SKIP LOCKED FOR NO KEY UPDATE OF t SKIP LOCKED"
+
+
+def claim(limit, guarded=False):
+    """The claim of up to `limit` runs of one queue. Parameters: (queue, runner_id,
+    runner_id, at, at, at)."""
+    return "WITH" + _claim_ctes(limit, guarded) + " SELECT * FROM claimed_task"
+
+
+def _claim_ctes(limit, guarded=False):
+    # The claim order comes back only where in_claim_order has rows to sort: one run needs
+    # none of it (3 columns fewer to copy, send and parse per job).
+    order = limit > 1
+    return """
+    next AS (
+        SELECT task_runs.id FROM task_runs JOIN task_queue AS t ON t.id = task_runs.task_id
+        WHERE task_runs.status = 'scheduled' AND task_runs.queue = %%s
+            AND %s%s
+        ORDER BY %s LIMIT %d %s),
+    claimed AS (
+        UPDATE task_runs AS r SET status = 'running', runner_id = %%s, started_on = %%s,
+            updated_on = %%s
+        FROM next WHERE r.id = next.id RETURNING r.id, r.task_id, r.attempt%s),
+    claimed_task AS (
+        UPDATE task_queue AS t SET last_status = 'running', updated_on = %%s FROM claimed
+        WHERE t.id = claimed.task_id
+        RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
+            t.max_runtime, t.periodic_task_id%s)""" % (
+        RUNNER_ALIVE % "%s", guard(guarded), claim_order_sql("task_runs."), int(limit),
+        _SKIP_LOCKED,
+        "".join(", r." + c for c, _ in CLAIM_ORDER if c != "id") if order else "",
+        "".join(", claimed." + c for c, _ in CLAIM_ORDER) if order else "")
+
+
+# A task with dependents (task_queue.dependents > 0) releases them in its success's
+# transaction (graph.release). The one-statement successes below are PostgreSQL's outside a
+# transaction: they end no run of such a task, and return its count of dependents instead,
+# for the caller to end it in a transaction (end_success). The count is read under a KEY SHARE
+# lock of the task row, so it is the latest: an add of a dependent (which locks the row FOR
+# UPDATE) either committed before — the count shows it — or waits and then finds the parent
+# succeeded. Race closed: a dependent added as its parent's success statement started, whose
+# edge that statement's snapshot could not see. KEY SHARE conflicts with no other writer of
+# the row (a timeout, a cancel), so it adds no lock wait and no deadlock. The task is named by
+# its id (the runner's claimed run carries it), not found through the run: one index lookup
+# per job fewer than a join of task_runs.
+_GUARD_CTE = """
+    guard AS (
+        SELECT dependents FROM task_queue WHERE id = %s FOR KEY SHARE),"""
+
+
+def _success_ctes(guarded):
+    return (_GUARD_CTE if guarded else "") + """
+    ended AS (
+        UPDATE task_runs SET %s
+        WHERE id = %%s AND status = 'running' AND runner_id = %%s%s RETURNING task_id),
+    ended_task AS (
+        UPDATE task_queue AS t SET %s
+        FROM ended WHERE t.id = ended.task_id RETURNING t.id, t.dependents)""" % (
+        assignments(RUN_SUCCESS),
+        " AND (SELECT dependents FROM guard) = 0" if guarded else "",
+        assignments(TASK_SUCCESS))
+
+
+# Parameters: the guard's (task_id); the claim's (queue, runner_id, runner_id, at, at, at); the
+# success's (at, at, results, run_id, runner_id, at, at). Returns (runs ended, the task's
+# dependents).
+SUCCESS = ("WITH" + _success_ctes(True) + " SELECT (SELECT count(*) FROM ended_task), "
+              "(SELECT dependents FROM guard)")
+# Inside a transaction: no guard; the caller releases the dependents after it (RETURNING
+# shows the latest count, the row being locked by the UPDATE).
+SUCCESS_IN_TRANSACTION = ("WITH" + _success_ctes(False)
+                             + " SELECT count(*), max(dependents) FROM ended_task")
+# Every data-modifying CTE runs to completion whether or not the final SELECT reads it: the
+# success happens even when the claim finds nothing, and the reverse.
+SUCCESS_AND_CLAIM = ("WITH" + _success_ctes(True) + "," + _claim_ctes(1) + """
+    SELECT (SELECT count(*) FROM ended_task), (SELECT dependents FROM guard), c.*
+    FROM (VALUES (1)) AS one LEFT JOIN claimed_task AS c ON true""")
+# Successes of one runner, each with its own end time and results, in one statement, inside
+# the caller's transaction: the ids of the runs ended, and their tasks' dependents.
+SUCCESSES = """
+    WITH done AS (
+        SELECT * FROM unnest(%%s::bigint[], %%s::timestamp[], %%s::text[])
+            AS d(id, finished_on, results)),
+    ended AS (
+        UPDATE task_runs AS r SET %s
+        FROM done WHERE r.id = done.id AND r.status = 'running' AND r.runner_id = %%s
+        RETURNING r.id, r.task_id, done.finished_on),
+    ended_task AS (
+        UPDATE task_queue AS t SET %s
+        FROM ended WHERE t.id = ended.task_id RETURNING t.id, t.dependents)
+    SELECT ended.id, ended.task_id, ended_task.dependents FROM ended
+    JOIN ended_task ON ended_task.id = ended.task_id""" % (
+    assignments(RUN_SUCCESS, "done.finished_on", "done.results"),
+    assignments(TASK_SUCCESS, "ended.finished_on"))
+
+
+def flow_claim(rate, keys, fair):
+    """The claim of one run of a queue under flow control, in one statement (shared.py's
+    races closed)."""
+    ctes = []
+    if fair:
+        ctes.append("pick AS %s" % fair_pick("postgresql", keys))
+    ctes.append("""next AS (
+        SELECT task_runs.id, task_runs.rate_key, task_runs.tenant
+        FROM task_runs JOIN task_queue AS t ON t.id = task_runs.task_id
+        WHERE task_runs.status = 'scheduled' AND task_runs.queue = {q}
+            %s%s AND %s
+        ORDER BY %s LIMIT 1 %s)""" % (
+        "AND task_runs.tenant = (SELECT tenant FROM pick) " if fair else "",
+        "AND " + key_filter("postgresql", "task_runs.rate_key") if keys else "",
+        RUNNER_ALIVE % "{runner}", claim_order_sql("task_runs."), _SKIP_LOCKED))
+    allowed = ""
+    if rate:
+        ctes.append("queue_token AS (%s AND EXISTS (SELECT 1 FROM next) RETURNING 1)"
+                    % spend("postgresql", "queue", "{q}"))
+        allowed += " AND EXISTS (SELECT 1 FROM queue_token)"
+    if keys:
+        ctes.append("key_token AS (%s RETURNING b.name)" % spend(
+            "postgresql", "key", "(SELECT rate_key FROM next)", "b."))
+        allowed += (" AND (next.rate_key IS NULL OR EXISTS (SELECT 1 FROM key_token) OR NOT "
+                    "EXISTS (SELECT 1 FROM task_rate_buckets AS k WHERE k.kind = 'key' AND "
+                    "k.name = next.rate_key))")
+    ctes.append("""claimed AS (
+        UPDATE task_runs AS r SET status = 'running', runner_id = {runner}, started_on = {at},
+            updated_on = {at}
+        FROM next WHERE r.id = next.id%s RETURNING r.id, r.task_id, r.attempt, r.tenant)"""
+                % allowed)
+    ctes.append("""claimed_task AS (
+        UPDATE task_queue AS t SET last_status = 'running', updated_on = {at} FROM claimed
+        WHERE t.id = claimed.task_id
+        RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
+            t.max_runtime, t.periodic_task_id)""")
+    if fair:
+        ctes.append("served AS (%s AND EXISTS (SELECT 1 FROM claimed) RETURNING 1)"
+                    % served("postgresql", "(SELECT tenant FROM claimed)"))
+    return params("postgresql", "WITH " + ",\n    ".join(ctes) + " SELECT * FROM claimed_task")
+
+
+
+BACKLOG = BACKLOG_SQL.format(p="%s")
+
+# The row of a queue first seen (its name is how runners serving ``default`` find it, and
+# where pausing is stored). Race closed: two adds of a new queue's first tasks — the name is
+# the key, and the second insert does nothing.
+INSERT_QUEUE = ("INSERT INTO task_queues (name, paused, updated_on) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING")

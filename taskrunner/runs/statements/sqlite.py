@@ -1,0 +1,75 @@
+"""SQLite's statements of the run state machine (River's river_job.sql per dialect,
+Procrastinate's named queries): UPDATE ... RETURNING under the write lock a transaction takes
+up front (BEGIN IMMEDIATE), so a select and its update are one step; each with the race it
+closes. `runs/sql.py` binds and runs them.
+
+The names every catalogue has: `claim`, `SUCCESS`, `flow_claim`, `BACKLOG`, `INSERT_QUEUE`.
+"""
+from .shared import (BACKLOG_SQL, CLAIM_COLUMNS, RUN_SUCCESS, RUNNER_ALIVE,
+                     SQLITE_APART, TASK_SUCCESS, assignments, claim_order_sql, fair_pick,
+                     guard, key_filter, params, refill, served, spend)
+
+OWN = ()
+
+
+def claim(limit, guarded=False):
+    """(the claim of up to `limit` runs of one queue, the claim of one run's task).
+    Parameters: (runner_id, at, at, queue, runner_id), then (at, task id) per run."""
+    # One run: "id = (...)", as "IN" builds an ephemeral list first (3 us more per claim).
+    return ("""
+    UPDATE task_runs SET status = 'running', runner_id = ?, started_on = ?, updated_on = ?
+    WHERE id %s (SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = ?
+                 ORDER BY %s LIMIT %d)
+        AND %s%s
+    RETURNING id, task_id, attempt%s""" % ("=" if limit == 1 else "IN", claim_order_sql(),
+                                           int(limit), RUNNER_ALIVE % "?", guard(guarded),
+                                           ", " + CLAIM_COLUMNS if limit > 1 else ""), """
+    UPDATE task_queue SET last_status = 'running', updated_on = ? WHERE id = ?
+    RETURNING handler, data, max_runtime, periodic_task_id""")
+
+
+def _apart(columns):
+    """The columns of SQLITE_APART in `columns`, and the expression RETURNING shows (NULL
+    when all are)."""
+    apart = [column for column, _ in columns if column in SQLITE_APART]
+    return apart, apart[0] if len(apart) == 1 else "coalesce(%s)" % ", ".join(apart)
+
+
+# The success of a runner's run and its task: (the run's UPDATE, returning the SQLITE_APART
+# columns' values; their clearing when one is set; the task's UPDATE, returning its
+# SQLITE_APART values and dependents; their clearing). Race closed: rule 4, as every end.
+_RUN_APART, _RUN_SHOWS = _apart(RUN_SUCCESS)
+_TASK_APART, _TASK_SHOWS = _apart(TASK_SUCCESS)
+SUCCESS = (
+    "UPDATE task_runs SET %s WHERE id = ? AND status = 'running' AND runner_id = ? "
+    "RETURNING %s" % (assignments(RUN_SUCCESS, "?", "?", SQLITE_APART), _RUN_SHOWS),
+    "UPDATE task_runs SET %s WHERE id = ?" % ", ".join(c + " = NULL" for c in _RUN_APART),
+    "UPDATE task_queue SET %s WHERE id = ? RETURNING %s, dependents" % (
+        assignments(TASK_SUCCESS, "?", leave_out=SQLITE_APART), _TASK_SHOWS),
+    "UPDATE task_queue SET %s WHERE id = ?" % ", ".join(c + " = NULL" for c in _TASK_APART))
+
+
+def flow_claim(rate, keys, fair):
+    """(the claim of the run, the spends that follow it): under SQLite's write lock the
+    candidate's buckets cannot change between the two."""
+    run = """
+    UPDATE task_runs SET status = 'running', runner_id = {runner}, started_on = {at},
+        updated_on = {at}
+    WHERE id = (SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = {q}
+                 %s%s ORDER BY %s LIMIT 1)
+        AND %s%s
+    RETURNING id, task_id, attempt, rate_key, tenant""" % (
+        "AND tenant = %s " % fair_pick("sqlite", keys) if fair else "",
+        "AND " + key_filter("sqlite", "rate_key") if keys else "",
+        claim_order_sql(), RUNNER_ALIVE % "{runner}",
+        " AND EXISTS (SELECT 1 FROM task_rate_buckets WHERE kind = 'queue' AND name = {q} "
+        "AND %s >= 1)" % refill("sqlite") if rate else "")
+    return tuple(params("sqlite", text) for text in (
+        run, spend("sqlite", "queue", "{q}"), spend("sqlite", "key", "{key}"),
+        served("sqlite", "{tenant}")))
+
+
+BACKLOG = BACKLOG_SQL.format(p="?")
+
+# The row of a queue first seen (postgresql.INSERT_QUEUE's race).
+INSERT_QUEUE = "INSERT OR IGNORE INTO task_queues (name, paused, updated_on) VALUES (?, ?, ?)"
