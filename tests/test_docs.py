@@ -173,3 +173,14 @@ def test_layout_sections_name_every_package():
         section = section[:section.find("\n## ", 1)]
         missing = sorted(n for n in names if not re.search(r"`%s[/`]" % n, section))
         assert not missing, "%s's Layout does not name %s" % (page, missing)
+
+
+def test_the_deploy_page_shows_the_shipped_supervisord_conf_not_a_copy():
+    """A copy drifted from the file that tests/test_deploy.py runs; the page now includes it."""
+    page = open(os.path.join(REPO_DIR, "docs", "how-to", "deploy.md"), encoding="utf-8").read()
+    assert "<!-- generated: supervisord -->" in page
+    assert "[program:" not in page
+    shipped = open(os.path.join(REPO_DIR, "supervisord.conf"), encoding="utf-8").read()
+    block = gen_reference.supervisord_markdown()
+    assert shipped[shipped.index("[program:taskrunner]"):].strip() in block
+    assert block.startswith("```ini\n") and block.endswith("\n```\n")

@@ -7,6 +7,7 @@ open the database bring its schema up to date first, under the migration lock.""
 import argparse
 import logging
 import os
+import stat
 import sys
 from datetime import datetime, timedelta, timezone
 
@@ -38,8 +39,9 @@ EVENTS = ("task-queue:OnProcess", "task-runner:OnProcess", "task-queue:OnRotate"
           "periodic-task:OnProcess")
 
 
-RUN_EVENT_OPTIONS = ("--json", "--queue", "--hash-password", "--wait-for-slot", "-h", "--help",
-                     "--")
+RUN_EVENT_OPTIONS = ("--json", "--queue", "--hash-password", "--wait-for-slot",
+                     "--password-file", "-h", "--help", "--")
+PASSWORD_ENV = "TASKRUNNER_RUN_EVENT_PASSWORD"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,15 +64,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _possible_passwords(argv):
-    """The arguments after ``run-event`` that are neither an event nor one of its options,
-    but the first positional one: it stands where the event goes (a mistyped event is quoted
-    back; the password trails it)."""
+    """The arguments after ``run-event`` that are neither an event nor one of its options.
+    A mistyped event is among them: `run-event PASSWORD` (the event left out) puts the
+    password where the event goes."""
     if "run-event" not in argv:
         return ()
     after = argv[argv.index("run-event") + 1:]
-    first = next((arg for arg in after if not arg.startswith("-")), None)
-    if first is not None:
-        after.remove(first)
     return tuple(arg for arg in after if arg not in EVENTS and arg not in RUN_EVENT_OPTIONS)
 
 
@@ -142,6 +141,52 @@ def cmd_overseer(args):
     return run_overseer(args.loaded_config, args.config, args.database)
 
 
+def read_password_file(path):
+    """The first line of `path`, which must be a regular file of this user that nobody else
+    may read or write: a password file others can read is no better than `ps`. The checks
+    are made on the open file, so a file swapped after them is not the one read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise InputError("run-event --password-file %s: %s" % (path, exc.strerror)) from None
+    with os.fdopen(fd, encoding="utf-8", errors="strict") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError("run-event --password-file %s: not a regular file" % path)
+        if info.st_uid != os.geteuid():
+            raise InputError("run-event --password-file %s: owned by uid %d, not by this user "
+                             "(uid %d)" % (path, info.st_uid, os.geteuid()))
+        if info.st_mode & 0o077:
+            raise InputError("run-event --password-file %s: mode %04o lets others read or "
+                             "write it; chmod 600 it" % (path, stat.S_IMODE(info.st_mode)))
+        try:
+            password = f.readline().rstrip("\r\n")
+        except (UnicodeDecodeError, OSError):
+            raise InputError("run-event --password-file %s: not readable UTF-8 text"
+                             % path) from None
+    if not password:
+        raise InputError("run-event --password-file %s: its first line is empty" % path)
+    return password
+
+
+def run_event_password(args):
+    """The password from exactly one of: the trailing argument (the seed's form; `ps` shows
+    it to every local user for the process's whole life), --password-file, or the
+    TASKRUNNER_RUN_EVENT_PASSWORD environment variable (readable by this user and root
+    only). None when none is given."""
+    given = [source for source, present in (
+        ("the PASSWORD argument", args.password is not None),
+        ("--password-file", args.password_file is not None),
+        (PASSWORD_ENV, PASSWORD_ENV in os.environ)) if present]
+    if len(given) > 1:
+        raise InputError("run-event: give the password one way, not by %s" % " and ".join(given))
+    # Taken out of the environment: a handler's subprocesses inherit it otherwise.
+    from_env = os.environ.pop(PASSWORD_ENV, None)
+    if args.password_file is not None:
+        return read_password_file(args.password_file)
+    return args.password if args.password is not None else from_env
+
+
 def check_run_event_password(config, password):
     """In-Portal's ``run_event.php EVENT password_here``: with ``[run_event] password_hash``
     set, the password must be given and match (compared in constant time); without one, a
@@ -157,7 +202,8 @@ def check_run_event_password(config, password):
         return
     if password is None:
         raise InputError("run-event: a password is required ([run_event] password_hash is set "
-                         "in %s): give it after the event" % config.source)
+                         "in %s): give it with --password-file or $%s (or after the event, "
+                         "where ps shows it)" % (config.source, PASSWORD_ENV))
     if not check_hash(password, stored):
         raise InputError("run-event: wrong password")
 
@@ -165,7 +211,8 @@ def check_run_event_password(config, password):
 def cmd_run_event(args):
     """One event; with --json, what it did as one object (ids and counts)."""
     if args.hash_password:
-        if args.event is not None or args.password is not None:
+        if args.event is not None or args.password is not None \
+                or args.password_file is not None:
             raise InputError("run-event --hash-password reads the password from standard "
                              "input and takes no UNIT:EVENT")
         print_password_hash()
@@ -173,7 +220,7 @@ def cmd_run_event(args):
     if args.event is None:
         raise InputError("run-event: UNIT:EVENT is required: %s" % " | ".join(EVENTS))
     # Before the database is opened: a refused event changes nothing.
-    check_run_event_password(args.loaded_config, args.password)
+    check_run_event_password(args.loaded_config, run_event_password(args))
     queue = open_queue(args)
     code = EXIT_OK
     if args.event == "task-queue:OnProcess":
@@ -467,7 +514,11 @@ def build_parser(hidden=()):
                    help=" | ".join(EVENTS))
     p.add_argument("password", nargs="?", metavar="PASSWORD",
                    help="required when [run_event] password_hash is set, refused otherwise "
-                        "(In-Portal's run_event.php EVENT password_here)")
+                        "(In-Portal's run_event.php EVENT password_here); visible to every "
+                        "local user in ps: prefer --password-file or $" + PASSWORD_ENV)
+    p.add_argument("--password-file", metavar="FILE",
+                   help="read the password from the first line of FILE (owned by this user, "
+                        "mode 600 or stricter)")
     p.add_argument("--hash-password", action="store_true",
                    help="print the hash of the password read from stdin for [run_event] "
                         "password_hash, and exit")
