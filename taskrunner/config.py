@@ -304,7 +304,8 @@ class Config(SimpleNamespace):
         # [[periodic]] entries are checked when they are synced or by `taskrunner check`
         # (periodic.validate_definitions: that needs the timers and the handlers).
         return cls(source=source, periodic=[dict(p) for p in periodic], queues=queues,
-                   rate_limits=_rate_limits(data.get("rate_limits", {}), source), **sections)
+                   rate_limits=_rate_limits(data.get("rate_limits", {}), source),
+                   warnings=_queue_warnings(data.get("queues", {}), source), **sections)
 
     def queue_groups(self):
         """The runners an overseer keeps, as {queues served (a tuple): how many}: ``limit``
@@ -399,6 +400,15 @@ def _queues(given, source, host_limit):
                           % (source, total, host_limit,
                              "" if not spare else " less one runner for the default queue"))
     return queues
+
+
+def _queue_warnings(given, source):
+    """Valid settings that likely do not mean what they say, one line each: a
+    [queues.NAME] table without `limit` gets one runner per host (a table written for its
+    `rate` alone would otherwise silently run one task at a time)."""
+    return ["%s: [queues.%s] sets no limit: one runner per host serves it (limit = 1); set "
+            "limit to say how many" % (source, name)
+            for name, table in given.items() if "limit" not in table]
 
 
 def check_rate_pattern(value, what="rate key"):
@@ -568,7 +578,9 @@ DESCRIPTIONS = {
 }
 
 QUEUE_DESCRIPTIONS = {
-    "limit": "Runners serving this queue at once on one host, however they were started.",
+    "limit": "Runners serving this queue at once on one host, however they were started; "
+             "the overseer keeps this many for it. Write it in every table: without it the "
+             "queue gets one runner per host, and the overseer and `check` warn.",
     "priority": "A runner serving several queues claims from higher ones first.",
     "rate": "Runs of this queue started per second/minute/hour on all hosts together "
             "(`\"100/s\"`, `\"6000/min\"`, `\"20/h\"`), a token bucket in the database; "

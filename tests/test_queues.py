@@ -181,3 +181,18 @@ def test_queue_commands(sqlite_db):
     assert "resumed" in taskrunner("queue", "resume", "mail", url=url, check=True).stdout
     usage_error(taskrunner("queue", "pause", "a,b", url=url), "queue")
     usage_error(taskrunner("queue", "pause", url=url), "name")
+
+
+def test_a_queue_table_without_limit_is_warned_about_by_check(tmp_path):
+    """`limit` defaults to 1: a table written for its rate alone would run one task at a
+    time per host without a word."""
+    path = tmp_path / "c.toml"
+    path.write_text('[queues.emails]\nrate = "10/s"\n\n[queues.reports]\nlimit = 2\n')
+    config = Config.load(str(path), environ={})
+    assert len(config.warnings) == 1
+    assert "[queues.emails] sets no limit" in config.warnings[0]
+    assert config.queues["emails"].limit == 1
+    out = taskrunner("check", config=str(path), url="sqlite:///%s" % (tmp_path / "q.db"))
+    assert out.returncode == 0, out.stderr
+    assert "warning: %s: [queues.emails] sets no limit" % path in out.stdout
+    assert "reports" not in out.stdout

@@ -414,12 +414,15 @@ def cmd_check(args):
     figures = reads.health(queue.store)
     if args.json:
         print_json({"ok": True, "database": masked_url(queue), "backend": queue.store.backend,
-                    "config": queue.config.source, **{key: figures[key] for key in (
+                    "config": queue.config.source, "warnings": queue.config.warnings,
+                    **{key: figures[key] for key in (
                         "runners_running", "runs_waiting", "tasks_retrying")}})
         return
     print("ok: %s (%s), config %s; %d runners running, %d runs waiting, %d tasks retrying"
           % (masked_url(queue), queue.store.backend, queue.config.source,
              figures["runners_running"], figures["runs_waiting"], figures["tasks_retrying"]))
+    for warning in queue.config.warnings:
+        print("warning: %s" % warning)
 
 
 def cmd_dashboard(args):
