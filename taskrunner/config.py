@@ -200,6 +200,7 @@ SCHEMA = {
         "run_timeout": (86400.0, _positive_seconds),
         "max_retries": (5, _int(1)),
         "max_data_size": (1048576, _int(2)),
+        "max_result_size": (1048576, _int(2)),
         "retry_backoff": (10.0, _seconds),
         "retry_backoff_max": (3600.0, _seconds),
         "secret_keys": (SECRET_KEYS, _words),
@@ -507,6 +508,9 @@ DESCRIPTIONS = {
         "Default for a task: consecutive failed runs after which it is given up.",
     ("task", "max_data_size"):
         "Largest task data, in bytes of JSON.",
+    ("task", "max_result_size"):
+        "Largest result of a step (`run.step`) or checkpoint, in bytes of JSON: a larger one "
+        "fails the run (error code `TooLarge`) and is not stored.",
     ("task", "retry_backoff"):
         "Backoff after the n-th consecutive failure: `retry_backoff * 2^(n-1)`, with jitter "
         "(between half and all of it); a task may set its own.",

@@ -18,7 +18,7 @@ from . import flow, graph, sql
 from ..config import check_queue_name
 from ..errors import InputError, StateError, check_text
 from ..handler import check_handler_path, encode_data, load_handler
-from ..store.models import DEFAULT_QUEUE, SCHEDULED, utcnow
+from ..store.models import DEFAULT_QUEUE, LARGEST_ID, SCHEDULED, utcnow
 from ..host.wakeup import NOTIFY_SQL, notify_params
 from ..timespan import parse_timespan
 
@@ -345,7 +345,8 @@ def _parent_list(after, keys):
     for parent in after:
         if isinstance(parent, str) and parent in keys:     # only the keys before it
             parents.append(("row", keys[parent]))
-        elif isinstance(parent, int) and not isinstance(parent, bool) and parent > 0:
+        elif isinstance(parent, int) and not isinstance(parent, bool) and \
+                0 < parent <= LARGEST_ID:
             parents.append(parent)
         else:
             raise InputError("after: %r is neither a task id nor the key of a task added "
