@@ -54,6 +54,18 @@ def _int(minimum=None, maximum=None):
     return check
 
 
+# max_retries counts runs, the first included; Celery's counts the retries after it, so
+# its "no retry" (0) is refused here with the translation rather than a bare range error.
+MAX_RETRIES_ZERO = ("max_retries counts runs in all, the first included: 1 is one run and "
+                    "no retry (Celery's max_retries=0); 0 would never run the task")
+
+
+def _max_retries(value):
+    if value == 0 and not isinstance(value, bool):
+        raise ValueError(MAX_RETRIES_ZERO)
+    return _int(1)(value)
+
+
 def _seconds(value):
     return parse_timespan(value)
 
@@ -198,7 +210,7 @@ SCHEMA = {
     },
     "task": {
         "run_timeout": (86400.0, _positive_seconds),
-        "max_retries": (5, _int(1)),
+        "max_retries": (5, _max_retries),
         "max_data_size": (1048576, _int(2)),
         "max_result_size": (1048576, _int(2)),
         "retry_backoff": (10.0, _seconds),
@@ -505,7 +517,8 @@ DESCRIPTIONS = {
         "Default for a task: a run with no update (heartbeat, progress) for this long is "
         "timed out.",
     ("task", "max_retries"):
-        "Default for a task: consecutive failed runs after which it is given up.",
+        "Default for a task: runs in all, the first included, that may fail in a row before "
+        "it is given up (1: one run, no retry; Celery's `max_retries` + 1).",
     ("task", "max_data_size"):
         "Largest task data, in bytes of JSON.",
     ("task", "max_result_size"):

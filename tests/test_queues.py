@@ -196,3 +196,18 @@ def test_a_queue_table_without_limit_is_warned_about_by_check(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "warning: %s: [queues.emails] sets no limit" % path in out.stdout
     assert "reports" not in out.stdout
+
+
+def test_max_retries_zero_is_refused_with_what_one_means(tmp_path, sqlite_db):
+    """max_retries counts runs: a Celery user's "no retry" (0) is told to write 1."""
+    queue = sqlite_db.queue()
+    with pytest.raises(InputError, match="1 is one run and no retry"):
+        queue.add_task("taskrunner.handlers.Echo", max_retries=0)
+    usage_error(taskrunner("add", "taskrunner.handlers.Echo", "--max-retries", "0",
+                           url=sqlite_db.url), "1 is one run and no retry")
+    path = tmp_path / "c.toml"
+    path.write_text("[task]\nmax_retries = 0\n")
+    from taskrunner.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"\[task\] max_retries: .*1 is one run and no retry"):
+        Config.load(str(path), environ={})
+    queue.close()

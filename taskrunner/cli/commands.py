@@ -480,7 +480,8 @@ def build_parser(hidden=()):
     when.add_argument("--in", dest="delay", type=span_arg, metavar="SPAN",
                       help="run after this span (seconds, or like '5min')")
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
-    p.add_argument("--max-retries", type=int, help="failed runs before giving up")
+    p.add_argument("--max-retries", type=int, help="runs in all, the first included, that may fail before it is given up "
+                        "(1: no retry)")
     p.add_argument("--timeout", type=span_arg, metavar="SPAN",
                    help="run_timeout: a run with no update for this long is timed out")
     p.add_argument("--max-runtime", type=span_arg, metavar="SPAN",
