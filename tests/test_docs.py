@@ -196,3 +196,16 @@ def test_the_readme_and_the_docs_home_give_the_same_measured_detection_time():
                       .group(0))
     assert claims[0] == claims[1]
     assert "50 ms" in claims[0]
+
+
+def test_the_pages_speak_to_users_not_about_the_projects_history():
+    """The README becomes the package index's page: no issue numbers, no "the seeds" (the
+    systems the design started from); name a system when it matters (In-Portal, Celery).
+    how-to/periodic.md is rewritten with the periodic scheduler's work."""
+    history = re.compile(r"\bissues? \d+|\bseeds?\b|#\d{2,}\b", re.IGNORECASE)
+    for page in PAGES:
+        if page == os.path.join("docs", "how-to", "periodic.md"):
+            continue
+        text = open(os.path.join(REPO_DIR, page), encoding="utf-8").read()
+        found = history.findall(text)
+        assert not found, "%s: %s" % (page, found)

@@ -170,7 +170,7 @@ def read_password_file(path):
 
 
 def run_event_password(args):
-    """The password from exactly one of: the trailing argument (the seed's form; `ps` shows
+    """The password from exactly one of: the trailing argument (In-Portal's form; `ps` shows
     it to every local user for the process's whole life), --password-file, or the
     TASKRUNNER_RUN_EVENT_PASSWORD environment variable (readable by this user and root
     only). None when none is given."""
