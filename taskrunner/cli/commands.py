@@ -130,10 +130,18 @@ def cmd_add(args):
 
 def cmd_runner(args):
     from ..runner.process import run_runner
+    if args.reload and args.burst:
+        raise InputError("runner: --reload and --burst exclude each other")
     queue = open_queue(args)
-    return run_runner(queue.store, burst=args.burst, max_runs=args.max_runs,
+    report = {}
+    code = run_runner(queue.store, burst=args.burst, max_runs=args.max_runs,
                       serving=args.queue, facade=lambda store: queue, held_stops=args.held_stops,
-                      wait_for_slot=args.wait_for_slot)
+                      wait_for_slot=args.wait_for_slot, report=report, reload=args.reload)
+    if report.get("code_changed"):
+        from ..runner.reload import restart
+        queue.close()
+        restart()
+    return code
 
 
 def cmd_overseer(args):
@@ -513,6 +521,9 @@ def build_parser(hidden=()):
     p.add_argument("--queue", type=queue_list, default=("default",), metavar="A,B",
                    help=QUEUE_HELP)
     p.add_argument("--wait-for-slot", action="store_true", help=WAIT_FOR_SLOT_HELP)
+    p.add_argument("--reload", action="store_true",
+                   help="development: when a file of the code it imported changes, finish "
+                        "the current run and start again with the new code")
     p = command("run-event", cmd_run_event, "one event, for cron or supervisord")
     p.add_argument("event", nargs="?", choices=EVENTS, metavar="UNIT:EVENT",
                    help=" | ".join(EVENTS))
