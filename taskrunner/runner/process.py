@@ -665,12 +665,13 @@ def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=
                     wait_for_slot=wait_for_slot,
                     code_watch=reload_module.CodeWatch() if reload else None)
     report = {} if report is None else report
-    report.update(runs=0, refused=None, code_changed=None)
+    report.update(runs=0, refused=None)
     try:
         if burst:
             maintenance.process_queue(store)
         report["runs"] = worker.work(burst=burst, max_runs=max_runs)
-        report["code_changed"] = worker.code_changed
+        if reload:
+            report["code_changed"] = worker.code_changed
     except RunnerLimitReached as exc:
         report["refused"] = str(exc)
         if refuse_quietly or worker.stop_reason is not None:
