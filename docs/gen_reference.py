@@ -1,9 +1,9 @@
 """The generated references, as Markdown: the CLI from its argument parser, the
 configuration from `taskrunner.config`'s schema and descriptions, the metrics from their
-definitions. docs/hooks.py puts each where a page says ``<!-- generated: NAME -->``;
+definitions, the supervisord recipe from the shipped supervisord.conf. docs/hooks.py puts each where a page says ``<!-- generated: NAME -->``;
 tests/test_docs.py checks them against the code too.
 
-Run it to print one: ``python docs/gen_reference.py cli|configuration|metrics``.
+Run it to print one: ``python docs/gen_reference.py cli|configuration|metrics|supervisord``.
 """
 import argparse
 import os
@@ -118,8 +118,15 @@ def metrics_markdown():
     return "\n".join(out) + "\n"
 
 
+def supervisord_markdown():
+    """The program sections of the shipped supervisord.conf (tests/test_deploy.py runs that
+    file), so the page shows what is tested, never a copy that drifts from it."""
+    text = open(os.path.join(ROOT, "supervisord.conf"), encoding="utf-8").read()
+    return "```ini\n" + text[text.index("[program:"):].rstrip("\n") + "\n```\n"
+
+
 GENERATORS = {"cli": cli_markdown, "configuration": config_markdown,
-              "metrics": metrics_markdown}
+              "metrics": metrics_markdown, "supervisord": supervisord_markdown}
 
 if __name__ == "__main__":
     sys.stdout.write(GENERATORS[sys.argv[1]]())

@@ -54,6 +54,18 @@ def _int(minimum=None, maximum=None):
     return check
 
 
+# max_retries counts runs, the first included; Celery's counts the retries after it, so
+# its "no retry" (0) is refused here with the translation rather than a bare range error.
+MAX_RETRIES_ZERO = ("max_retries counts runs in all, the first included: 1 is one run and "
+                    "no retry (Celery's max_retries=0); 0 would never run the task")
+
+
+def _max_retries(value):
+    if value == 0 and not isinstance(value, bool):
+        raise ValueError(MAX_RETRIES_ZERO)
+    return _int(1)(value)
+
+
 def _seconds(value):
     return parse_timespan(value)
 
@@ -198,8 +210,9 @@ SCHEMA = {
     },
     "task": {
         "run_timeout": (86400.0, _positive_seconds),
-        "max_retries": (5, _int(1)),
+        "max_retries": (5, _max_retries),
         "max_data_size": (1048576, _int(2)),
+        "max_result_size": (1048576, _int(2)),
         "retry_backoff": (10.0, _seconds),
         "retry_backoff_max": (3600.0, _seconds),
         "secret_keys": (SECRET_KEYS, _words),
@@ -304,7 +317,8 @@ class Config(SimpleNamespace):
         # [[periodic]] entries are checked when they are synced or by `taskrunner check`
         # (periodic.validate_definitions: that needs the timers and the handlers).
         return cls(source=source, periodic=[dict(p) for p in periodic], queues=queues,
-                   rate_limits=_rate_limits(data.get("rate_limits", {}), source), **sections)
+                   rate_limits=_rate_limits(data.get("rate_limits", {}), source),
+                   warnings=_queue_warnings(data.get("queues", {}), source), **sections)
 
     def queue_groups(self):
         """The runners an overseer keeps, as {queues served (a tuple): how many}: ``limit``
@@ -401,6 +415,15 @@ def _queues(given, source, host_limit):
     return queues
 
 
+def _queue_warnings(given, source):
+    """Valid settings that likely do not mean what they say, one line each: a
+    [queues.NAME] table without `limit` gets one runner per host (a table written for its
+    `rate` alone would otherwise silently run one task at a time)."""
+    return ["%s: [queues.%s] sets no limit: one runner per host serves it (limit = 1); set "
+            "limit to say how many" % (source, name)
+            for name, table in given.items() if "limit" not in table]
+
+
 def check_rate_pattern(value, what="rate key"):
     """A rate key, or a prefix of keys ending in ``*`` (``tenant:*``); InputError if not."""
     if not isinstance(value, str) or not value or len(value) > 255 or \
@@ -494,9 +517,13 @@ DESCRIPTIONS = {
         "Default for a task: a run with no update (heartbeat, progress) for this long is "
         "timed out.",
     ("task", "max_retries"):
-        "Default for a task: consecutive failed runs after which it is given up.",
+        "Default for a task: runs in all, the first included, that may fail in a row before "
+        "it is given up (1: one run, no retry; Celery's `max_retries` + 1).",
     ("task", "max_data_size"):
         "Largest task data, in bytes of JSON.",
+    ("task", "max_result_size"):
+        "Largest result of a step (`run.step`) or checkpoint, in bytes of JSON: a larger one "
+        "fails the run (error code `TooLarge`) and is not stored.",
     ("task", "retry_backoff"):
         "Backoff after the n-th consecutive failure: `retry_backoff * 2^(n-1)`, with jitter "
         "(between half and all of it); a task may set its own.",
@@ -568,7 +595,9 @@ DESCRIPTIONS = {
 }
 
 QUEUE_DESCRIPTIONS = {
-    "limit": "Runners serving this queue at once on one host, however they were started.",
+    "limit": "Runners serving this queue at once on one host, however they were started; "
+             "the overseer keeps this many for it. Write it in every table: without it the "
+             "queue gets one runner per host, and the overseer and `check` warn.",
     "priority": "A runner serving several queues claims from higher ones first.",
     "rate": "Runs of this queue started per second/minute/hour on all hosts together "
             "(`\"100/s\"`, `\"6000/min\"`, `\"20/h\"`), a token bucket in the database; "

@@ -47,6 +47,7 @@ import uuid
 from datetime import timezone
 from urllib.parse import urlsplit, urlunsplit
 
+import psutil
 import pytest
 
 from taskrunner import Config, TaskQueue
@@ -96,8 +97,62 @@ def _with_db(url, name):
     return urlunsplit(parts._replace(path="/" + name))
 
 
+# The PostgreSQL and MySQL databases the tests create are named
+# trtest_<pid>_<start>_<random>: the creating process's pid and start time (whole seconds),
+# so that a run interrupted before dropping them (Ctrl-C, a killed worker) is recognised by
+# the next one, which drops them once their creator is gone — and only then: several runs
+# may share a server.
+DATABASE_PREFIX = "trtest_"
+_SWEPT = set()
+
+
+def new_database_name():
+    me = psutil.Process()
+    return "%s%d_%d_%s" % (DATABASE_PREFIX, me.pid, int(me.create_time()), uuid.uuid4().hex[:8])
+
+
+def creator_gone(name):
+    """Whether the process that created the database `name` has exited (False for a name
+    without a creator: not ours to judge)."""
+    fields = name[len(DATABASE_PREFIX):].split("_")
+    if not name.startswith(DATABASE_PREFIX) or len(fields) != 3 or \
+            not (fields[0].isdigit() and fields[1].isdigit()):
+        return False
+    try:
+        return int(psutil.Process(int(fields[0])).create_time()) != int(fields[1])
+    except psutil.NoSuchProcess:
+        return True
+
+
+def drop_leftovers(backend, admin):
+    """Drop the test databases on the server whose creating process has exited; returns
+    their names. A database another sweep dropped first is no error."""
+    with admin.cursor() as cur:
+        if backend == "postgresql":
+            cur.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
+                        (DATABASE_PREFIX.replace("_", "\\_") + "%",))
+        else:
+            cur.execute("SHOW DATABASES LIKE %s", (DATABASE_PREFIX.replace("_", "\\_") + "%",))
+        names = [row[0] for row in cur.fetchall() if creator_gone(row[0])]
+        for name in names:
+            if backend == "postgresql":
+                cur.execute("DROP DATABASE IF EXISTS %s WITH (FORCE)" % name)
+            else:
+                cur.execute("DROP DATABASE IF EXISTS %s" % name)
+    return names
+
+
 def _admin(backend):
-    """A DB-API connection to the server, or skip/fail saying why."""
+    """A DB-API connection to the server, or skip/fail saying why; the first one of each
+    process drops what interrupted runs left on the server (drop_leftovers)."""
+    connection = _connect(backend)
+    if backend not in _SWEPT:
+        _SWEPT.add(backend)
+        drop_leftovers(backend, connection)
+    return connection
+
+
+def _connect(backend):
     url = SERVERS[backend]
     parts = urlsplit(url)
     try:
@@ -139,7 +194,7 @@ class _Pool:
     def _fill(self):
         admin = self.admin
         while not self.stopping.is_set():
-            name = "trtest_%s" % uuid.uuid4().hex[:12]
+            name = new_database_name()
             try:
                 with admin.cursor() as cur:
                     cur.execute("CREATE DATABASE %s" % name)
@@ -272,7 +327,7 @@ class Database:
             return
         self.admin = _admin(backend)
         if empty:
-            self.name = "trtest_%s" % uuid.uuid4().hex[:12]
+            self.name = new_database_name()
             with self.admin.cursor() as cur:
                 cur.execute("CREATE DATABASE %s" % self.name)
         else:

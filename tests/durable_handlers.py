@@ -171,3 +171,11 @@ class Chaos(TaskHandler):
             run.checkpoint(i + 1)
             time.sleep(run.data.get("pause", 0.005))
         run.results = {"steps": steps}
+
+
+class BigStep(TaskHandler):
+    """A step whose result is data["size"] characters of JSON text (and a small one first)."""
+
+    def handle(self, run):
+        run.step("small", lambda: "ok")
+        run.step("big", lambda: "x" * run.data["size"])

@@ -270,7 +270,10 @@ def test_retry_of_a_successful_task_is_refused(database):
 
 
 def test_unknown_run_event_exits_2(sqlite_db):
-    usage_error(taskrunner("run-event", "bogus:Thing", url=sqlite_db.url), "bogus:Thing")
+    """Not quoted: with the event left out, the password stands where the event goes."""
+    result = taskrunner("run-event", "bogus:Thing", url=sqlite_db.url)
+    usage_error(result, "expected UNIT:EVENT", "task-queue:OnProcess")
+    assert "bogus:Thing" not in result.stderr
 
 
 def test_no_command_exits_2():

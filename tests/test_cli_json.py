@@ -55,7 +55,7 @@ def test_check_json_gives_the_summary_as_an_object(sqlite_db, tmp_path):
         out = as_json(taskrunner("check", "--json", config=config))
         assert out == {"ok": True, "database": sqlite_db.url, "backend": "sqlite",
                        "config": config, "runners_running": 1, "runs_waiting": 2,
-                       "tasks_retrying": 1}
+                       "tasks_retrying": 1, "warnings": []}
         assert out["runners_running"] == Runner.select().where(
             Runner.status == RUNNING).count()
         assert out["runs_waiting"] == Run.select().where(Run.status == SCHEDULED).count()

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import TESTS_DIR, extra_missing, process_env, stop_process, wait_for
+from conftest import REPO_DIR, TESTS_DIR, extra_missing, process_env, stop_process, wait_for
 
 PROJECT = os.path.join(TESTS_DIR, "django_project")
 
@@ -321,3 +321,28 @@ def test_dashboard_mounted_in_django_for_staff_only_with_its_csrf_intact(project
     assert seen["status_after"] == "FAILED"        # cancelled
     assert seen["task_page_names"] == [True, False]   # its Django path, not RunDjangoTask
     assert seen["metrics"] == [200, True]
+
+
+def test_mounted_metrics_without_prometheus_client_answer_501_naming_the_extra(tmp_path):
+    """An application installed without prometheus-client: /metrics says what to install
+    (501), not a 500 with ModuleNotFoundError; and the [django] extra brings it."""
+    code = ("import sys, json\n"
+            "sys.modules['prometheus_client'] = None   # as if not installed\n"
+            "from taskrunner import TaskQueue\n"
+            "from taskrunner.contrib.dashboard import MountedMetrics\n"
+            "with TaskQueue('sqlite:///%s', migrate=True) as queue:\n"
+            "    status, headers, body = MountedMetrics(queue, allow=lambda e: True)"
+            ".respond({})\n"
+            "print(json.dumps([status, body.decode()]))\n" % (tmp_path / "q.db"))
+    result = subprocess.run([sys.executable, "-c", code], env=process_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    status, body = json.loads(result.stdout)
+    assert status.startswith("501") and "pip install" in body and "prometheus" in body, body
+    try:
+        import tomllib
+    except ImportError:
+        import tomli as tomllib
+    with open(os.path.join(REPO_DIR, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert any(dep.startswith("prometheus-client") for dep in extras["django"])

@@ -383,3 +383,32 @@ def test_bad_arguments_of_the_durable_verbs_are_refused(sqlite_db, tmp_path):
     assert run.idempotency_key("é" * 3) == run.idempotency_key("é" * 3) != \
         run.idempotency_key("e")
     queue.close()
+
+
+def test_a_step_result_or_checkpoint_over_max_result_size_fails_the_run_and_is_not_stored(
+        database):
+    queue = database.queue(task={"retry_backoff": 0, "max_result_size": 1000})
+    task_id = queue.add_task(H + "BigStep", {"size": 2000}, max_retries=1)
+    drain(queue)
+    task = queue.get_task(task_id)
+    assert task.given_up and task.last_error_code == "TooLarge", task
+    assert "max_result_size (1000)" in queue.runs_of(task_id)[-1].error_message
+    assert [step.name for step in queue.steps_of(task_id)] == ["small"]
+    run = durable.DurableRun(queue.store, 1, task_id, 1, None)
+    from taskrunner import TaskError
+    with pytest.raises(TaskError, match="checkpoint is 1002 bytes"):
+        run.checkpoint("x" * 1000)
+    queue.close()
+
+
+def test_ids_too_large_for_any_database_are_refused_as_input(sqlite_db):
+    """2**70 names no task: a clear error, not the driver's OverflowError."""
+    queue = sqlite_db.queue()
+    huge = 2 ** 70
+    with pytest.raises(InputError, match="neither a task id"):
+        queue.add_task("taskrunner.handlers.Echo", after=[huge])
+    with pytest.raises(TaskNotFound):
+        queue.send_event(huge, "approved")
+    with pytest.raises(InputError):
+        queue.send_event("1", "approved")
+    queue.close()

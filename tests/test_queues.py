@@ -181,3 +181,33 @@ def test_queue_commands(sqlite_db):
     assert "resumed" in taskrunner("queue", "resume", "mail", url=url, check=True).stdout
     usage_error(taskrunner("queue", "pause", "a,b", url=url), "queue")
     usage_error(taskrunner("queue", "pause", url=url), "name")
+
+
+def test_a_queue_table_without_limit_is_warned_about_by_check(tmp_path):
+    """`limit` defaults to 1: a table written for its rate alone would run one task at a
+    time per host without a word."""
+    path = tmp_path / "c.toml"
+    path.write_text('[queues.emails]\nrate = "10/s"\n\n[queues.reports]\nlimit = 2\n')
+    config = Config.load(str(path), environ={})
+    assert len(config.warnings) == 1
+    assert "[queues.emails] sets no limit" in config.warnings[0]
+    assert config.queues["emails"].limit == 1
+    out = taskrunner("check", config=str(path), url="sqlite:///%s" % (tmp_path / "q.db"))
+    assert out.returncode == 0, out.stderr
+    assert "warning: %s: [queues.emails] sets no limit" % path in out.stdout
+    assert "reports" not in out.stdout
+
+
+def test_max_retries_zero_is_refused_with_what_one_means(tmp_path, sqlite_db):
+    """max_retries counts runs: a Celery user's "no retry" (0) is told to write 1."""
+    queue = sqlite_db.queue()
+    with pytest.raises(InputError, match="1 is one run and no retry"):
+        queue.add_task("taskrunner.handlers.Echo", max_retries=0)
+    usage_error(taskrunner("add", "taskrunner.handlers.Echo", "--max-retries", "0",
+                           url=sqlite_db.url), "1 is one run and no retry")
+    path = tmp_path / "c.toml"
+    path.write_text("[task]\nmax_retries = 0\n")
+    from taskrunner.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"\[task\] max_retries: .*1 is one run and no retry"):
+        Config.load(str(path), environ={})
+    queue.close()

@@ -2,10 +2,13 @@
 password_here``. `taskrunner run-event UNIT:EVENT PASSWORD` takes the trailing password: with
 ``[run_event] password_hash`` set, every event requires it (PBKDF2, compared in constant
 time); without one, a password given is refused with one line saying how to set one. The
-password is never echoed, whatever is wrong; a refused event does nothing.
+password is never echoed, whatever is wrong; a refused event does nothing. Since a command
+line is in `ps` for every local user, the password may come from an owner-only file
+(`--password-file`) or the environment instead.
 
 The runner and the CLI check it without the web package (the hashing lives in
 taskrunner.passwords, layer 1)."""
+import os
 import signal
 import subprocess
 import sys
@@ -179,3 +182,115 @@ def test_run_event_checks_the_password_without_the_web_package(sqlite_db, tmp_pa
                             timeout=60, env=process_env(), cwd=REPO_DIR)
     assert result.returncode == 0, result.stderr
     assert "taskrunner.web" not in result.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ("run-event", PASSWORD),
+    ("run-event", PASSWORD, "task-queue:OnProcess"),
+    ("run-event", "task-queue:OnProces", PASSWORD),
+    ("run-event", "--queue", PASSWORD),
+], ids=["event-left-out", "swapped", "mistyped-event", "as-option-value"])
+def test_a_command_line_without_a_valid_event_never_quotes_the_password(sqlite_db, tmp_path,
+                                                                         stored_hash, argv):
+    config = config_with(sqlite_db, tmp_path, stored_hash)
+    result = taskrunner(*argv, config=config)
+    assert result.returncode == 2, result
+    assert PASSWORD not in result.stdout + result.stderr, result.stderr
+
+
+def password_file(tmp_path, text=PASSWORD + "\n", mode=0o600):
+    path = tmp_path / "run-event.password"
+    path.write_text(text)
+    path.chmod(mode)
+    return str(path)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("way", ["file", "env"])
+def test_a_runner_given_the_password_by_file_or_environment_never_shows_it_in_ps(
+        sqlite_db, tmp_path, stored_hash, way):
+    """The long-lived runner of a supervisord `numprocs` program: its command line, which
+    every local user reads in `ps`, holds no password."""
+    import psutil
+    queue = sqlite_db.queue()
+    task_id = queue.add_task(ECHO, data={"n": 1})
+    config = config_with(sqlite_db, tmp_path, stored_hash)
+    argv = [sys.executable, "-m", "taskrunner", "--config", config, "run-event",
+            "task-runner:OnProcess"]
+    env = process_env()
+    if way == "file":
+        argv += ["--password-file", password_file(tmp_path)]
+    else:
+        env["TASKRUNNER_RUN_EVENT_PASSWORD"] = PASSWORD
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        wait_for(lambda: proc.poll() is not None or queue.get_task(task_id).status == SUCCESS,
+                 timeout=60, message="task %d to succeed" % task_id)
+        assert proc.poll() is None, proc.communicate()
+        assert PASSWORD not in " ".join(psutil.Process(proc.pid).cmdline())
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert PASSWORD not in out + err
+    queue.close()
+
+
+@pytest.mark.parametrize("way", ["file", "env"])
+def test_a_wrong_password_by_file_or_environment_is_refused_without_echoing_it(
+        sqlite_db, tmp_path, stored_hash, way):
+    queue = sqlite_db.queue()
+    config = config_with(sqlite_db, tmp_path, stored_hash)
+    task_id = due_task(queue)
+    wrong = "Password_here"
+    if way == "file":
+        result = taskrunner("run-event", "task-queue:OnProcess", "--password-file",
+                            password_file(tmp_path, wrong + "\n"), config=config)
+    else:
+        result = taskrunner("run-event", "task-queue:OnProcess", config=config,
+                            env={"TASKRUNNER_RUN_EVENT_PASSWORD": wrong})
+    usage_error(result, "wrong password")
+    assert wrong not in result.stdout + result.stderr
+    assert runs_of(task_id) == []
+    right = taskrunner("run-event", "task-queue:OnProcess", config=config,
+                       env={"TASKRUNNER_RUN_EVENT_PASSWORD": PASSWORD})
+    assert PASSWORD not in ok(right) + right.stderr
+    assert [r.status for r in runs_of(task_id)] == [SCHEDULED]
+    queue.close()
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620])
+def test_a_password_file_others_may_read_or_write_is_refused(sqlite_db, tmp_path, stored_hash,
+                                                             mode):
+    config = config_with(sqlite_db, tmp_path, stored_hash)
+    path = password_file(tmp_path, mode=mode)
+    line = usage_error(taskrunner("run-event", "task-queue:OnProcess", "--password-file", path,
+                                  config=config), path, "chmod 600")
+    assert PASSWORD not in line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_password_file_of_another_user_is_refused(sqlite_db, tmp_path, stored_hash):
+    config = config_with(sqlite_db, tmp_path, stored_hash)
+    path = password_file(tmp_path)
+    os.chown(path, 65534, -1)
+    line = usage_error(taskrunner("run-event", "task-queue:OnProcess", "--password-file", path,
+                                  config=config), path, "owned by uid 65534")
+    assert PASSWORD not in line
+
+
+def test_a_missing_or_empty_password_file_and_two_sources_are_refused(sqlite_db, tmp_path,
+                                                                     stored_hash):
+    config = config_with(sqlite_db, tmp_path, stored_hash)
+    usage_error(taskrunner("run-event", "task-queue:OnProcess", "--password-file",
+                           str(tmp_path / "nowhere"), config=config), "No such file")
+    usage_error(taskrunner("run-event", "task-queue:OnProcess", "--password-file",
+                           password_file(tmp_path, "\n"), config=config), "empty")
+    result = taskrunner("run-event", "task-queue:OnProcess", PASSWORD, "--password-file",
+                        password_file(tmp_path), config=config)
+    usage_error(result, "one way")
+    assert PASSWORD not in result.stderr

@@ -7,6 +7,7 @@ open the database bring its schema up to date first, under the migration lock.""
 import argparse
 import logging
 import os
+import stat
 import sys
 from datetime import datetime, timedelta, timezone
 
@@ -38,8 +39,9 @@ EVENTS = ("task-queue:OnProcess", "task-runner:OnProcess", "task-queue:OnRotate"
           "periodic-task:OnProcess")
 
 
-RUN_EVENT_OPTIONS = ("--json", "--queue", "--hash-password", "--wait-for-slot", "-h", "--help",
-                     "--")
+RUN_EVENT_OPTIONS = ("--json", "--queue", "--hash-password", "--wait-for-slot",
+                     "--password-file", "-h", "--help", "--")
+PASSWORD_ENV = "TASKRUNNER_RUN_EVENT_PASSWORD"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,15 +64,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _possible_passwords(argv):
-    """The arguments after ``run-event`` that are neither an event nor one of its options,
-    but the first positional one: it stands where the event goes (a mistyped event is quoted
-    back; the password trails it)."""
+    """The arguments after ``run-event`` that are neither an event nor one of its options.
+    A mistyped event is among them: `run-event PASSWORD` (the event left out) puts the
+    password where the event goes."""
     if "run-event" not in argv:
         return ()
     after = argv[argv.index("run-event") + 1:]
-    first = next((arg for arg in after if not arg.startswith("-")), None)
-    if first is not None:
-        after.remove(first)
     return tuple(arg for arg in after if arg not in EVENTS and arg not in RUN_EVENT_OPTIONS)
 
 
@@ -131,15 +130,69 @@ def cmd_add(args):
 
 def cmd_runner(args):
     from ..runner.loop import run_runner
+    if args.reload and args.burst:
+        raise InputError("runner: --reload and --burst exclude each other")
     queue = open_queue(args)
-    return run_runner(queue.store, burst=args.burst, max_runs=args.max_runs,
+    report = {}
+    code = run_runner(queue.store, burst=args.burst, max_runs=args.max_runs,
                       serving=args.queue, facade=lambda store: queue, held_stops=args.held_stops,
-                      wait_for_slot=args.wait_for_slot)
+                      wait_for_slot=args.wait_for_slot, report=report, reload=args.reload)
+    if report.get("code_changed"):
+        from ..runner.reload import restart
+        queue.close()
+        restart()
+    return code
 
 
 def cmd_overseer(args):
     from ..overseer.overseer import run_overseer
     return run_overseer(args.loaded_config, args.config, args.database)
+
+
+def read_password_file(path):
+    """The first line of `path`, which must be a regular file of this user that nobody else
+    may read or write: a password file others can read is no better than `ps`. The checks
+    are made on the open file, so a file swapped after them is not the one read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise InputError("run-event --password-file %s: %s" % (path, exc.strerror)) from None
+    with os.fdopen(fd, encoding="utf-8", errors="strict") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError("run-event --password-file %s: not a regular file" % path)
+        if info.st_uid != os.geteuid():
+            raise InputError("run-event --password-file %s: owned by uid %d, not by this user "
+                             "(uid %d)" % (path, info.st_uid, os.geteuid()))
+        if info.st_mode & 0o077:
+            raise InputError("run-event --password-file %s: mode %04o lets others read or "
+                             "write it; chmod 600 it" % (path, stat.S_IMODE(info.st_mode)))
+        try:
+            password = f.readline().rstrip("\r\n")
+        except (UnicodeDecodeError, OSError):
+            raise InputError("run-event --password-file %s: not readable UTF-8 text"
+                             % path) from None
+    if not password:
+        raise InputError("run-event --password-file %s: its first line is empty" % path)
+    return password
+
+
+def run_event_password(args):
+    """The password from exactly one of: the trailing argument (In-Portal's form; `ps` shows
+    it to every local user for the process's whole life), --password-file, or the
+    TASKRUNNER_RUN_EVENT_PASSWORD environment variable (readable by this user and root
+    only). None when none is given."""
+    given = [source for source, present in (
+        ("the PASSWORD argument", args.password is not None),
+        ("--password-file", args.password_file is not None),
+        (PASSWORD_ENV, PASSWORD_ENV in os.environ)) if present]
+    if len(given) > 1:
+        raise InputError("run-event: give the password one way, not by %s" % " and ".join(given))
+    # Taken out of the environment: a handler's subprocesses inherit it otherwise.
+    from_env = os.environ.pop(PASSWORD_ENV, None)
+    if args.password_file is not None:
+        return read_password_file(args.password_file)
+    return args.password if args.password is not None else from_env
 
 
 def check_run_event_password(config, password):
@@ -157,7 +210,8 @@ def check_run_event_password(config, password):
         return
     if password is None:
         raise InputError("run-event: a password is required ([run_event] password_hash is set "
-                         "in %s): give it after the event" % config.source)
+                         "in %s): give it with --password-file or $%s (or after the event, "
+                         "where ps shows it)" % (config.source, PASSWORD_ENV))
     if not check_hash(password, stored):
         raise InputError("run-event: wrong password")
 
@@ -165,7 +219,8 @@ def check_run_event_password(config, password):
 def cmd_run_event(args):
     """One event; with --json, what it did as one object (ids and counts)."""
     if args.hash_password:
-        if args.event is not None or args.password is not None:
+        if args.event is not None or args.password is not None \
+                or args.password_file is not None:
             raise InputError("run-event --hash-password reads the password from standard "
                              "input and takes no UNIT:EVENT")
         print_password_hash()
@@ -173,7 +228,7 @@ def cmd_run_event(args):
     if args.event is None:
         raise InputError("run-event: UNIT:EVENT is required: %s" % " | ".join(EVENTS))
     # Before the database is opened: a refused event changes nothing.
-    check_run_event_password(args.loaded_config, args.password)
+    check_run_event_password(args.loaded_config, run_event_password(args))
     queue = open_queue(args)
     code = EXIT_OK
     if args.event == "task-queue:OnProcess":
@@ -367,12 +422,15 @@ def cmd_check(args):
     figures = reads.health(queue.store)
     if args.json:
         print_json({"ok": True, "database": masked_url(queue), "backend": queue.store.backend,
-                    "config": queue.config.source, **{key: figures[key] for key in (
+                    "config": queue.config.source, "warnings": queue.config.warnings,
+                    **{key: figures[key] for key in (
                         "runners_running", "runs_waiting", "tasks_retrying")}})
         return
     print("ok: %s (%s), config %s; %d runners running, %d runs waiting, %d tasks retrying"
           % (masked_url(queue), queue.store.backend, queue.config.source,
              figures["runners_running"], figures["runs_waiting"], figures["tasks_retrying"]))
+    for warning in queue.config.warnings:
+        print("warning: %s" % warning)
 
 
 def cmd_dashboard(args):
@@ -430,7 +488,8 @@ def build_parser(hidden=()):
     when.add_argument("--in", dest="delay", type=span_arg, metavar="SPAN",
                       help="run after this span (seconds, or like '5min')")
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
-    p.add_argument("--max-retries", type=int, help="failed runs before giving up")
+    p.add_argument("--max-retries", type=int, help="runs in all, the first included, that may fail before it is given up "
+                        "(1: no retry)")
     p.add_argument("--timeout", type=span_arg, metavar="SPAN",
                    help="run_timeout: a run with no update for this long is timed out")
     p.add_argument("--max-runtime", type=span_arg, metavar="SPAN",
@@ -462,12 +521,19 @@ def build_parser(hidden=()):
     p.add_argument("--queue", type=queue_list, default=("default",), metavar="A,B",
                    help=QUEUE_HELP)
     p.add_argument("--wait-for-slot", action="store_true", help=WAIT_FOR_SLOT_HELP)
+    p.add_argument("--reload", action="store_true",
+                   help="development: when a file of the code it imported changes, finish "
+                        "the current run and start again with the new code")
     p = command("run-event", cmd_run_event, "one event, for cron or supervisord")
     p.add_argument("event", nargs="?", choices=EVENTS, metavar="UNIT:EVENT",
                    help=" | ".join(EVENTS))
     p.add_argument("password", nargs="?", metavar="PASSWORD",
                    help="required when [run_event] password_hash is set, refused otherwise "
-                        "(In-Portal's run_event.php EVENT password_here)")
+                        "(In-Portal's run_event.php EVENT password_here); visible to every "
+                        "local user in ps: prefer --password-file or $" + PASSWORD_ENV)
+    p.add_argument("--password-file", metavar="FILE",
+                   help="read the password from the first line of FILE (owned by this user, "
+                        "mode 600 or stricter)")
     p.add_argument("--hash-password", action="store_true",
                    help="print the hash of the password read from stdin for [run_event] "
                         "password_hash, and exit")

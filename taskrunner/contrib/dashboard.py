@@ -107,6 +107,16 @@ class MountedMetrics(_Mounted):
         self.store, self.allow = queue.store, allow
 
     def respond(self, environ: Environ) -> Tuple[str, List[Tuple[str, str]], bytes]:
+        from ..errors import InputError
+        from ..web import require_prometheus_client
+        try:
+            require_prometheus_client()
+        except InputError as exc:
+            # An application installed without the extra: say so to whoever asked (a
+            # scraper logs the body), not a 500 and a traceback in the application's log.
+            body = ("%s\n" % exc).encode()
+            return "501 Not Implemented", [("Content-Type", "text/plain; charset=utf-8"),
+                                           ("Content-Length", str(len(body)))], body
         from ..web.metrics import exposition
         body = exposition(self.store)
         return "200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),

@@ -153,6 +153,8 @@ class Overseer:
             log.error("reload failed, keeping the current config: %s", exc)
             return
         log.info("config reloaded from %s; replacing runners and the maintainer", config.source)
+        for warning in config.warnings:
+            log.warning("%s", warning)
         self.config = self.store.config = config
         self.num_runners = config.runner.limit
         self.groups = config.queue_groups()
@@ -458,6 +460,8 @@ class Overseer:
         as it takes, with a store of its own: it cannot start without its row."""
         periodic.check_periodic_handlers(self.config)
         periodic.validate_definitions(self.config, import_handlers=False)
+        for warning in self.config.warnings:
+            log.warning("%s", warning)
         store = Store(self.config)
         try:
             store.migrate()

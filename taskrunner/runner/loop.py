@@ -24,6 +24,7 @@ from datetime import datetime, timedelta, timezone
 import peewee as pw
 
 from . import batches, stops
+from . import reload as reload_module
 from ..fleet import liveness, maintenance
 from ..runs import lifecycle
 from ..store import outage
@@ -65,8 +66,11 @@ class Runner(Idle, Execution):
 
     def __init__(self, store, install_signals=True, parent_pid=None, parent_id=None,
                  memory_limit=True, clock=None, serving=None, facade=None, held_stops=(),
-                 wait_for_slot=False):
+                 wait_for_slot=False, code_watch=None):
         self.store = store
+        # --reload: a reload.CodeWatch; a changed file stops the runner (`code_changed`).
+        self.code_watch = code_watch
+        self.code_changed = None
         # Stop signals caught before this runner's handlers were in place (stops.hold).
         self.held_stops = held_stops
         # At the host's (or a queue's) limit: wait for a slot rather than exit (_register).
@@ -205,6 +209,10 @@ class Runner(Idle, Execution):
             self.stop_reason = "memory_limit (%d MB) exceeded" % self.config.runner.memory_limit
         elif self.parent_pid is not None and os.getppid() != self.parent_pid:
             self.stop_reason = "overseer %d is gone" % self.parent_pid
+        elif self.code_watch is not None:
+            self.code_changed = self.code_watch.changed()
+            if self.code_changed is not None:
+                self.stop_reason = "%s changed; restarting (--reload)" % self.code_changed
         return self.stop_reason is not None
 
     def _give_back_lost_claims(self, keep=None):
@@ -406,21 +414,26 @@ def _wall_time(monotonic):
 
 
 def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=(DEFAULT_QUEUE,),
-               report=None, facade=None, held_stops=(), wait_for_slot=False):
+               report=None, facade=None, held_stops=(), wait_for_slot=False, reload=False):
     """Entry point of ``taskrunner runner`` and ``run-event task-runner:OnProcess``, serving
     the queues `serving`; returns the exit code. At the host's limit (or a queue's): exit 1,
     or 0 with `refuse_quietly` (cron use) or when stopped while it waited (`wait_for_slot`).
     `report`, a dict, receives ``runs`` (executed) and ``refused`` (why the runner did not
     start, or None). `facade` builds the handlers' ``run.queue`` from the store;
-    `held_stops`, the stop signals caught while the command started (stops.hold)."""
+    `held_stops`, the stop signals caught while the command started (stops.hold). `reload`:
+    a change to the code it imported stops it, and ``code_changed`` in `report` names the
+    file (reload.py; the caller restarts the process)."""
     runner = Runner(store, serving=serving, facade=facade, held_stops=held_stops,
-                    wait_for_slot=wait_for_slot)
+                    wait_for_slot=wait_for_slot,
+                    code_watch=reload_module.CodeWatch() if reload else None)
     report = {} if report is None else report
     report.update(runs=0, refused=None)
     try:
         if burst:
             maintenance.process_queue(store)
         report["runs"] = runner.work(burst=burst, max_runs=max_runs)
+        if reload:
+            report["code_changed"] = runner.code_changed
     except RunnerLimitReached as exc:
         report["refused"] = str(exc)
         if refuse_quietly or runner.stop_reason is not None:

@@ -30,7 +30,7 @@ from . import lifecycle
 from ..errors import (EventTimeout, InputError, StateError, TaskError, TaskNotFound, Waiting,
                       check_text)
 from ..store import outage
-from ..store.models import RUNNING, WAITING, as_utc, utcnow
+from ..store.models import LARGEST_ID, RUNNING, WAITING, as_utc, utcnow
 
 # Step kinds: a function's result, the end of a sleep, an event consumed (or timed out), the
 # deadline of a wait for an event.
@@ -42,13 +42,22 @@ NAME_LIMIT = 200        # characters of a step's or an event's name
 NOT_SENT = object()
 
 
-def encode(value, what):
-    """`value` as JSON text; TaskError (code NotJSON) naming `what` when it is not JSON."""
+def encode(value, what, max_size=None):
+    """`value` as JSON text; TaskError naming `what` when it is not JSON (code NotJSON) or
+    over `max_size` bytes ([task] max_result_size; code TooLarge): every later attempt reads
+    a step's result back, and a table row is no place for a file. The records the engine
+    makes itself (deadlines, the outcomes of tasks waited for) are not capped."""
     try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise TaskError("%s is not JSON-serialisable: %s" % (what, exc), code="NotJSON") \
             from None
+    size = len(text.encode("utf-8"))
+    if max_size is not None and size > max_size:
+        raise TaskError("%s is %d bytes of JSON, over [task] max_result_size (%d): store "
+                        "large data elsewhere and return a reference" % (what, size, max_size),
+                        code="TooLarge")
+    return text
 
 
 def _decoded(text):
@@ -131,6 +140,10 @@ def send_event(store, task_id, name, payload=None, now=None):
     Race closed: the event and a run ending ``waiting`` for it — both lock the task row
     first; the one that comes second sees the other (lifecycle._wait)."""
     check_name("event name", name)
+    if isinstance(task_id, bool) or not isinstance(task_id, int):
+        raise InputError("a task id is an integer, not %r" % (task_id,))
+    if not 0 < task_id <= LARGEST_ID:
+        raise TaskNotFound("no task with id %d" % task_id)
     try:
         text = json.dumps(payload, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
@@ -204,7 +217,7 @@ class DurableRun:
 
     def checkpoint(self, value, percent=None):
         self._load()
-        text = encode(value, "the checkpoint")
+        text = encode(value, "the checkpoint", self.store.config.task.max_result_size)
         if percent is not None:
             percent = max(0, min(100, int(percent)))
         mine = self._through(lambda: self.store.write(lambda: save_checkpoint(
@@ -232,7 +245,8 @@ class DurableRun:
             return self._record_with(name, STEP, lambda conn: fn(conn, *args, **kwargs),
                                      started)
         value = fn(*args, **kwargs)
-        return self._record(name, STEP, encode(value, "the result of step %r" % name),
+        return self._record(name, STEP, encode(value, "the result of step %r" % name,
+                                               self.store.config.task.max_result_size),
                             started)
 
     def _record(self, name, kind, text, started):
@@ -250,7 +264,7 @@ class DurableRun:
         def transaction():
             value = body(store.db.connection())
             recorded = text if text is not None else encode(
-                value, "the result of step %r" % name)
+                value, "the result of step %r" % name, store.config.task.max_result_size)
             insert_step(store, self.task_id, name, kind, self.run_id, self.attempt,
                         recorded, started, self._now())
             return recorded

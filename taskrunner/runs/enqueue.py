@@ -15,10 +15,10 @@ from datetime import datetime, timedelta, timezone
 import peewee as pw
 
 from . import flow, graph, sql
-from ..config import check_queue_name
+from ..config import MAX_RETRIES_ZERO, check_queue_name
 from ..errors import InputError, StateError, check_text
 from ..handler import check_handler_path, encode_data, load_handler
-from ..store.models import DEFAULT_QUEUE, SCHEDULED, utcnow
+from ..store.models import DEFAULT_QUEUE, LARGEST_ID, SCHEDULED, utcnow
 from ..host.wakeup import NOTIFY_SQL, notify_params
 from ..timespan import parse_timespan
 
@@ -108,6 +108,8 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
             raise InputError("delay %r is too far in the future" % (delay,)) from None
     else:
         scheduled_on = now if scheduled_on is None else utc_instant(scheduled_on)
+    if max_retries == 0 and not isinstance(max_retries, bool):
+        raise InputError(MAX_RETRIES_ZERO)
     _check_int("max_retries", max_retries, 1, MAX_INT)
     _check_int("priority", priority, -MAX_INT, MAX_INT)
     run_timeout = _span("run_timeout", run_timeout)
@@ -345,7 +347,8 @@ def _parent_list(after, keys):
     for parent in after:
         if isinstance(parent, str) and parent in keys:     # only the keys before it
             parents.append(("row", keys[parent]))
-        elif isinstance(parent, int) and not isinstance(parent, bool) and parent > 0:
+        elif isinstance(parent, int) and not isinstance(parent, bool) and \
+                0 < parent <= LARGEST_ID:
             parents.append(parent)
         else:
             raise InputError("after: %r is neither a task id nor the key of a task added "

@@ -604,7 +604,7 @@ def _end_overdue(store, run, now, code, message):
     stopping (TimescaleDB's TERMINATING): the runner notices only at its next heartbeat,
     and its handler may run on until kill_grace — meanwhile `status` says why, and since
     when, not ``running`` with no run. The runner writes its own reason over it (keeping
-    the time) and clears it when the run has ended (runner/process.py)."""
+    the time) and clears it when the run has ended (runner/loop.py)."""
     if not _end(store, run.id, run.task_id, TIMEOUT, None, None, code, message, now, None,
                 None, None):
         return False

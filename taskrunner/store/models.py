@@ -13,6 +13,10 @@ from typing import NamedTuple, Type
 
 import peewee as pw
 
+# The largest id a table's id column holds, on every database (BIGINT): a larger one names
+# no row, and the drivers refuse to bind it (OverflowError), so it is refused before that.
+LARGEST_ID = 2 ** 63 - 1
+
 # Run and task states.
 SCHEDULED = "scheduled"
 RUNNING = "running"
