@@ -58,6 +58,7 @@ class Maintainer:
 
     def __init__(self, config, overseer_id, overseer_pid, notify_fd=None):
         self.config = config
+        periodic.install_hooks()
         self.store = Store(config)
         self.overseer_id = overseer_id
         self.overseer_pid = overseer_pid

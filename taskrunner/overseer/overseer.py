@@ -84,6 +84,7 @@ class Overseer:
         self.config = config
         self.config_path = config_path
         self.database_url = database_url
+        periodic.install_hooks()     # for its forked runners too
         self.store = Store(config, patience=BRIEF)
         self.now = time.monotonic()   # the clock of the current tick
         self.pid = os.getpid()

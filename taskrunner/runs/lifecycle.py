@@ -6,7 +6,8 @@ back.
 Rule 1 (one live run per task) is the unique index on ``task_runs.active_task_id``. The
 statements are the catalogue's (sql.py), each with the race it closes; this module decides
 which one runs when, in one write transaction of the store. What others do when a run ends
-(a periodic task's last status) is a hook registered with `on_outcome`, so this module
+(a periodic task's last status) is a hook registered with `on_outcome` where a process builds
+its store (periodic.scheduler.install_hooks), so this module
 imports none of them.
 
 Times: a `now` given here is this host's (a runner's clock, or the time a test injects);
