@@ -10,56 +10,24 @@ machine slows every side alike; the ratios are medians of the per-round ratios.
 """
 import argparse
 import sys
-import time
 
 from bench import common
-from bench.common import OverseerProcess, finish_times, median, rates, ratio, stop, wait_until
-from bench.systems import Huey, Procrastinate, Taskrunner, marks_count, measure
+from bench.common import median, ratio
+from bench.systems import Huey, Job, Procrastinate, Taskrunner, measure
 
 
-class Batched(Taskrunner):
+def batched(batch, flush_interval=0.005):
     """`taskrunner overseer` with [runner] batch = `batch` (and flush_interval)."""
-
-    def __init__(self, batch, flush_interval=0.005):
-        self.batch, self.flush_interval = batch, flush_interval
-        self.name = "taskrunner batch=%d" % batch
-
-    def run(self, url, n, workers, timeout):
-        overseer = OverseerProcess(
-            url, workers, "batch-%d" % self.batch, log={"level": "warning"},
-            runner={"batch": self.batch, "flush_interval": self.flush_interval}).start()
-        try:
-            overseer.wait_done(n, timeout)
-        finally:
-            overseer.stop()
-        return rates(overseer.launched, finish_times(url))
-
-
-class QuietHuey(Huey):
-    """Huey's consumer with -q (log level warning), like taskrunner's side."""
-    name = "huey"
-
-    def run(self, ctx, n, workers, timeout):
-        marks = ctx[1]
-        launched = time.time()
-        proc = common.spawn([sys.executable, "-m", "huey.bin.huey_consumer",
-                             "bench.huey_app.huey", "-k", "process", "-w", str(workers), "-q"],
-                            "huey.log", env=self._env(ctx))
-        try:
-            wait_until(lambda: marks_count(marks) >= n, timeout, "Huey to run %d tasks" % n,
-                       interval=0.2, procs=[proc])
-        finally:
-            stop(proc)
-        with open(marks) as fh:
-            return rates(launched, sorted(float(line) for line in fh))
+    return Taskrunner("batch=%d" % batch, {"runner": {"batch": batch,
+                                                      "flush_interval": flush_interval}})
 
 
 class AnalyzedProcrastinate(Procrastinate):
     """Procrastinate with its jobs table ANALYZEd after the enqueue (as autovacuum would
     soon do): its best case."""
 
-    def prepare(self, backend, n):
-        url = super().prepare(backend, n)
+    def prepare(self, backend, job):
+        url = super().prepare(backend, job)
         conn = common.connect(url, autocommit=True)
         try:
             conn.cursor().execute("ANALYZE")
@@ -68,17 +36,18 @@ class AnalyzedProcrastinate(Procrastinate):
         return url
 
 
-PEER = {"sqlite": QuietHuey(), "postgresql": AnalyzedProcrastinate()}
+# Huey's consumer logs at warning (-q) for a Job at log level warning, like taskrunner's side.
+PEER = {"sqlite": Huey(), "postgresql": AnalyzedProcrastinate()}
 
 
-def run_round(backend, systems, n, workers, timeout):
+def run_round(backend, systems, job):
     """One run of each system; a run that fails (Huey can lose a task to "database is
     locked" under load and never reach n) is recorded as such, and its round left out of
     the medians."""
     out = {}
     for system in systems:
         try:
-            result = measure(system, backend, n, workers, timeout)
+            result = measure(system, backend, job)
         except (common.BenchTimeout, RuntimeError) as exc:
             out[system.name] = {"error": str(exc)}
             print("  %-22s failed: %s" % (system.name, exc), flush=True)
@@ -130,12 +99,13 @@ def main(argv=None):
             peer = PEER.get(backend)
             peer_ok = peer is not None and peer.available(backend) is None
             for workers in [int(w) for w in args.workers.split(",")]:
-                systems = [Batched(int(b)) for b in args.batches.split(",")]
+                systems = [batched(int(b)) for b in args.batches.split(",")]
                 systems += [peer] if peer_ok else []
                 rounds = []
                 for i in range(args.rounds):
                     print("%s, W=%d, round %d" % (backend, workers, i + 1), flush=True)
-                    rounds.append(run_round(backend, systems, args.n, workers, args.timeout))
+                    rounds.append(run_round(backend, systems, Job(
+                        args.n, workers, timeout=args.timeout)))
                 table = summary(rounds, peer.name if peer_ok else None)
                 result["results"]["%s-w%d" % (backend, workers)] = {"rounds": rounds,
                                                                    "median": table}

@@ -36,12 +36,20 @@ from bench import common  # noqa: E402
 
 # Run in the overseer process before it forks: counts into the file argv[1] ("e"/"l":
 # a runner entered/left its wait, "w": it looked for work right after a wait).
+# The runner class is found by the two methods counted, not by its name or module, which
+# differ between the versions compared (taskrunner/runner.py's Worker before the runner
+# became a package).
 BOOT = r"""
-import os, sys
-from taskrunner import runner
+import importlib, os, sys
 from taskrunner.cli import main
+try:
+    module = importlib.import_module("taskrunner.runner.process")
+except ImportError:
+    module = importlib.import_module("taskrunner.runner")
+Runner = next(c for c in vars(module).values()
+              if isinstance(c, type) and hasattr(c, "_wait") and hasattr(c, "_look"))
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-wait, look = runner.Worker._wait, runner.Worker._look
+wait, look = Runner._wait, Runner._look
 def _wait(self, timeout):
     os.write(fd, b"e")
     try:
@@ -54,7 +62,7 @@ def _look(self):
         self.bench_waited = False
         os.write(fd, b"w")
     return look(self)
-runner.Worker._wait, runner.Worker._look = _wait, _look
+Runner._wait, Runner._look = _wait, _look
 sys.exit(main(["--config", sys.argv[2], "overseer"]))
 """
 

@@ -71,6 +71,7 @@ class TaskQueue:
                  migrate: bool = False, ephemeral: bool = False) -> None:
         self._watches: Dict[asyncio.AbstractEventLoop, "_EndWatch"] = {}
         self._executor: Optional[ThreadPoolExecutor] = None
+        periodic.install_hooks()
         if isinstance(url_or_config, Store):
             # A runner's own store: what `run.queue` is inside a handler.
             self.config, self.store = url_or_config.config, url_or_config

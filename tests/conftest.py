@@ -33,6 +33,9 @@ not the test's time). Heavy tests are ordered first (one worker takes them in tu
 timing tests last, so they seldom wait. Each locked test appends a line to ``machine.log``
 beside the lock file (worker, lock, start and end times, test). Without xdist (``-n 0``)
 tests run one at a time anyway, and nothing is locked. The hook is tests/machine_lock.py.
+
+The property tests (Hypothesis) run a tenth of their examples by default, so the README's
+test command stays quick; HYPOTHESIS_PROFILE=ci (.ci/run's full run) runs them all.
 """
 import logging
 import os
@@ -49,6 +52,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 import pytest
+from hypothesis import settings
 
 from taskrunner import Config, TaskQueue
 from taskrunner.host import claimfile, wakeup
@@ -66,6 +70,19 @@ SERVERS = {
 }
 ALL_BACKENDS = ("sqlite", "postgresql", "mysql")
 THROUGH_PGBOUNCER = os.environ.get("TASKRUNNER_TEST_PGBOUNCER") == "1"
+
+# Hypothesis: "fast" by default, "ci" thorough (see `examples`). No example database: a
+# failure is reported with the example that made it, and the tree stays clean.
+settings.register_profile("fast", deadline=None, database=None)
+settings.register_profile("ci", deadline=None, database=None, print_blob=True)
+HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "fast")
+settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def examples(thorough):
+    """A property test's max_examples: `thorough` under the "ci" profile, a tenth of it
+    (at least 10) under the default "fast" one."""
+    return thorough if HYPOTHESIS_PROFILE == "ci" else max(10, thorough // 10)
 
 
 def databases_required():

@@ -13,7 +13,6 @@ import os
 import random
 import shutil
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from taskrunner.calendar import CalendarError, parse_calendar, render_analyze, render_json
+
+from conftest import examples
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 needs_systemd = pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed")
@@ -541,7 +542,7 @@ bases = st.datetimes(datetime(2023, 1, 1), datetime(2026, 12, 31), timezones=st.
 local_zones = st.sampled_from(["UTC", "Europe/Berlin", "America/New_York"])
 base_seconds = st.integers(at("2023-01-01T00:00:00+00:00"), at("2026-12-31T00:00:00+00:00"))
 PROPERTY_SETTINGS = settings(
-    max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(300), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 
@@ -566,7 +567,7 @@ def test_elapses_are_later_and_match(expr, base, tz):
 
 @needs_systemd
 @pytest.mark.timeout(120)
-@settings(max_examples=60, deadline=None, database=None)
+@settings(max_examples=examples(60), deadline=None, database=None)
 @given(expressions(), base_seconds, local_zones)
 def test_hypothesis_against_systemd(expr, base, tz):
     text = expr.text()
@@ -658,18 +659,16 @@ def test_errors_say_what_is_wrong(expr, reason):
     assert "\n" not in message
 
 
-@pytest.mark.timeout(10)
-def test_never_is_fast():
-    started = time.perf_counter()
+# How fast these are: bench/calendar_speed.py.
+@pytest.mark.timeout(60)     # a search that never ends hangs; its speed is not judged here
+def test_an_expression_that_never_elapses_says_so():
     for expr in ("*-02-30", "*-04-31 UTC", "*-02,04,06,09,11-31 Europe/Berlin", "2023-*-* 12:00"):
         assert parse_calendar(expr).next_after(datetime(2024, 1, 1)) is None
-    assert time.perf_counter() - started < 2
 
 
-@pytest.mark.timeout(20)
-def test_thousands_of_elapses_per_second():
+@pytest.mark.timeout(60)
+def test_thousands_of_elapses_across_a_clock_change_are_evenly_spaced():
     event = parse_calendar("*:*:0/5 Europe/Berlin")
-    started = time.perf_counter()
     elapses = event.iter_after(datetime(2024, 3, 31), 3000)  # across the switch to summer time
-    assert time.perf_counter() - started < 3
+    assert len(elapses) == 3000
     assert all(b.timestamp() - a.timestamp() == 5 for a, b in zip(elapses, elapses[1:]))

@@ -10,13 +10,13 @@ import sqlite3
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import Database, taskrunner
+from conftest import Database, examples, taskrunner
 
 ECHO = "taskrunner.handlers.Echo"
 
 
-def fuzz(examples):
-    return settings(max_examples=examples, deadline=None, database=None,
+def fuzz(thorough):
+    return settings(max_examples=examples(thorough), deadline=None, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow, HealthCheck.data_too_large])
 

@@ -3,6 +3,9 @@ refused in one line; a write is one transaction. (That no URL's secret is ever s
 test_masking.py.)"""
 import re
 import sqlite3
+import subprocess
+import sys
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
@@ -11,7 +14,7 @@ from taskrunner.store.db import (MINIMUM_VERSIONS, check_version, open_database,
                                  parse_mysql_version, server_version)
 from taskrunner.errors import ConfigError
 
-from conftest import taskrunner
+from conftest import process_env, taskrunner
 
 
 @pytest.mark.parametrize("url", ["sqlite:", "sqlite://", "sqlite:///", "sqlite:///:memory:",
@@ -54,6 +57,31 @@ def test_a_mysql_urls_password_reaches_pymysql_by_its_own_name():
     assert "passwd" not in params
     assert (params["user"], params["password"], params["host"], params["port"]) == \
         ("app", "p@ss", "db.example", 3307)
+
+
+@pytest.mark.parametrize("database", ["mysql"], indirect=True)
+def test_a_mysql_connection_with_a_password_warns_of_nothing(database):
+    """The whole path, URL to an open queue, under ``-W error::DeprecationWarning``: a
+    password in the URL is the case PyMySQL's deprecated `passwd` alias came from."""
+    user, password = "trpw_%s" % database.name[-12:], "p@ss w"
+    with database.admin.cursor() as cur:
+        cur.execute("CREATE USER %s@'%%' IDENTIFIED BY %s", (user, password))
+        cur.execute("GRANT ALL ON `%s`.* TO %%s@'%%%%'" % database.name, (user,))
+    try:
+        parts = urlsplit(database.url)
+        url = urlunsplit(parts._replace(netloc="%s:%s@%s:%d" % (
+            user, quote(password), parts.hostname, parts.port or 3306)))
+        script = ("import sys\nfrom taskrunner import TaskQueue\n"
+                  "with TaskQueue(sys.argv[1]) as queue:\n"
+                  "    print(queue.add_task('taskrunner.handlers.Echo'))\n")
+        result = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c",
+                                 script, url], env=process_env(), capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        assert int(result.stdout) > 0
+    finally:
+        with database.admin.cursor() as cur:
+            cur.execute("DROP USER %s@'%%'", (user,))
 
 
 @pytest.mark.parametrize("product,version,ok", [

@@ -91,7 +91,7 @@ def test_the_lease_of_a_runner_marked_dead_is_free_at_once(queue):
     assert leadership.Lease(store, row.id + 1, OVERSEER).renew()
 
 
-def test_racing_processes_take_a_free_lease_exactly_once(database):
+def test_racing_connections_take_a_free_lease_exactly_once(database):
     """Eight connections (threads, each its own store) UPDATE at the same instant."""
     stores = [database.queue().store for _ in range(8)]
     for store in stores:

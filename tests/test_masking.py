@@ -13,7 +13,7 @@ from taskrunner import masking
 from taskrunner.config import SECRET_KEYS
 from taskrunner.masking import MASK, mask_url, redact, text_masker
 
-from conftest import Database, taskrunner
+from conftest import Database, examples, taskrunner
 
 WORDS = ["password", "token", "secret"]
 # The pattern before its lookahead: the same matches, in time quadratic in an unclosed quote
@@ -31,7 +31,7 @@ def _old_mask(text):
                                                        m.group(3), '"%s"' % MASK), text)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(2000), deadline=None)
 @given(st.lists(_pieces, max_size=16).map("".join))
 def test_a_line_is_masked_as_the_backtracking_pattern_masked_it(text):
     assert text_masker(WORDS)(text) == _old_mask(text)
@@ -114,7 +114,7 @@ def secret_urls(draw):
                                       password.replace("&", ""))
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(secret_urls())
 def test_no_url_shape_shows_its_secret(url):
     assert SECRET not in redact(url)
@@ -128,7 +128,7 @@ _pieces = st.sampled_from(["password", "pwd", "host", "Pass%77ord", "=", " = ", 
                            "/", "//", "'", '"', " ", "\t", "x", "s3", "@", ":", "\\"])
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(st.lists(_pieces, max_size=14).map("".join))
 def test_redaction_finds_the_keywords_the_unanchored_pattern_found(text):
     anchored = masking._KEY
@@ -140,7 +140,7 @@ def test_redaction_finds_the_keywords_the_unanchored_pattern_found(text):
     assert redact(text) == expected
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=examples(60), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(url=secret_urls(), command=st.sampled_from(
     [["check"], ["status", "--json"], ["init-db"], ["tasks"], ["add", "x.Y"]]))

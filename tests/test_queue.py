@@ -67,6 +67,18 @@ def test_rule1_create_missing_runs_never_doubles_a_live_run(queue):
     assert len(runs_of(task_id)) == 1
 
 
+def test_a_refused_run_leaves_its_task_as_it_was(queue, runner_id):
+    now = utcnow()
+    task_id = queue.add_task(ECHO)
+    lifecycle.claim(queue.store, runner_id)
+    # A creator that raced the running run (its next_run_on still due): its run is refused
+    # by the unique index, and the task must not be told of a run that does not exist.
+    Task.update(next_run_on=now - timedelta(seconds=1)).where(Task.id == task_id).execute()
+    lifecycle.create_missing_runs(queue.store, now)
+    task = Task.get_by_id(task_id)
+    assert (task.last_status, task.run_count, len(runs_of(task_id))) == (RUNNING, 1, 1)
+
+
 def test_claim_order_is_priority_then_fifo(queue, runner_id):
     now = utcnow()
     low_old = enqueue.add_task(queue.store, ECHO, scheduled_on=utc(now - timedelta(seconds=30)), now=now)

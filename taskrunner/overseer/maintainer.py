@@ -32,7 +32,6 @@ from the fleet.
 import contextlib
 import logging
 import os
-import select
 import signal
 import time
 
@@ -44,6 +43,7 @@ from ..periodic import scheduler as periodic
 from ..store import outage
 from ..store.bound import Store
 from ..store.models import MAINTAINER, utcnow
+from .signals import SignalPipe
 
 log = logging.getLogger("taskrunner.maintainer")
 
@@ -58,6 +58,7 @@ class Maintainer:
 
     def __init__(self, config, overseer_id, overseer_pid, notify_fd=None):
         self.config = config
+        periodic.install_hooks()
         self.store = Store(config)
         self.overseer_id = overseer_id
         self.overseer_pid = overseer_pid
@@ -73,27 +74,13 @@ class Maintainer:
         self.db_lost_at = None        # tick time of the first failure of an outage
         self.db_back_at = None        # UTC of the attempt that found the database back
         self._process = psutil.Process()
-        self._wake_r = self._wake_w = None
+        self.signal_pipe = SignalPipe(self.SIGNALS, self._on_signal)
 
     # -- signals ------------------------------------------------------------------------
-
-    def _setup_signals(self):
-        self._wake_r, self._wake_w = os.pipe()
-        for fd in (self._wake_r, self._wake_w):
-            os.set_blocking(fd, False)
-        signal.set_wakeup_fd(self._wake_w)
-        for name in self.SIGNALS:
-            signal.signal(getattr(signal, name), self._on_signal)
 
     def _on_signal(self, signum, frame):   # record only: the step under way finishes
         if self.stop_reason is None:
             self.stop_reason = "received %s" % signal.Signals(signum).name
-
-    def _sleep(self, timeout):
-        if timeout > 0 and select.select([self._wake_r], [], [], timeout)[0]:
-            with contextlib.suppress(BlockingIOError):
-                while os.read(self._wake_r, 512):
-                    pass
 
     def notify(self):
         """A sign of life for the overseer (MaintainerProcess.listen)."""
@@ -161,10 +148,10 @@ class Maintainer:
 
     def run(self):
         """The body of the forked maintainer; returns its exit code."""
-        self._setup_signals()
+        self.signal_pipe.install()
         try:
             while (wake := self.tick(time.monotonic())) is not None:
-                self._sleep(wake - time.monotonic())
+                self.signal_pipe.sleep(wake - time.monotonic())
         finally:
             self.shutdown()
         return self.exit_code

@@ -30,7 +30,6 @@ import contextlib
 import logging
 import os
 import random
-import select
 import signal
 import time
 
@@ -49,6 +48,7 @@ from ..runner.loop import Runner
 from ..store import outage
 from ..store.bound import BRIEF, Store
 from .maintainer import Maintainer, MaintainerProcess
+from .signals import SignalPipe
 
 log = logging.getLogger("taskrunner.overseer")
 
@@ -84,6 +84,7 @@ class Overseer:
         self.config = config
         self.config_path = config_path
         self.database_url = database_url
+        periodic.install_hooks()     # for its forked runners too
         self.store = Store(config, patience=BRIEF)
         self.now = time.monotonic()   # the clock of the current tick
         self.pid = os.getpid()
@@ -105,31 +106,16 @@ class Overseer:
         self.marks = []               # (pid, reason, stopped) of children reaped, to mark
         self.db_lost_at = None        # tick time of the first failure of a database streak
         self.db_refused_at = None     # tick time of the last statement the database refused
-        self._wake_r = self._wake_w = None
+        self.signal_pipe = SignalPipe(self.SIGNALS, self._on_signal)
         self.hub = HubProcess(self.store.wakeup_directory, config.queues,
                               wakeup.listen_url(config.database))
         self.maintainer = MaintainerProcess()
 
     # -- signals ------------------------------------------------------------------------
 
-    def _setup_signals(self):
-        self._wake_r, self._wake_w = os.pipe()
-        for fd in (self._wake_r, self._wake_w):
-            os.set_blocking(fd, False)
-        signal.set_wakeup_fd(self._wake_w)
-        for name in self.SIGNALS:
-            signal.signal(getattr(signal, name), self._on_signal)
-
     def _on_signal(self, signum, frame):  # record only; SIGCHLD just wakes the loop to reap
         if signum != signal.SIGCHLD:
             self.signals.append(signum)
-
-    def _sleep(self, timeout):
-        """Until a signal or `timeout`."""
-        if timeout > 0 and select.select([self._wake_r], [], [], timeout)[0]:
-            with contextlib.suppress(BlockingIOError):
-                while os.read(self._wake_r, 512):
-                    pass
 
     def handle_term(self):
         """Graceful stop; a second one stops fast."""
@@ -281,10 +267,8 @@ class Overseer:
             return pid
         code = 1
         try:
-            for sig in self.SIGNALS:
-                signal.signal(getattr(signal, sig), signal.SIG_DFL)
-            signal.set_wakeup_fd(-1)
-            for fd in (self._wake_r, self._wake_w, self.maintainer.pipe) + tuple(close):
+            self.signal_pipe.uninstall_in_child()
+            for fd in (self.maintainer.pipe,) + tuple(close):
                 if fd is not None:
                     os.close(fd)
             liveness.die_with_parent(death_signal)
@@ -477,11 +461,11 @@ class Overseer:
                  self.pid, self.num_runners, self.config.overseer.check_interval)
 
     def run(self):
-        self._setup_signals()
+        self.signal_pipe.install()
         self.prepare()
         try:
             while (delay := self.tick(time.monotonic())) is not None:
-                self._sleep(delay)
+                self.signal_pipe.sleep(delay)
         finally:
             self.shutdown()
         return self.exit_code

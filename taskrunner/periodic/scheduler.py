@@ -666,7 +666,12 @@ def record_outcome(store, periodic_task_id, status, now, error_code=None):
                                                       ).execute()
 
 
-lifecycle.on_outcome(record_outcome)
+def install_hooks():
+    """Wire this module's bookkeeping into the run lifecycle (`record_outcome` on every end
+    of a periodic task's run). Called where a process builds its store (TaskQueue, the
+    overseer, the maintainer), never by importing this module: an import kept only for its
+    side effect is one linter fix away from silently stopping the bookkeeping."""
+    lifecycle.on_outcome(record_outcome)
 
 
 def allow_start(store, periodic_task_id, now=None):

@@ -6,7 +6,8 @@ back.
 Rule 1 (one live run per task) is the unique index on ``task_runs.active_task_id``. The
 statements are the catalogue's (sql.py), each with the race it closes; this module decides
 which one runs when, in one write transaction of the store. What others do when a run ends
-(a periodic task's last status) is a hook registered with `on_outcome`, so this module
+(a periodic task's last status) is a hook registered with `on_outcome` where a process builds
+its store (periodic.scheduler.install_hooks), so this module
 imports none of them.
 
 Times: a `now` given here is this host's (a runner's clock, or the time a test injects);
@@ -114,23 +115,32 @@ def create_missing_runs(store, now=None, batch=500):
 
 
 def _create_runs(store, ids, now):
-    """The next run of each task in `ids` (locked by the caller), inside its transaction."""
+    """The next run of each task in `ids` (locked by the caller), inside its transaction.
+    A task that has a live run already (a creator that raced it: a retry, a rerun, a
+    release) gets none, and keeps its status and run count: only its stale due time is
+    cleared, as the end of that live run sets the next one."""
     Task, Run = store.Task, store.Run
     ids = create_keyed_runs(store, ids, now)      # leaves the tasks without a key
     if not ids:
         return
     live = Run.select(Run.id).where(Run.active_task_id == Task.id)
+    fresh = [t.id for t in Task.select(Task.id).where(Task.id.in_(ids) & ~pw.fn.EXISTS(live))]
+    refused = set(ids) - set(fresh)
+    if refused:
+        Task.update(next_run_on=None).where(Task.id.in_(sorted(refused))).execute()
+    if not fresh:
+        return
     source = (Task.select(Task.id, pw.Value(now), pw.Value(now), Task.run_count + 1,
                           Task.id, Task.priority, Task.scheduled_on,
                           pw.Value(SCHEDULED), pw.Value(0), Task.queue, Task.rate_key,
                           Task.tenant)
-              .where(Task.id.in_(ids) & ~pw.fn.EXISTS(live)))
+              .where(Task.id.in_(fresh)))
     Run.insert_from(source, [Run.task_id, Run.created_on, Run.updated_on, Run.attempt,
                              Run.active_task_id, Run.priority, Run.scheduled_on, Run.status,
                              Run.percent_completed, Run.queue, Run.rate_key,
                              Run.tenant]).execute()
     (Task.update(next_run_on=None, run_count=Task.run_count + 1, last_status=SCHEDULED,
-                 updated_on=now).where(Task.id.in_(ids)).execute())
+                 updated_on=now).where(Task.id.in_(fresh)).execute())
 
 
 # -- claiming -----------------------------------------------------------------------------------

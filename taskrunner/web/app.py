@@ -26,7 +26,7 @@ from ..errors import InputError, StateError, TaskNotFound
 from . import pages
 from .assets import CSS, JS
 from .auth import Guard, parse_bind, peer_uid
-from .html import e, page
+from .html import H, page
 
 log = logging.getLogger("taskrunner.dashboard")
 
@@ -119,7 +119,7 @@ class Dashboard:
             return self.error(path, str(exc), "400 Bad Request")
 
     def error(self, path: str, message: str, code: str) -> Response:
-        return _html(page(code.split(" ", 1)[1], path, '<p class="notice">%s</p>' % e(message),
+        return _html(page(code.split(" ", 1)[1], path, H('<p class="notice">%s</p>') % message,
                           read_only=self.read_only), code)
 
     # -- GET ----------------------------------------------------------------------------------

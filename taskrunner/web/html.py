@@ -1,6 +1,11 @@
 """HTML building blocks of the dashboard: escaping, the page frame, times, progress bars,
-tables and the inline SVG charts. Every value that comes from the database goes through
-`e()` (task data and results are shown as text, never as markup)."""
+tables and the inline SVG charts.
+
+Escaping is the default, not a duty: HTML is a `Markup` (``H('<b>%s</b>') % value``), and a
+`Markup` escapes every value put into it — by ``%``, ``+`` or ``join`` — unless that value
+is a `Markup` itself (numbers pass as they are). `table` cells and a `page`'s body that are
+not `Markup` are escaped too. A page that forgets to mark its HTML shows it as text; it
+cannot emit a value unescaped (task data and results are shown as text, never as markup)."""
 import json
 from datetime import datetime, timezone
 from html import escape
@@ -15,8 +20,34 @@ STATUS_COLOURS = {"scheduled": "#6c8ebf", "running": "#2f80ed", "retrying": "#f2
                   "waiting": "#8e7cc3"}
 
 
-def e(value: Any) -> str:
-    return escape("" if value is None else str(value), quote=True)
+class Markup(str):
+    """Text that is HTML already. What goes into it is escaped unless it is a Markup."""
+
+    __slots__ = ()
+
+    def __mod__(self, args: Any) -> "Markup":
+        values = args if isinstance(args, tuple) else (args,)
+        return Markup(str.__mod__(self, tuple(
+            v if isinstance(v, (Markup, int, float)) else e(v) for v in values)))
+
+    def __add__(self, other: Any) -> "Markup":
+        return Markup(str.__add__(self, e(other)))
+
+    def __radd__(self, other: Any) -> "Markup":
+        return Markup(str.__add__(e(other), self))
+
+    def join(self, parts: Iterable[Any]) -> "Markup":
+        return Markup(str.join(self, [e(p) for p in parts]))
+
+
+H = Markup
+
+
+def e(value: Any) -> Markup:
+    """`value` as HTML: escaped text, or itself when it is a Markup already."""
+    if isinstance(value, Markup):
+        return value
+    return Markup(escape("" if value is None else str(value), quote=True))
 
 
 def query(**params: Any) -> str:
@@ -34,7 +65,7 @@ def when(value: Optional[datetime]) -> str:
     into the viewer's local time (the zone said once, in the header)."""
     if value is None:
         return ""
-    return '<time datetime="%s">%s</time>' % (e(value.isoformat()),
+    return H('<time datetime="%s">%s</time>') % (e(value.isoformat()),
                                                e(value.strftime("%Y-%m-%d %H:%M:%S")))
 
 
@@ -65,21 +96,21 @@ def ago(value: Optional[datetime], at: Optional[datetime] = None) -> str:
 def status(name: Optional[str]) -> str:
     if not name:
         return ""
-    return '<span class="status status-%s">%s</span>' % (e(name), e(name))
+    return H('<span class="status status-%s">%s</span>') % (e(name), e(name))
 
 
 def progress(percent: Optional[int]) -> str:
     if percent is None:
         return ""
-    return ('<progress max="100" value="%d" title="%d%%"></progress> <span class="pct">%d%%'
-            '</span>' % (percent, percent, percent))
+    return H('<progress max="100" value="%d" title="%d%%"></progress> <span class="pct">%d%%'
+             '</span>') % (percent, percent, percent)
 
 
 def pretty(value: Any) -> str:
     """JSON data or results, indented, as escaped text."""
     if value is None:
-        return '<span class="muted">none</span>'
-    return "<pre>%s</pre>" % e(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+        return H('<span class="muted">none</span>')
+    return H("<pre>%s</pre>") % e(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
 
 
 def short(value: Any, width: int = 80) -> str:
@@ -89,36 +120,38 @@ def short(value: Any, width: int = 80) -> str:
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]], empty: str = "nothing here",
           css: str = "") -> str:
-    """A table of cells that are already HTML, in a box of its own that scrolls sideways
+    """A table of cells (escaped unless Markup), in a box of its own that scrolls sideways
     when the table is wider than the screen (a phone), so the page itself never does."""
     rows = list(rows)
     if not rows:
-        return '<p class="muted empty">%s</p>' % e(empty)
-    head = "".join("<th>%s</th>" % e(h) for h in headers)
-    body = "".join("<tr>%s</tr>" % "".join("<td>%s</td>" % c for c in row) for row in rows)
-    return ('<div class="scroll"><table class="%s"><thead><tr>%s</tr></thead><tbody>%s'
-            '</tbody></table></div>' % (e(css), head, body))
+        return H('<p class="muted empty">%s</p>') % empty
+    head = H("").join(H("<th>%s</th>") % h for h in headers)
+    body = H("").join(H("<tr>%s</tr>") % H("").join(H("<td>%s</td>") % c for c in row)
+                      for row in rows)
+    return H('<div class="scroll"><table class="%s"><thead><tr>%s</tr></thead><tbody>%s'
+             '</tbody></table></div>') % (css, head, body)
 
 
 def csrf_form(action: str, token: str, button: str, fields: Optional[dict] = None,
               css: str = "") -> str:
-    hidden = "".join('<input type="hidden" name="%s" value="%s">' % (e(k), e(v))
-                     for k, v in (fields or {}).items() if v not in (None, ""))
-    return ('<form method="post" action="%s" class="inline"><input type="hidden" name="csrf" '
-            'value="%s">%s<button type="submit" class="%s">%s</button></form>'
-            % (e(action), e(token), hidden, e(css), e(button)))
+    hidden = H("").join(H('<input type="hidden" name="%s" value="%s">') % (k, v)
+                        for k, v in (fields or {}).items() if v not in (None, ""))
+    return (H('<form method="post" action="%s" class="inline"><input type="hidden" '
+              'name="csrf" value="%s">%s<button type="submit" class="%s">%s</button></form>')
+            % (action, token, hidden, css, button))
 
 
 def page(title: str, path: str, body: str, notice: Optional[str] = None,
          parts: Optional[str] = None, read_only: bool = False) -> str:
-    """The frame around a page: navigation, an optional notice, the live-parts endpoint."""
-    nav = "".join('<a href="%s"%s>%s</a>' % (href, ' class="active"' if (
+    """The frame around a page: navigation, an optional notice, the live-parts endpoint.
+    `body`: escaped unless Markup."""
+    nav = H("").join(H('<a href="%s"%s>%s</a>') % (href, H(' class="active"') if (
         path == href or (href != "/" and path.startswith(href))) else "", label)
         for href, label in NAV)
-    flash = '<p class="notice" role="status">%s</p>' % e(notice) if notice else ""
-    live = ' data-parts="%s"' % e(parts) if parts else ""
-    badge = '<span class="badge">read-only</span>' if read_only else ""
-    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+    flash = H('<p class="notice" role="status">%s</p>') % notice if notice else ""
+    live = H(' data-parts="%s"') % parts if parts else ""
+    badge = H('<span class="badge">read-only</span>') if read_only else ""
+    return H("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             "<title>%s · taskrunner</title><link rel=\"icon\" href=\"data:,\">"
             "<link rel=\"stylesheet\" href=\"/static/app.css\">"
@@ -126,8 +159,8 @@ def page(title: str, path: str, body: str, notice: Optional[str] = None,
             "<body%s><header><span class=\"brand\">taskrunner</span><nav>%s</nav>%s"
             "<span class=\"refreshed\" id=\"refreshed\"></span>"
             "<span class=\"zone\" id=\"zone\">times in UTC</span></header>"
-            "<main><h1>%s</h1>%s%s</main></body></html>"
-            % (e(title), live, nav, badge, e(title), flash, body))
+            "<main><h1>%s</h1>%s%s</main></body></html>") % (
+                title, live, nav, badge, title, flash, body)
 
 
 # -- pictures -------------------------------------------------------------------------------
@@ -136,18 +169,18 @@ def status_bar(counts: dict) -> str:
     """One horizontal bar split by the share of each status (SVG)."""
     total = sum(counts.values())
     if not total:
-        return ""
+        return H("")
     x, parts = 0.0, []
     for name, n in counts.items():
         if not n:
             continue
         width = 1000.0 * n / total
-        parts.append('<rect x="%.2f" y="0" width="%.2f" height="18" fill="%s"><title>%s: %d'
-                     '</title></rect>' % (x, max(width, 1.5), STATUS_COLOURS.get(name, "#999"),
+        parts.append(H('<rect x="%.2f" y="0" width="%.2f" height="18" fill="%s"><title>%s: %d'
+                       '</title></rect>') % (x, max(width, 1.5), STATUS_COLOURS.get(name, "#999"),
                                           e(name), n))
         x += width
-    return ('<svg class="statusbar" viewBox="0 0 1000 18" preserveAspectRatio="none" '
-            'role="img" aria-label="tasks by status">%s</svg>' % "".join(parts))
+    return H('<svg class="statusbar" viewBox="0 0 1000 18" preserveAspectRatio="none" '
+             'role="img" aria-label="tasks by status">%s</svg>') % H("").join(parts)
 
 
 def minute_chart(minutes: List[Any]) -> str:
@@ -163,18 +196,19 @@ def minute_chart(minutes: List[Any]) -> str:
         base = height - bottom
         label = "%s UTC: %d succeeded, %d failed" % (m.minute.strftime("%H:%M"), m.succeeded,
                                                       m.failed)
-        bars.append('<g><title>%s</title><rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" '
-                    'fill="#27ae60"/><rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" '
-                    'fill="#d64545"/></g>' % (e(label), x, base - ok_h, step * 0.8, ok_h,
-                                              x, base - ok_h - bad_h, step * 0.8, bad_h))
+        bars.append(H('<g><title>%s</title><rect x="%.1f" y="%.1f" width="%.1f" '
+                      'height="%.1f" fill="#27ae60"/><rect x="%.1f" y="%.1f" width="%.1f" '
+                      'height="%.1f" fill="#d64545"/></g>') % (
+            e(label), x, base - ok_h, step * 0.8, ok_h, x, base - ok_h - bad_h, step * 0.8,
+            bad_h))
     ticks = []
     for i in range(0, len(minutes), 10):
-        ticks.append('<text x="%.1f" y="%d" class="tick">%s</text>' % (
+        ticks.append(H('<text x="%.1f" y="%d" class="tick">%s</text>') % (
             left + i * step, height - 6, e(minutes[i].minute.strftime("%H:%M"))))
-    axis = ('<text x="%d" y="14" class="tick" text-anchor="end">%d</text>'
-            '<text x="%d" y="%d" class="tick" text-anchor="end">0</text>'
-            '<line x1="%d" y1="%d" x2="%d" y2="%d" class="axis"/>'
+    axis = (H('<text x="%d" y="14" class="tick" text-anchor="end">%d</text>'
+              '<text x="%d" y="%d" class="tick" text-anchor="end">0</text>'
+              '<line x1="%d" y1="%d" x2="%d" y2="%d" class="axis"/>')
             % (left - 6, peak, left - 6, height - bottom, left, height - bottom, width,
                height - bottom))
-    return ('<svg class="chart" viewBox="0 0 %d %d" role="img" aria-label="runs finished per '
-            'minute">%s%s%s</svg>' % (width, height, axis, "".join(bars), "".join(ticks)))
+    return H('<svg class="chart" viewBox="0 0 %d %d" role="img" aria-label="runs finished per '
+             'minute">%s%s%s</svg>') % (width, height, axis, H("").join(bars), H("").join(ticks))

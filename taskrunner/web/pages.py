@@ -12,7 +12,7 @@ from typing import Any, Dict, Mapping, Optional
 from ..reads import records as reads, summaries, workflows
 from ..errors import InputError
 from ..masking import masked
-from .html import (ago, csrf_form, e, minute_chart, pretty, progress, query, short, span, status,
+from .html import (H, ago, csrf_form, e, minute_chart, pretty, progress, query, short, span, status,
                    status_bar, table, when)
 from .html import now as utcnow
 
@@ -84,8 +84,8 @@ def filter_params(params: Mapping[str, str]) -> Dict[str, str]:
 def overview_live(view: View, params: Mapping[str, str]) -> str:
     store = view.store
     counts = summaries.status_counts(store, view.succeeded())
-    tiles = "".join(
-        '<a class="tile tile-%s" href="/tasks%s"><span class="n">%d</span><span>%s</span></a>'
+    tiles = H("").join(
+        H('<a class="tile tile-%s" href="/tasks%s"><span class="n">%d</span><span>%s</span></a>')
         % (e(name), e(query(status=name)), n, e(name))
         for name, n in counts.items())
     minutes = summaries.runs_per_minute(store)
@@ -94,17 +94,17 @@ def overview_live(view: View, params: Mapping[str, str]) -> str:
     hosts: Dict[str, list] = OrderedDict()
     for runner in reads.running_runners(store):
         hosts.setdefault(runner.host, []).append(runner)
-    host_rows = [[e(host), "%d" % sum(r.kind == "runner" for r in rows),
-                  "%d" % sum(r.run_id is not None for r in rows),
+    host_rows = [[e(host), H("%d") % sum(r.kind == "runner" for r in rows),
+                  H("%d") % sum(r.run_id is not None for r in rows),
                   "yes" if any(r.kind == "overseer" for r in rows) else "no"]
                  for host, rows in hosts.items()]
-    return ('<section class="tiles">%s</section>%s'
+    return (H('<section class="tiles">%s</section>%s'
             '<div class="cols"><section class="card wide"><h2>Runs finished per minute, last '
             'hour <small>%d succeeded · %d failed</small></h2>%s</section>'
             '<section class="card"><h2>Queue lag</h2><p class="big" id="queue-lag">%s</p>'
             '<p class="muted">age of the oldest due run (paused queues left out)</p>'
             '<h2>Runners alive</h2>%s</section>'
-            '</div>%s' % (tiles, status_bar(counts), done[0], done[1], minute_chart(minutes),
+            '</div>%s') % (tiles, status_bar(counts), done[0], done[1], minute_chart(minutes),
                           span(lag) if lag else "none", table(
                               ["Host", "Runners", "Busy", "Overseer"], host_rows,
                               "no runner is running"), queues_card(view)))
@@ -116,20 +116,20 @@ def queues_card(view: View) -> str:
     Pause / Resume button."""
     rows = []
     for q in reads.queue_stats(view.store):
-        toggle = view.action("/queues/%s" % ("resume" if q.paused else "pause"),
+        toggle = view.action(H("/queues/%s") % ("resume" if q.paused else "pause"),
                              "Resume" if q.paused else "Pause", {"name": q.name},
                              css="" if q.paused else "danger")
-        rows.append(['<a href="/tasks%s">%s</a>' % (e(query(queue=q.name)), e(q.name)),
+        rows.append([H('<a href="/tasks%s">%s</a>') % (e(query(queue=q.name)), e(q.name)),
                      status("paused" if q.paused else "active"),
-                     e(q.limit) if q.limit is not None else '<span class="muted">-</span>',
-                     '<a href="/tasks%s">%d</a>' % (e(query(queue=q.name, status="scheduled")),
+                     e(q.limit) if q.limit is not None else H('<span class="muted">-</span>'),
+                     H('<a href="/tasks%s">%d</a>') % (e(query(queue=q.name, status="scheduled")),
                                                     q.scheduled),
-                     "%d" % q.due,
-                     '<a href="/tasks%s">%d</a>' % (e(query(queue=q.name, status="running")),
-                                                    q.running), "%d" % q.runners,
-                     '<span class="muted">paused %s</span>' % span(q.paused_for) if q.paused
-                     else span(q.lag) if q.lag else '<span class="muted">none</span>', toggle])
-    return '<section class="card" id="queues"><h2>Queues</h2>%s</section>' % table(
+                     H("%d") % q.due,
+                     H('<a href="/tasks%s">%d</a>') % (e(query(queue=q.name, status="running")),
+                                                       q.running), H("%d") % q.runners,
+                     H('<span class="muted">paused %s</span>') % span(q.paused_for) if q.paused
+                     else span(q.lag) if q.lag else H('<span class="muted">none</span>'), toggle])
+    return H('<section class="card" id="queues"><h2>Queues</h2>%s</section>') % table(
         ["Queue", "State", "Host limit", "Scheduled", "Due", "Running", "Runners", "Lag", ""],
         rows, "no queue is used yet", css="queues") + rates_card(view)
 
@@ -141,12 +141,12 @@ def rates_card(view: View) -> str:
     fair = [q for q in reads.queue_stats(view.store) if q.fair_by or q.aging]
     if not limits and not fair:
         return ""
-    rows = [[e(b["kind"]), e(b["name"]), e(b["limit"]), "%g" % b["burst"],
-             "%.1f" % b["allowance"], "%d" % b["throttled"]] for b in limits]
+    rows = [[e(b["kind"]), e(b["name"]), e(b["limit"]), H("%g") % b["burst"],
+             H("%.1f") % b["allowance"], H("%d") % b["throttled"]] for b in limits]
     tenants = [[e(q.name), e(q.fair_by or "-"),
-                "%d" % q.tenants_waiting if q.tenants_waiting is not None else "-",
+                H("%d") % q.tenants_waiting if q.tenants_waiting is not None else "-",
                 span(q.aging) if q.aging else "-"] for q in fair]
-    return ('<section class="card" id="flow"><h2>Flow control</h2>%s%s</section>' % (
+    return (H('<section class="card" id="flow"><h2>Flow control</h2>%s%s</section>') % (
         table(["Kind", "Name", "Limit", "Burst", "Allowance", "Throttled runs"], rows,
               "no rate limit", css="rates"),
         table(["Queue", "Fair by", "Tenants waiting", "Aging"], tenants, "no fair queue",
@@ -158,10 +158,10 @@ def overview(view: View, params: Mapping[str, str]) -> str:
            if p.enabled and p.nextrun]
     due.sort(key=lambda p: p.nextrun or datetime.max.replace(tzinfo=timezone.utc))
     at = utcnow()
-    rows = [['<a href="/tasks%s">%s</a>' % (e(query(periodic=p.name)), e(p.name)), e(p.timer),
+    rows = [[H('<a href="/tasks%s">%s</a>') % (e(query(periodic=p.name)), e(p.name)), e(p.timer),
              when(p.nextrun), e(ago(p.nextrun, at))] for p in due[:10]]
-    return ('<div id="overview-live" data-live>%s</div><section class="card"><h2>Next periodic '
-            'tasks due</h2>%s</section>' % (overview_live(view, params), table(
+    return (H('<div id="overview-live" data-live>%s</div><section class="card"><h2>Next periodic '
+            'tasks due</h2>%s</section>') % (overview_live(view, params), table(
                 ["Periodic task", "Timer", "Next due", ""], rows,
                 "no enabled periodic task is due")))
 
@@ -174,7 +174,7 @@ def runners_live(view: View, params: Mapping[str, str]) -> str:
     for r in reads.running_runners(view.store):
         hosts.setdefault(r.host, []).append(r)
     if not hosts:
-        return '<p class="muted empty">no runner or overseer is running</p>'
+        return H('<p class="muted empty">no runner or overseer is running</p>')
     served = summaries.runner_queues(view.store)
     parts = []
     for host, rows in hosts.items():
@@ -187,70 +187,70 @@ def runners_live(view: View, params: Mapping[str, str]) -> str:
                 if run is not None and run.started_on is not None:
                     elapsed = span((at - run.started_on).total_seconds())
                 task = reads.get_task(view.store, r.task_id)
-                current = '<a href="/tasks/%d">task %d</a> run %d' % (r.task_id, r.task_id,
+                current = H('<a href="/tasks/%d">task %d</a> run %d') % (r.task_id, r.task_id,
                                                                       r.run_id)
                 handler = e(task.handler)
             else:
-                current, handler = '<span class="muted">idle</span>', ""
+                current, handler = H('<span class="muted">idle</span>'), ""
             state = status("stopping" if r.state != "running" else r.state)
             if r.stopping_reason is not None:
-                state += '<br><small class="muted">%s, since %s</small>' % (
+                state += H('<br><small class="muted">%s, since %s</small>') % (
                     e(r.stopping_reason), when(r.stopping_since))
             cells.append([e(r.id), e(r.kind), e(r.pid), state,
-                          " ".join('<a class="queue" href="/tasks%s">%s</a>' % (
+                          H(" ").join(H('<a class="queue" href="/tasks%s">%s</a>') % (
                               e(query(queue=name)), e(name)) for name in served.get(r.id, ())),
                           current, handler,
                           progress(r.progress), elapsed,
-                          "%s MB" % e(r.rss_mb) if r.rss_mb is not None else "",
+                          H("%s MB") % e(r.rss_mb) if r.rss_mb is not None else "",
                           e(r.runs_done), e(ago(r.heartbeat_on, at))])
-        parts.append('<section class="card"><h2>%s</h2>%s</section>' % (e(host), table(
+        parts.append(H('<section class="card"><h2>%s</h2>%s</section>') % (e(host), table(
             ["ID", "Kind", "PID", "State", "Queues", "Current run", "Handler", "Progress",
              "Elapsed", "RSS", "Runs done", "Heartbeat"], cells, css="runners")))
-    return "".join(parts)
+    return H("").join(parts)
 
 
 def runners(view: View, params: Mapping[str, str]) -> str:
-    return '<div id="runners-live" data-live>%s</div>' % runners_live(view, params)
+    return H('<div id="runners-live" data-live>%s</div>') % runners_live(view, params)
 
 
 # -- tasks ----------------------------------------------------------------------------------
 
 def _filter_form(params: Mapping[str, str]) -> str:
-    options = "".join('<option value="%s"%s>%s</option>' % (
+    options = H("").join(H('<option value="%s"%s>%s</option>') % (
         e(s), " selected" if params.get("status") == s else "", e(s))
         for s in ("",) + summaries.STATUS_FILTERS)
-    field = '<label>%s <input name="%s" value="%s" placeholder="%s"%s></label>'
-    return ('<form method="get" action="/tasks" class="filters" id="task-filters">'
+    field = H('<label>%s <input name="%s" value="%s" placeholder="%s"%s></label>')
+    return (H('<form method="get" action="/tasks" class="filters" id="task-filters">'
             '<label>Status <select name="status">%s</select></label>%s%s%s%s%s%s'
-            '<button type="submit">Filter</button> <a href="/tasks">clear</a></form>' % (
+            '<button type="submit">Filter</button> <a href="/tasks">clear</a></form>') % (
                 options,
                 field % ("Handler", "handler", e(params.get("handler", "")),
-                         "taskrunner.handlers.Echo", ' size="28"'),
+                         "taskrunner.handlers.Echo", H(' size="28"')),
                 field % ("Queue", "queue", e(params.get("queue", "")), "default",
-                         ' size="10"'),
+                         H(' size="10"')),
                 field % ("Error code", "error", e(params.get("error", "")), "code",
-                         ' size="12"'),
+                         H(' size="12"')),
                 field % ("Queued since", "since", e(params.get("since", "")),
-                         "2026-01-31T08:00 (UTC)", ' size="20"'),
+                         "2026-01-31T08:00 (UTC)", H(' size="20"')),
                 field % ("until", "until", e(params.get("until", "")), "ISO 8601 (UTC)",
-                         ' size="20"'),
+                         H(' size="20"')),
                 field % ("Periodic task", "periodic", e(params.get("periodic", "")), "name",
-                         ' size="16"')))
+                         H(' size="16"'))))
 
 
 def task_row(t: Any) -> list:
     outcome = ""
     if t.last_error_code:
-        outcome = '<span class="err">%s</span> %s' % (e(t.last_error_code),
+        outcome = H('<span class="err">%s</span> %s') % (e(t.last_error_code),
                                                       short(t.last_error_message or "", 60))
     elif t.status == "waiting":
         outcome = _waiting(t)
     elif t.blocked_by:
         outcome = e("; ".join(b["text"] for b in t.blocked_by))
-    return ['<a href="/tasks/%d">%d</a>' % (t.id, t.id), e(t.handler),
-            '<a href="/tasks%s">%s</a>' % (e(query(queue=t.queue)), e(t.queue)),
+    return [H('<a href="/tasks/%d">%d</a>') % (t.id, t.id), e(t.handler),
+            H('<a href="/tasks%s">%s</a>') % (e(query(queue=t.queue)), e(t.queue)),
             status(t.status),
-            "%d / %d" % (t.runs_failed, t.max_retries), "%d" % t.runs,
+            H("%d / %d") % (t.runs_failed, t.max_retries), H("%d") % t.runs,
             when(t.scheduled_on), when(t.finished_on), outcome]
 
 
@@ -260,20 +260,20 @@ def tasks(view: View, params: Mapping[str, str]) -> str:
     result = summaries.find_tasks(view.store, chosen, id_param(before, "before")
                                   if before else None, PAGE_SIZE)
     rows = [task_row(t) for t in result.tasks]
-    more = ('<a class="older" href="/tasks%s">Older →</a>' % e(query(
+    more = (H('<a class="older" href="/tasks%s">Older →</a>') % e(query(
         before=result.next_before, **filter_params(params)))) if result.next_before else ""
-    newest = '<a href="/tasks%s">← Newest</a>' % e(query(**filter_params(params))) \
+    newest = H('<a href="/tasks%s">← Newest</a>') % e(query(**filter_params(params))) \
         if before else ""
     bulk = ""
     if not view.read_only and result.tasks:
         fields = filter_params(params)
-        bulk = ('<div class="bulk">Every task matching this filter: %s %s</div>'
+        bulk = (H('<div class="bulk">Every task matching this filter: %s %s</div>')
                 % (view.action("/tasks/bulk", "Retry all…", dict(fields, action="retry")),
                    view.action("/tasks/bulk", "Cancel all…", dict(fields, action="cancel"),
                                css="danger") + " " +
                    view.action("/tasks/bulk", "Delete all ended…", dict(fields, action="delete"),
                                css="danger")))
-    return '%s%s%s<p class="pager">%s %s</p>' % (
+    return H('%s%s%s<p class="pager">%s %s</p>') % (
         _filter_form(params), bulk,
         table(["Task", "Handler", "Queue", "Status", "Failures", "Runs", "Scheduled",
                "Finished", "Error / why waiting"], rows, "no task matches this filter",
@@ -284,25 +284,25 @@ def tasks(view: View, params: Mapping[str, str]) -> str:
 def confirm_bulk(view: View, params: Mapping[str, str], count: int, limit: int) -> str:
     action = params["action"]
     fields = dict(filter_params(params), action=action, confirm="yes")
-    described = ", ".join("%s %s" % (k, v) for k, v in filter_params(params).items()) \
+    described = H(", ").join(H("%s %s") % (k, v) for k, v in filter_params(params).items()) \
         or "no filter: every task"
-    capped = " (the newest %d at a time)" % limit if count >= limit else ""
-    return ('<section class="card confirm"><p>%s <strong>%d</strong> task(s)%s matching: %s?'
+    capped = H(" (the newest %d at a time)") % limit if count >= limit else ""
+    return (H('<section class="card confirm"><p>%s <strong>%d</strong> task(s)%s matching: %s?'
             '</p><p>Tasks that cannot be %s (wrong state) are left as they are.</p>%s '
-            '<a href="/tasks%s">Back</a></section>' % (
+            '<a href="/tasks%s">Back</a></section>') % (
                 e(action.capitalize()), count, e(capped), e(described),
                 {"retry": "retried", "cancel": "cancelled",
                  "delete": "deleted (not ended)"}[action],
-                view.action("/tasks/bulk", "Yes, %s %d task(s)" % (action, count), fields,
+                view.action("/tasks/bulk", H("Yes, %s %d task(s)") % (action, count), fields,
                             css="" if action == "retry" else "danger"),
                 e(query(**filter_params(params)))))
 
 
 def confirm_delete(view: View, task_id: int) -> str:
-    return ('<section class="card confirm"><p>Delete task %d and its runs? This cannot be '
+    return (H('<section class="card confirm"><p>Delete task %d and its runs? This cannot be '
             'undone; a task that has not ended is left as it is.</p>%s <a href="/tasks/%d">'
-            'Back</a></section>' % (task_id, view.action(
-                "/tasks/%d/delete" % task_id, "Yes, delete task %d" % task_id,
+            'Back</a></section>') % (task_id, view.action(
+                H("/tasks/%d/delete") % task_id, H("Yes, delete task %d") % task_id,
                 {"confirm": "yes"}, css="danger"), task_id))
 
 
@@ -314,22 +314,22 @@ def _waiting(t: Any) -> str:
     if t.waiting_parents:
         return reads.parents_text(t.waiting_parents)
     if t.waiting_for:
-        return "event <code>%s</code>%s" % (e(t.waiting_for), " until %s" % when(
+        return H("event <code>%s</code>%s") % (e(t.waiting_for), H(" until %s") % when(
             t.waiting_until) if t.waiting_until else "")
-    return "until %s" % when(t.waiting_until)
+    return H("until %s") % when(t.waiting_until)
 
 
 def _blocked(t: Any) -> str:
     """Why a task that has not ended is not running (reads.blocked_by), one reason a line."""
-    return "<br>".join('<span class="why why-%s">%s</span>' % (e(b["reason"]), e(b["text"]))
-                       for b in t.blocked_by or [])
+    return H("<br>").join(H('<span class="why why-%s">%s</span>') % (b["reason"], b["text"])
+                          for b in t.blocked_by or [])
 
 
 def steps_table(view: View, steps: Any) -> str:
     rows = [[e(s.name), e(s.kind), status(s.status), e(s.run_id), e(s.attempt),
              when(s.finished_on), span(s.duration),
              pretty(view.shown(s.result)) if s.result is not None else ""] for s in steps]
-    return '<h2>Steps</h2>%s' % table(["Step", "Kind", "Status", "Run", "Attempt", "Finished",
+    return H('<h2>Steps</h2>%s') % table(["Step", "Kind", "Status", "Run", "Attempt", "Finished",
                                         "Duration", "Result"], rows, "no step", css="steps")
 
 
@@ -338,26 +338,26 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
     runs = reads.runs_of(view.store, task_id)
     facts = [("Status", status(t.status)), ("Waiting because", _blocked(t)),
              ("Handler", e(t.handler)),
-             ("Queue", '<a href="/tasks%s">%s</a>' % (e(query(queue=t.queue)), e(t.queue))),
+             ("Queue", H('<a href="/tasks%s">%s</a>') % (e(query(queue=t.queue)), e(t.queue))),
              ("Priority", e(t.priority)),
-             ("Queued", "%s by %s" % (when(t.queued_on), e(t.queued_by or "-"))),
+             ("Queued", H("%s by %s") % (when(t.queued_on), e(t.queued_by or "-"))),
              ("Scheduled", when(t.scheduled_on)), ("Next run", when(t.next_run_on)),
              ("Finished", when(t.finished_on)),
-             ("Runs", "%d, %d failed in a row of %d allowed, %d crashed in a row (%d crashes "
-                      "in all)" % (t.runs, t.runs_failed, t.max_retries, t.runs_crashed,
+             ("Runs", H("%d, %d failed in a row of %d allowed, %d crashed in a row (%d crashes "
+                      "in all)") % (t.runs, t.runs_failed, t.max_retries, t.runs_crashed,
                                    t.crash_count)),
              ("Run timeout", span(t.run_timeout)), ("Max runtime", span(t.max_runtime)),
              ("Unique key", e(t.unique_key)),
              ("Periodic task", e(t.periodic_task_id)),
-             ("Last error", '<span class="err">%s</span> %s' % (
+             ("Last error", H('<span class="err">%s</span> %s') % (
                  e(t.last_error_code), e(t.last_error_message)) if t.last_error_code else ""),
              ("Waiting for", _waiting(t)),
-             ("Workflow", '<a href="/workflows/%d">workflow %d</a>' % (
+             ("Workflow", H('<a href="/workflows/%d">workflow %d</a>') % (
                  t.workflow_id, t.workflow_id) if t.workflow_id is not None else ""),
-             ("Checkpoint", "%s<small class=\"muted\">stored %s</small>" % (
+             ("Checkpoint", H("%s<small class=\"muted\">stored %s</small>") % (
                  pretty(view.shown(t.checkpoint)), when(t.checkpoint_on))
               if t.checkpoint_on is not None else "")]
-    facts_html = "".join("<dt>%s</dt><dd>%s</dd>" % (k, v) for k, v in facts if v)
+    facts_html = H("").join(H("<dt>%s</dt><dd>%s</dd>") % (k, v) for k, v in facts if v)
     rows = []
     # Newest first: the latest run with a traceback shows it; older runs with the same one
     # are listed under it (a task retried 20 times for one cause shows it once).
@@ -365,14 +365,14 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
     for r in reversed(runs):
         error = ""
         if r.error_code:
-            error = '<span class="err">%s</span><pre class="error">%s</pre>' % (
+            error = H('<span class="err">%s</span><pre class="error">%s</pre>') % (
                 e(r.error_code), e(r.error_message))
         if r.traceback:
             by_traceback.setdefault(r.traceback, []).append(r)
-            error += '<a href="#traceback-%d">traceback ↓</a>' % by_traceback[r.traceback][0].id
+            error += H('<a href="#traceback-%d">traceback ↓</a>') % by_traceback[r.traceback][0].id
         # A run being stopped (cancelled; timed out, its handler not returned yet) shows as
         # stopping, why and since when, until its runner is done with it.
-        shown_run = status(reads.STOPPING) + '<br><small class="muted">%s, since %s</small>' % (
+        shown_run = status(reads.STOPPING) + H('<br><small class="muted">%s, since %s</small>') % (
             e(r.stopping_reason), when(r.stopping_since)) if r.stopping_reason \
             else status(r.status)
         rows.append([e(r.attempt), e(r.id), shown_run, e(r.runner_id),
@@ -382,31 +382,31 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
     tracebacks = []
     for text, same in by_traceback.items():
         latest = same[0]
-        repeats = ('<p class="muted">The same traceback in %d earlier run%s: attempt%s %s.</p>'
+        repeats = (H('<p class="muted">The same traceback in %d earlier run%s: attempt%s %s.</p>')
                    % (len(same) - 1, "" if len(same) == 2 else "s", "" if len(same) == 2
-                      else "s", ", ".join("%d" % r.attempt for r in reversed(same[1:])))
+                      else "s", H(", ").join(H("%d") % r.attempt for r in reversed(same[1:])))
                    if len(same) > 1 else "")
-        tracebacks.append('<section class="card" id="traceback-%d"><h3>Run %d (attempt %d): '
+        tracebacks.append(H('<section class="card" id="traceback-%d"><h3>Run %d (attempt %d): '
                           '<span class="err">%s</span></h3><pre class="traceback">%s</pre>%s'
-                          '</section>' % (latest.id, latest.id, latest.attempt,
+                          '</section>') % (latest.id, latest.id, latest.attempt,
                                           e(latest.error_code), e(text), repeats))
-    return ('<dl class="facts">%s</dl><h2>Runs</h2>%s%s%s' % (facts_html, table(
+    return (H('<dl class="facts">%s</dl><h2>Runs</h2>%s%s%s') % (facts_html, table(
         ["Attempt", "Run", "Status", "Runner", "Progress", "Created", "Started", "Finished",
          "Duration", "Results", "Error"], rows, "no run yet", css="runs"),
         steps_table(view, t.steps) if t.steps else "",
-        '<h2>Tracebacks</h2>%s' % "".join(tracebacks) if tracebacks else ""))
+        H('<h2>Tracebacks</h2>%s') % H("").join(tracebacks) if tracebacks else ""))
 
 
 def task(view: View, params: Mapping[str, str], task_id: int) -> str:
     t = reads.get_task(view.store, task_id)
     actions = ""
     if t.status in ("retrying", "given-up"):
-        actions += view.action("/tasks/%d/retry" % t.id, "Retry")
+        actions += view.action(H("/tasks/%d/retry") % t.id, "Retry")
     if t.finished_on is None and t.status != "cancelled":
-        actions += view.action("/tasks/%d/cancel" % t.id, "Cancel", css="danger")
+        actions += view.action(H("/tasks/%d/cancel") % t.id, "Cancel", css="danger")
     if t.finished_on is not None:
-        actions += view.action("/tasks/%d/delete" % t.id, "Delete…", css="danger")
-    return ('<p class="actions">%s</p><div id="task-live" data-live>%s</div><h2>Data</h2>%s'
+        actions += view.action(H("/tasks/%d/delete") % t.id, "Delete…", css="danger")
+    return (H('<p class="actions">%s</p><div id="task-live" data-live>%s</div><h2>Data</h2>%s')
             % (actions, task_live(view, params, task_id), pretty(view.shown(t.data))))
 
 
@@ -439,20 +439,20 @@ def workflow_graph(tasks: Any) -> str:
         by_level.setdefault(level[t.id], []).append(t)
     items = []
     for depth, members in by_level.items():
-        rows = "".join(
-            '<li class="wf-task" id="wf-task-%d"><a href="/tasks/%d">task %d</a> %s '
-            '<small class="muted">%s</small>%s%s</li>' % (
+        rows = H("").join(
+            H('<li class="wf-task" id="wf-task-%d"><a href="/tasks/%d">task %d</a> %s '
+            '<small class="muted">%s</small>%s%s</li>') % (
                 t.id, t.id, t.id, status(t.state), e(t.handler),
-                ' <span class="err">%s</span>' % e(t.error_code) if t.error_code else "",
-                '<br><small>after %s%s</small>' % (", ".join(
-                    '<a href="/tasks/%d">%d</a>' % (p, p) for p in t.after[:AFTER_SHOWN]),
-                    " and %d more" % (len(t.after) - AFTER_SHOWN)
+                H(' <span class="err">%s</span>') % e(t.error_code) if t.error_code else "",
+                H('<br><small>after %s%s</small>') % (H(", ").join(
+                    H('<a href="/tasks/%d">%d</a>') % (p, p) for p in t.after[:AFTER_SHOWN]),
+                    H(" and %d more") % (len(t.after) - AFTER_SHOWN)
                     if len(t.after) > AFTER_SHOWN else "") if t.after else "")
             for t in members)
-        items.append('<li class="level"><span class="level-name">level %d · %d task%s</span>'
-                     '<ol class="tasks">%s</ol></li>' % (depth + 1, len(members),
+        items.append(H('<li class="level"><span class="level-name">level %d · %d task%s</span>'
+                     '<ol class="tasks">%s</ol></li>') % (depth + 1, len(members),
                                                          "" if len(members) == 1 else "s", rows))
-    return '<ol class="graph">%s</ol>' % "".join(items)
+    return H('<ol class="graph">%s</ol>') % H("").join(items)
 
 
 def workflow_live(view: View, params: Mapping[str, str], workflow_id: int) -> str:
@@ -460,24 +460,24 @@ def workflow_live(view: View, params: Mapping[str, str], workflow_id: int) -> st
     tasks = workflows.workflow_tasks(view.store, workflow_id, GRAPH_SHOWN)
     order = [w for w in STATE_ORDER if w in info.counts] + sorted(
         w for w in info.counts if w not in STATE_ORDER)
-    tiles = "".join('<div class="tile tile-%s"><span class="n">%d</span><span>%s</span></div>'
+    tiles = H("").join(H('<div class="tile tile-%s"><span class="n">%d</span><span>%s</span></div>')
                     % (e(w), info.counts[w], e(w)) for w in order)
     facts = [("Name", e(info.name or "")), ("Outcome", status(info.outcome)),
-             ("Progress", "%s %d of %d final" % (progress(int(info.progress * 100)),
+             ("Progress", H("%s %d of %d final") % (progress(int(info.progress * 100)),
                                                  info.finished, info.total)),
              ("Created", when(info.created_on))]
-    shown = ('<p class="muted">the first %d of %d tasks</p>' % (len(tasks), info.total)
+    shown = (H('<p class="muted">the first %d of %d tasks</p>') % (len(tasks), info.total)
              if info.total > len(tasks) else "")
-    return ('<section class="tiles" id="workflow-counts">%s</section>%s'
+    return (H('<section class="tiles" id="workflow-counts">%s</section>%s'
             '<dl class="facts">%s</dl><section class="card" id="workflow-graph"><h2>Graph '
-            '<small>each task after the ones it runs after</small></h2>%s%s</section>' % (
+            '<small>each task after the ones it runs after</small></h2>%s%s</section>') % (
                 tiles, status_bar({w: info.counts[w] for w in order}),
-                "".join("<dt>%s</dt><dd>%s</dd>" % (k, v) for k, v in facts if v),
+                H("").join(H("<dt>%s</dt><dd>%s</dd>") % (k, v) for k, v in facts if v),
                 shown, workflow_graph(tasks)))
 
 
 def workflow(view: View, params: Mapping[str, str], workflow_id: int) -> str:
-    return '<div id="workflow-live" data-live>%s</div>' % workflow_live(view, params,
+    return H('<div id="workflow-live" data-live>%s</div>') % workflow_live(view, params,
                                                                           workflow_id)
 
 
@@ -486,20 +486,20 @@ def workflow(view: View, params: Mapping[str, str], workflow_id: int) -> str:
 def failures(view: View, params: Mapping[str, str]) -> str:
     handler = params.get("handler", "").strip() or None
     groups = summaries.failure_groups(view.store, handler)
-    rows = [[e(g.handler), '<span class="err">%s</span>' % e(g.error_code or "-"),
-             '<a href="/tasks%s">%d</a>' % (e(query(status="given-up", handler=g.handler,
+    rows = [[e(g.handler), H('<span class="err">%s</span>') % e(g.error_code or "-"),
+             H('<a href="/tasks%s">%d</a>') % (e(query(status="given-up", handler=g.handler,
                                                    error=g.error_code)), g.given_up),
-             '<a href="/tasks%s">%d</a>' % (e(query(status="retrying", handler=g.handler,
+             H('<a href="/tasks%s">%d</a>') % (e(query(status="retrying", handler=g.handler,
                                                    error=g.error_code)), g.retrying),
-             '<a href="/tasks/%d">task %d</a> %s' % (g.latest_task_id, g.latest_task_id,
+             H('<a href="/tasks/%d">task %d</a> %s') % (g.latest_task_id, g.latest_task_id,
                                                      when(g.latest_on)),
-             '<pre class="error">%s</pre>%s' % (e(g.latest_error_message), (
-                 '<details><summary>traceback</summary><pre class="traceback">%s</pre>'
-                 '</details>' % e(g.latest_traceback)) if g.latest_traceback else "")]
+             H('<pre class="error">%s</pre>%s') % (e(g.latest_error_message), (
+                 H('<details><summary>traceback</summary><pre class="traceback">%s</pre>'
+                 '</details>') % e(g.latest_traceback)) if g.latest_traceback else "")]
             for g in groups]
-    form = ('<form method="get" action="/failures" class="filters"><label>Handler <input '
+    form = (H('<form method="get" action="/failures" class="filters"><label>Handler <input '
             'name="handler" value="%s" size="28"></label><button type="submit">Filter</button>'
-            ' <a href="/failures">clear</a></form>' % e(handler or ""))
+            ' <a href="/failures">clear</a></form>') % e(handler or ""))
     return form + table(["Handler", "Error code", "Given up", "Retrying", "Latest",
                          "Latest error"], rows, "no failed task", css="failures")
 
@@ -507,20 +507,20 @@ def failures(view: View, params: Mapping[str, str]) -> str:
 def _stats(p: Any) -> str:
     """Its lifetime counts; the times and durations of the runs rotation has kept."""
     st = p.stats
-    submitted = "%d submitted, %d skipped" % (p.submitted, p.skipped)
+    submitted = H("%d submitted, %d skipped") % (p.submitted, p.skipped)
     if st is None or not p.run_count:
-        return '<span class="muted">no run yet</span><br><small>%s</small>' % submitted
-    parts = ['%d run%s: <span class="ok">%d ok</span>'
+        return H('<span class="muted">no run yet</span><br><small>%s</small>') % submitted
+    parts = [H('%d run%s: <span class="ok">%d ok</span>')
              % (p.run_count, "" if p.run_count == 1 else "s", p.success_count)]
     if p.error_count:
-        parts.append('<span class="err">%d failed</span>' % p.error_count)
+        parts.append(H('<span class="err">%d failed</span>') % p.error_count)
     if p.crash_count:
-        parts.append('<span class="err">%d crashed</span>' % p.crash_count)
-    timing = "avg %s · p95 %s" % (span(st.avg_duration), span(st.p95_duration)) \
+        parts.append(H('<span class="err">%d crashed</span>') % p.crash_count)
+    timing = H("avg %s · p95 %s") % (span(st.avg_duration), span(st.p95_duration)) \
         if st.avg_duration is not None else ""
-    success = "last success %s" % ago(st.last_success) if st.last_success else "never succeeded"
-    return '<span class="nowrap">%s</span><br><small>%s%s<br>%s</small>' % (
-        " · ".join(parts), e(timing) + "<br>" if timing else "", e(success), submitted)
+    success = H("last success %s") % ago(st.last_success) if st.last_success else "never succeeded"
+    return H('<span class="nowrap">%s</span><br><small>%s%s<br>%s</small>') % (
+        H(" · ").join(parts), e(timing) + H("<br>") if timing else "", e(success), submitted)
 
 
 def _alter_form(view: View, p: Any) -> str:
@@ -536,17 +536,17 @@ def _alter_form(view: View, p: Any) -> str:
                   ("max_retries", "Max retries", str(p.max_retries or "")),
                   ("max_runtime", "Max runtime", str(p.max_runtime or "")),
                   ("queue", "Queue", p.queue), ("data", "Data (JSON)", "unchanged")]
-    inputs = "".join('<label>%s <input name="%s" placeholder="%s"></label>'
-                     % (e(label), e(key), e(hint)) for key, label, hint in fields)
+    inputs = H("").join(H('<label>%s <input name="%s" placeholder="%s"></label>')
+                        % (label, key, hint) for key, label, hint in fields)
     if p.source != "config":
-        inputs += "".join(
-            '<label>%s <select name="%s"><option value="">unchanged</option><option value="on">'
-            'on</option><option value="off">off</option></select></label>' % (label, key)
+        inputs += H("").join(
+            H('<label>%s <select name="%s"><option value="">unchanged</option><option value="on">'
+              'on</option><option value="off">off</option></select></label>') % (label, key)
             for key, label in (("enabled", "Enabled"), ("resume", "Resume from checkpoint")))
-    return ('<details class="alter"><summary>Alter</summary><form method="post" '
-            'action="/periodic/alter"><input type="hidden" name="csrf" value="%s"><input '
-            'type="hidden" name="name" value="%s">%s<button type="submit">Alter</button></form>'
-            '</details>' % (e(view.csrf), e(p.name), inputs))
+    return H('<details class="alter"><summary>Alter</summary><form method="post" '
+             'action="/periodic/alter"><input type="hidden" name="csrf" value="%s"><input '
+             'type="hidden" name="name" value="%s">%s<button type="submit">Alter</button></form>'
+             '</details>') % (view.csrf, p.name, inputs)
 
 
 def alter_changes(form: Mapping[str, str]) -> Dict[str, Any]:
@@ -587,37 +587,37 @@ def periodic(view: View, params: Mapping[str, str]) -> str:
         if group and p.group != group:
             continue
         toggle = view.action("/periodic/run", "Run now", {"name": p.name}) + view.action(
-            "/periodic/%s" % ("disable" if p.enabled else "enable"),
+            H("/periodic/%s") % ("disable" if p.enabled else "enable"),
             "Disable" if p.enabled else "Enable", {"name": p.name},
             css="danger" if p.enabled else "") + _alter_form(view, p)
-        name = '<a class="nowrap" href="/tasks%s">%s</a>' % (e(query(periodic=p.name)),
+        name = H('<a class="nowrap" href="/tasks%s">%s</a>') % (e(query(periodic=p.name)),
                                                              e(p.name))
         if p.subject:
-            name += '<br><small class="muted">%s</small>' % e(p.subject)
-        name += '<br><small class="muted">%s</small>' % e(p.handler)
+            name += H('<br><small class="muted">%s</small>') % e(p.subject)
+        name += H('<br><small class="muted">%s</small>') % e(p.handler)
         # At 1280 px the table fits: the handler under the name, the last run's status with
         # its time, the enabled state as the next due time ("disabled") and the toggle.
         rows.append([name,
-                     '<a href="/periodic%s">%s</a>' % (e(query(group=p.group)), e(p.group))
+                     H('<a href="/periodic%s">%s</a>') % (e(query(group=p.group)), e(p.group))
                      if p.group else "",
-                     '<code class="wrap">%s</code>%s' % (e(p.timer), '<br><small class="muted">'
-                                                         '%s</small>' % e(p.timezone)
-                                                         if p.timezone else ""),
-                     "%s <small>%s</small>" % (when(p.nextrun), e(ago(p.nextrun, at)))
-                     if p.enabled else '<span class="muted">disabled</span>',
-                     "%s<br>%s" % (status(p.last_status), when(p.last_run)) if p.last_run
-                     else '<span class="muted">never</span>',
-                     "%d%s" % (p.consecutive_failures, " (%d crashed)" % p.consecutive_crashes
+                     H('<code class="wrap">%s</code>%s') % (
+                         e(p.timer), H('<br><small class="muted">%s</small>') % e(p.timezone)
+                         if p.timezone else ""),
+                     H("%s <small>%s</small>") % (when(p.nextrun), e(ago(p.nextrun, at)))
+                     if p.enabled else H('<span class="muted">disabled</span>'),
+                     H("%s<br>%s") % (status(p.last_status), when(p.last_run)) if p.last_run
+                     else H('<span class="muted">never</span>'),
+                     H("%d%s") % (p.consecutive_failures, H(" (%d crashed)") % p.consecutive_crashes
                                if p.consecutive_crashes else ""),
                      _stats(p), toggle])
-    options = "".join('<option value="%s"%s>%s</option>' % (
+    options = H("").join(H('<option value="%s"%s>%s</option>') % (
         e(g), " selected" if g == group else "", e(g) or "every group") for g in [""] + groups)
-    form = ('<form method="get" action="/periodic" class="filters" id="periodic-filters">'
+    form = (H('<form method="get" action="/periodic" class="filters" id="periodic-filters">'
             '<label>Group <select name="group">%s</select></label><button type="submit">'
-            'Filter</button> <a href="/periodic">clear</a></form>' % options)
+            'Filter</button> <a href="/periodic">clear</a></form>') % options)
     return form + table(["Name", "Group", "Timer", "Next due", "Last run",
                          "Failures in a row", "Runs", ""],
-                        rows, "no periodic task" + (" in group %s" % group if group else ""),
+                        rows, "no periodic task" + (H(" in group %s") % group if group else ""),
                         css="periodic")
 
 
