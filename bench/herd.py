@@ -38,16 +38,20 @@ from bench import common  # noqa: E402
 # a runner entered/left its wait, "w": it looked for work right after a wait).
 # The runner class is found by the two methods counted, not by its name or module, which
 # differ between the versions compared (taskrunner/runner.py's Worker before the runner
-# became a package).
+# became a package, runner/process.py's Worker, runner/loop.py's Runner, whose mixin Idle
+# defines them): the most derived class that has both is patched.
 BOOT = r"""
 import importlib, os, sys
 from taskrunner.cli import main
-try:
-    module = importlib.import_module("taskrunner.runner.process")
-except ImportError:
-    module = importlib.import_module("taskrunner.runner")
-Runner = next(c for c in vars(module).values()
-              if isinstance(c, type) and hasattr(c, "_wait") and hasattr(c, "_look"))
+for name in ("taskrunner.runner.loop", "taskrunner.runner.process", "taskrunner.runner"):
+    try:
+        module = importlib.import_module(name)
+        break
+    except ImportError:
+        continue
+Runner = max((c for c in vars(module).values()
+              if isinstance(c, type) and hasattr(c, "_wait") and hasattr(c, "_look")),
+             key=lambda c: len(c.__mro__))
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 wait, look = Runner._wait, Runner._look
 def _wait(self, timeout):
