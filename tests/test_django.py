@@ -206,6 +206,21 @@ def test_a_django_task_is_named_by_its_import_path_everywhere(project):
                      "taskrunner.contrib.django.handler.RunDjangoTask": "2.0"}, metrics
 
 
+def test_a_runner_serving_default_leaves_the_other_django_queues_alone(project):
+    """A Django queue is a lane of its own, as Django users expect (django-tasks-db's worker
+    runs the queues it is told): `QUEUES = ["default", "emails"]` without a
+    ``[queues.emails]`` table in the config, a runner serving ``default`` does not run a
+    task of ``emails``; one told ``--queue emails`` does."""
+    ids = project.scenario("enqueue")
+    add, send = ids["add"], ids["send"]
+    project.manage("taskrunner", "runner", "--burst")
+    results = project.scenario("results", add, send)
+    assert results[add]["status"] == "SUCCESSFUL"
+    assert results[send]["status"] == "READY" and not results[send]["worker_ids"], results
+    project.manage("taskrunner", "runner", "--burst", "--queue", "emails")
+    assert project.scenario("results", send)[send]["status"] == "SUCCESSFUL"
+
+
 def test_a_plain_runner_runs_django_tasks_with_nothing_registered(project):
     """`taskrunner runner` itself, not manage.py: Django is not set up before a task's module
     is imported, and nothing registers a hook; the object found at the task's path names the
