@@ -232,7 +232,10 @@ class Store:
     def after_commit(self, call):
         """Inside a write transaction: ``call()`` once it has committed, in this process (a
         transaction tried again starts its calls afresh; one rolled back makes none).
-        Outside one: now. A call that raises is logged: what committed stands."""
+        Outside one: now. A call that raises is logged: what committed stands. Unlike
+        peewee's ``db.after_commit``, which runs inside the commit, under SQLite's host lock
+        (`write`), the call runs once the lock is free: it may read, and call others' code
+        (a framework's signal receivers), without holding up every writer on the host."""
         state = self._writes
         if getattr(state, "depth", 0) == 0:
             self._call_committed(call)

@@ -106,8 +106,10 @@ class TaskrunnerBackend(tasks.BaseTaskBackend):
     def config(self, url: Optional[str] = None) -> Config:
         """The taskrunner config of this backend: ``CONFIG`` (or the defaults), this
         backend's queues declared (`declared_queues`), the tables at `url`."""
-        return Config.load(path=self.options.get("CONFIG"), database_url=url,
-                           environ=dict(os.environ, TASKRUNNER_QUEUES=self.declared_queues()))
+        config: Config = Config.load(
+            path=self.options.get("CONFIG"), database_url=url,
+            environ=dict(os.environ, TASKRUNNER_QUEUES=self.declared_queues()))
+        return config
 
     def check(self, **kwargs: Any) -> List[checks.CheckMessage]:
         try:
