@@ -306,6 +306,20 @@ def test_a_runner_killed_mid_task_is_reported_task_finished_by_the_overseer(proj
     assert (result["status"], result["return_value"]) == ("SUCCESSFUL", 2)
 
 
+def test_a_run_past_its_max_runtime_is_reported_task_finished(project, tmp_path):
+    """A run that passes MAX_RUNTIME is stopped by its runner and ended ``timeout``: the
+    runner, which recorded that end, sends task_finished (FAILED, builtins.TimeoutError);
+    the function's own attempt reported nothing (it was interrupted)."""
+    signals = tmp_path / "signals.jsonl"
+    project.env.update(DEMO_SIGNAL_LOG=str(signals), DEMO_MAX_RUNTIME="2")
+    task_id = project.scenario("hangs")["hangs_once"]
+    project.manage("taskrunner", "runner", "--burst")
+    sent = _signals_sent(signals, task_id)
+    assert [(line["signal"], line["status"]) for line in sent[:2]] == [
+        ("task_started", "RUNNING"), ("task_finished", "FAILED")], sent
+    assert sent[1]["errors"] == ["builtins.TimeoutError"] and sent[1]["pid"] == sent[0]["pid"]
+
+
 def test_a_keyboard_interrupt_and_a_cancel_are_reported_by_who_records_them(project,
                                                                            tmp_path):
     """A task raising KeyboardInterrupt is let through unreported by the task's attempt, as
