@@ -348,6 +348,7 @@ class Config(SimpleNamespace):
                 raise ConfigError("%s: invalid TOML: %s" % (path, exc)) from None
             except UnicodeDecodeError:
                 raise ConfigError("%s: invalid TOML: not UTF-8 text" % path) from None
+        declare_queues(data, environ.get("TASKRUNNER_QUEUES", ""))
         config = cls.from_dict(data, source=path or "<defaults>")
         if database_url is not None and not database_url.strip():
             raise ConfigError("the database URL given is empty")
@@ -361,6 +362,24 @@ class Config(SimpleNamespace):
             config.database.url = url
             check_pooler(config.database, config.source)
         return config
+
+
+def declare_queues(data, names):
+    """$TASKRUNNER_QUEUES (``"emails,reports"``): queues that get runners of their own as if
+    the file had an empty ``[queues.NAME]`` table each (one it has is kept as written): an
+    application that names its queues (Django's ``QUEUES``) keeps them apart from
+    ``default`` without writing a config file."""
+    queues = data.setdefault("queues", {})
+    if not isinstance(queues, dict):
+        return      # from_dict says what is wrong with it
+    for name in (n.strip() for n in names.split(",")):
+        if not name or name == DEFAULT_QUEUE:
+            continue
+        try:
+            check_queue_name(name, "queue name")
+        except InputError as exc:
+            raise ConfigError("$TASKRUNNER_QUEUES: %s" % exc) from None
+        queues.setdefault(name, {})
 
 
 def _is_postgresql(url):

@@ -159,6 +159,37 @@ def test_a_write_is_one_transaction_with_savepoints_inside(database):
     queue.close()
 
 
+def test_store_after_commit_calls_once_the_outermost_write_committed(database):
+    """Store.after_commit: a call made inside a write (nested too) runs once the outermost
+    write committed, outside its transaction (and SQLite's host lock); none for a write
+    rolled back; outside a write, at once; one that raises is logged, the write stands."""
+    queue = database.queue()
+    store = queue.store
+    ran = []
+
+    def call(what):
+        return lambda: ran.append((what, store.db.in_transaction()))
+
+    def outer():
+        store.write(lambda: store.after_commit(call("nested")))
+        store.after_commit(lambda: 1 / 0)
+        store.after_commit(call("outer"))
+        assert ran == []
+        return "done"
+    assert store.write(outer) == "done"
+    assert ran == [("nested", False), ("outer", False)]
+
+    def failing():
+        store.after_commit(call("rolled back"))
+        raise Refused()
+    with pytest.raises(Refused):
+        store.write(failing)
+    store.write(lambda: None)
+    store.after_commit(call("now"))
+    assert ran[2:] == [("now", False)]
+    queue.close()
+
+
 def test_a_write_runs_its_after_commit_callbacks_when_it_commits(database):
     """peewee's db.after_commit(fn) inside a store write (an application's code in
     run.transaction_step, say) runs fn once the write committed, and not at all when the

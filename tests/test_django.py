@@ -206,6 +206,21 @@ def test_a_django_task_is_named_by_its_import_path_everywhere(project):
                      "taskrunner.contrib.django.handler.RunDjangoTask": "2.0"}, metrics
 
 
+def test_a_runner_serving_default_leaves_the_other_django_queues_alone(project):
+    """A Django queue is a lane of its own, as Django users expect (django-tasks-db's worker
+    runs the queues it is told): `QUEUES = ["default", "emails"]` without a
+    ``[queues.emails]`` table in the config, a runner serving ``default`` does not run a
+    task of ``emails``; one told ``--queue emails`` does."""
+    ids = project.scenario("enqueue")
+    add, send = ids["add"], ids["send"]
+    project.manage("taskrunner", "runner", "--burst")
+    results = project.scenario("results", add, send)
+    assert results[add]["status"] == "SUCCESSFUL"
+    assert results[send]["status"] == "READY" and not results[send]["worker_ids"], results
+    project.manage("taskrunner", "runner", "--burst", "--queue", "emails")
+    assert project.scenario("results", send)[send]["status"] == "SUCCESSFUL"
+
+
 def test_a_plain_runner_runs_django_tasks_with_nothing_registered(project):
     """`taskrunner runner` itself, not manage.py: Django is not set up before a task's module
     is imported, and nothing registers a hook; the object found at the task's path names the
@@ -254,6 +269,81 @@ def test_a_task_whose_module_does_not_import_in_the_runner_is_an_import_error(pr
     [error] = project.scenario("results", ids["job"])[ids["job"]]["errors"][:1]
     assert error["exception_class_path"] == "builtins.ImportError", error
     assert "ImportError: a dependency of demo.fragile is missing here" in error["traceback"]
+
+
+def _signals_sent(path, task_id=None):
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() \
+        else []
+    return [line for line in lines if task_id is None or line["id"] == task_id]
+
+
+def test_a_runner_killed_mid_task_is_reported_task_finished_by_the_overseer(project, tmp_path):
+    """kill -9 of the runner running a Django task: the overseer that reaps it records the
+    run's end (timeout, RunnerDied) and sends task_finished (FAILED, its error
+    builtins.TimeoutError); the retry then sends its own pair."""
+    log = tmp_path / "overseer.log"
+    signals = tmp_path / "signals.jsonl"
+    project.env["DEMO_SIGNAL_LOG"] = str(signals)
+    overseer = project.spawn(log, "taskrunner", "overseer")
+    try:
+        task_id = project.scenario("hangs")["hangs_once"]
+        [started] = wait_for(lambda: _signals_sent(signals, task_id), timeout=60,
+                             message="task_started of the task")
+        assert (started["signal"], started["pid"] != overseer.pid) == ("task_started", True)
+        os.kill(started["pid"], signal.SIGKILL)
+        wait_for(lambda: len(_signals_sent(signals, task_id)) >= 4, timeout=60,
+                 message="task_finished of the killed attempt, then the retry's pair")
+    finally:
+        stop_process(overseer, signal.SIGTERM)
+    sent = _signals_sent(signals, task_id)
+    assert [(line["signal"], line["status"]) for line in sent] == [
+        ("task_started", "RUNNING"), ("task_finished", "FAILED"),
+        ("task_started", "RUNNING"), ("task_finished", "SUCCESSFUL")], sent
+    died = sent[1]
+    assert died["pid"] == overseer.pid, (sent, log.read_text(errors="replace"))
+    assert died["errors"] == ["builtins.TimeoutError"]
+    result = project.scenario("results", task_id)[task_id]
+    assert (result["status"], result["return_value"]) == ("SUCCESSFUL", 2)
+
+
+def test_a_run_past_its_max_runtime_is_reported_task_finished(project, tmp_path):
+    """A run that passes MAX_RUNTIME is stopped by its runner and ended ``timeout``: the
+    runner, which recorded that end, sends task_finished (FAILED, builtins.TimeoutError);
+    the function's own attempt reported nothing (it was interrupted)."""
+    signals = tmp_path / "signals.jsonl"
+    project.env.update(DEMO_SIGNAL_LOG=str(signals), DEMO_MAX_RUNTIME="2")
+    task_id = project.scenario("hangs")["hangs_once"]
+    project.manage("taskrunner", "runner", "--burst")
+    sent = _signals_sent(signals, task_id)
+    assert [(line["signal"], line["status"]) for line in sent[:2]] == [
+        ("task_started", "RUNNING"), ("task_finished", "FAILED")], sent
+    assert sent[1]["errors"] == ["builtins.TimeoutError"] and sent[1]["pid"] == sent[0]["pid"]
+
+
+def test_a_keyboard_interrupt_and_a_cancel_are_reported_by_who_records_them(project,
+                                                                           tmp_path):
+    """A task raising KeyboardInterrupt is let through unreported by the task's attempt, as
+    Django's immediate backend lets it through; it ends the runner, which records its run's
+    end on the way out and sends task_finished (FAILED) then, once. A task cancelled before
+    it ran: task_finished (FAILED) from the process that cancelled it."""
+    signals = tmp_path / "signals.jsonl"
+    project.env["DEMO_SIGNAL_LOG"] = str(signals)
+    ids = project.scenario("interrupts")
+    interrupts, deferred = ids["interrupts"], ids["deferred"]
+    for attempt in (1, 2):
+        ended = project.manage("taskrunner", "runner", "--burst", check=False)
+        assert ended.returncode == 130, ended.stdout + ended.stderr
+    sent = _signals_sent(signals, interrupts)
+    assert [(line["signal"], line["status"]) for line in sent[:2]] == [
+        ("task_started", "RUNNING"), ("task_finished", "FAILED")], sent
+    assert sent[1]["pid"] == sent[0]["pid"] and sent[1]["errors"] == ["builtins.TimeoutError"]
+    # The retry, in the next runner: its own pair (KeyboardInterrupt again).
+    assert [line["signal"] for line in sent[2:]] == ["task_started", "task_finished"], sent
+    project.manage("taskrunner", "cancel", deferred)
+    [cancelled] = _signals_sent(signals, deferred)
+    assert (cancelled["signal"], cancelled["status"]) == ("task_finished", "FAILED")
+    assert cancelled["pid"] not in {line["pid"] for line in sent}
+    assert project.scenario("results", deferred)[deferred]["status"] == "FAILED"
 
 
 def test_manage_py_taskrunner_runs_taskrunner_commands(project):

@@ -139,6 +139,21 @@ def test_the_overseer_keeps_each_queue_limit_and_default_gets_the_rest():
     assert with_default.queue_groups() == {("default",): 3, ("etl",): 5}
 
 
+def test_taskrunner_queues_declares_queues_as_empty_tables(tmp_path):
+    """$TASKRUNNER_QUEUES gives each queue named runners of its own (the defaults of a
+    table), keeps a table the file has, and is checked as the file is."""
+    from taskrunner.errors import ConfigError
+    path = tmp_path / "taskrunner.toml"
+    path.write_text("[runner]\nlimit = 4\n[queues.etl]\nlimit = 2\n")
+    config = Config.load(str(path), environ={"TASKRUNNER_QUEUES": "default, emails,etl"})
+    assert config.queue_groups() == {("etl",): 2, ("emails",): 1, ("default",): 1}
+    assert Config.load(str(path), environ={}).queue_groups() == {("etl",): 2, ("default",): 2}
+    with pytest.raises(ConfigError, match=r"^\$TASKRUNNER_QUEUES: queue name must be"):
+        Config.load(None, environ={"TASKRUNNER_QUEUES": "a b"})
+    with pytest.raises(ConfigError, match="add up to 4, over"):
+        Config.load(str(path), environ={"TASKRUNNER_QUEUES": "emails,sms"})
+
+
 def test_runners_of_default_serve_every_queue_not_configured(sqlite_db):
     from taskrunner.runs import queues
     queue = sqlite_db.queue(queues={"reports": {"limit": 1}, "etl": {"limit": 1, "priority": 9}})

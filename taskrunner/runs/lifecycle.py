@@ -35,6 +35,7 @@ log = logging.getLogger("taskrunner.lifecycle")
 ClaimedRun = namedtuple("ClaimedRun", "run_id task_id attempt handler data max_runtime "
                                       "periodic_task_id started_on")
 _OUTCOME_HOOKS = []
+_FAILURE_HOOKS = []
 
 
 def on_outcome(hook):
@@ -48,6 +49,23 @@ def on_outcome(hook):
 def _outcome(store, periodic_task_id, status, now, error_code=None):
     for hook in _OUTCOME_HOOKS:
         hook(store, periodic_task_id, status, now, error_code)
+
+
+def after_failure(hook):
+    """Register ``hook(store, task_id, status, error_code, final)``, called after the commit
+    of a transaction that ended a run of the task failed (``error``, ``timeout``) or
+    cancelled the task, in the process that recorded it, whoever that is: the runner of the
+    run, the overseer that reaped it dead, a maintainer or runner that found it dead or
+    overdue, the operator who cancelled it. `final`: the task gets no further run (given
+    up, cancelled). A framework's "task finished" notice is sent from here for the ends its
+    runner's handler never saw."""
+    if hook not in _FAILURE_HOOKS:
+        _FAILURE_HOOKS.append(hook)
+
+
+def _failure(store, task_id, status, error_code, final):
+    for hook in _FAILURE_HOOKS:
+        store.after_commit(lambda hook=hook: hook(store, task_id, status, error_code, final))
 
 
 def retry_delay(runs_failed, base, cap, rand=random.random):
@@ -533,6 +551,7 @@ def _aggregate(store, task_id, status, error_code, error_message, now, not_befor
         start_released(store, graph.parent_failed(store, task_id, status, now), now)
     if task.periodic_task_id is not None:
         _outcome(store, task.periodic_task_id, status, now, error_code)
+    _failure(store, task_id, status, error_code, final)
 
 
 # -- the graph (graph.py) ---------------------------------------------------------------------

@@ -6,6 +6,7 @@ row locks where the database has them, wake-ups of idle runners after a commit, 
 schema check. Every module below the `TaskQueue` facade receives the store it works on.
 """
 import contextlib
+import logging
 import os
 import sqlite3
 import threading
@@ -22,6 +23,8 @@ from ..host.groupsync import GroupSync
 from ..host.hostlock import HostLock
 from .migrations import migrate, pending
 from .models import bind_models, utcnow
+
+log = logging.getLogger("taskrunner.store")
 
 
 # The server's clock is read again after this many seconds, or when this host's clock moved
@@ -196,7 +199,7 @@ class Store:
 
         def attempt():
             if depth == 0:
-                state.news = []
+                state.news, state.committed = [], []
             return fn()
         # SQLite: the host's writers take turns on the host lock, outermost writes only (a
         # transaction opened outside the store already holds SQLite's lock, and commits it).
@@ -220,7 +223,31 @@ class Store:
             news, state.news = state.news, []
             for count, queue in news:
                 self.wake_local(count, queue)
+        if depth == 0 and getattr(state, "committed", None):
+            calls, state.committed = state.committed, []
+            for call in calls:
+                self._call_committed(call)
         return result
+
+    def after_commit(self, call):
+        """Inside a write transaction: ``call()`` once it has committed, in this process (a
+        transaction tried again starts its calls afresh; one rolled back makes none).
+        Outside one: now. A call that raises is logged: what committed stands. Unlike
+        peewee's ``db.after_commit``, which runs inside the commit, under SQLite's host lock
+        (`write`), the call runs once the lock is free: it may read, and call others' code
+        (a framework's signal receivers), without holding up every writer on the host."""
+        state = self._writes
+        if getattr(state, "depth", 0) == 0:
+            self._call_committed(call)
+        else:
+            state.committed.append(call)
+
+    @staticmethod
+    def _call_committed(call):
+        try:
+            call()
+        except Exception:
+            log.exception("a call after a commit raised")
 
     def host_turn(self):
         """Around a single write statement outside `write` (a heartbeat, progress): SQLite's

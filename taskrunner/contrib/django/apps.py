@@ -16,6 +16,13 @@ class TaskrunnerConfig(AppConfig):
         # Importing the Tasks framework registers its system checks, which call each
         # backend's check() (Django 6 imports django.tasks only when something uses it).
         from . import compat  # noqa: F401
+        # task_finished for the ends no runner's handler saw (a runner's death, a timeout, a
+        # cancel), from whichever process records them: wired here, at Django's boot, so
+        # every process with this project's receivers (the overseer of ``manage.py
+        # taskrunner``, its maintainer and runners, the web processes) sends it.
+        from ...runs import lifecycle
+        from .signals import finished_elsewhere
+        lifecycle.after_failure(finished_elsewhere)
 
 
 def migrate_tables(using: str = "default", **kwargs: Any) -> None:

@@ -12,6 +12,7 @@ another backend is a plain Django `Task` that names no handler; enqueued here (`
 backend=...)``) it is stored as every Django task was before: under `RUN_DJANGO_TASK`, its
 path in the data (``"task"``).
 """
+import os
 from datetime import datetime
 from typing import Any, Dict, List, Optional
 
@@ -88,15 +89,32 @@ class TaskrunnerBackend(tasks.BaseTaskBackend):
         url = self.database_url()
         queue = self._queues.get(url)
         if queue is None or migrate:
-            config = Config.load(path=self.options.get("CONFIG"), database_url=url)
+            config = self.config(url)
             if queue is not None:
                 queue.close()
             queue = self._queues[url] = TaskQueue(config, migrate=migrate)
         return queue
 
+    def declared_queues(self) -> str:
+        """$TASKRUNNER_QUEUES for this backend: its ``QUEUES`` (besides any already there),
+        each a lane of its own with runners of its own, as Django users expect: a runner
+        serving ``default`` would otherwise also run every queue the config has no
+        ``[queues.NAME]`` table for."""
+        given = [n.strip() for n in os.environ.get("TASKRUNNER_QUEUES", "").split(",")]
+        return ",".join(sorted({n for n in given if n} | set(self.queues)))
+
+    def config(self, url: Optional[str] = None) -> Config:
+        """The taskrunner config of this backend: ``CONFIG`` (or the defaults), this
+        backend's queues declared (`declared_queues`), the tables at `url`."""
+        config: Config = Config.load(
+            path=self.options.get("CONFIG"), database_url=url,
+            environ=dict(os.environ, TASKRUNNER_QUEUES=self.declared_queues()))
+        return config
+
     def check(self, **kwargs: Any) -> List[checks.CheckMessage]:
         try:
             self.database_url()
+            self.config()
         except TaskRunnerError as exc:
             return [checks.Error(str(exc), obj="TASKS[%r]" % self.alias,
                                  id="taskrunner.E001")]

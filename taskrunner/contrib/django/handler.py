@@ -35,7 +35,6 @@ modules import without Django's app registry (no models imported at module level
 """
 import functools
 import inspect
-import logging
 from typing import Any, Awaitable, Optional
 
 import django
@@ -46,9 +45,7 @@ from ...errors import HandlerError, Waiting
 from ...handler import RunContext, TaskHandler
 from ...runner.outcomes import Interrupted
 from .compat import tasks
-
-log = logging.getLogger("taskrunner.django")
-
+from .signals import TaskSignals, class_path
 
 def setup() -> None:
     if not apps.ready:
@@ -59,8 +56,8 @@ class RunDjangoTask(TaskHandler):
     """Calls a Django task with the args and kwargs of the data: the task at `task_path`, or
     for `RunDjangoTask` itself the one named in the data (``"task"``). The return value is
     stored as ``{"return_value": ...}``; an exception (any BaseException, as Django reports
-    them) as ``{"exception_class_path": ...}`` beside the run's traceback, and raised on, so the run fails and is retried as any
-    other (``MAX_RETRIES``)."""
+    them) as ``{"exception_class_path": ...}`` beside the run's traceback, and raised on, so
+    the run fails and is retried as any other (``MAX_RETRIES``)."""
 
     # The import path of the Django task that this class runs (`handler_for`).
     task_path: Optional[str] = None
@@ -78,7 +75,7 @@ class RunDjangoTask(TaskHandler):
         if not isinstance(task, tasks.Task):
             raise HandlerError("%r is not a Django task (@task)" % path)
         args = list(spec["args"])
-        signals = _Signals(spec["backend"], tasks)
+        signals = TaskSignals(spec["backend"], tasks)
         result = None
         if task.takes_context or signals.wanted:
             result = result_of(spec["backend"], task, run.queue.get_task(run.task_id),
@@ -103,7 +100,7 @@ class RunDjangoTask(TaskHandler):
             close_old_connections()
         return None
 
-    async def _await(self, run: RunContext, coroutine: Any, tasks: Any, signals: "_Signals",
+    async def _await(self, run: RunContext, coroutine: Any, tasks: Any, signals: TaskSignals,
                      result: Any) -> None:
         try:
             run.results = {"return_value": tasks.normalize_json(await coroutine)}
@@ -113,15 +110,17 @@ class RunDjangoTask(TaskHandler):
         signals.finished(result, value=run.results["return_value"])
 
 
-def _failed(run: RunContext, signals: "_Signals", result: Any, exc: BaseException) -> None:
+def _failed(run: RunContext, signals: TaskSignals, result: Any, exc: BaseException) -> None:
     """An attempt that raised `exc`: its class stored beside the run's traceback, and
-    task_finished (FAILED) sent — for any BaseException, as Django's immediate backend does
-    (SystemExit, KeyboardInterrupt; the caller raises it on). Not for the runner's own
-    interrupt (a stop hands the run back, a timeout takes it away: no failure of the task)
-    or a durable wait."""
-    if isinstance(exc, (Interrupted, Waiting)):
+    task_finished (FAILED) sent — for a BaseException too (SystemExit), as Django's
+    immediate backend does. Not for a KeyboardInterrupt, which Django's immediate backend
+    lets through unreported ("if the user tried to terminate, let them"): it ends the runner,
+    and task_finished is sent by whoever records the end of its run (signals.py); nor for
+    the runner's own interrupt (a stop hands the run back; a timeout is reported by whoever
+    recorded it) or a durable wait."""
+    if isinstance(exc, (Interrupted, Waiting, KeyboardInterrupt)):
         return
-    run.results = {"exception_class_path": _path(type(exc))}
+    run.results = {"exception_class_path": class_path(type(exc))}
     signals.finished(result, exc=exc)
 
 
@@ -142,57 +141,3 @@ class TaskrunnerTask(tasks.Task):
     @property
     def __taskrunner_handler__(self) -> type:
         return handler_for(self.module_path)
-
-
-class _Signals:
-    """Django's ``task_started`` and ``task_finished``, sent by the runner around the attempt
-    as Django's own backends send them, with the backend's class as sender: the attempt's
-    `TaskResult` (RUNNING, then SUCCESSFUL or FAILED for this attempt: a FAILED attempt may
-    still be retried by taskrunner). Reading the task for it costs two reads, made only when a
-    receiver is connected (or the task takes a context)."""
-
-    def __init__(self, alias: str, tasks: Any) -> None:
-        self.tasks = tasks
-        backends = getattr(tasks.package, "task_backends", None)
-        self.sender = type(backends[alias]) if backends is not None else None
-        self.wanted = self.sender is not None and (
-            tasks.task_started.has_listeners(self.sender)
-            or tasks.task_finished.has_listeners(self.sender))
-
-    def started(self, result: Any) -> None:
-        if not self.wanted:
-            return
-        from django.utils import timezone
-        now = timezone.now()
-        object.__setattr__(result, "status", self.tasks.TaskResultStatus.RUNNING)
-        object.__setattr__(result, "started_at", result.started_at or now)
-        object.__setattr__(result, "last_attempted_at", now)
-        self._send(self.tasks.task_started, result)
-
-    def finished(self, result: Any, value: Any = None, exc: Optional[BaseException] = None
-                 ) -> None:
-        if not self.wanted:
-            return
-        import traceback
-        from django.utils import timezone
-        object.__setattr__(result, "finished_at", timezone.now())
-        if exc is None:
-            object.__setattr__(result, "_return_value", value)
-            object.__setattr__(result, "status", self.tasks.TaskResultStatus.SUCCESSFUL)
-        else:
-            result.errors.append(self.tasks.TaskError(
-                exception_class_path=_path(type(exc)),
-                traceback="".join(traceback.format_exception(exc))))
-            object.__setattr__(result, "status", self.tasks.TaskResultStatus.FAILED)
-        self._send(self.tasks.task_finished, result)
-
-    def _send(self, signal: Any, result: Any) -> None:
-        # A receiver that raises neither fails the task nor hides its outcome: logged.
-        for receiver, outcome in signal.send_robust(sender=self.sender, task_result=result):
-            if isinstance(outcome, Exception):
-                log.warning("Django task signal receiver %r raised %s: %s", receiver,
-                            type(outcome).__name__, outcome)
-
-
-def _path(cls: type) -> str:
-    return "%s.%s" % (cls.__module__, cls.__qualname__)

@@ -14,6 +14,7 @@ def _record_signal(name):
     def receiver(sender, task_result, **kwargs):
         line = {"signal": name, "sender": sender.__name__, "task": task_result.task.name,
                 "id": task_result.id, "status": str(task_result.status.name),
+                "errors": [e.exception_class_path for e in task_result.errors],
                 "pid": os.getpid()}
         with open(os.environ["DEMO_SIGNAL_LOG"], "a") as log:
             log.write(json.dumps(line) + "\n")

@@ -1,6 +1,7 @@
 """Django tasks of the test project."""
 import asyncio
 import os
+import time
 
 try:
     from django.tasks import task
@@ -57,3 +58,17 @@ def exits(code):
 async def async_exits(code):
     await asyncio.sleep(0)
     raise SystemExit(code)
+
+
+@task(takes_context=True)
+def hangs_once(context):
+    """Its first attempt runs until its runner is killed; the next returns."""
+    if context.attempt == 1:
+        time.sleep(600)
+    return context.attempt
+
+
+@task
+def interrupts():
+    """Ends as a Ctrl-C in the runner's terminal would."""
+    raise KeyboardInterrupt

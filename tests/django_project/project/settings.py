@@ -37,6 +37,8 @@ TASKS = {"default": {
 # Another backend's task, enqueued on taskrunner's with .using(backend="default").
 TASKS["elsewhere"] = {"BACKEND": ("django.tasks" if django.VERSION >= (6,) else "django_tasks")
                       + ".backends.dummy.DummyBackend"}
+if os.environ.get("DEMO_MAX_RUNTIME"):
+    TASKS["default"]["OPTIONS"]["MAX_RUNTIME"] = float(os.environ["DEMO_MAX_RUNTIME"])
 if not TASKS["default"]["OPTIONS"]["CONFIG"]:
     del TASKS["default"]["OPTIONS"]["CONFIG"]
 

@@ -50,6 +50,8 @@ class Command(BaseCommand):
         # The environment, not --database: a password on the command line is visible to
         # every user of the host (ps); the overseer's HUP reload reads it again.
         os.environ["TASKRUNNER_DATABASE_URL"] = url
+        # The backend's QUEUES are lanes of their own (TaskrunnerBackend.declared_queues).
+        os.environ["TASKRUNNER_QUEUES"] = backend.declared_queues()
         if backend.options.get("CONFIG"):
             os.environ["TASKRUNNER_CONFIG"] = str(backend.options["CONFIG"])
         return int(main(argv) or 0)

@@ -133,6 +133,18 @@ def exits():
     return {"exits": tasks.exits.enqueue(3).id, "async_exits": tasks.async_exits.enqueue(4).id}
 
 
+def hangs():
+    """A task whose first attempt runs until its runner is killed."""
+    return {"hangs_once": tasks.hangs_once.enqueue().id}
+
+
+def interrupts():
+    """A task that raises KeyboardInterrupt, and one deferred for an hour (to cancel)."""
+    later = timezone.now() + timedelta(hours=1)
+    return {"interrupts": tasks.interrupts.enqueue().id,
+            "deferred": tasks.add.using(run_after=later).enqueue(1, 2).id}
+
+
 def fragile():
     """A task of a module that the runner cannot import ($DEMO_FRAGILE there)."""
     from demo.fragile import job
@@ -192,6 +204,7 @@ class Command(BaseCommand):
 
     def handle(self, name, ids, timeout, **options):
         seen = {"contract": contract, "dashboard": dashboard, "enqueue": enqueue,
-                "exits": exits, "fragile": fragile,
+                "exits": exits, "fragile": fragile, "hangs": hangs,
+                "interrupts": interrupts,
                 "results": lambda: results(ids)}.get(name, lambda: run(timeout))()
         self.stdout.write(json.dumps(seen))
