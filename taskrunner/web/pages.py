@@ -251,7 +251,7 @@ def task_row(t: Any) -> list:
             H('<a href="/tasks%s">%s</a>') % (e(query(queue=t.queue)), e(t.queue)),
             status(t.status),
             H("%d / %d") % (t.runs_failed, t.max_retries), H("%d") % t.runs,
-            when(t.scheduled_on), when(t.finished_on), outcome]
+            when(t.scheduled_on), when(t.next_run_on), when(t.finished_on), outcome]
 
 
 def tasks(view: View, params: Mapping[str, str]) -> str:
@@ -276,7 +276,7 @@ def tasks(view: View, params: Mapping[str, str]) -> str:
     return H('%s%s%s<p class="pager">%s %s</p>') % (
         _filter_form(params), bulk,
         table(["Task", "Handler", "Queue", "Status", "Failures", "Runs", "Scheduled",
-               "Finished", "Error / why waiting"], rows, "no task matches this filter",
+               "Next run", "Finished", "Error / why waiting"], rows, "no task matches this filter",
               css="tasks"),
         newest, more)
 
