@@ -166,7 +166,7 @@ def test_actions_need_the_csrf_token_and_change_the_database(sqlite_db):
         assert status == 403
         status, _, headers = fetch(served.url + "/tasks/%d/retry" % ids["failed"],
                                    data="csrf=" + token)
-        assert status == 303 and "re-armed" in headers["Location"].replace("+", " ")
+        assert status == 303 and "re-armed" in notice_of(headers)
         assert queue.get_task(ids["failed"]).status == "scheduled"
         status, _, _ = fetch(served.url + "/tasks/%d/cancel" % ids["later"], data="csrf=" + token)
         assert status == 303 and queue.get_task(ids["later"]).status == "cancelled"
@@ -243,9 +243,12 @@ def token_of(served, path="/"):
     return re.search(r'name="csrf" value="([^"]+)"', fetch(served.url + path)[1]).group(1)
 
 
-def location(headers):
-    from urllib.parse import unquote_plus
-    return unquote_plus(headers["Location"])
+def notice_of(headers):
+    """The notice an action's answer leaves for the next page (its cookie)."""
+    from urllib.parse import unquote
+    cookie = headers["Set-Cookie"]
+    assert cookie.startswith("taskrunner_notice="), cookie
+    return unquote(cookie.split(";")[0].split("=", 1)[1])
 
 
 def test_task_page_shows_the_full_traceback_of_each_failed_run(sqlite_db):
@@ -301,7 +304,7 @@ def test_a_running_tasks_live_results_and_a_cancel_that_asks_it_to_stop(sqlite_d
         status, _, headers = fetch(served.url + "/tasks/%d/cancel" % task_id,
                                    data="csrf=" + token_of(served, "/tasks/%d" % task_id))
         assert status == 303
-        assert "run %d is asked to stop" % run_id in location(headers)
+        assert "run %d is asked to stop" % run_id in notice_of(headers)
         assert queue.runs_of(task_id)[-1].cancel_requested_on is not None
         assert queue.get_task(task_id).status == "running"      # its runner ends it
         assert "status-stopping" in live()
@@ -402,12 +405,12 @@ def test_overview_shows_each_queue_and_pause_resume_change_the_database(sqlite_d
         assert status == 403 and paused()["mail"] is False          # no CSRF token
         token = token_of(served)
         status, _, headers = fetch(served.url + "/queues/pause", data="csrf=%s&name=mail" % token)
-        assert status == 303 and "queue 'mail' paused" in location(headers)
+        assert status == 303 and "queue 'mail' paused" in notice_of(headers)
         assert paused() == {"default": False, "mail": True}
         assert "status-paused" in fetch(served.url + "/")[1].split('id="queues"')[1]
         status, _, headers = fetch(served.url + "/queues/resume",
                                    data="csrf=%s&name=mail" % token)
-        assert status == 303 and "resumed" in location(headers) and paused()["mail"] is False
+        assert status == 303 and "resumed" in notice_of(headers) and paused()["mail"] is False
         status, _, _ = fetch(served.url + "/queues/pause", data="csrf=%s&name=bad name" % token)
         assert status == 400 and "bad name" not in paused()
     finally:

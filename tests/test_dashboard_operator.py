@@ -34,3 +34,38 @@ def test_task_list_shows_each_tasks_next_run(sqlite_db):
     finally:
         served.stop()
         queue.close()
+
+
+def test_an_actions_notice_is_shown_once_and_never_carried_in_the_url(sqlite_db):
+    """The notice rides in a short-lived cookie (HttpOnly, SameSite=Strict) that the next
+    page reads and clears: a reload or a bookmark does not repeat it, a link cannot forge
+    one, and its text stays escaped."""
+    from test_dashboard import notice_of, token_of
+    queue = sqlite_db.queue()
+    task_id = queue.add_task("taskrunner.handlers.Echo",
+                             scheduled_on=utc(utcnow()) + timedelta(days=1))
+    served = Served(queue.store)
+    try:
+        status, _, headers = fetch(served.url + "/tasks/%d/cancel" % task_id,
+                                   data="csrf=" + token_of(served, "/tasks/%d" % task_id))
+        assert status == 303 and headers["Location"] == "/tasks/%d" % task_id
+        cookie = headers["Set-Cookie"]
+        for part in ("HttpOnly", "SameSite=Strict", "Path=/;", "Max-Age="):
+            assert part in cookie, cookie
+        assert notice_of(headers) == "task %d cancelled" % task_id
+        sent = {"Cookie": cookie.split(";")[0]}
+        status, body, headers = fetch(served.url + headers["Location"], headers=sent)
+        assert status == 200 and ">task %d cancelled<" % task_id in body
+        assert headers["Set-Cookie"].startswith("taskrunner_notice=;") \
+            and "Max-Age=0" in headers["Set-Cookie"]
+        # What the browser sends after that (the cookie cleared): no notice.
+        assert "task %d cancelled" % task_id not in fetch(served.url + "/tasks/%d" % task_id)[1]
+        # A notice in the URL is not shown; one in the cookie is text, not markup.
+        body = fetch(served.url + "/tasks?notice=%3Cb%3Eforged%3C%2Fb%3E")[1]
+        assert "forged" not in body
+        body = fetch(served.url + "/tasks", headers={
+            "Cookie": "other=1; taskrunner_notice=%3Cb%3Ehi%3C%2Fb%3E"})[1]
+        assert '<p class="notice" role="status">&lt;b&gt;hi&lt;/b&gt;</p>' in body
+    finally:
+        served.stop()
+        queue.close()

@@ -14,7 +14,7 @@ from taskrunner.store.models import utcnow  # noqa: E402
 
 from conftest import ok, taskrunner, usage_error, utc  # noqa: E402
 from dashboard_helpers import Served, fetch  # noqa: E402
-from test_dashboard import location, token_of  # noqa: E402
+from test_dashboard import notice_of, token_of  # noqa: E402
 
 
 def test_a_periodic_task_runs_now_without_moving_its_schedule(database):
@@ -50,7 +50,7 @@ def test_run_now_from_the_dashboard(sqlite_db):
         status, _, headers = fetch(served.url + "/periodic/run",
                                    data="csrf=%s&name=nightly" % token_of(served, "/periodic"))
         assert status == 303 and re.search(r"periodic task 'nightly': task \d+ submitted",
-                                           location(headers)), location(headers)
+                                           notice_of(headers)), notice_of(headers)
         assert len(queue.tasks()) == 1
     finally:
         served.stop()
@@ -96,7 +96,7 @@ def test_delete_from_the_dashboard_asks_first(sqlite_db):
         assert len(queue.tasks()) == 2                       # nothing deleted yet
         status, _, headers = fetch(served.url + "/tasks/%d/delete" % ended,
                                    data="csrf=%s&confirm=yes" % token)
-        assert status == 303 and "task %d deleted" % ended in location(headers)
+        assert status == 303 and "task %d deleted" % ended in notice_of(headers)
         assert [t.id for t in queue.tasks()] == [other]
         status, body, _ = fetch(served.url + "/tasks/bulk",
                                 data="csrf=%s&action=delete&status=success" % token)

@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, unquote
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from ..runs import control, queues, rotation
@@ -26,7 +26,7 @@ from ..errors import InputError, StateError, TaskNotFound
 from . import pages
 from .assets import CSS, JS
 from .auth import Guard, parse_bind, peer_uid
-from .html import H, page
+from .html import H, page, query
 
 log = logging.getLogger("taskrunner.dashboard")
 
@@ -49,6 +49,12 @@ WORKFLOW_PATH = re.compile(r"^/workflows/([0-9]{1,18})$")
 TASK_ACTION = re.compile(r"^/tasks/([0-9]{1,18})/(retry|cancel|delete)$")
 
 Response = Tuple[str, List[Tuple[str, str]], bytes]
+# What an action did travels to the next page in a cookie, not in the URL: a link cannot
+# forge it, a bookmark or a reload does not repeat it. Short-lived, and cleared by the page
+# that shows it.
+NOTICE_COOKIE = "taskrunner_notice"
+NOTICE_SECONDS = 60
+NOTICE_LENGTH = 500
 # The uid of the socket at the other end of the request's connection (auth.peer_uid), set by
 # this module's server; a request without it comes from nobody known.
 PEER_UID = "taskrunner.peer_uid"
@@ -58,8 +64,26 @@ def _html(text: str, code: str = "200 OK") -> Response:
     return code, [("Content-Type", "text/html; charset=utf-8")], text.encode()
 
 
-def _redirect(location: str) -> Response:
-    return "303 See Other", [("Location", location)], b""
+def _notice_cookie(environ: Dict[str, Any], value: str, seconds: int) -> Tuple[str, str]:
+    # Scoped to the dashboard: its mount point when mounted in an application.
+    path = environ.get("SCRIPT_NAME", "").rstrip("/") or "/"
+    return "Set-Cookie", "%s=%s; Max-Age=%d; Path=%s; HttpOnly; SameSite=Strict" % (
+        NOTICE_COOKIE, value, seconds, path)
+
+
+def _redirect(environ: Dict[str, Any], location: str, notice: str) -> Response:
+    """303 to `location`, whose page shows `notice` once."""
+    return "303 See Other", [("Location", location), _notice_cookie(
+        environ, quote(notice[:NOTICE_LENGTH], safe=""), NOTICE_SECONDS)], b""
+
+
+def _notice_of(environ: Dict[str, Any]) -> Optional[str]:
+    """The notice an action left for this page, if any."""
+    for pair in environ.get("HTTP_COOKIE", "").split(";"):
+        name, _, value = pair.strip().partition("=")
+        if name == NOTICE_COOKIE and value:
+            return unquote(value)
+    return None
 
 
 def _refused(text: str) -> Response:
@@ -97,7 +121,7 @@ class Dashboard:
         authorization = environ.get("HTTP_AUTHORIZATION")
         if path == "/metrics" and method in ("GET", "HEAD") \
                 and self.guard.allows_metrics(authorization):
-            return self.get(path, {})
+            return self.get(path, {}, None)
         if not self.guard.peer_allowed(environ.get(PEER_UID)):
             return _refused("this dashboard answers its owner only (the user running it, "
                             "on this host); set [dashboard] password_hash or password_env "
@@ -112,7 +136,12 @@ class Dashboard:
                 return self.post(environ, path)
             if method not in ("GET", "HEAD"):
                 return "405 Method Not Allowed", [("Allow", "GET, POST")], b""
-            return self.get(path, params)
+            notice = _notice_of(environ)
+            code, headers, body = self.get(path, params, notice)
+            if notice is not None and dict(headers).get("Content-Type", "").startswith(
+                    "text/html"):
+                headers = headers + [_notice_cookie(environ, "", 0)]    # shown once
+            return code, headers, body
         except (TaskNotFound, WorkflowNotFound) as exc:
             return self.error(path, str(exc), "404 Not Found")
         except InputError as exc:
@@ -124,7 +153,7 @@ class Dashboard:
 
     # -- GET ----------------------------------------------------------------------------------
 
-    def get(self, path: str, params: Dict[str, str]) -> Response:
+    def get(self, path: str, params: Dict[str, str], notice: Optional[str]) -> Response:
         if path == "/static/app.css":
             return "200 OK", [("Content-Type", "text/css; charset=utf-8")], CSS.encode()
         if path == "/static/app.js":
@@ -136,7 +165,6 @@ class Dashboard:
         if path == "/api/parts":
             return "200 OK", [("Content-Type", "application/json")], json.dumps(
                 pages.live_parts(self.view, params)).encode()
-        notice = params.get("notice")
         match = TASK_PATH.match(path)
         if match:
             task_id = int(match.group(1))
@@ -184,9 +212,8 @@ class Dashboard:
                                       read_only=self.read_only))
                 refused = rotation.delete_finished(self.store, [task_id])[task_id]
                 if refused is None:
-                    return _redirect("/tasks?" + urlencode(
-                        {"notice": "task %d deleted" % task_id}))
-                return _redirect("/tasks/%d?%s" % (task_id, urlencode({"notice": str(refused)})))
+                    return _redirect(environ, "/tasks", "task %d deleted" % task_id)
+                return _redirect(environ, "/tasks/%d" % task_id, str(refused))
             try:
                 if verb == "retry":
                     control.retry(self.store, task_id)
@@ -198,7 +225,7 @@ class Dashboard:
                         else "task %d cancelled" % task_id
             except (StateError, TaskNotFound) as exc:
                 notice = str(exc)
-            return _redirect("/tasks/%d?%s" % (task_id, urlencode({"notice": notice})))
+            return _redirect(environ, "/tasks/%d" % task_id, notice)
         if path == "/periodic/run":
             name = form.get("name", "")
             try:
@@ -206,7 +233,7 @@ class Dashboard:
                     name, periodic.run_now(self.store, name))
             except StateError as exc:
                 notice = str(exc)
-            return _redirect("/periodic?" + urlencode({"notice": notice}))
+            return _redirect(environ, "/periodic", notice)
         if path == "/periodic/alter":
             name = form.get("name", "")
             try:
@@ -214,12 +241,12 @@ class Dashboard:
                 notice = "periodic task %r altered" % name
             except InputError as exc:
                 notice = "nothing changed: %s" % exc
-            return _redirect("/periodic?" + urlencode({"notice": notice}))
+            return _redirect(environ, "/periodic", notice)
         if path in ("/periodic/enable", "/periodic/disable"):
             enable = path == "/periodic/enable"
             periodic.set_enabled(self.store, form.get("name", ""), enable)
-            return _redirect("/periodic?" + urlencode({"notice": "periodic task %r %s" % (
-                form.get("name", ""), "enabled" if enable else "disabled")}))
+            return _redirect(environ, "/periodic", "periodic task %r %s" % (
+                form.get("name", ""), "enabled" if enable else "disabled"))
         if path in ("/queues/pause", "/queues/resume"):
             name, pause = form.get("name", ""), path == "/queues/pause"
             changed = queues.set_paused(self.store, name, pause)
@@ -227,12 +254,12 @@ class Dashboard:
                 "paused: runners on every host stop claiming from it; runs in flight finish"
                 if pause else "resumed") if changed else (
                 "was paused already" if pause else "was not paused"))
-            return _redirect("/?" + urlencode({"notice": notice}))
+            return _redirect(environ, "/", notice)
         if path == "/tasks/bulk":
-            return self.bulk(path, form)
+            return self.bulk(environ, path, form)
         return self.error(path, "no action at %s" % path, "404 Not Found")
 
-    def bulk(self, path: str, form: Dict[str, str]) -> Response:
+    def bulk(self, environ: Dict[str, Any], path: str, form: Dict[str, str]) -> Response:
         action = form.get("action")
         if action not in ("retry", "cancel", "delete"):
             raise InputError("unknown bulk action %r" % action)
@@ -256,7 +283,7 @@ class Dashboard:
                 refused += 1
         notice = "%s: %d task(s) done%s, %d left as they were (wrong state)" % (
             action, done, " (%d running: asked to stop)" % stopping if stopping else "", refused)
-        return _redirect("/tasks?" + urlencode(dict(pages.filter_params(form), notice=notice)))
+        return _redirect(environ, "/tasks" + query(**pages.filter_params(form)), notice)
 
 
 def keep_counts(app: "Dashboard", stop: threading.Event, interval: float = 5.0) -> None:
