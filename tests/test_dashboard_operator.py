@@ -15,7 +15,7 @@ from dashboard_helpers import Served, fetch  # noqa: E402
 
 
 def rows_of(body):
-    return re.findall(r"<tr><td>.*?</tr>", body, re.S)
+    return re.findall(r"<tr><td[ >].*?</tr>", body, re.S)
 
 
 def test_task_list_shows_each_tasks_next_run(sqlite_db):
@@ -69,3 +69,30 @@ def test_an_actions_notice_is_shown_once_and_never_carried_in_the_url(sqlite_db)
     finally:
         served.stop()
         queue.close()
+
+
+def test_on_a_phone_the_task_list_shows_each_tasks_status_first(sqlite_db):
+    """Below 700 px the stylesheet lays each task out as a card, its status first: each cell
+    names its column (data-label) and the rule ordering the status cell first selects the
+    label the Status cell carries. (No browser here: test_dashboard_browser.py has one.)"""
+    queue = sqlite_db.queue()
+    task_id = queue.add_task("taskrunner.handlers.Echo")
+    served = Served(queue.store)
+    try:
+        body = fetch(served.url + "/tasks")[1]
+        css = fetch(served.url + "/static/app.css")[1]
+    finally:
+        served.stop()
+        queue.close()
+    headers = re.findall(r"<th>(.*?)</th>", body.split('<table class="tasks">')[1])
+    row = next(r for r in rows_of(body) if ">%d<" % task_id in r)
+    cells = re.findall(r'<td data-label="([^"]*)">(.*?)</td>', row, re.S)
+    assert [label for label, _ in cells] == headers and "Status" in headers
+    assert 'status-scheduled">scheduled' in dict(cells)["Status"]
+    phone = re.sub(r"/\*.*?\*/", "", css.split("@media (max-width: 700px)")[1], flags=re.S)
+    rules = dict(re.findall(r"([^{}]+)\{([^}]*)\}", phone))
+    rules = {selector.strip(): rule for selector, rule in rules.items()}
+    assert "order: -1" in rules['table.tasks td[data-label="Status"]']
+    assert "display: flex" in rules["table.tasks tr"]
+    assert "display: none" in rules["table.tasks thead"]
+    assert "attr(data-label)" in rules["table.tasks td::before"]

@@ -61,7 +61,7 @@ def test_dashboard_shows_no_stale_error_on_a_succeeded_task(sqlite_db):
     try:
         facts = fetch(served.url + "/tasks/%d" % task_id)[1].split('<h2>Runs</h2>')[0]
         assert "Last error" not in facts and "Planned" not in facts, facts
-        row = re.findall(r"<tr><td>.*?</tr>", fetch(served.url + "/tasks")[1], re.S)[0]
+        row = re.findall(r"<tr><td[ >].*?</tr>", fetch(served.url + "/tasks")[1], re.S)[0]
         assert "Planned" not in row and 'class="err"' not in row, row
     finally:
         served.stop()

@@ -108,6 +108,16 @@ code.wrap { white-space: normal; }
   .cols .card, .cols .card.wide { flex-basis: 100%; }
   dl.facts { grid-template-columns: minmax(0, 1fr); padding: 10px; }
   dl.facts dd { margin-bottom: 6px; }
+  /* The task list as cards, one per task, each cell labelled by its column (data-label):
+     the status first, where the eye lands, then the task and the rest. */
+  table.tasks thead { display: none; }
+  table.tasks tr { display: flex; flex-wrap: wrap; border-bottom: 1px solid var(--line); }
+  table.tasks td { flex: 1 1 45%; min-width: 0; border: 0; padding: 3px 8px;
+                   overflow-wrap: anywhere; }
+  table.tasks td::before { content: attr(data-label); display: block; font-size: 11px;
+                           color: var(--muted); text-transform: uppercase; }
+  table.tasks td[data-label="Status"] { order: -1; flex-basis: 100%; }
+  table.tasks td[data-label="Status"]::before { display: none; }
 }
 """
 

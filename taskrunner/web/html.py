@@ -119,15 +119,22 @@ def short(value: Any, width: int = 80) -> str:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]], empty: str = "nothing here",
-          css: str = "") -> str:
+          css: str = "", labelled: bool = False) -> str:
     """A table of cells (escaped unless Markup), in a box of its own that scrolls sideways
-    when the table is wider than the screen (a phone), so the page itself never does."""
+    when the table is wider than the screen (a phone), so the page itself never does.
+    `labelled`: each cell names its column (``data-label``), for a stylesheet that shows the
+    rows as cards on a phone, their cells reordered and labelled."""
     rows = list(rows)
     if not rows:
         return H('<p class="muted empty">%s</p>') % empty
     head = H("").join(H("<th>%s</th>") % h for h in headers)
-    body = H("").join(H("<tr>%s</tr>") % H("").join(H("<td>%s</td>") % c for c in row)
-                      for row in rows)
+    if labelled:
+        body = H("").join(H("<tr>%s</tr>") % H("").join(
+            H('<td data-label="%s">%s</td>') % (h, c) for h, c in zip(headers, row))
+            for row in rows)
+    else:
+        body = H("").join(H("<tr>%s</tr>") % H("").join(H("<td>%s</td>") % c for c in row)
+                          for row in rows)
     return H('<div class="scroll"><table class="%s"><thead><tr>%s</tr></thead><tbody>%s'
              '</tbody></table></div>') % (css, head, body)
 

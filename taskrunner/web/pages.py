@@ -277,7 +277,7 @@ def tasks(view: View, params: Mapping[str, str]) -> str:
         _filter_form(params), bulk,
         table(["Task", "Handler", "Queue", "Status", "Failures", "Runs", "Scheduled",
                "Next run", "Finished", "Error / why waiting"], rows, "no task matches this filter",
-              css="tasks"),
+              css="tasks", labelled=True),
         newest, more)
 
 
