@@ -96,3 +96,50 @@ def test_on_a_phone_the_task_list_shows_each_tasks_status_first(sqlite_db):
     assert "display: flex" in rules["table.tasks tr"]
     assert "display: none" in rules["table.tasks thead"]
     assert "attr(data-label)" in rules["table.tasks td::before"]
+
+
+def test_workflows_page_lists_each_workflow_and_cancels_an_unfinished_one(sqlite_db):
+    """/workflows: newest first, each with its name (escaped), outcome, progress, counts per
+    state and creation time; Cancel (CSRF-checked) on those that have not ended does what
+    `taskrunner workflow cancel ID` does; linked from the navigation."""
+    from test_dashboard import notice_of, token_of
+    queue = sqlite_db.queue()
+    step = "taskrunner.handlers.Echo"
+    queue.chain(step, step)
+    queue.run_pending()
+    later = utc(utcnow()) + timedelta(days=1)
+    open_one = queue.add_workflow([{"key": "a", "handler": step, "scheduled_on": later},
+                                   {"key": "b", "handler": step, "after": ["a"]}],
+                                  name="<b>nightly</b>")
+    served = Served(queue.store)
+    try:
+        body = fetch(served.url + "/workflows")[1]
+        assert '<a href="/workflows" class="active">Workflows</a>' in body.split("</nav>")[0]
+        rows = rows_of(body)
+        assert len(rows) == 2 and 'href="/workflows/%d"' % open_one.id in rows[0]
+        first, second = rows
+        assert "&lt;b&gt;nightly&lt;/b&gt;" in first and "<b>nightly" not in body
+        assert 'status-running">running' in first and "0 of 2 final" in first
+        assert "1 <span" in first and ">scheduled<" in first and ">waiting<" in first
+        assert "<time" in first
+        assert 'action="/workflows/%d/cancel"' % open_one.id in first
+        assert 'status-success">success' in second and "2 of 2 final" in second
+        assert "/cancel" not in second
+        assert 'action="/workflows/%d/cancel"' % open_one.id in fetch(
+            served.url + "/workflows/%d" % open_one.id)[1]
+        assert fetch(served.url + "/workflows/%d/cancel" % open_one.id, data="x=1")[0] == 403
+        assert {t.status for t in queue.tasks()} == {"success", "scheduled", "waiting"}
+        token = token_of(served, "/workflows")
+        status, _, headers = fetch(served.url + "/workflows/%d/cancel" % open_one.id,
+                                   data="csrf=" + token)
+        assert status == 303 and headers["Location"] == "/workflows"
+        assert notice_of(headers) == ("workflow %d: 2 task(s) cancelled, 0 running one(s) "
+                                      "asked to stop" % open_one.id)
+        assert queue.workflow(open_one.id).outcome == "cancelled"
+        assert "/cancel" not in fetch(served.url + "/workflows")[1]
+        status, body, _ = fetch(served.url + "/workflows/999/cancel", data="csrf=" + token)
+        assert status == 404 and "no workflow with id 999" in body
+        assert fetch(served.url + "/workflows?before=x")[0] == 400
+    finally:
+        served.stop()
+        queue.close()

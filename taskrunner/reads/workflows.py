@@ -59,19 +59,48 @@ class WorkflowInfo(Record):
 def workflow_info(store: Any, workflow_id: int, graph: bool = True) -> WorkflowInfo:
     """The workflow's state; WorkflowNotFound for an unknown id. `graph`: with its tasks and
     their edges (else `tasks` is empty: counts only)."""
-    Task, Workflow = store.Task, store.Workflow
+    Workflow = store.Workflow
     row = Workflow.get_or_none(Workflow.id == workflow_id)
     if row is None:
         raise WorkflowNotFound("no workflow with id %s" % workflow_id)
-    counts: Dict[str, int] = {}
+    counts = _state_counts(store, [workflow_id]).get(workflow_id, {})
+    return _info(row, counts, workflow_tasks(store, workflow_id) if graph else [])
+
+
+def list_workflows(store: Any, before: Optional[int] = None,
+                   limit: int = 50) -> Tuple[List[WorkflowInfo], Optional[int]]:
+    """Workflows newest first, with ids below `before` (keyset paging), their counts and
+    outcome (no graph); and the `before` of the next page (None at the end)."""
+    Workflow = store.Workflow
+    query = Workflow.select().order_by(Workflow.id.desc()).limit(limit + 1)
+    if before is not None:
+        query = query.where(Workflow.id < before)
+    rows = list(query)
+    counts = _state_counts(store, [r.id for r in rows[:limit]])
+    infos = [_info(r, counts.get(r.id, {}), []) for r in rows[:limit]]
+    return infos, infos[-1].id if len(rows) > limit else None
+
+
+def _state_counts(store: Any, workflow_ids: List[int]) -> Dict[int, Dict[str, int]]:
+    """Each workflow's tasks counted by state word (one grouped read, by the workflow_id
+    index)."""
+    Task = store.Task
+    counts: Dict[int, Dict[str, int]] = {}
+    if not workflow_ids:
+        return counts
     # Written out, not bound: GROUP BY must repeat the selected expressions word for word.
     final = pw.SQL("CASE WHEN finished_on IS NULL THEN 0 ELSE 1 END")
-    query = (Task.select(Task.last_status, final, pw.fn.COUNT(Task.id))
-             .where(Task.workflow_id == workflow_id)
-             .group_by(Task.last_status, final))
-    for status, final, count in query.tuples():
+    query = (Task.select(Task.workflow_id, Task.last_status, final, pw.fn.COUNT(Task.id))
+             .where(Task.workflow_id.in_(workflow_ids))
+             .group_by(Task.workflow_id, Task.last_status, final))
+    for workflow_id, status, final, count in query.tuples():
         word = state_word(status, True if final else None)
-        counts[word] = counts.get(word, 0) + count
+        mine = counts.setdefault(workflow_id, {})
+        mine[word] = mine.get(word, 0) + count
+    return counts
+
+
+def _info(row: Any, counts: Dict[str, int], tasks: List[WorkflowTask]) -> WorkflowInfo:
     total = sum(counts.values())
     finished = sum(n for word, n in counts.items()
                    if word in (SUCCESS, CANCELLED, "given-up"))
@@ -83,7 +112,6 @@ def workflow_info(store: Any, workflow_id: int, graph: bool = True) -> WorkflowI
         outcome = CANCELLED
     else:
         outcome = SUCCESS
-    tasks = workflow_tasks(store, workflow_id) if graph else []
     return WorkflowInfo(id=row.id, name=row.name, created_on=aware(row.created_on),
                         total=total, counts=counts, finished=finished,
                         progress=finished / total if total else 0.0, outcome=outcome,

@@ -21,6 +21,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from ..runs import control, queues, rotation
 from ..periodic import scheduler as periodic
 from ..reads import summaries
+from ..reads import workflows
 from ..reads.workflows import WorkflowNotFound
 from ..errors import InputError, StateError, TaskNotFound
 from . import pages
@@ -41,11 +42,13 @@ PAGES: Dict[str, Tuple[str, Callable[..., str], Optional[str]]] = {
     "/": ("Overview", pages.overview, "overview"),
     "/runners": ("Runners", pages.runners, "runners"),
     "/tasks": ("Tasks", pages.tasks, None),
+    "/workflows": ("Workflows", pages.workflows_list, None),
     "/failures": ("Failures", pages.failures, None),
     "/periodic": ("Periodic tasks", pages.periodic, None),
 }
 TASK_PATH = re.compile(r"^/tasks/([0-9]{1,18})$")
 WORKFLOW_PATH = re.compile(r"^/workflows/([0-9]{1,18})$")
+WORKFLOW_CANCEL = re.compile(r"^/workflows/([0-9]{1,18})/cancel$")
 TASK_ACTION = re.compile(r"^/tasks/([0-9]{1,18})/(retry|cancel|delete)$")
 
 Response = Tuple[str, List[Tuple[str, str]], bytes]
@@ -226,6 +229,9 @@ class Dashboard:
             except (StateError, TaskNotFound) as exc:
                 notice = str(exc)
             return _redirect(environ, "/tasks/%d" % task_id, notice)
+        match = WORKFLOW_CANCEL.match(path)
+        if match:
+            return _redirect(environ, "/workflows", self.cancel_workflow(int(match.group(1))))
         if path == "/periodic/run":
             name = form.get("name", "")
             try:
@@ -258,6 +264,16 @@ class Dashboard:
         if path == "/tasks/bulk":
             return self.bulk(environ, path, form)
         return self.error(path, "no action at %s" % path, "404 Not Found")
+
+    def cancel_workflow(self, workflow_id: int) -> str:
+        """What `taskrunner workflow cancel ID` does: every unfinished task cancelled, the
+        running ones asked to stop; WorkflowNotFound (404) for an unknown id."""
+        workflows.workflow_info(self.store, workflow_id, graph=False)
+        ids = workflows.workflow_task_ids(self.store, workflow_id, unfinished=True)
+        # The last first: each is cancelled by the operator, not by its parent's cancel.
+        cancelled, stopping = control.cancel_workflow(self.store, reversed(ids))
+        return "workflow %d: %d task(s) cancelled, %d running one(s) asked to stop" % (
+            workflow_id, cancelled, stopping)
 
     def bulk(self, environ: Dict[str, Any], path: str, form: Dict[str, str]) -> Response:
         action = form.get("action")

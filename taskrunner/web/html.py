@@ -13,7 +13,7 @@ from typing import Any, Iterable, List, Optional, Sequence
 from urllib.parse import urlencode
 
 NAV = (("/", "Overview"), ("/runners", "Runners"), ("/tasks", "Tasks"),
-       ("/failures", "Failures"), ("/periodic", "Periodic tasks"))
+       ("/workflows", "Workflows"), ("/failures", "Failures"), ("/periodic", "Periodic tasks"))
 STATUS_COLOURS = {"scheduled": "#6c8ebf", "running": "#2f80ed", "retrying": "#f2994a",
                   "given-up": "#d64545", "success": "#27ae60", "cancelled": "#9b9b9b",
                   "error": "#d64545", "timeout": "#d64545", "requeued": "#b07cc6",

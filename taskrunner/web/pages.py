@@ -476,9 +476,41 @@ def workflow_live(view: View, params: Mapping[str, str], workflow_id: int) -> st
                 shown, workflow_graph(tasks)))
 
 
+def _cancel_workflow(view: View, info: Any) -> str:
+    """The Cancel button of a workflow that has not ended (`workflow cancel ID`)."""
+    return "" if info.done else view.action(H("/workflows/%d/cancel") % info.id, "Cancel",
+                                            css="danger")
+
+
 def workflow(view: View, params: Mapping[str, str], workflow_id: int) -> str:
-    return H('<div id="workflow-live" data-live>%s</div>') % workflow_live(view, params,
-                                                                          workflow_id)
+    info = workflows.workflow_info(view.store, workflow_id, graph=False)
+    return H('<p class="actions">%s</p><div id="workflow-live" data-live>%s</div>') % (
+        _cancel_workflow(view, info), workflow_live(view, params, workflow_id))
+
+
+def workflows_list(view: View, params: Mapping[str, str]) -> str:
+    """Workflows newest first: name, outcome, progress, counts per state, created; a Cancel
+    button on each that has not ended."""
+    before = params.get("before", "").strip()
+    infos, next_before = workflows.list_workflows(
+        view.store, id_param(before, "before") if before else None, PAGE_SIZE)
+    rows = []
+    for info in infos:
+        order = [w for w in STATE_ORDER if w in info.counts] + sorted(
+            w for w in info.counts if w not in STATE_ORDER)
+        rows.append([H('<a href="/workflows/%d">%d</a>') % (info.id, info.id),
+                     e(info.name or ""), status(info.outcome),
+                     H("%s %d of %d final") % (progress(int(info.progress * 100)),
+                                               info.finished, info.total),
+                     H(" · ").join(H('%d <span class="status status-%s">%s</span>')
+                                   % (info.counts[w], w, w) for w in order),
+                     when(info.created_on), _cancel_workflow(view, info)])
+    more = (H('<a class="older" href="/workflows%s">Older →</a>') % e(query(
+        before=next_before))) if next_before else ""
+    newest = H('<a href="/workflows">← Newest</a>') if before else ""
+    return H('%s<p class="pager">%s %s</p>') % (table(
+        ["Workflow", "Name", "Outcome", "Progress", "Tasks", "Created", ""], rows,
+        "no workflow yet", css="workflows"), newest, more)
 
 
 # -- failures and periodic tasks ---------------------------------------------------------------
