@@ -143,3 +143,60 @@ def test_workflows_page_lists_each_workflow_and_cancels_an_unfinished_one(sqlite
     finally:
         served.stop()
         queue.close()
+
+
+def test_tasks_are_found_by_a_key_and_value_of_their_data_on_every_database(queue):
+    """``order_id=44`` finds the tasks whose data has that top-level key with that scalar
+    value, given as a number or a string; nothing nested, no object or array (a secret key
+    nested in one cannot be tested by guessing its whole value), never a secret key."""
+    from taskrunner.errors import InputError
+    from taskrunner.reads import summaries
+    echo = "taskrunner.handlers.Echo"
+    ids = {name: queue.add_task(echo, data) for name, data in (
+        ("int", {"order_id": 44, "customer": "ann"}), ("text", {"order_id": "44"}),
+        ("longer", {"order_id": 440}), ("other", {"order_id": 45}),
+        ("nested", {"order": {"order_id": 44}}), ("flag", {"urgent": True}),
+        ("list", [44, {"order_id": 44}]),
+        ("creds", {"creds": {"password": "hunter2"}}), ("secret", {"db_password": "hunter2"}))}
+
+    def found(text, **others):
+        chosen = summaries.TaskFilter(data=summaries.data_search(queue.store, text), **others)
+        return sorted(t.id for t in summaries.find_tasks(queue.store, chosen).tasks)
+    assert found("order_id=44") == sorted([ids["int"], ids["text"]])
+    assert found(" order_id = 44 ", handler=echo) == sorted([ids["int"], ids["text"]])
+    assert found("order_id=44", handler="taskrunner.handlers.Fail") == []
+    assert found("customer=ann") == [ids["int"]]
+    assert found("urgent=true") == [ids["flag"]]
+    assert found("order_id=4") == [] and found("order={\"order_id\": 44}") == []
+    assert found('creds={"password": "hunter2"}') == []
+    assert found('creds={"password":"hunter2"}') == []
+    assert summaries.matching_task_ids(queue.store, summaries.TaskFilter(
+        data=("order_id", "45")), 10) == [ids["other"]]
+    for bad in ("order_id", "=44", "a.b=1", 'x"=1', "db_password=hunter2",
+                "X-Api-Token=t"):
+        with pytest.raises(InputError):
+            summaries.data_search(queue.store, bad)
+
+
+def test_tasks_page_searches_the_data_and_keeps_the_search_in_its_links(sqlite_db):
+    queue = sqlite_db.queue()
+    wanted = queue.add_task("taskrunner.handlers.Echo", {"order_id": 44})
+    for n in range(60):
+        queue.add_task("taskrunner.handlers.Echo", {"order_id": 1000 + n % 2})
+    served = Served(queue.store)
+    try:
+        body = fetch(served.url + "/tasks?data=order_id%3D44")[1]
+        rows = rows_of(body)
+        assert len(rows) == 1 and ">%d<" % wanted in rows[0]
+        assert 'name="data" value="order_id=44"' in body
+        assert 'name="data" value="order_id=44"' in body.split('class="bulk"')[1]
+        body = fetch(served.url + "/tasks?data=order_id%3D1001")[1]
+        assert len(rows_of(body)) == 30 and "Older" not in body
+        body = fetch(served.url + "/tasks?data=order_id%3D1000")[1]
+        assert len(rows_of(body)) == 30
+        status, body, _ = fetch(served.url + "/tasks?data=db_password%3Dx")
+        assert status == 400 and "secret" in body
+        assert fetch(served.url + "/tasks?data=nonsense")[0] == 400
+    finally:
+        served.stop()
+        queue.close()

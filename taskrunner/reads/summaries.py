@@ -8,6 +8,7 @@ stay fast on a history of a million runs (bench/dashboard.py times them): lists 
 newest first by id with keyset paging (``before``), and aggregates go through the indexes
 of migration 0010.
 """
+import re
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import peewee as pw
 
 from ..errors import InputError
+from ..masking import is_secret
 from ..store.models import (ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS,
                             as_utc, run_status_is, utcnow)
 from .blockers import blocked_by
@@ -31,13 +33,17 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 # The name under which the metrics sum the queues and periodic tasks they do not name (no
 # queue can be called so: config.QUEUE_NAME).
 OTHER = "(other)"
+# A key of the task data a search may name: top level, no quoting needed in a JSON path.
+DATA_KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 @dataclass(frozen=True)
 class TaskFilter:
     """A filtered view of the tasks; every field optional. `since`/`until` bound the time
     the task was queued; `periodic_task_id` selects the tasks a periodic task submitted;
-    `error_code` the tasks whose last error has that code; `queue` the tasks of one queue."""
+    `error_code` the tasks whose last error has that code; `queue` the tasks of one queue;
+    `data` the tasks whose data has that top-level key with that scalar value (as text:
+    ``("order_id", "44")`` finds 44 and "44"; see `data_condition` for what it costs)."""
     status: Optional[str] = None
     handler: Optional[str] = None
     since: Optional[datetime] = None
@@ -45,6 +51,7 @@ class TaskFilter:
     periodic_task_id: Optional[int] = None
     error_code: Optional[str] = None
     queue: Optional[str] = None
+    data: Optional[Tuple[str, str]] = None
 
     def __post_init__(self) -> None:
         if self.status is not None and self.status not in STATUS_FILTERS:
@@ -110,7 +117,51 @@ def _task_conditions(store: Any, view: TaskFilter) -> List[Any]:
         conditions.append(Task.last_error_code == view.error_code)
     if view.queue:
         conditions.append(Task.queue == view.queue)
+    if view.data is not None:
+        conditions.append(data_condition(store, *view.data))
     return conditions
+
+
+def data_search(store: Any, text: str) -> Tuple[str, str]:
+    """``key=value`` as a data search; InputError for anything else, and for a secret key
+    (``[task] secret_keys``): what the pages mask cannot be found by guessing it either."""
+    key, equals, value = text.strip().partition("=")
+    key = key.strip()
+    if not equals or not DATA_KEY.match(key):
+        raise InputError("invalid data search %r: expected KEY=VALUE, e.g. order_id=44 (a "
+                         "top-level key of letters, digits, _ and -)" % text[:80])
+    if is_secret(key, store.config.task.secret_keys):
+        raise InputError("data key %r is secret ([task] secret_keys): it cannot be searched"
+                         % key)
+    return key, value.strip()
+
+
+def data_condition(store: Any, key: str, value: str) -> Any:
+    """Tasks whose JSON data has `key` at the top level with a scalar (string, number,
+    boolean) whose text is `value`: objects and arrays never match, so a secret key nested
+    in one cannot be tested by guessing the whole value.
+
+    No index serves it (the data is JSON text, and no index works for every key on all
+    three databases): it is evaluated on the rows the other conditions leave, newest first,
+    until a page is found. Bound it with the other filters (handler, queue, time) on a long
+    history; a key=value that matches nothing reads every row the filters leave."""
+    Task = store.Task
+    if store.backend == "postgresql":
+        extracted = Task.data.cast("jsonb")
+        return ((pw.fn.jsonb_typeof(pw.NodeList((extracted, pw.SQL("->"), key)))
+                 .in_(["string", "number", "boolean"]))
+                & (pw.NodeList((extracted, pw.SQL("->>"), key)) == value))
+    path = '$."%s"' % key       # DATA_KEY: nothing to quote
+    if store.backend == "mysql":
+        found = pw.fn.JSON_EXTRACT(Task.data, path)
+        return (pw.fn.JSON_TYPE(found).in_(["STRING", "INTEGER", "UNSIGNED INTEGER", "DOUBLE",
+                                            "DECIMAL", "BOOLEAN"])
+                & (pw.fn.JSON_UNQUOTE(found) == value))
+    kind = pw.fn.json_type(Task.data, path)
+    # json_extract gives a boolean as 1 or 0: its text is said as the other databases say it.
+    text = pw.Case(kind, (("true", "true"), ("false", "false")),
+                   pw.fn.json_extract(Task.data, path).cast("TEXT"))
+    return kind.in_(["text", "integer", "real", "true", "false"]) & (text == value)
 
 
 def find_tasks(store: Any, view: TaskFilter = TaskFilter(), before: Optional[int] = None,

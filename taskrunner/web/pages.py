@@ -63,20 +63,22 @@ def id_param(text: str, what: str) -> int:
 
 
 def task_filter(store: Any, params: Mapping[str, str]) -> summaries.TaskFilter:
-    """The tasks filter named by the URL's status, handler, queue, error, since, until and
-    periodic."""
+    """The tasks filter named by the URL's status, handler, queue, error, since, until,
+    periodic and data (``key=value``)."""
     periodic = params.get("periodic", "").strip()
+    data = params.get("data", "").strip()
     return summaries.TaskFilter(
         status=params.get("status") or None, handler=params.get("handler", "").strip() or None,
         since=_time_param(params, "since"), until=_time_param(params, "until"),
         periodic_task_id=summaries.periodic_task_id(store, periodic) if periodic else None,
         error_code=params.get("error", "").strip() or None,
-        queue=params.get("queue", "").strip() or None)
+        queue=params.get("queue", "").strip() or None,
+        data=summaries.data_search(store, data) if data else None)
 
 
 def filter_params(params: Mapping[str, str]) -> Dict[str, str]:
     return {k: params[k] for k in ("status", "handler", "queue", "error", "since", "until",
-                                   "periodic") if params.get(k)}
+                                   "periodic", "data") if params.get(k)}
 
 
 # -- overview -------------------------------------------------------------------------------
@@ -221,9 +223,11 @@ def _filter_form(params: Mapping[str, str]) -> str:
         for s in ("",) + summaries.STATUS_FILTERS)
     field = H('<label>%s <input name="%s" value="%s" placeholder="%s"%s></label>')
     return (H('<form method="get" action="/tasks" class="filters" id="task-filters">'
-            '<label>Status <select name="status">%s</select></label>%s%s%s%s%s%s'
+            '<label>Status <select name="status">%s</select></label>%s%s%s%s%s%s%s'
             '<button type="submit">Filter</button> <a href="/tasks">clear</a></form>') % (
                 options,
+                field % ("Data contains", "data", e(params.get("data", "")), "order_id=44",
+                         H(' size="16"')),
                 field % ("Handler", "handler", e(params.get("handler", "")),
                          "taskrunner.handlers.Echo", H(' size="28"')),
                 field % ("Queue", "queue", e(params.get("queue", "")), "default",
