@@ -5,7 +5,7 @@ runs in the database (issue 13).
     python bench/dashboard.py [--db sqlite|postgresql|all] [--runs N] [--repeat R] [--json FILE]
 
 Fills a fresh database in bulk (INSERT ... SELECT over generate_series on PostgreSQL, a
-recursive CTE on SQLite): N tasks of five handlers, one run each, queued 2.5 s apart (a
+recursive CTE on SQLite): N tasks of five handlers (data {"order_id": i}), one run each, queued 2.5 s apart (a
 month of history, 1,440 runs in the last hour); 94 % succeeded, 4 % given up with three
 error codes, 1 % timed out, 1 % cancelled; the newest 200 scheduled, ten periodic tasks.
 Then serves the dashboard on a thread and times each page over HTTP, R times (median and
@@ -33,7 +33,7 @@ TASK_SELECT = """
 SELECT {ts0} AS queued_on, {ts0} AS scheduled_on,
   CASE i % 5 WHEN 0 THEN 'app.tasks.SendEmail' WHEN 1 THEN 'app.tasks.Resize'
     WHEN 2 THEN 'app.tasks.Report' WHEN 3 THEN 'app.tasks.Sync' ELSE 'app.tasks.Cleanup' END,
-  '{{"n": 1}}', 0,
+  '{{"order_id": ' || i || '}}', 0,
   CASE WHEN i > {n} - {tail} THEN 'scheduled' WHEN i % 100 < 94 THEN 'success'
     WHEN i % 100 < 98 THEN 'error' WHEN i % 100 = 98 THEN 'timeout' ELSE 'cancelled' END,
   1, CASE WHEN i > {n} - {tail} THEN 0 WHEN i % 100 BETWEEN 94 AND 98 THEN 1 ELSE 0 END,
@@ -111,6 +111,12 @@ def pages(url):
             "/tasks?handler=app.tasks.Report&status=error",
             "/tasks?since=%s&until=%s" % (ten_days, nine_days), "/tasks?periodic=job-03",
             "/tasks/%d" % (newest // 3), "/tasks?queue=default", "/tasks?queue=mail",
+            # A data search: a task near the newest, one deep in the history (the rows
+            # above it are read), one by handler too, and a key no task has (every row).
+            "/tasks?data=order_id%%3D%d" % (newest - 100),
+            "/tasks?data=order_id%%3D%d" % (newest // 2),
+            "/tasks?handler=app.tasks.Report&data=order_id%%3D%d" % (newest // 2 // 5 * 5 + 2),
+            "/tasks?data=customer%3Dnobody",
             "/failures", "/periodic", "/periodic?group=reports", "/metrics"]
 
 

@@ -200,3 +200,32 @@ def test_tasks_page_searches_the_data_and_keeps_the_search_in_its_links(sqlite_d
     finally:
         served.stop()
         queue.close()
+
+
+def test_a_data_search_reads_a_window_of_ids_a_page(sqlite_db, monkeypatch):
+    """No index serves a data search: each page reads DATA_WINDOW ids at most, and pages on
+    below them until the oldest task."""
+    from taskrunner.reads import summaries
+    monkeypatch.setattr(summaries, "DATA_WINDOW", 10)
+    queue = sqlite_db.queue()
+    ids = [queue.add_task("taskrunner.handlers.Echo", {"order_id": 44 if n % 7 == 0 else n})
+           for n in range(35)]
+    chosen = summaries.TaskFilter(data=("order_id", "44"))
+    seen, before, pages = [], None, 0
+    while True:
+        page = summaries.find_tasks(queue.store, chosen, before, limit=50)
+        assert page.searched_from is not None and all(t.id >= page.searched_from
+                                                      for t in page.tasks)
+        seen += [t.id for t in page.tasks]
+        pages += 1
+        if page.next_before is None:
+            break
+        before = page.next_before
+    assert seen == [ids[n] for n in range(34, -1, -1) if n % 7 == 0] and pages == 4
+    served = Served(queue.store)
+    try:
+        body = fetch(served.url + "/tasks?data=order_id%3D44")[1]
+        assert "data searched in tasks from id" in body and "Older" in body
+    finally:
+        served.stop()
+        queue.close()

@@ -35,6 +35,10 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 OTHER = "(other)"
 # A key of the task data a search may name: top level, no quoting needed in a JSON path.
 DATA_KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Task ids a page of a data search reads at most (no index serves it): 0.14 to 0.3 s a
+# page on SQLite, where one search over a million tasks took 1.7 to 2.8 s (bench/dashboard.py
+# fills such a history).
+DATA_WINDOW = 100_000
 
 
 @dataclass(frozen=True)
@@ -64,9 +68,12 @@ class TaskFilter:
 
 @dataclass(frozen=True)
 class TaskPage:
-    """One page of a task list: `tasks` newest first; `next_before` pages on (None at the end)."""
+    """One page of a task list: `tasks` newest first; `next_before` pages on (None at the end).
+    A data search reads the ids from `searched_from` up only (DATA_WINDOW): `next_before`
+    then goes on below them, even when this page has fewer tasks than asked for."""
     tasks: List[TaskInfo]
     next_before: Optional[int]
+    searched_from: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -142,9 +149,9 @@ def data_condition(store: Any, key: str, value: str) -> Any:
     in one cannot be tested by guessing the whole value.
 
     No index serves it (the data is JSON text, and no index works for every key on all
-    three databases): it is evaluated on the rows the other conditions leave, newest first,
-    until a page is found. Bound it with the other filters (handler, queue, time) on a long
-    history; a key=value that matches nothing reads every row the filters leave."""
+    three databases): it is evaluated on the rows the other conditions leave, newest first.
+    `find_tasks` reads DATA_WINDOW ids a page; `matching_task_ids` (bulk actions) reads
+    until it has its count, every row the other filters leave when fewer match."""
     Task = store.Task
     if store.backend == "postgresql":
         extracted = Task.data.cast("jsonb")
@@ -177,12 +184,24 @@ def find_tasks(store: Any, view: TaskFilter = TaskFilter(), before: Optional[int
     conditions = _task_conditions(store, view)
     if before is not None:
         conditions.append(Task.id < before)
+    floor = None
+    if view.data is not None:
+        # Each page of a data search evaluates the JSON of DATA_WINDOW ids at most, by the
+        # primary key's range, whatever the history's length.
+        top = before if before is not None else (
+            Task.select(pw.fn.MAX(Task.id)).scalar() or 0) + 1
+        floor = max(top - DATA_WINDOW, 0)
+        conditions.append(Task.id >= floor)
     if conditions:
         query = query.where(*conditions)
     rows = list(query)
     blockers = blocked_by(store, rows[:limit])
     tasks = [task_info(row, blockers=blockers.get(row.id)) for row in rows[:limit]]
-    return TaskPage(tasks, tasks[-1].id if len(rows) > limit else None)
+    if len(rows) > limit:
+        return TaskPage(tasks, tasks[-1].id, floor)
+    if floor and floor > (Task.select(pw.fn.MIN(Task.id)).scalar() or 0):
+        return TaskPage(tasks, floor, floor)
+    return TaskPage(tasks, None, floor)
 
 
 def matching_task_ids(store: Any, view: TaskFilter, limit: int) -> List[int]:

@@ -268,6 +268,9 @@ def tasks(view: View, params: Mapping[str, str]) -> str:
         before=result.next_before, **filter_params(params)))) if result.next_before else ""
     newest = H('<a href="/tasks%s">← Newest</a>') % e(query(**filter_params(params))) \
         if before else ""
+    if result.searched_from is not None and result.next_before == result.searched_from:
+        newest += H(' <span class="muted">data searched in tasks from id %d on; Older → '
+                    'searches the tasks before it</span>') % result.searched_from
     bulk = ""
     if not view.read_only and result.tasks:
         fields = filter_params(params)
