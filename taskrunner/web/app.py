@@ -20,8 +20,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from ..runs import control, queues, rotation
 from ..periodic import scheduler as periodic
-from ..reads import summaries
-from ..reads import workflows
+from ..reads import summaries, workflows
 from ..reads.workflows import WorkflowNotFound
 from ..errors import InputError, StateError, TaskNotFound
 from . import pages
