@@ -411,4 +411,7 @@ def test_ids_too_large_for_any_database_are_refused_as_input(sqlite_db):
         queue.send_event(huge, "approved")
     with pytest.raises(InputError):
         queue.send_event("1", "approved")
+    for read_or_act in (queue.get_task, queue.cancel, queue.retry, queue.runs_of):
+        with pytest.raises(TaskNotFound):
+            read_or_act(huge)
     queue.close()

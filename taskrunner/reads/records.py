@@ -14,8 +14,9 @@ from typing import Any, Dict, List, Optional
 import peewee as pw
 
 from ..errors import InputError, TaskNotFound, check_text
-from ..store.models import (CANCELLED, CRASHED, ERROR, FAILED, RUNNING, SCHEDULED,
-                            STOPPING_PREFIX, SUCCESS, TIMEOUT, WAITING, run_status_is, utcnow)
+from ..store.models import (CANCELLED, CRASHED, ERROR, FAILED, LARGEST_ID, RUNNING,
+                            SCHEDULED, STOPPING_PREFIX, SUCCESS, TIMEOUT, WAITING, run_status_is,
+                            utcnow)
 from ..runs import flow
 from ..runs.sql import claim_order_of
 from .blockers import blocked_by
@@ -407,7 +408,8 @@ def _task_infos(store: Any, rows: List[Any], why: bool = True) -> List[TaskInfo]
 def get_task(store: Any, task_id: int, with_steps: bool = False) -> TaskInfo:
     """The task (`with_steps`: and its steps); TaskNotFound for an unknown id."""
     Task = store.Task
-    row = Task.get_or_none(Task.id == task_id)
+    # An id no id column can hold names no task (the driver would raise OverflowError).
+    row = Task.get_or_none(Task.id == task_id) if 0 < task_id <= LARGEST_ID else None
     if row is None:
         raise TaskNotFound("no task with id %s" % task_id)
     task = _task_infos(store, [row])[0]

@@ -7,12 +7,14 @@ import peewee as pw
 from . import graph
 from ..errors import StateError, TaskNotFound
 from .lifecycle import cancel_in_transaction, create_missing_runs, start_released
-from ..store.models import CANCELLED, FAILED, utcnow
+from ..store.models import CANCELLED, FAILED, LARGEST_ID, utcnow
 
 
 def _locked_task(store, task_id):
     Task = store.Task
-    task = store.locked(Task.select().where(Task.id == task_id)).first()
+    # An id no id column can hold names no task (the driver would raise OverflowError).
+    task = store.locked(Task.select().where(Task.id == task_id)).first() \
+        if 0 < task_id <= LARGEST_ID else None
     if task is None:
         raise TaskNotFound("no task with id %s" % task_id)
     return task

@@ -12,6 +12,7 @@ from typing import Any, Dict, Mapping, Optional
 from ..reads import records as reads, summaries, workflows
 from ..errors import InputError
 from ..masking import masked
+from ..store.models import LARGEST_ID
 from .html import (H, ago, csrf_form, e, minute_chart, pretty, progress, query, short, span, status,
                    status_bar, table, when)
 from .html import now as utcnow
@@ -19,7 +20,6 @@ from .html import now as utcnow
 PAGE_SIZE = 50
 GRAPH_SHOWN = 1000             # tasks of a workflow drawn on its page
 AFTER_SHOWN = 20               # parents linked from each (a fan-in's: the first ones)
-LARGEST_ID = 2 ** 63 - 1       # what an id column holds on every database
 
 
 class View:
