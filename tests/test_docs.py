@@ -65,12 +65,14 @@ def test_examples_run(page, tmp_path):
     if not plan:
         return
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    # `taskrunner` in a shell block is this checkout's, whatever is installed.
+    # `taskrunner` in a shell block is this checkout's, whatever is installed, and `python`
+    # the interpreter running the tests (a venv's, not on PATH when the README's command
+    # calls .venv/bin/python): as in the reader's activated virtualenv.
     bin_dir = tmp_path / ".bin"
     bin_dir.mkdir()
-    (bin_dir / "taskrunner").write_text('#!/bin/sh\nexec "%s" -m taskrunner "$@"\n'
-                                        % sys.executable)
-    (bin_dir / "taskrunner").chmod(0o755)
+    for name, argv in (("taskrunner", ' -m taskrunner'), ("python", ""), ("python3", "")):
+        (bin_dir / name).write_text('#!/bin/sh\nexec "%s"%s "$@"\n' % (sys.executable, argv))
+        (bin_dir / name).chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
     env = process_env({"PATH": "%s%s%s" % (bin_dir, os.pathsep, os.environ["PATH"])})
