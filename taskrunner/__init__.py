@@ -16,15 +16,15 @@ if TYPE_CHECKING:
     from .functions import (Call, FunctionTask, TaskFailed, TaskHandle, Workflow, WorkflowHandle,
                             chain, group, results_of, task, use_queue)
     from .api import TaskQueue
-    from .reads.records import (PeriodicTaskInfo, RunInfo, RunnerInfo, StepInfo, TaskInfo,
-                                TaskOutcome)
+    from .reads.records import (PeriodicTaskInfo, RerunInfo, RunInfo, RunnerInfo, StepInfo,
+                                TaskInfo, TaskOutcome)
 
 __version__ = "0.1.0"
 
 _LAZY = {"TaskQueue": "api", "Config": "config", "TaskInfo": "reads.records",
          "RunInfo": "reads.records", "RunnerInfo": "reads.records",
          "PeriodicTaskInfo": "reads.records", "TaskOutcome": "reads.records",
-         "StepInfo": "reads.records", "task": "functions", "FunctionTask": "functions",
+         "StepInfo": "reads.records", "RerunInfo": "reads.records", "task": "functions", "FunctionTask": "functions",
          "TaskHandle": "functions", "TaskFailed": "functions", "Call": "functions",
          "Workflow": "functions", "WorkflowHandle": "functions", "chain": "functions",
          "group": "functions", "results_of": "functions", "use_queue": "functions"}
@@ -33,7 +33,8 @@ __all__ = ["task", "TaskHandle", "TaskFailed", "FunctionTask", "Call", "Workflow
            "WorkflowHandle", "chain", "group", "results_of", "use_queue", "TaskQueue", "TaskHandler", "RunContext", "TaskError", "Retry", "Config", "TaskInfo",
            "RunInfo", "RunnerInfo", "PeriodicTaskInfo", "TaskRunnerError", "InputError",
            "ConfigError", "DatabaseUnavailable", "HandlerError", "StateError", "TaskNotFound",
-           "SchemaBehind", "TaskOutcome", "WaitTimeout", "EventTimeout", "StepInfo"]
+           "SchemaBehind", "TaskOutcome", "WaitTimeout", "EventTimeout", "StepInfo",
+           "RerunInfo"]
 
 
 def __getattr__(name: str) -> Any:

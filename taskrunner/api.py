@@ -20,7 +20,7 @@ from .config import Config
 from .store.db import SCHEMES
 from .errors import InputError, TaskNotFound, WaitTimeout
 from .store.models import as_utc, utcnow
-from .reads.records import QueueInfo, RunInfo, StepInfo, TaskInfo, TaskOutcome
+from .reads.records import QueueInfo, RerunInfo, RunInfo, StepInfo, TaskInfo, TaskOutcome
 from .reads import workflows as workflow_reads
 from .reads.workflows import ParentResults, WorkflowInfo
 from .store.bound import Store
@@ -274,6 +274,12 @@ class TaskQueue:
         """The steps the task has recorded (``run.step``, sleeps, events), in order."""
         return reads.steps_of(self.store, task_id)
 
+    def reruns_of(self, task_id: int) -> List[RerunInfo]:
+        """The task's re-runs from a step (`rerun_from`), oldest first: the step, how many
+        steps each dropped, who asked and why, when, and the run it made."""
+        reads.get_task(self.store, task_id)
+        return reads.reruns_of(self.store, task_id)
+
     def send_event(self, task_id: int, name: str, payload: Any = None) -> bool:
         """Send the event `name`, with a JSON `payload`, to a task: when the task is
         ``waiting`` for it (``run.wait_for(name)``), its run is created at once, in the same
@@ -307,6 +313,16 @@ class TaskQueue:
         `dependents`, the tasks that its giving up cancelled (and theirs in turn) wait for
         it again. Returns how many dependents were re-armed."""
         return int(control.retry(self.store, task_id, dependents=dependents))
+
+    def rerun_from(self, task_id: int, step: str, reason: Optional[str] = None,
+                   requested_by: Optional[str] = None) -> int:
+        """Run a durable task that succeeded or gave up again from its step `step`: the steps
+        recorded before it keep their results, that step and the later ones run again (its
+        checkpoint is cleared), as a new run of the same task, recorded with `requested_by`
+        and `reason` (`get_task(id).reruns`). Returns the new run's id. StateError for a task
+        that has not ended or did not give up; InputError for a step it never recorded."""
+        return int(control.rerun_from(self.store, task_id, step, reason=reason,
+                                      requested_by=requested_by))
 
     def cancel(self, task_id: int) -> Optional[int]:
         """Cancel a task that has not ended. A running task is stopped cooperatively: its

@@ -396,6 +396,17 @@ def cmd_retry(args):
     return cli_runs.bulk(open_queue(args), "retry", args)
 
 
+def cmd_rerun(args):
+    by = args.by if args.by is not None else cli_runs.operator_name()
+    run_id = open_queue(args).rerun_from(args.id, args.from_step, reason=args.reason,
+                                         requested_by=by)
+    if args.json:
+        print_json({"task_id": args.id, "from_step": args.from_step, "run_id": run_id,
+                    "requested_by": by, "reason": args.reason})
+    else:
+        print("task %d runs again from step %s (run %d)" % (args.id, args.from_step, run_id))
+
+
 def cmd_cancel(args):
     return cli_runs.bulk(open_queue(args), "cancel", args)
 
@@ -569,6 +580,16 @@ def build_parser(hidden=()):
     p.add_argument("id", type=task_id_arg)
     p.add_argument("name", help="the event's name")
     p.add_argument("--data", type=json_arg, default=None, help="its payload, as JSON")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("rerun", cmd_rerun, "run a durable task that succeeded or gave up again from "
+                                    "one of its steps (the steps before it keep their "
+                                    "results)")
+    p.add_argument("id", type=task_id_arg)
+    p.add_argument("--from-step", required=True, metavar="NAME",
+                   help="the step to run again, with every step recorded after it "
+                        "(`taskrunner show ID` lists them)")
+    p.add_argument("--reason", help="why, kept with the re-run")
+    p.add_argument("--by", help="who asks (default: your user name @ this host)")
     p.add_argument("--json", action="store_true", help="print JSON")
     for name, func, text in (("retry", cmd_retry, "re-arm failed or given-up tasks"),
                              ("cancel", cmd_cancel, "cancel tasks (a running one stops "

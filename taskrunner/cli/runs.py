@@ -5,6 +5,7 @@ results and errors for tables, tracebacks under them, and ``taskrunner wait``.
 within ``--timeout`` (2 stays the usage error of every command).
 """
 import json
+import os
 import sys
 
 from .args import shown
@@ -68,7 +69,7 @@ def print_task(task):
     under them."""
     from .args import zone_note
     for key, value in task.items():
-        if key in ("last_traceback", "steps", "blocked_by"):
+        if key in ("last_traceback", "steps", "blocked_by", "reruns"):
             continue
         if key in ("data", "results", "checkpoint"):
             value = json.dumps(value)
@@ -83,6 +84,12 @@ def print_task(task):
     if task.get("steps"):
         print("steps:")
         print_steps(task["steps"])
+    if task.get("reruns"):
+        from .args import print_table
+        print("re-runs:")
+        print_table(["FROM STEP", "DROPPED", "RUN", "BY", "ON", "REASON"],
+                    [[r["from_step"], r["steps_dropped"], r["run_id"], r["requested_by"],
+                      when(r["requested_on"]), r["reason"]] for r in task["reruns"]])
     if task["last_traceback"]:
         print("last traceback:")
         print(task["last_traceback"].rstrip())
@@ -95,6 +102,17 @@ def step_rows(steps):
     return [[s["name"], s["kind"], s["status"], s["run_id"], s["attempt"], when(s["finished_on"]),
              "%.3fs" % s["duration"] if s["duration"] is not None else None, short(s["result"])]
             for s in steps]
+
+
+def operator_name():
+    """Who runs this command, for the records of what an operator asked: user@host."""
+    import getpass
+    import socket
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):       # no name for this uid (a container's numeric user)
+        user = str(os.getuid())
+    return "%s@%s" % (user, socket.gethostname())
 
 
 def print_steps(steps):

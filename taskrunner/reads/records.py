@@ -112,6 +112,8 @@ class TaskInfo(_Record):
     # Why it is not running while it has not ended (blockers.py: dicts of reason, text and
     # the facts named); None once it runs or has ended.
     blocked_by: Optional[List[Dict[str, Any]]] = None
+    # Its re-runs from a step, oldest first (`get_task` only; None in listings).
+    reruns: Optional[List["RerunInfo"]] = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,17 @@ class RunInfo(_Record):
     stopping_reason: Optional[str] = None
     stopping_since: Optional[datetime] = None
     steps: List[StepInfo] = dataclasses.field(default_factory=list)   # recorded by this run
+
+
+@dataclass(frozen=True)
+class RerunInfo(_Record):
+    """An operator's re-run of the task from one of its steps (``taskrunner rerun``)."""
+    from_step: str
+    steps_dropped: int                 # that step and those recorded after it
+    requested_by: Optional[str]
+    reason: Optional[str]
+    requested_on: datetime
+    run_id: Optional[int]              # the run it created
 
 
 @dataclass(frozen=True)
@@ -414,8 +427,18 @@ def get_task(store: Any, task_id: int, with_steps: bool = False) -> TaskInfo:
         raise TaskNotFound("no task with id %s" % task_id)
     task = _task_infos(store, [row])[0]
     if with_steps:
-        task = dataclasses.replace(task, steps=steps_of(store, task_id, known=True))
+        task = dataclasses.replace(task, steps=steps_of(store, task_id, known=True),
+                                   reruns=reruns_of(store, task_id))
     return task
+
+
+def reruns_of(store: Any, task_id: int) -> List[RerunInfo]:
+    """The re-runs of a task from a step, oldest first."""
+    Rerun = store.Rerun
+    return [RerunInfo(from_step=r.from_step, steps_dropped=r.steps_dropped,
+                      requested_by=r.requested_by, reason=r.reason,
+                      requested_on=aware(r.requested_on), run_id=r.run_id)
+            for r in Rerun.select().where(Rerun.task_id == task_id).order_by(Rerun.id)]
 
 
 def task_outcome(store: Any, task_id: int) -> Optional[TaskOutcome]:

@@ -1,13 +1,15 @@
-"""The operator's verbs on tasks: retry a failed or given-up task, cancel one that has not
-ended (a running one cooperatively). Each is one write transaction of the store that says
-which race it closes.
+"""The operator's verbs on tasks: retry a failed or given-up task, re-run an ended durable
+task from one of its steps, cancel one that has not ended (a running one cooperatively).
+Each is one write transaction of the store that says which race it closes.
 """
 import peewee as pw
 
 from . import graph
-from ..errors import StateError, TaskNotFound
+from ..errors import InputError, StateError, TaskNotFound, check_text
 from .lifecycle import cancel_in_transaction, create_missing_runs, start_released
-from ..store.models import CANCELLED, FAILED, LARGEST_ID, utcnow
+from ..store.models import CANCELLED, FAILED, LARGEST_ID, SUCCESS, utcnow
+
+REASON_LIMIT = 1000     # characters of a re-run's reason
 
 
 def _locked_task(store, task_id):
@@ -87,6 +89,72 @@ def _rearm(store, task_id, at, dependents=False):
     count, released = graph.rearm(store, task.id, at)
     start_released(store, released, at)
     return count
+
+
+def rerun_from(store, task_id, step, reason=None, requested_by=None, now=None):
+    """Run an ended durable task again from its step `step` (DBOS's fork): the steps
+    recorded before it keep their results, that step and every one recorded after it are
+    dropped and run again, its checkpoint is cleared (it may hold progress past the step),
+    and the task gets a run now — a new run of the same task, its failures counted from
+    zero. A task that gave up has the dependents its giving up cancelled wait for it again,
+    as `retry` does. Recorded in ``task_reruns`` with `requested_by`, `reason` and the run.
+    Returns the id of that run.
+    StateError unless the task succeeded or gave up and has no live run; InputError for a
+    step it never recorded.
+    Race closed: a re-run against another re-run, a retry or a runner — the task row is
+    locked, the state checked and the steps dropped in one transaction, and the live-run
+    unique index refuses a second run whoever creates it."""
+    check_text("the step", step, 255, empty=False)
+    check_text("the reason", reason, REASON_LIMIT)
+    check_text("requested_by", requested_by)
+    now = now or utcnow()
+    at = store.database_time(now)
+    rerun_id = store.write(lambda: _rerun(store, task_id, step, reason, requested_by, at))
+    create_missing_runs(store, now)
+    Run, Rerun = store.Run, store.Rerun
+    run = Run.select(Run.id).where(Run.task_id == task_id).order_by(Run.id.desc()).first()
+    store.write(lambda: Rerun.update(run_id=run.id).where(
+        (Rerun.id == rerun_id) & Rerun.run_id.is_null()).execute())
+    return run.id
+
+
+def _rerun(store, task_id, step, reason, requested_by, at):
+    Task, Run, Step, Rerun = store.Task, store.Run, store.Step, store.Rerun
+    task = _locked_task(store, task_id)
+    ended = task.finished_on is not None and (task.last_status == SUCCESS
+                                              or task.last_status in FAILED)
+    if not ended:
+        raise StateError("task %d is %s; only a task that succeeded or gave up can be re-run "
+                         "from a step" % (task.id, task.last_status))
+    if Run.select().where(Run.active_task_id == task.id).exists():
+        raise StateError("task %d already has a run scheduled or running" % task.id)
+    mark = Step.select(Step.id).where((Step.task_id == task.id) & (Step.name == step)).first()
+    if mark is None:
+        names = [name for (name,) in Step.select(Step.name).where(
+            Step.task_id == task.id).order_by(Step.id).limit(6).tuples()]
+        recorded = ("its steps: " + ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+                    if names else "it recorded none")
+        if task.last_status in FAILED:
+            # The step a task gave up in is never recorded: a retry runs it again.
+            recorded += "; a step that failed is never recorded: retry runs it again keeping " \
+                        "every step recorded"
+        raise InputError("task %d has no step %r (%s)" % (task.id, step, recorded))
+    dropped = Step.delete().where((Step.task_id == task.id) & (Step.id >= mark.id)).execute()
+    try:
+        with store.db.atomic():
+            Task.update(runs_failed=0, runs_crashed=0, next_run_on=at, finished_on=None,
+                        active_key=task.unique_key, checkpoint=None, checkpoint_on=None,
+                        waiting_for=None, updated_on=at).where(Task.id == task.id).execute()
+    except pw.IntegrityError:
+        raise StateError("task %d cannot be re-run: another live task holds its unique_key "
+                         "%r" % (task.id, task.unique_key)) from None
+    rerun_id = Rerun.insert(task_id=task.id, from_step=step, steps_dropped=dropped,
+                            requested_by=requested_by, reason=reason,
+                            requested_on=at).execute()
+    if task.last_status in FAILED and task.dependents:
+        _count, released = graph.rearm(store, task.id, at)
+        start_released(store, released, at)
+    return rerun_id
 
 
 def cancel(store, task_id, now=None):

@@ -105,6 +105,7 @@ class Store:
         self.RateBucket, self.RateLimit, self.Tenant = (models.RateBucket, models.RateLimit,
                                                         models.Tenant)
         self.Dependency, self.Workflow = models.Dependency, models.Workflow
+        self.Rerun = models.Rerun
         # Queue names known to have their task_queues row (rows are never deleted).
         self.known_queues = set()
         # Flow control (runs/flow.py): rate keys and (queue, tenant) pairs known to have

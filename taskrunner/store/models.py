@@ -399,8 +399,24 @@ class Workflow(BaseModel):
         table_name = "task_workflows"
 
 
+class Rerun(BaseModel):
+    """An operator's re-run of an ended durable task from one of its steps (runs/control.py
+    `rerun_from`): who asked, why, from which step, how many steps it dropped, and the run
+    it created."""
+    task_id = pw.IntegerField(index=True)
+    from_step = pw.CharField()
+    steps_dropped = pw.IntegerField()
+    requested_by = pw.CharField(null=True)
+    reason = pw.TextField(null=True)
+    requested_on = pw.DateTimeField()
+    run_id = pw.IntegerField(null=True)
+
+    class Meta:
+        table_name = "task_reruns"
+
+
 MODELS = (Task, Run, Runner, PeriodicTask, Queue, RunnerQueue, Lease, Step, Event,
-          RateBucket, RateLimit, Tenant, Dependency, Workflow)
+          RateBucket, RateLimit, Tenant, Dependency, Workflow, Rerun)
 
 
 class BoundModels(NamedTuple):
@@ -419,6 +435,7 @@ class BoundModels(NamedTuple):
     Tenant: Type[Tenant]
     Dependency: Type[Dependency]
     Workflow: Type[Workflow]
+    Rerun: Type[Rerun]
 
 
 def bind_models(database):

@@ -7,6 +7,7 @@ connection (closed after an error, opened again by the next request). Actions ar
 carrying the page's CSRF token (and, when the browser sends one, an Origin of this host);
 bulk actions show a confirmation page first.
 """
+import base64
 import json
 import logging
 import re
@@ -48,7 +49,7 @@ PAGES: Dict[str, Tuple[str, Callable[..., str], Optional[str]]] = {
 TASK_PATH = re.compile(r"^/tasks/([0-9]{1,18})$")
 WORKFLOW_PATH = re.compile(r"^/workflows/([0-9]{1,18})$")
 WORKFLOW_CANCEL = re.compile(r"^/workflows/([0-9]{1,18})/cancel$")
-TASK_ACTION = re.compile(r"^/tasks/([0-9]{1,18})/(retry|cancel|delete)$")
+TASK_ACTION = re.compile(r"^/tasks/([0-9]{1,18})/(retry|rerun|cancel|delete)$")
 
 Response = Tuple[str, List[Tuple[str, str]], bytes]
 # What an action did travels to the next page in a cookie, not in the URL: a link cannot
@@ -71,6 +72,19 @@ def _notice_cookie(environ: Dict[str, Any], value: str, seconds: int) -> Tuple[s
     path = environ.get("SCRIPT_NAME", "").rstrip("/") or "/"
     return "Set-Cookie", "%s=%s; Max-Age=%d; Path=%s; HttpOnly; SameSite=Strict" % (
         NOTICE_COOKIE, value, seconds, path)
+
+
+def _requester(environ: Dict[str, Any]) -> str:
+    """Who asked, for the records of an operator's action on the dashboard: the HTTP Basic
+    user name when one was given, and the address the request came from."""
+    user = ""
+    authorization = environ.get("HTTP_AUTHORIZATION") or ""
+    if authorization.startswith("Basic "):
+        try:
+            user = base64.b64decode(authorization[6:], validate=True).decode().split(":", 1)[0]
+        except (ValueError, UnicodeDecodeError):
+            user = ""
+    return "dashboard%s@%s" % (" " + user if user else "", environ.get("REMOTE_ADDR", "?"))
 
 
 def _redirect(environ: Dict[str, Any], location: str, notice: str) -> Response:
@@ -220,12 +234,18 @@ class Dashboard:
                 if verb == "retry":
                     control.retry(self.store, task_id)
                     notice = "task %d re-armed" % task_id
+                elif verb == "rerun":
+                    run_id = control.rerun_from(
+                        self.store, task_id, form.get("step", ""),
+                        reason=form.get("reason") or None, requested_by=_requester(environ))
+                    notice = "task %d runs again from step %s (run %d)" % (
+                        task_id, form.get("step"), run_id)
                 else:
                     stopping = control.cancel(self.store, task_id)
                     notice = ("task %d: its running run %d is asked to stop; it ends cancelled"
                               % (task_id, stopping)) if stopping is not None \
                         else "task %d cancelled" % task_id
-            except (StateError, TaskNotFound) as exc:
+            except (StateError, TaskNotFound, InputError) as exc:
                 notice = str(exc)
             return _redirect(environ, "/tasks/%d" % task_id, notice)
         match = WORKFLOW_CANCEL.match(path)

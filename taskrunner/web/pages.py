@@ -413,8 +413,30 @@ def task(view: View, params: Mapping[str, str], task_id: int) -> str:
         actions += view.action(H("/tasks/%d/cancel") % t.id, "Cancel", css="danger")
     if t.finished_on is not None:
         actions += view.action(H("/tasks/%d/delete") % t.id, "Delete…", css="danger")
-    return (H('<p class="actions">%s</p><div id="task-live" data-live>%s</div><h2>Data</h2>%s')
-            % (actions, task_live(view, params, task_id), pretty(view.shown(t.data))))
+    return (H('<p class="actions">%s</p><div id="task-live" data-live>%s</div>%s<h2>Data</h2>%s')
+            % (actions, task_live(view, params, task_id), rerun_part(view, t),
+               pretty(view.shown(t.data))))
+
+
+def rerun_part(view: View, t: Any) -> str:
+    """Under a durable task that succeeded or gave up: a form to run it again from one of its
+    steps, with a reason; and the re-runs asked for so far."""
+    reruns = reads.reruns_of(view.store, t.id)
+    done = table(["Requested", "By", "From step", "Steps dropped", "Run", "Reason"],
+                 [[when(r.requested_on), e(r.requested_by), e(r.from_step), e(r.steps_dropped),
+                   e(r.run_id), e(r.reason)] for r in reruns], "", css="reruns") \
+        if reruns else ""
+    steps = reads.steps_of(view.store, t.id, known=True) \
+        if t.status in ("success", "given-up") and not view.read_only else []
+    form = H('<form method="post" action="/tasks/%d/rerun" class="rerun"><input type="hidden" '
+             'name="csrf" value="%s"><label>From step <select name="step">%s</select></label> '
+             '<label>Reason <input name="reason" maxlength="1000" size="40"></label> '
+             '<button type="submit">Re-run from step</button></form>'
+             '<p class="muted">The steps before it keep their results; it and the later ones '
+             'run again, as a new run of this task.</p>') % (
+        t.id, view.csrf, H("").join(H('<option value="%s">%s</option>') % (s.name, s.name)
+                                    for s in steps)) if steps else ""
+    return H("<h2>Re-run from a step</h2>%s%s") % (form, done) if form or done else ""
 
 
 # -- workflows ------------------------------------------------------------------------------
