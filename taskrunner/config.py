@@ -94,6 +94,14 @@ def _choice(*choices):
     return check
 
 
+def _setup_path(value):
+    value = _string(value)
+    if value and not re.fullmatch(r"[A-Za-z_][\w.]*[:.][A-Za-z_]\w*", value):
+        raise ValueError("expected 'module:function' (or 'module.function'), e.g. "
+                         "'myapp.telemetry:configure'")
+    return value
+
+
 def _string(value):
     if not isinstance(value, str):
         raise ValueError("expected a string")
@@ -256,6 +264,11 @@ SCHEMA = {
         # as password_hash / password_env.
         "metrics_password_hash": ("", _string),
         "metrics_password_env": ("", _string),
+    },
+    "tracing": {
+        # "module:function" called once in each runner process as it starts, to configure
+        # OpenTelemetry (tracing.py); "" = none.
+        "setup": ("", _setup_path),
     },
     "run_event": {
         # In-Portal's `run_event.php EVENT password_here`: when set, every `run-event` must
@@ -608,6 +621,10 @@ DESCRIPTIONS = {
     ("task", "secret_keys"):
         "Words that mark a key of task data or results as secret: its value is shown masked "
         "on the dashboard, in the CLI's output and in logs (`[]` shows everything).",
+    ("tracing", "setup"):
+        "`module:function` each runner calls once as it starts, to configure OpenTelemetry "
+        "(a tracer provider and its exporter) so that its runs and steps are traced "
+        "(the `otel` extra; how-to: Monitoring).",
     ("run_event", "password_hash"):
         "In-Portal's `run_event.php EVENT password`: when set, every `run-event` requires the "
         "password (the output of `taskrunner run-event --hash-password`).",

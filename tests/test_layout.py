@@ -15,7 +15,8 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # on its own (store.models) sits below the rest of its package. The longest name that matches
 # a module gives its layer. A module imports only from its own layer or those below it.
 LAYERS = {
-    1: ("errors", "timespan", "logs", "passwords", "masking", "config", "handler", "handlers",
+    1: ("errors", "timespan", "logs", "passwords", "masking", "tracing", "config", "handler",
+        "handlers",
         "calendar", "store.models", "store.migrations", "periodic.timers",
         "periodic.definitions"),                          # data and pure logic
     2: ("store", "host"),                                 # one bound database; the same host

@@ -11,6 +11,7 @@ import time
 from datetime import timedelta, timezone
 
 from . import outcomes
+from .. import tracing
 from ..fleet import liveness
 from ..runs import durable, lifecycle
 from ..periodic import scheduler as periodic
@@ -51,7 +52,10 @@ class Execution:
             if claimed.max_runtime else None
         run = self.current = CurrentRun(claimed, hard_deadline)
         try:
-            outcome, handler, context = self._run_handler(run)
+            if tracing.active():
+                outcome, handler, context = self._traced(run)
+            else:
+                outcome, handler, context = self._run_handler(run)
         finally:
             run.close()
             self.current = None
@@ -87,6 +91,18 @@ class Execution:
                 self._with_database(lambda: liveness.heartbeat(self.store, self.runner_id,
                                                                stopping=""))
         return following
+
+    def _traced(self, run):
+        """`_run_handler` inside the run's span (tracing.py), a child of the span that added
+        its task: read from the task only while this process traces."""
+        claimed, Task = run.claimed, self.store.Task
+        carrier, queue = self._with_database(lambda: Task.select(
+            Task.trace_context, Task.queue).where(Task.id == claimed.task_id).tuples().first())
+        with tracing.run_span(carrier, claimed.handler, queue, claimed.task_id,
+                              claimed.run_id, claimed.attempt) as span:
+            outcome, handler, context = self._run_handler(run)
+            span.ended(outcome.status, outcome.code, outcome.message, outcome.exc)
+        return outcome, handler, context
 
     def _run_handler(self, run):
         """Decode the data, load the handler and run it (`run`, a CurrentRun); returns

@@ -26,6 +26,7 @@ import peewee as pw
 from . import batches, stops
 from . import reload as reload_module
 from ..fleet import liveness, maintenance
+from .. import tracing
 from ..runs import lifecycle
 from ..store import outage
 from ..store.bound import BRIEF
@@ -423,6 +424,7 @@ def run_runner(store, refuse_quietly=False, burst=False, max_runs=None, serving=
     `held_stops`, the stop signals caught while the command started (stops.hold). `reload`:
     a change to the code it imported stops it, and ``code_changed`` in `report` names the
     file (reload.py; the caller restarts the process)."""
+    tracing.set_up(store.config.tracing.setup)
     runner = Runner(store, serving=serving, facade=facade, held_stops=held_stops,
                     wait_for_slot=wait_for_slot,
                     code_watch=reload_module.CodeWatch() if reload else None)

@@ -27,6 +27,7 @@ from datetime import datetime, timedelta, timezone
 import peewee as pw
 
 from . import lifecycle
+from .. import tracing
 from ..errors import (EventTimeout, InputError, StateError, TaskError, TaskNotFound, Waiting,
                       check_text)
 from ..store import outage
@@ -239,7 +240,15 @@ class DurableRun:
         check_name("step name", name)
         self._load()
         if name in self._steps:
+            if tracing.active():
+                tracing.step_replayed(name)
             return _decoded(self._steps[name][1])
+        if tracing.active():
+            with tracing.step_span(name, self.task_id):
+                return self._run_step(name, fn, args, kwargs, in_transaction)
+        return self._run_step(name, fn, args, kwargs, in_transaction)
+
+    def _run_step(self, name, fn, args, kwargs, in_transaction):
         started = self._now()
         if in_transaction:
             return self._record_with(name, STEP, lambda conn: fn(conn, *args, **kwargs),

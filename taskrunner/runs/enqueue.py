@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 import peewee as pw
 
 from . import flow, graph, sql
+from .. import tracing
 from ..config import MAX_RETRIES_ZERO, check_queue_name
 from ..errors import InputError, StateError, check_text
 from ..handler import check_handler_path, encode_data, load_handler
@@ -125,7 +126,7 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
     flow.check_task_options(rate_key, tenant)
     graph.check_policy(on_parent_failure)
     due = scheduled_on <= now and concurrency_key is None
-    return {
+    row = {
         "queued_on": now, "queued_by": queued_by, "scheduled_on": scheduled_on,
         "handler": handler, "data": text, "priority": priority or 0,
         "last_status": SCHEDULED,
@@ -142,6 +143,9 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
         # "cancel" is the default, stored as NULL.
         "on_parent_failure": "run" if on_parent_failure == "run" else None,
     }
+    if tracing.active():
+        row["trace_context"] = tracing.enqueued(handler, queue)
+    return row
 
 
 def is_due(row):

@@ -120,6 +120,9 @@ class Task(BaseModel):
     dependents = pw.IntegerField(default=0)
     waiting_parents = pw.IntegerField(null=True)
     on_parent_failure = pw.CharField(max_length=8, null=True)
+    # OpenTelemetry (0030, tracing.py): the context of the span that added the task, as the
+    # propagator's carrier in JSON; NULL unless the adding process traced.
+    trace_context = pw.TextField(null=True)
 
     class Meta:
         table_name = "task_queue"
