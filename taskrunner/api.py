@@ -261,6 +261,11 @@ class TaskQueue:
         """The task; TaskNotFound for an unknown id."""
         return reads.get_task(self.store, task_id)
 
+    def status_of(self, task_id: int) -> str:
+        """The task's status word (as `get_task(id).status`), in one read of its row: for a
+        poll. TaskNotFound for an unknown id."""
+        return reads.status_of(self.store, task_id)
+
     def outcomes(self, task_ids: Iterable[int]) -> Dict[int, Optional[TaskOutcome]]:
         """{id: the task's outcome, or None while it has not ended} for many tasks in one
         read; an unknown id is left out."""

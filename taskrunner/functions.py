@@ -480,7 +480,8 @@ class TaskHandle(Generic[R]):
 
     @property
     def status(self) -> str:
-        return self.info().status
+        """Its status word, read from the task's row alone (a poll costs one read)."""
+        return self.queue.status_of(self.id)
 
     def wait(self, timeout: Optional[float] = None) -> "TaskOutcome":
         """Block until the task has ended; its outcome (`TaskQueue.wait`)."""

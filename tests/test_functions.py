@@ -304,3 +304,29 @@ def test_metrics_and_the_workflow_graph_name_a_function_task_by_its_import_path(
     metrics = taskrunner("metrics", url=database.url, check=True).stdout
     assert 'taskrunner_runs_ended_total{handler="function_tasks.add",status="success"} 2.0' \
         in metrics
+
+
+def test_a_handles_status_is_one_read_of_the_tasks_row_in_every_state(default):
+    """A poll of `handle.status` reads the task's row alone (not its results, traceback and
+    blockers, which get_task reads), and says what get_task says."""
+    db = default.store.db
+    plain, executed = db.execute_sql, []
+
+    def counted(sql, params=None, *args, **kwargs):
+        executed.append(sql)
+        return plain(sql, params, *args, **kwargs)
+    handles = [ft.add.enqueue(1, 2), ft.fails.enqueue("no"),
+               ft.add.using(concurrency_key="k").enqueue(3)]
+    default.run_pending(max_runs=2)
+    for handle in handles:
+        executed.clear()
+        db.execute_sql = counted
+        try:
+            status = handle.status
+        finally:
+            db.execute_sql = plain
+        assert len(executed) == 1, executed
+        assert status == default.get_task(handle.id).status
+    assert [h.status for h in handles] == ["success", "given-up", "scheduled"]
+    with pytest.raises(Exception, match="no task with id"):
+        default.status_of(10 ** 30)

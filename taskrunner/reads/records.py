@@ -432,6 +432,17 @@ def get_task(store: Any, task_id: int, with_steps: bool = False) -> TaskInfo:
     return task
 
 
+def status_of(store: Any, task_id: int) -> str:
+    """The task's status word (`state_word`) from its row alone; TaskNotFound for an unknown
+    id."""
+    Task = store.Task
+    row = Task.select(Task.last_status, Task.finished_on).where(
+        Task.id == task_id).tuples().first() if 0 < task_id <= LARGEST_ID else None
+    if row is None:
+        raise TaskNotFound("no task with id %s" % task_id)
+    return state_word(*row)
+
+
 def reruns_of(store: Any, task_id: int) -> List[RerunInfo]:
     """The re-runs of a task from a step, oldest first."""
     Rerun = store.Rerun
