@@ -17,10 +17,15 @@ Missed due times after downtime collapse into one task (catch_up ``once``) or no
 ``anchor = "now"`` counts its next due time from the pass that handled the last one
 (Nuntium), not from that due time.
 """
+import bisect
+import dataclasses
 import json
 import logging
+import math
 from collections import namedtuple
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Optional
 
 import peewee as pw
 
@@ -94,6 +99,136 @@ def run_now(store, name, owner=None, now=None):
                             ).where(PeriodicTask.id == row.id).execute()
         return task_id
     return store.write(step)
+
+
+MAX_BACKFILL = 1000    # instances one backfill creates unless told more (max_instances)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """An instance of a periodic task: its calendar time, when it is due (that time plus its
+    jitter offset: its task's scheduled_on), and its task (None: none)."""
+    instance: datetime
+    scheduled_on: datetime
+    task_id: Optional[int] = None
+
+    def to_json(self):
+        return {"instance": self.instance.isoformat(), "scheduled_on": self.scheduled_on.isoformat(),
+                "task_id": self.task_id}
+
+
+def _calendar_times(timer, anchor, start, end, most):
+    """The calendar times of `timer` in [start, end] — `most` + 1 at most: a range holding
+    more is refused, and not walked to its end — and the one after the last (None: the
+    timer ends). An ``every`` timer's grid runs through `anchor`."""
+    times = []
+    if isinstance(timer, IntervalTimer):
+        step = timedelta(seconds=timer.seconds)
+        at = anchor + step * math.ceil((start - anchor) / step)
+        while at <= end and len(times) <= most:
+            times.append(at)
+            at += step
+        return times, at
+    at = timer.next_after(start - timedelta(microseconds=1))
+    while at is not None and at <= end and len(times) <= most:
+        if at >= start:
+            times.append(at)
+        at = timer.next_after(at)
+    return times, at
+
+
+def backfill(store, name, start, end, owner=None, max_instances=MAX_BACKFILL, now=None):
+    """Temporal's backfill: create the instances of the periodic task `name` whose calendar
+    times lie in [start, end] (aware datetimes) and have no task yet — each due at its calendar
+    time plus its jitter offset (one in the past runs at once) — and return {"created": [Instance],
+    "existing": [Instance], "upcoming": [Instance]}. The instance of a calendar time is the
+    task of the periodic task scheduled between it and the next calendar time (a run-now task
+    is none); "upcoming" are those after now or from the scheduler's next due time on:
+    they are its to create, not a backfill's. InputError, and nothing created:
+    an unknown name, start after end, an 'after SPAN' timer (no calendar), more than
+    `max_instances` calendar times in the range.
+
+    Race closed: two backfills of one range, or a backfill and a scheduler's pass — the
+    periodic task's row is locked (FOR UPDATE; the scheduler takes rows SKIP LOCKED) while
+    its tasks in the range are read (a locking read: MySQL's repeatable read would otherwise
+    show the snapshot from before the other one committed) and the missing ones inserted,
+    so the second finds the first one's tasks; and the scheduler only creates instances from
+    its next due time on, which a backfill leaves alone."""
+    start, end = utc_instant(start, "from"), utc_instant(end, "to")
+    if start > end:
+        raise InputError("backfill: from (%sZ) is after to (%sZ)" % (start.isoformat(),
+                                                                       end.isoformat()))
+    if isinstance(max_instances, bool) or not isinstance(max_instances, int) \
+            or max_instances < 1:
+        raise InputError("backfill: max must be a positive integer, not %r" % (max_instances,))
+    PeriodicTask, Task = store.PeriodicTask, store.Task
+    row = _get(store, name, owner)
+    timer = parse_timer(row.timer, row.timezone)
+    if timer.after_finish:
+        raise InputError("periodic task %r: an 'after SPAN' timer has no calendar times to "
+                         "backfill" % name)
+    times, beyond = _calendar_times(timer, _nominal(row) or row.created, start, end,
+                                    max_instances)
+    if len(times) > max_instances:
+        raise InputError("backfill of periodic task %r: more than %d calendar times from %sZ "
+                         "to %sZ; narrow the range or raise the maximum (--max)"
+                         % (name, max_instances, start.isoformat(), end.isoformat()))
+    at = store.database_time(now)
+    outcome = {"created": [], "existing": [], "upcoming": []}
+    if not times:
+        return outcome
+    run_now_label = "periodic:%s (run now)" % row.name
+    written = []
+
+    def step():
+        outcome.update(created=[], existing=[], upcoming=[])
+        current = store.locked(PeriodicTask.select().where(PeriodicTask.id == row.id)).get()
+        # The scheduler's from its next due time on; a disabled one starts after now when
+        # enabled.
+        scheduler_from = _nominal(current) if current.enabled else None
+        window = Task.scheduled_on >= times[0]
+        if beyond is not None:
+            window &= Task.scheduled_on < beyond
+        found = {}
+        for task_id, scheduled_on in store.locked(
+                Task.select(Task.id, Task.scheduled_on).where(
+                    (Task.periodic_task_id == row.id) & window
+                    & (Task.queued_by.is_null() | (Task.queued_by != run_now_label)))
+                .order_by(Task.scheduled_on, Task.id)).tuples():
+            found.setdefault(bisect.bisect_right(times, scheduled_on) - 1,
+                             (task_id, scheduled_on))
+        missing, tasks = [], []
+        for index, nominal in enumerate(times):
+            task_id, due = found.get(index) or (
+                None, due_columns(timer, nominal, row.name, current.jitter)["nextrun"])
+            instance = Instance(nominal.replace(tzinfo=timezone.utc),
+                                due.replace(tzinfo=timezone.utc), task_id)
+            if task_id is not None:
+                outcome["existing"].append(instance)
+            elif nominal > at or (scheduler_from is not None and nominal >= scheduler_from):
+                outcome["upcoming"].append(instance)
+            else:
+                missing.append(instance)
+                tasks.append(task_row(
+                    store.config, current.handler, data=json.loads(current.data),
+                    scheduled_on=instance.scheduled_on, priority=current.priority,
+                    max_runtime=current.max_runtime, queue=current.queue,
+                    max_retries=current.max_retries,
+                    queued_by="periodic:%s (backfill)" % row.name, periodic_task_id=row.id,
+                    now=at, import_handler=False, subject=current.subject,
+                    group=current.group_name))
+        if tasks:
+            ids = insert_many_and_wake(store, tasks)
+            outcome["created"] = [dataclasses.replace(instance, task_id=task_id)
+                                  for instance, task_id in zip(missing, ids)]
+            PeriodicTask.update({PeriodicTask.submitted_count:
+                                 PeriodicTask.submitted_count + len(ids),
+                                 PeriodicTask.updated_on: at}).where(
+                PeriodicTask.id == row.id).execute()
+        written[:] = [task["queue"] for task in tasks]
+    store.write(step)
+    remember_queues(store, written)
+    return outcome
 
 
 def carry_checkpoints(store, pairs):
