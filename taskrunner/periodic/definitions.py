@@ -1,8 +1,8 @@
 """Periodic task definitions — from the API, the CLI or the config's ``[[periodic]]``
 tables — validated into row values before anything is stored: name, handler, timer (with the
 zone it was defined in), data, catch-up, jitter, the Nuntium options (timebox, tolerance,
-anchor) and Docspell's subject and group. `taskrunner check` and the overseer's sync validate the config
-the same way."""
+anchor) and Docspell's subject and group. `taskrunner check` and the overseer's sync
+validate the config the same way."""
 import hashlib
 import math
 from datetime import timedelta

@@ -113,8 +113,8 @@ class Instance:
     task_id: Optional[int] = None
 
     def to_json(self):
-        return {"instance": self.instance.isoformat(), "scheduled_on": self.scheduled_on.isoformat(),
-                "task_id": self.task_id}
+        return {"instance": self.instance.isoformat(),
+                "scheduled_on": self.scheduled_on.isoformat(), "task_id": self.task_id}
 
 
 def _calendar_times(timer, anchor, start, end, most):
@@ -139,14 +139,14 @@ def _calendar_times(timer, anchor, start, end, most):
 
 def backfill(store, name, start, end, owner=None, max_instances=MAX_BACKFILL, now=None):
     """Temporal's backfill: create the instances of the periodic task `name` whose calendar
-    times lie in [start, end] (aware datetimes) and have no task yet — each due at its calendar
-    time plus its jitter offset (one in the past runs at once) — and return {"created": [Instance],
-    "existing": [Instance], "upcoming": [Instance]}. The instance of a calendar time is the
-    task of the periodic task scheduled between it and the next calendar time (a run-now task
-    is none); "upcoming" are those after now or from the scheduler's next due time on:
-    they are its to create, not a backfill's. InputError, and nothing created:
-    an unknown name, start after end, an 'after SPAN' timer (no calendar), more than
-    `max_instances` calendar times in the range.
+    times lie in [start, end] (aware datetimes) and have no task yet — each due at its
+    calendar time plus its jitter offset (one in the past runs at once) — and return
+    {"created": [Instance], "existing": [Instance], "upcoming": [Instance]}. The instance of
+    a calendar time is the task of the periodic task scheduled between it and the next
+    calendar time (a run-now task is none); "upcoming" are those after now or from the
+    scheduler's next due time on: they are its to create, not a backfill's. InputError, and
+    nothing created: an unknown name, start after end, an 'after SPAN' timer (no calendar),
+    more than `max_instances` calendar times in the range.
 
     Race closed: two backfills of one range, or a backfill and a scheduler's pass — the
     periodic task's row is locked (FOR UPDATE; the scheduler takes rows SKIP LOCKED) while
@@ -275,8 +275,8 @@ def alter_periodic(store, name, owner=None, now=None, **changes):
     `data`, `queue`, `priority`, `max_retries`, `max_runtime` (an absolute limit, which
     replaces a timebox), `enabled`, `resume`, `jitter` (a span; 0 or "0s": none; the next
     instance is spread again) and `next_start` (an aware datetime: its next due time, taken
-    as it is: no jitter is added to it). Its counters, last run and tasks stay. Every value is checked before anything
-    is written: InputError, and nothing changed. A new timer starts its schedule afresh from
+    as it is: no jitter is added to it). Its counters, last run and tasks stay. Every value
+    is checked before anything is written: InputError, and nothing changed. A new timer starts its schedule afresh from
     now on the database's clock, as enabling does, unless `next_start` is given. A periodic
     task from the config file takes `next_start` alone: the file holds the rest (the
     overseer's next sync would undo a change). Returns the changed row."""
