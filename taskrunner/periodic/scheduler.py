@@ -276,10 +276,11 @@ def alter_periodic(store, name, owner=None, now=None, **changes):
     replaces a timebox), `enabled`, `resume`, `jitter` (a span; 0 or "0s": none; the next
     instance is spread again) and `next_start` (an aware datetime: its next due time, taken
     as it is: no jitter is added to it). Its counters, last run and tasks stay. Every value
-    is checked before anything is written: InputError, and nothing changed. A new timer starts its schedule afresh from
-    now on the database's clock, as enabling does, unless `next_start` is given. A periodic
-    task from the config file takes `next_start` alone: the file holds the rest (the
-    overseer's next sync would undo a change). Returns the changed row."""
+    is checked before anything is written: InputError, and nothing changed. A new timer
+    starts its schedule afresh from now on the database's clock, as enabling does, unless
+    `next_start` is given. A periodic task from the config file takes `next_start` alone:
+    the file holds the rest (the overseer's next sync would undo a change). Returns the
+    changed row."""
     unknown = sorted(set(changes) - set(ALTERABLE))
     if unknown:
         raise InputError("periodic task %r: %s cannot be altered (these can: %s)"
