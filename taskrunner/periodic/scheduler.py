@@ -149,11 +149,11 @@ def backfill(store, name, start, end, owner=None, max_instances=MAX_BACKFILL, no
     more than `max_instances` calendar times in the range.
 
     Race closed: two backfills of one range, or a backfill and a scheduler's pass — the
-    periodic task's row is locked (FOR UPDATE; the scheduler takes rows SKIP LOCKED) while
-    its tasks in the range are read (a locking read: MySQL's repeatable read would otherwise
-    show the snapshot from before the other one committed) and the missing ones inserted,
-    so the second finds the first one's tasks; and the scheduler only creates instances from
-    its next due time on, which a backfill leaves alone."""
+    periodic task's row is locked first (FOR UPDATE; the scheduler takes rows SKIP LOCKED),
+    then its tasks in the range are read and the missing ones inserted, so the second finds
+    the first one's tasks (MySQL's repeatable-read snapshot starts at the first plain read,
+    after the lock); and the scheduler only creates instances from its next due time on,
+    which a backfill leaves alone."""
     start, end = utc_instant(start, "from"), utc_instant(end, "to")
     if start > end:
         raise InputError("backfill: from (%sZ) is after to (%sZ)" % (start.isoformat(),
@@ -190,7 +190,7 @@ def backfill(store, name, start, end, owner=None, max_instances=MAX_BACKFILL, no
         if beyond is not None:
             window &= Task.scheduled_on < beyond
         found = {}
-        for task_id, scheduled_on in store.locked(
+        for task_id, scheduled_on in (
                 Task.select(Task.id, Task.scheduled_on).where(
                     (Task.periodic_task_id == row.id) & window
                     & (Task.queued_by.is_null() | (Task.queued_by != run_now_label)))
