@@ -70,7 +70,8 @@ def cmd_periodic(args):
                          "FAILURES", "CRASHED", "DROPPED", "GROUP", "SUBJECT", "HANDLER"]
                         + STATS_HEADERS,
                         [[r["name"], "yes" if r["enabled"] else "no",
-                          " ".join(filter(None, (r["timer"], r["timezone"]))),
+                          " ".join(filter(None, (r["timer"], r["timezone"], "jitter %gs"
+                                                 % r["jitter"] if r["jitter"] else None))),
                           when(r["nextrun"]), when(r["last_run"]), r["last_status"],
                           r["consecutive_failures"], r["consecutive_crashes"], r["dropped"],
                           r["group"], r["subject"], r["handler"], r["run_count"],
