@@ -18,10 +18,10 @@ from urllib.parse import urlencode
 import pytest
 
 from conftest import ok, process_env, taskrunner, usage_error, utc
-from taskrunner import InputError, TaskQueue
+from taskrunner import Config, InputError, TaskQueue
 from taskrunner.periodic.definitions import jitter_offset
 from taskrunner.periodic.scheduler import (PeriodicScheduler, add_periodic, alter_periodic,
-                                           backfill, run_now, set_enabled)
+                                           backfill, run_now, set_enabled, sync_definitions)
 from taskrunner.store.models import PeriodicTask, Task
 
 ECHO = "taskrunner.handlers.Echo"
@@ -109,6 +109,19 @@ def test_a_restarted_scheduler_and_an_enable_compute_the_same_instants(queue):
     alter_periodic(queue.store, "nightly", jitter="0", now=T0)
     assert (row("nightly").jitter, row("nightly").nominal, row("nightly").nextrun) == (
         None, None, day(2))
+
+
+def test_a_config_entry_s_jitter_is_synced_and_a_change_spreads_the_next_instance(queue):
+    def config(jitter):
+        entry = {"name": "nightly", "handler": ECHO, "timer": NIGHTLY, "jitter": jitter}
+        return Config.from_dict({"database": {"url": queue.store.config.database.url},
+                                 "periodic": [entry]})
+    sync_definitions(queue.store, config("30min"), now=T0, import_handlers=False)
+    assert (row("nightly").jitter, row("nightly").nextrun) == (
+        1800, day(2) + jitter_offset("nightly", day(2), 1800))
+    sync_definitions(queue.store, config("5min"), now=T0, import_handlers=False)
+    assert (row("nightly").jitter, row("nightly").nextrun) == (
+        300, day(2) + jitter_offset("nightly", day(2), 300))
 
 
 @pytest.mark.parametrize("options, fragment", [
