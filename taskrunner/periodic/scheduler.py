@@ -163,26 +163,27 @@ def backfill(store, name, start, end, owner=None, max_instances=MAX_BACKFILL, no
         raise InputError("backfill: max must be a positive integer, not %r" % (max_instances,))
     PeriodicTask, Task = store.PeriodicTask, store.Task
     row = _get(store, name, owner)
-    timer = parse_timer(row.timer, row.timezone)
-    if timer.after_finish:
-        raise InputError("periodic task %r: an 'after SPAN' timer has no calendar times to "
-                         "backfill" % name)
-    times, beyond = _calendar_times(timer, _nominal(row) or row.created, start, end,
-                                    max_instances)
-    if len(times) > max_instances:
-        raise InputError("backfill of periodic task %r: more than %d calendar times from %sZ "
-                         "to %sZ; narrow the range or raise the maximum (--max)"
-                         % (name, max_instances, start.isoformat(), end.isoformat()))
     at = store.database_time(now)
     outcome = {"created": [], "existing": [], "upcoming": []}
-    if not times:
-        return outcome
     run_now_label = "periodic:%s (run now)" % row.name
     written = []
 
     def step():
         outcome.update(created=[], existing=[], upcoming=[])
+        # Its timer as it is now, under the lock (an alter waits for this backfill).
         current = store.locked(PeriodicTask.select().where(PeriodicTask.id == row.id)).get()
+        timer = parse_timer(current.timer, current.timezone)
+        if timer.after_finish:
+            raise InputError("periodic task %r: an 'after SPAN' timer has no calendar times "
+                             "to backfill" % name)
+        times, beyond = _calendar_times(timer, _nominal(current) or current.created, start,
+                                        end, max_instances)
+        if len(times) > max_instances:
+            raise InputError("backfill of periodic task %r: more than %d calendar times from "
+                             "%sZ to %sZ; narrow the range or raise the maximum (--max)"
+                             % (name, max_instances, start.isoformat(), end.isoformat()))
+        if not times:
+            return
         # The scheduler's from its next due time on; a disabled one starts after now when
         # enabled.
         scheduler_from = _nominal(current) if current.enabled else None
