@@ -682,4 +682,7 @@ PERIODIC_DESCRIPTIONS = {
     "queue": "The queue of the submitted tasks; default `default`.",
     "resume": "`true`: a task starts from the checkpoint of the previous one when that one "
               "ended without success (stopped at its `max_runtime`, given up); default false.",
+    "jitter": "A span: each instance is due at its calendar time plus a stable offset in "
+              "[0, jitter) hashed from the name and that time, the same on every host "
+              "(calendar and `every` timers); default none.",
 }

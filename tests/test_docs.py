@@ -102,7 +102,7 @@ def test_periodic_keys_described_are_the_ones_accepted():
     values = {"data": {}, "priority": 1, "enabled": True, "catch_up": "skip",
               "max_runtime": "1min", "min_spacing": "1min", "timebox": "half",
               "tolerance": "1s", "max_retries": 2, "owner": "o", "submitter": "s",
-              "subject": "s", "group": "g", "queue": "q", "resume": True}
+              "subject": "s", "group": "g", "queue": "q", "resume": True, "jitter": "5min"}
     for key in PERIODIC_DESCRIPTIONS:
         spec = dict(base, **({key: values[key]} if key in values else {}))
         if key == "timebox" or key == "tolerance":

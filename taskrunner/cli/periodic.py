@@ -1,5 +1,6 @@
 """``taskrunner periodic``: add, alter, list, enable, disable and remove periodic tasks — one
-by name, or every one of an owner at once."""
+by name, or every one of an owner at once — run one now, and backfill the instances a period
+missed."""
 from .args import (add_wide, iso_time, json_arg, open_queue, print_json, print_table,
                    queue_name, shown)
 from .runs import STATS_HEADERS, stats_cells, when
@@ -20,7 +21,7 @@ def cmd_periodic(args):
                    "max_retries": args.max_retries, "owner": args.owner,
                    "enabled": not args.disabled, "subject": args.subject, "group": args.group,
                    "timebox": args.timebox, "tolerance": args.tolerance, "queue": args.queue,
-                   "anchor": args.anchor, "resume": bool(args.resume)}
+                   "anchor": args.anchor, "resume": bool(args.resume), "jitter": args.jitter}
         # As `add`: a refused definition opens no database (not even to create the schema).
         periodic.check_periodic(args.loaded_config, args.name, args.handler, args.timer,
                                 data=args.data, **options)
@@ -37,6 +38,10 @@ def cmd_periodic(args):
                                                          if row.enabled and row.nextrun
                                                          else "never" if row.enabled
                                                          else "none (disabled)"))
+        return
+    if args.action == "backfill":
+        print_backfill(args, periodic.backfill(store, args.name, args.start, args.end,
+                                               owner=args.owner, max_instances=args.max))
         return
     if args.action == "run":
         task_id = periodic.run_now(store, args.name, owner=args.owner)
@@ -65,7 +70,8 @@ def cmd_periodic(args):
                          "FAILURES", "CRASHED", "DROPPED", "GROUP", "SUBJECT", "HANDLER"]
                         + STATS_HEADERS,
                         [[r["name"], "yes" if r["enabled"] else "no",
-                          " ".join(filter(None, (r["timer"], r["timezone"]))),
+                          " ".join(filter(None, (r["timer"], r["timezone"], "jitter %gs"
+                                                 % r["jitter"] if r["jitter"] else None))),
                           when(r["nextrun"]), when(r["last_run"]), r["last_status"],
                           r["consecutive_failures"], r["consecutive_crashes"], r["dropped"],
                           r["group"], r["subject"], r["handler"], r["run_count"],
@@ -134,6 +140,7 @@ def add_periodic_parser(command, parser_class):
                         "Nuntium)")
     a.add_argument("--queue", type=queue_name, metavar="NAME",
                    help="the queue of its tasks (default: the handler's, else 'default')")
+    add_jitter(a)
     add_resume(a)
     a.add_argument("--json", action="store_true", help="print JSON")
     a = actions.add_parser("alter", help="change a periodic task in place (its counters stay)")
@@ -150,6 +157,7 @@ def add_periodic_parser(command, parser_class):
     a.add_argument("--queue", type=queue_name, metavar="NAME")
     a.add_argument("--enable", dest="enabled", action="store_const", const=True)
     a.add_argument("--disable", dest="enabled", action="store_const", const=False)
+    add_jitter(a)
     add_resume(a)
     a.add_argument("--owner", help="refuse unless the periodic task has this owner")
     a.add_argument("--json", action="store_true", help="print the periodic task as JSON")
@@ -163,6 +171,18 @@ def add_periodic_parser(command, parser_class):
     a.add_argument("name")
     a.add_argument("--owner", help="refuse unless the periodic task has this owner")
     a.add_argument("--json", action="store_true", help='print {"name": ..., "task_id": N}')
+    a = actions.add_parser("backfill", help="create the instances of its calendar times from "
+                                            "--from to --to that have no task, once each")
+    a.add_argument("name")
+    a.add_argument("--from", dest="start", type=iso_time, metavar="ISO8601", required=True,
+                   help="the first calendar time to look at (naive = local time)")
+    a.add_argument("--to", dest="end", type=iso_time, metavar="ISO8601", required=True,
+                   help="the last calendar time to look at (naive = local time)")
+    a.add_argument("--max", type=int, default=MAX_BACKFILL, metavar="N",
+                   help="refuse a range of more than N calendar times (default %(default)s)")
+    a.add_argument("--owner", help="refuse unless the periodic task has this owner")
+    a.add_argument("--json", action="store_true",
+                   help="print the created, existing and upcoming instances as JSON")
     for action in ("enable", "disable", "remove"):
         a = actions.add_parser(action, help="%s a periodic task, or all of an owner's" % action)
         a.add_argument("name", nargs="?")
@@ -175,7 +195,33 @@ def add_periodic_parser(command, parser_class):
 
 # `periodic alter`'s options, by the name alter_periodic takes.
 ALTER_OPTIONS = ("timer", "next_start", "data", "priority", "max_retries", "max_runtime",
-                 "queue", "enabled", "resume")
+                 "queue", "enabled", "resume", "jitter")
+
+# The scheduler's cap, without importing it (and the database layer) to build the parser.
+MAX_BACKFILL = 1000
+
+
+def print_backfill(args, outcome):
+    """What a backfill created, found existing and left to the scheduler (upcoming)."""
+    if args.json:
+        print_json(dict({"name": args.name}, **{kind: [i.to_json() for i in instances]
+                                                for kind, instances in outcome.items()}))
+        return
+    print("periodic task %r: %d created, %d existing, %d upcoming"
+          % (args.name, len(outcome["created"]), len(outcome["existing"]),
+             len(outcome["upcoming"])))
+    rows = sorted((i.instance, kind, i.to_json()) for kind, instances in outcome.items()
+                  for i in instances)
+    if rows:
+        print_table(["INSTANCE", "STATE", "SCHEDULED", "TASK"],
+                    [[when(shown["instance"]), kind, when(shown["scheduled_on"]),
+                      shown["task_id"] or "-"] for _, kind, shown in rows], zone=True)
+
+
+def add_jitter(parser):
+    parser.add_argument("--jitter", metavar="SPAN",
+                        help="spread each instance's due time by a stable offset in [0, SPAN) "
+                             "after its calendar time (0: none)")
 
 
 def add_resume(parser):

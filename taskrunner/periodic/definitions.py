@@ -1,8 +1,12 @@
 """Periodic task definitions — from the API, the CLI or the config's ``[[periodic]]``
 tables — validated into row values before anything is stored: name, handler, timer (with the
-zone it was defined in), data, catch-up, the Nuntium options (timebox, tolerance, anchor) and
-Docspell's subject and group. `taskrunner check` and the overseer's sync validate the config
-the same way."""
+zone it was defined in), data, catch-up, jitter, the Nuntium options (timebox, tolerance,
+anchor) and Docspell's subject and group. `taskrunner check` and the overseer's sync
+validate the config the same way."""
+import hashlib
+import math
+from datetime import timedelta
+
 from ..config import check_queue_name
 from ..errors import InputError, check_text
 from ..handler import check_handler_path, check_handlers_in_child, encode_data, load_handler
@@ -29,7 +33,7 @@ def definition(config, spec, where, import_handler=True, builtin=False):
     starting "taskrunner." are taskrunner's own (`builtin`)."""
     known = {"name", "handler", "timer", "data", "priority", "enabled", "catch_up",
              "max_runtime", "min_spacing", "max_retries", "owner", "submitter", "subject",
-             "group", "timebox", "tolerance", "queue", "anchor", "resume"}
+             "group", "timebox", "tolerance", "queue", "anchor", "resume", "jitter"}
     unknown = set(spec) - known
     if unknown:
         raise InputError("%s: unknown key %s" % (where, ", ".join(sorted(unknown))))
@@ -92,7 +96,22 @@ def definition(config, spec, where, import_handler=True, builtin=False):
                 raise InputError("%s: max_runtime must be greater than zero" % where)
         values[key] = value
     values.update(_nuntium(spec, timer, values, where))
+    values["jitter"] = _jitter(spec.get("jitter"), timer, where)
     return values, timer
+
+
+def _jitter(value, timer, where):
+    """The jitter span in seconds, or None (none: also for "0")."""
+    if value is None:
+        return None
+    try:
+        seconds = parse_timespan(value)
+    except ValueError as exc:
+        raise InputError("%s: jitter: %s" % (where, exc)) from None
+    if seconds and timer.after_finish:
+        raise InputError("%s: jitter needs a calendar or 'every SPAN' timer (an 'after SPAN' "
+                         "timer has no calendar time to spread)" % where)
+    return seconds or None
 
 
 def _nuntium(spec, timer, values, where):
@@ -134,6 +153,37 @@ def _nuntium(spec, timer, values, where):
 
 def first_due(timer, now):
     return timer.next_after(now, anchor=now if isinstance(timer, IntervalTimer) else None)
+
+
+def jitter_offset(name, nominal, span):
+    """The stable offset of the instance of periodic task `name` at calendar time `nominal`
+    within a jitter `span` (seconds): whole seconds in [0, span), from a hash of the two, so
+    every host and every restart computes the same one (Temporal's schedules hash the
+    nominal time the same way)."""
+    if span < 1:
+        return timedelta(0)
+    digest = hashlib.sha256(("%s\0%s" % (name, nominal.isoformat())).encode()).digest()
+    return timedelta(seconds=math.floor(int.from_bytes(digest[:8], "big") / 2 ** 64 * span))
+
+
+def jitter_span(timer, nominal, jitter):
+    """The span an instance at `nominal` is spread over: the jitter, cut short so it never
+    reaches the timer's next calendar time (instances keep their order, and the instance of
+    a calendar time is the one task between it and the next: backfill counts on that)."""
+    following = timer.next_after(nominal, anchor=nominal)
+    if following is None:
+        return jitter
+    return min(jitter, (following - nominal).total_seconds())
+
+
+def due_columns(timer, nominal, name, jitter):
+    """The row values for a next instance at calendar time `nominal`: ``nextrun`` is when it
+    is due — `nominal` plus its jitter offset — and ``nominal`` keeps the calendar time the
+    grid counts on from (NULL without jitter: nextrun is that time)."""
+    if nominal is None or not jitter:
+        return {"nextrun": nominal, "nominal": None}
+    return {"nextrun": nominal + jitter_offset(name, nominal, jitter_span(timer, nominal, jitter)),
+            "nominal": nominal}
 
 
 def check_periodic(config, name, handler, timer, data=None, **options):

@@ -17,10 +17,15 @@ Missed due times after downtime collapse into one task (catch_up ``once``) or no
 ``anchor = "now"`` counts its next due time from the pass that handled the last one
 (Nuntium), not from that due time.
 """
+import bisect
+import dataclasses
 import json
 import logging
+import math
 from collections import namedtuple
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Optional
 
 import peewee as pw
 
@@ -31,7 +36,8 @@ from ..errors import InputError, StateError, check_text
 from ..handler import load_handler
 from ..store.models import CANCELLED, CRASHED, DEFAULT_QUEUE, SUCCESS
 from .definitions import (BUILTIN_ROTATION, CATCH_UP, MAX_NAME, RESERVED_PREFIX, check_periodic,
-                          check_periodic_handlers, definition, first_due, validate_definitions)
+                          check_periodic_handlers, definition, due_columns, first_due,
+                          validate_definitions)
 from .timers import IntervalTimer, parse_timer
 
 log = logging.getLogger("taskrunner.periodic")
@@ -47,8 +53,9 @@ def add_periodic(store, name, handler, timer, data=None, source="api", now=None,
     values, parsed = check_periodic(store.config, name, handler, timer, data, **options)
     try:
         with store.db.atomic():
-            return store.PeriodicTask.create(nextrun=first_due(parsed, now), created=now,
-                                       updated_on=now, source=source, **values)
+            return store.PeriodicTask.create(
+                created=now, updated_on=now, source=source, **values,
+                **due_columns(parsed, first_due(parsed, now), values["name"], values["jitter"]))
     except pw.IntegrityError:
         raise InputError("a periodic task named %r already exists" % values["name"]) from None
 
@@ -94,6 +101,137 @@ def run_now(store, name, owner=None, now=None):
     return store.write(step)
 
 
+MAX_BACKFILL = 1000    # instances one backfill creates unless told more (max_instances)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """An instance of a periodic task: its calendar time, when it is due (that time plus its
+    jitter offset: its task's scheduled_on), and its task (None: none)."""
+    instance: datetime
+    scheduled_on: datetime
+    task_id: Optional[int] = None
+
+    def to_json(self):
+        return {"instance": self.instance.isoformat(),
+                "scheduled_on": self.scheduled_on.isoformat(), "task_id": self.task_id}
+
+
+def _calendar_times(timer, anchor, start, end, most):
+    """The calendar times of `timer` in [start, end] — `most` + 1 at most: a range holding
+    more is refused, and not walked to its end — and the one after the last (None: the
+    timer ends). An ``every`` timer's grid runs through `anchor`."""
+    times = []
+    if isinstance(timer, IntervalTimer):
+        step = timedelta(seconds=timer.seconds)
+        at = anchor + step * math.ceil((start - anchor) / step)
+        while at <= end and len(times) <= most:
+            times.append(at)
+            at += step
+        return times, at
+    at = timer.next_after(start - timedelta(microseconds=1))
+    while at is not None and at <= end and len(times) <= most:
+        if at >= start:
+            times.append(at)
+        at = timer.next_after(at)
+    return times, at
+
+
+def backfill(store, name, start, end, owner=None, max_instances=MAX_BACKFILL, now=None):
+    """Temporal's backfill: create the instances of the periodic task `name` whose calendar
+    times lie in [start, end] (aware datetimes) and have no task yet — each due at its
+    calendar time plus its jitter offset (one in the past runs at once) — and return
+    {"created": [Instance], "existing": [Instance], "upcoming": [Instance]}. The instance of
+    a calendar time is the task of the periodic task scheduled between it and the next
+    calendar time (a run-now task is none); "upcoming" are those after now or from the
+    scheduler's next due time on: they are its to create, not a backfill's. InputError, and
+    nothing created: an unknown name, start after end, an 'after SPAN' timer (no calendar),
+    more than `max_instances` calendar times in the range.
+
+    Race closed: two backfills of one range, or a backfill and a scheduler's pass — the
+    periodic task's row is locked first (FOR UPDATE; the scheduler takes rows SKIP LOCKED),
+    then its tasks in the range are read and the missing ones inserted, so the second finds
+    the first one's tasks (MySQL's repeatable-read snapshot starts at the first plain read,
+    after the lock); and the scheduler only creates instances from its next due time on,
+    which a backfill leaves alone."""
+    start, end = utc_instant(start, "from"), utc_instant(end, "to")
+    if start > end:
+        raise InputError("backfill: from (%sZ) is after to (%sZ)" % (start.isoformat(),
+                                                                       end.isoformat()))
+    if isinstance(max_instances, bool) or not isinstance(max_instances, int) \
+            or max_instances < 1:
+        raise InputError("backfill: max must be a positive integer, not %r" % (max_instances,))
+    PeriodicTask, Task = store.PeriodicTask, store.Task
+    row = _get(store, name, owner)
+    at = store.database_time(now)
+    outcome = {"created": [], "existing": [], "upcoming": []}
+    run_now_label = "periodic:%s (run now)" % row.name
+    written = []
+
+    def step():
+        outcome.update(created=[], existing=[], upcoming=[])
+        # Its timer as it is now, under the lock (an alter waits for this backfill).
+        current = store.locked(PeriodicTask.select().where(PeriodicTask.id == row.id)).get()
+        timer = parse_timer(current.timer, current.timezone)
+        if timer.after_finish:
+            raise InputError("periodic task %r: an 'after SPAN' timer has no calendar times "
+                             "to backfill" % name)
+        times, beyond = _calendar_times(timer, _nominal(current) or current.created, start,
+                                        end, max_instances)
+        if len(times) > max_instances:
+            raise InputError("backfill of periodic task %r: more than %d calendar times from "
+                             "%sZ to %sZ; narrow the range or raise the maximum (--max)"
+                             % (name, max_instances, start.isoformat(), end.isoformat()))
+        if not times:
+            return
+        # The scheduler's from its next due time on; a disabled one starts after now when
+        # enabled.
+        scheduler_from = _nominal(current) if current.enabled else None
+        window = Task.scheduled_on >= times[0]
+        if beyond is not None:
+            window &= Task.scheduled_on < beyond
+        found = {}
+        for task_id, scheduled_on in (
+                Task.select(Task.id, Task.scheduled_on).where(
+                    (Task.periodic_task_id == row.id) & window
+                    & (Task.queued_by.is_null() | (Task.queued_by != run_now_label)))
+                .order_by(Task.scheduled_on, Task.id)).tuples():
+            found.setdefault(bisect.bisect_right(times, scheduled_on) - 1,
+                             (task_id, scheduled_on))
+        missing, tasks = [], []
+        for index, nominal in enumerate(times):
+            task_id, due = found.get(index) or (
+                None, due_columns(timer, nominal, row.name, current.jitter)["nextrun"])
+            instance = Instance(nominal.replace(tzinfo=timezone.utc),
+                                due.replace(tzinfo=timezone.utc), task_id)
+            if task_id is not None:
+                outcome["existing"].append(instance)
+            elif nominal > at or (scheduler_from is not None and nominal >= scheduler_from):
+                outcome["upcoming"].append(instance)
+            else:
+                missing.append(instance)
+                tasks.append(task_row(
+                    store.config, current.handler, data=json.loads(current.data),
+                    scheduled_on=instance.scheduled_on, priority=current.priority,
+                    max_runtime=current.max_runtime, queue=current.queue,
+                    max_retries=current.max_retries,
+                    queued_by="periodic:%s (backfill)" % row.name, periodic_task_id=row.id,
+                    now=at, import_handler=False, subject=current.subject,
+                    group=current.group_name))
+        if tasks:
+            ids = insert_many_and_wake(store, tasks)
+            outcome["created"] = [dataclasses.replace(instance, task_id=task_id)
+                                  for instance, task_id in zip(missing, ids)]
+            PeriodicTask.update({PeriodicTask.submitted_count:
+                                 PeriodicTask.submitted_count + len(ids),
+                                 PeriodicTask.updated_on: at}).where(
+                PeriodicTask.id == row.id).execute()
+        written[:] = [task["queue"] for task in tasks]
+    store.write(step)
+    remember_queues(store, written)
+    return outcome
+
+
 def carry_checkpoints(store, pairs):
     """Inside the caller's write transaction, for periodic tasks with ``resume``: each new
     task of `pairs` ((task id, its previous task's id or None)) starts from the checkpoint of
@@ -117,7 +255,7 @@ def carry_checkpoints(store, pairs):
 
 # What alter_periodic changes; the rest of a definition is remove + add.
 ALTERABLE = ("timer", "data", "queue", "priority", "max_retries", "max_runtime", "enabled",
-             "resume", "next_start")
+             "resume", "jitter", "next_start")
 
 
 def _definition_of(row):
@@ -128,7 +266,7 @@ def _definition_of(row):
             "catch_up": row.catch_up, "owner": row.owner, "submitter": row.submitter,
             "max_retries": row.max_retries, "subject": row.subject, "group": row.group_name,
             "timebox": row.timebox, "tolerance": row.tolerance, "queue": row.queue,
-            "anchor": row.anchor, "resume": bool(row.resume),
+            "anchor": row.anchor, "resume": bool(row.resume), "jitter": row.jitter,
             "max_runtime": None if row.timebox == "half" else row.max_runtime,
             "min_spacing": None if row.tolerance is not None else row.min_spacing}
 
@@ -136,12 +274,14 @@ def _definition_of(row):
 def alter_periodic(store, name, owner=None, now=None, **changes):
     """Change the periodic task `name` in place (TimescaleDB's alter_job): its `timer`,
     `data`, `queue`, `priority`, `max_retries`, `max_runtime` (an absolute limit, which
-    replaces a timebox), `enabled`, `resume` and `next_start` (an aware datetime: its next
-    due time). Its counters, last run and tasks stay. Every value is checked before anything
-    is written: InputError, and nothing changed. A new timer starts its schedule afresh from
-    now on the database's clock, as enabling does, unless `next_start` is given. A periodic
-    task from the config file takes `next_start` alone: the file holds the rest (the
-    overseer's next sync would undo a change). Returns the changed row."""
+    replaces a timebox), `enabled`, `resume`, `jitter` (a span; 0 or "0s": none; the next
+    instance is spread again) and `next_start` (an aware datetime: its next due time, taken
+    as it is: no jitter is added to it). Its counters, last run and tasks stay. Every value
+    is checked before anything is written: InputError, and nothing changed. A new timer
+    starts its schedule afresh from now on the database's clock, as enabling does, unless
+    `next_start` is given. A periodic task from the config file takes `next_start` alone:
+    the file holds the rest (the overseer's next sync would undo a change). Returns the
+    changed row."""
     unknown = sorted(set(changes) - set(ALTERABLE))
     if unknown:
         raise InputError("periodic task %r: %s cannot be altered (these can: %s)"
@@ -166,12 +306,14 @@ def alter_periodic(store, name, owner=None, now=None, **changes):
     if values["timer"] == row.timer:
         values["timezone"] = row.timezone   # the zone it was defined in stays
     update = {key: value for key, value in values.items() if getattr(row, key) != value}
+    jitter = values["jitter"]
     if "next_start" in changes:
-        update["nextrun"] = utc_instant(changes["next_start"], "next_start")
-    elif "timer" in update or "timezone" in update:
-        update["nextrun"] = first_due(timer, at)
-    elif update.get("enabled"):
-        update["nextrun"] = first_due(parse_timer(row.timer, row.timezone), at)
+        start = utc_instant(changes["next_start"], "next_start")
+        update.update(nextrun=start, nominal=start if jitter else None)
+    elif "timer" in update or "timezone" in update or update.get("enabled"):
+        update.update(due_columns(timer, first_due(timer, at), row.name, jitter))
+    elif "jitter" in update:
+        update.update(due_columns(timer, _nominal(row), row.name, jitter))
     update["updated_on"] = at
 
     def step():
@@ -182,14 +324,25 @@ def alter_periodic(store, name, owner=None, now=None, **changes):
     return PeriodicTask.get_by_id(row.id)
 
 
+def _nominal(row):
+    """The calendar time of a row's next instance."""
+    return row.nextrun if row.nominal is None else row.nominal
+
+
+def _fresh(row, now):
+    """The row values of a schedule started afresh from `now` (enabling)."""
+    timer = parse_timer(row.timer, row.timezone)
+    return due_columns(timer, first_due(timer, now), row.name, row.jitter)
+
+
 def set_enabled(store, name, enabled, owner=None, now=None):
     PeriodicTask = store.PeriodicTask
     row = _get(store, name, owner)
     now = store.database_time(now)
-    values = {PeriodicTask.enabled: enabled, PeriodicTask.updated_on: now}
+    values = {"enabled": enabled, "updated_on": now}
     if enabled and not row.enabled:
-        values[PeriodicTask.nextrun] = first_due(parse_timer(row.timer, row.timezone), now)
-    PeriodicTask.update(values).where(PeriodicTask.id == row.id).execute()
+        values.update(_fresh(row, now))
+    PeriodicTask.update(**values).where(PeriodicTask.id == row.id).execute()
 
 
 def remove_periodic(store, name, owner=None):
@@ -219,13 +372,14 @@ def set_enabled_owned(store, owner, enabled, now=None):
     now = store.database_time(now)
 
     def step():
-        rows = list(PeriodicTask.select(PeriodicTask.id, PeriodicTask.timer, PeriodicTask.timezone)
+        rows = list(PeriodicTask.select(PeriodicTask.id, PeriodicTask.name, PeriodicTask.timer,
+                                        PeriodicTask.timezone, PeriodicTask.jitter)
                     .where((PeriodicTask.owner == owner) & (PeriodicTask.enabled != enabled)))
         for row in rows:
-            values = {PeriodicTask.enabled: enabled, PeriodicTask.updated_on: now}
+            values = {"enabled": enabled, "updated_on": now}
             if enabled:
-                values[PeriodicTask.nextrun] = first_due(parse_timer(row.timer, row.timezone), now)
-            PeriodicTask.update(values).where(PeriodicTask.id == row.id).execute()
+                values.update(_fresh(row, now))
+            PeriodicTask.update(**values).where(PeriodicTask.id == row.id).execute()
         return len(rows)
     return store.write(step)
 
@@ -245,8 +399,9 @@ def sync_definitions(store, config=None, now=None, import_handlers=True):
         for name, (values, timer) in validated.items():
             row = existing.get(name)
             if row is None:
-                PeriodicTask.create(nextrun=first_due(timer, now), created=now, updated_on=now,
-                                    source="config", **values)
+                PeriodicTask.create(created=now, updated_on=now, source="config", **values,
+                                    **due_columns(timer, first_due(timer, now), name,
+                                                  values["jitter"]))
             elif row.source != "config":
                 log.warning("periodic task %r exists and was not created from the config; "
                             "the config entry is ignored", name)
@@ -259,9 +414,14 @@ def sync_definitions(store, config=None, now=None, import_handlers=True):
                     changed.pop("enabled", None)  # an operator's enable/disable stands
                 if changed.get("timer"):
                     changed["timezone"] = zone
-                    changed["nextrun"] = first_due(timer, now)
-                elif "enabled" in changed and values["enabled"]:
-                    changed["nextrun"] = first_due(parse_timer(row.timer, row.timezone), now)
+                    changed.update(due_columns(timer, first_due(timer, now), name,
+                                               values["jitter"]))
+                elif changed.get("enabled") or "jitter" in changed:
+                    # Enabled: a fresh schedule from now; a new jitter: the next instance
+                    # spread again.
+                    stored = parse_timer(row.timer, row.timezone)
+                    nominal = first_due(stored, now) if changed.get("enabled") else _nominal(row)
+                    changed.update(due_columns(stored, nominal, name, values["jitter"]))
                 if changed:
                     changed["updated_on"] = now
                     PeriodicTask.update(**changed).where(PeriodicTask.id == row.id).execute()
@@ -284,8 +444,9 @@ def sync_definitions(store, config=None, now=None, import_handlers=True):
 Due = namedtuple("Due", (
     "id", "name", "handler", "data", "priority", "submitter", "timer", "timezone", "nextrun",
     "catch_up", "max_runtime", "max_retries", "last_due", "last_task_id", "subject",
-    "group_name", "tolerance", "queue", "anchor", "resume"))
-DUE_TIMES = (Due._fields.index("nextrun"), Due._fields.index("last_due"))
+    "group_name", "tolerance", "queue", "anchor", "resume", "jitter", "nominal"))
+DUE_TIMES = (Due._fields.index("nextrun"), Due._fields.index("last_due"),
+             Due._fields.index("nominal"))
 
 
 def _datetimes(row, positions):
@@ -467,13 +628,13 @@ class PeriodicScheduler:
         "now"``. Periodic tasks sharing a timer and a due time share the answer (a
         calendar's next elapse costs about a millisecond; 10,000 minutely timers are due
         at the same minute)."""
-        key = (row.timer, row.timezone, row.anchor, row.nextrun, now)
+        key = (row.timer, row.timezone, row.anchor, _nominal(row), now)
         if key not in self._followings:
             self._followings[key] = self._compute_following(row, timer, now)
         return self._followings[key]
 
     def _compute_following(self, row, timer, now):
-        due = row.nextrun
+        due = _nominal(row)
         following = timer.next_after(due, anchor=due)
         if row.anchor == "now" and isinstance(timer, IntervalTimer) and not timer.after_finish:
             # Nuntium's nextRun = currentTime + interval: a late pass moves the grid with it.
@@ -491,15 +652,18 @@ class PeriodicScheduler:
                   text.splitlines()[0] if text else type(exc).__name__)
         timer = self._timer(row)
         if timer is not None:
-            PeriodicTask.update(nextrun=self._following(row, timer, now), last_status="error"
-                                ).where((PeriodicTask.id == row.id)
-                                        & (PeriodicTask.nextrun == row.nextrun)).execute()
+            PeriodicTask.update(last_status="error", **due_columns(
+                timer, self._following(row, timer, now), row.name, row.jitter)
+            ).where((PeriodicTask.id == row.id) & (PeriodicTask.nextrun == row.nextrun)
+                    ).execute()
 
     def _submit(self, rows, now):
         """Inside the batch's transaction, the rows taken: read their previous tasks in one
         query, insert the tasks to submit in multi-row INSERTs (enqueue's
         `insert_many_and_wake`), then advance every row in one statement. Returns ([(row,
-        kind, task id / reason / next look)], the queue names written)."""
+        kind, task id / reason / next look)], the queue names written). The due time of an
+        instance is its calendar time plus its jitter offset (`due_columns`): its task's
+        scheduled_on."""
         # Rule 9 skips a due time while "the previous task" is unfinished: the one its
         # periodic task submitted last (by primary key, whatever the history's length).
         previous = {}
@@ -515,7 +679,8 @@ class PeriodicScheduler:
             timer = self._timer(row)
             if timer is None:
                 continue
-            following = self._following(row, timer, now)
+            spread = due_columns(timer, self._following(row, timer, now), row.name, row.jitter)
+            following = [spread["nextrun"], spread["nominal"]]
             # A previous task rotated away has finished long ago.
             finished, status = previous.get(row.last_task_id, (None, CANCELLED))
             unfinished = row.last_task_id if finished is None and status != CANCELLED else None
@@ -524,12 +689,12 @@ class PeriodicScheduler:
                 wait = self._after_finish_wait(timer, now, unfinished, finished)
                 if wait is not None:
                     # Not an occurrence: look again when the previous task may have finished.
-                    advances.append([wait, row.last_due, now, 0, 0, None, row.id])
+                    advances.append([wait, None, row.last_due, now, 0, 0, None, row.id])
                     outcomes.append((row, "wait", wait))
                     continue
             reason = self._skip_reason(row, due, now, unfinished)
             if reason:
-                advances.append([following, due, now, 0, 1, None, row.id])
+                advances.append(following + [due, now, 0, 1, None, row.id])
                 outcomes.append((row, "skipped", reason))
                 continue
             # Checked as any task is (a definition valid when stored may not be now: its
@@ -541,12 +706,12 @@ class PeriodicScheduler:
                 queued_by=row.submitter or "periodic:" + row.name, periodic_task_id=row.id,
                 now=now, import_handler=False, subject=row.subject, group=row.group_name))
             submitting.append(len(advances))
-            advances.append([following, due, now, 1, 0, None, row.id])
+            advances.append(following + [due, now, 1, 0, None, row.id])
             outcomes.append((row, "submitted", None))
         task_ids = insert_many_and_wake(self.store, tasks) if tasks else []
         for index, task_id in zip(submitting, task_ids):
-            advances[index][5] = task_id
-        by_row = {advance[6]: advance[5] for advance in advances}
+            advances[index][6] = task_id
+        by_row = {advance[7]: advance[6] for advance in advances}
         outcomes = [(row, kind, by_row[row.id] if kind == "submitted" else detail)
                     for row, kind, detail in outcomes]
         carry_checkpoints(self.store, [(detail, row.last_task_id) for row, kind, detail
@@ -555,11 +720,11 @@ class PeriodicScheduler:
             self._advance_rows(advances)
         return outcomes, [task["queue"] for task in tasks]
 
-    ADVANCED = ("nextrun", "last_due", "updated_on", "submitted_count", "skipped_count",
-                "last_task_id", "id")
+    ADVANCED = ("nextrun", "nominal", "last_due", "updated_on", "submitted_count",
+                "skipped_count", "last_task_id", "id")
 
     def _advance_rows(self, advances):
-        """Advance the periodic tasks of `advances` ([nextrun, last_due, updated_on,
+        """Advance the periodic tasks of `advances` ([nextrun, nominal, last_due, updated_on,
         submitted, skipped, last_task_id, id]), taken by this transaction: PostgreSQL in one
         statement (the rows as one JSON parameter, as the catalogue's multi-row INSERT),
         the others in one executemany. A mark (a scheduler of an earlier version) goes
@@ -568,12 +733,13 @@ class PeriodicScheduler:
         table = PeriodicTask._meta.table_name
         if backend == "postgresql":
             statement = (
-                "UPDATE {t} SET nextrun = v.nextrun, last_due = v.last_due, "
+                "UPDATE {t} SET nextrun = v.nextrun, nominal = v.nominal, last_due = v.last_due, "
                 "updated_on = v.updated_on, worker = NULL, marked = NULL, "
                 "submitted_count = {t}.submitted_count + v.submitted_count, "
                 "skipped_count = {t}.skipped_count + v.skipped_count, "
                 "last_task_id = COALESCE(v.last_task_id, {t}.last_task_id) "
-                "FROM json_to_recordset(%s) AS v(nextrun timestamp, last_due timestamp, "
+                "FROM json_to_recordset(%s) AS v(nextrun timestamp, nominal timestamp, "
+                "last_due timestamp, "
                 "updated_on timestamp, submitted_count integer, skipped_count integer, "
                 "last_task_id integer, id integer) "
                 "WHERE {t}.id = v.id").format(t=table)
@@ -582,7 +748,7 @@ class PeriodicScheduler:
                 statement, [json.dumps(rows, default=datetime.isoformat)]).rowcount
         else:
             statement = (
-                "UPDATE {t} SET nextrun = {m}, last_due = {m}, updated_on = {m}, "
+                "UPDATE {t} SET nextrun = {m}, nominal = {m}, last_due = {m}, updated_on = {m}, "
                 "worker = NULL, marked = NULL, submitted_count = submitted_count + {m}, "
                 "skipped_count = skipped_count + {m}, "
                 "last_task_id = COALESCE({m}, last_task_id) "

@@ -302,6 +302,9 @@ class PeriodicTaskInfo(_Record):
     error_count: int = 0
     resume: bool = False            # its next task starts from an unsuccessful one's checkpoint
     max_retries: Optional[int] = None   # of its tasks; None: [task] max_retries
+    # Seconds each instance's due time (nextrun) is spread after its calendar time (Temporal's
+    # jitter); None: none, and nextrun is the calendar time.
+    jitter: Optional[float] = None
 
 
 def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = None,
@@ -392,7 +395,7 @@ def periodic_info(row: Any, stats: Optional[RunStats] = None) -> PeriodicTaskInf
         dropped=row.dropped_count, queue=row.queue, anchor=row.anchor, stats=stats,
         crash_count=row.crash_count, consecutive_crashes=row.consecutive_crashes,
         run_count=row.run_count, success_count=row.success_count, error_count=row.error_count,
-        resume=bool(row.resume), max_retries=row.max_retries)
+        resume=bool(row.resume), max_retries=row.max_retries, jitter=row.jitter)
 
 
 # -- queries ------------------------------------------------------------------------------------

@@ -259,6 +259,11 @@ class PeriodicTask(BaseModel):
     # Its next task starts from the checkpoint of the previous one when that one ended
     # without success (Nuntium: the next instantiation proceeds from that point).
     resume = pw.BooleanField(default=False)
+    # Temporal's jitter: each instance is due at its calendar time plus a stable offset in
+    # [0, jitter) seconds; `nominal` is then the calendar time of `nextrun` (NULL: none, and
+    # nextrun is its calendar time).
+    jitter = pw.DoubleField(null=True)
+    nominal = pw.DateTimeField(null=True)
 
     class Meta:
         table_name = "periodic_tasks"

@@ -267,6 +267,16 @@ class Dashboard:
             except InputError as exc:
                 notice = "nothing changed: %s" % exc
             return _redirect(environ, "/periodic", notice)
+        if path == "/periodic/backfill":
+            name = form.get("name", "")
+            try:
+                outcome = periodic.backfill(self.store, name, *pages.backfill_range(form))
+                notice = "periodic task %r: %d created, %d existing, %d upcoming" % (
+                    name, len(outcome["created"]), len(outcome["existing"]),
+                    len(outcome["upcoming"]))
+            except InputError as exc:
+                notice = "nothing created: %s" % exc
+            return _redirect(environ, "/periodic", notice)
         if path in ("/periodic/enable", "/periodic/disable"):
             enable = path == "/periodic/enable"
             periodic.set_enabled(self.store, form.get("name", ""), enable)

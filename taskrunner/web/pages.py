@@ -7,7 +7,7 @@ their own (``*_live``) that the page embeds in an element with an id, and that
 import json
 from collections import OrderedDict
 from datetime import datetime, timezone
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..reads import records as reads, summaries, workflows
 from ..errors import InputError
@@ -596,7 +596,9 @@ def _alter_form(view: View, p: Any) -> str:
                   ("priority", "Priority", str(p.priority)),
                   ("max_retries", "Max retries", str(p.max_retries or "")),
                   ("max_runtime", "Max runtime", str(p.max_runtime or "")),
-                  ("queue", "Queue", p.queue), ("data", "Data (JSON)", "unchanged")]
+                  ("queue", "Queue", p.queue),
+                  ("jitter", "Jitter", "%gs" % p.jitter if p.jitter else "none, e.g. 5min"),
+                  ("data", "Data (JSON)", "unchanged")]
     inputs = H("").join(H('<label>%s <input name="%s" placeholder="%s"></label>')
                         % (label, key, hint) for key, label, hint in fields)
     if p.source != "config":
@@ -610,11 +612,31 @@ def _alter_form(view: View, p: Any) -> str:
              '</details>') % (view.csrf, p.name, inputs)
 
 
+def _backfill_form(view: View, p: Any) -> str:
+    """A periodic task's "Backfill" form: `taskrunner periodic backfill NAME --from --to`."""
+    if view.read_only or p.timer.lower().startswith("after "):
+        return ""
+    return H('<details class="alter"><summary>Backfill</summary><form method="post" '
+             'action="/periodic/backfill"><input type="hidden" name="csrf" value="%s"><input '
+             'type="hidden" name="name" value="%s"><label>From <input name="from" placeholder='
+             '"ISO 8601, e.g. 2026-01-31T00:00Z" required></label><label>To <input name="to" '
+             'placeholder="ISO 8601, e.g. 2026-02-01T00:00Z" required></label><button '
+             'type="submit">Backfill</button></form></details>') % (view.csrf, p.name)
+
+
+def backfill_range(form: Mapping[str, str]) -> Tuple[datetime, datetime]:
+    """The Backfill form's from and to; InputError for one missing or not a time."""
+    start, end = _time_param(form, "from"), _time_param(form, "to")
+    if start is None or end is None:
+        raise InputError("backfill needs a from and a to time")
+    return start, end
+
+
 def alter_changes(form: Mapping[str, str]) -> Dict[str, Any]:
     """What the "Alter" form asks to change, as alter_periodic takes it: the fields filled
     in; InputError for one that is not what it should be."""
     changes: Dict[str, Any] = {}
-    for key in ("timer", "queue", "max_runtime"):
+    for key in ("timer", "queue", "max_runtime", "jitter"):
         if form.get(key, "").strip():
             changes[key] = form[key].strip()
     for key in ("priority", "max_retries"):
@@ -650,7 +672,7 @@ def periodic(view: View, params: Mapping[str, str]) -> str:
         toggle = view.action("/periodic/run", "Run now", {"name": p.name}) + view.action(
             H("/periodic/%s") % ("disable" if p.enabled else "enable"),
             "Disable" if p.enabled else "Enable", {"name": p.name},
-            css="danger" if p.enabled else "") + _alter_form(view, p)
+            css="danger" if p.enabled else "") + _alter_form(view, p) + _backfill_form(view, p)
         name = H('<a class="nowrap" href="/tasks%s">%s</a>') % (e(query(periodic=p.name)),
                                                              e(p.name))
         if p.subject:
@@ -661,9 +683,11 @@ def periodic(view: View, params: Mapping[str, str]) -> str:
         rows.append([name,
                      H('<a href="/periodic%s">%s</a>') % (e(query(group=p.group)), e(p.group))
                      if p.group else "",
-                     H('<code class="wrap">%s</code>%s') % (
+                     H('<code class="wrap">%s</code>%s%s') % (
                          e(p.timer), H('<br><small class="muted">%s</small>') % e(p.timezone)
-                         if p.timezone else ""),
+                         if p.timezone else "",
+                         H('<br><small class="muted">jitter %s</small>') % span(p.jitter)
+                         if p.jitter else ""),
                      H("%s <small>%s</small>") % (when(p.nextrun), e(ago(p.nextrun, at)))
                      if p.enabled else H('<span class="muted">disabled</span>'),
                      H("%s<br>%s") % (status(p.last_status), when(p.last_run)) if p.last_run
