@@ -23,7 +23,7 @@ from ..errors import InputError, check_text
 
 # What a later enqueue of an open window does with the task's data.
 KEEP = ("last", "first")
-# The row keys that are options of the add, not columns (popped by `land`).
+# The row key that is an option of the add, not a column (taken off before the insert).
 KEEP_OPTION = "debounce_keep"
 
 
@@ -57,9 +57,9 @@ def check_unused(debounce_key, maximum, keep):
             raise InputError("%s needs debounce (the span of the window)" % name)
 
 
-def land(store, row):
-    """Inside the caller's write transaction: land the new window's `row` (`window`) in the
-    open window of its key and handler; returns that task's id, or None when no window is
+def land(store, row, keep):
+    """Inside the caller's write transaction: land the new window's `row` (`window`, without
+    its `KEEP_OPTION`, given as `keep`) in the open window of its key and handler; returns that task's id, or None when no window is
     open (the caller inserts `row`, which opens the next one). A closed window found holding
     the key gives it up here.
     Races closed, with the caller's insert: two enqueues of one key — the holder row is locked
@@ -69,7 +69,6 @@ def land(store, row):
     caller starts over and lands in the first's window). The window's conditions are read
     under the lock against the run's creation (``run_count``), which locks the task too."""
     Task = store.Task
-    keep = row.pop(KEEP_OPTION)
     key, now, due = row["debounce_open"], row["queued_on"], row["scheduled_on"]
     holder = Task.select(Task.id).where((Task.debounce_open == key)
                                         & (Task.handler == row["handler"]))

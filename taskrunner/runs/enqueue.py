@@ -269,14 +269,15 @@ def _add_debounced(store, row):
     False), or insert it as the next window's task (its id, True). Races closed: see
     debounce.land; an insert the unique index refuses starts over, and lands in the window
     that won."""
-    for _ in range(5):
-        attempt = dict(row)
+    row = dict(row)
+    keep = row.pop(debouncing.KEEP_OPTION)
 
-        def step():
-            task_id = debouncing.land(store, attempt)
-            if task_id is not None:
-                return task_id, False
-            return insert_tasks(store, [attempt])[0], True
+    def step():
+        task_id = debouncing.land(store, row, keep)
+        if task_id is not None:
+            return task_id, False
+        return insert_tasks(store, [row])[0], True
+    for _ in range(5):
         try:
             task_id, created = store.write(step)
         except pw.IntegrityError:

@@ -10,12 +10,14 @@ due time a window may be pushed to (``debounce_max`` after its first enqueue; NU
 SQLite and PostgreSQL index only the rows that hold a window (partial, as 0014 and 0016 did
 for the other mostly-NULL columns), so a task added without a debounce writes no entry.
 """
-from peewee import PostgresqlDatabase, SqliteDatabase
+from peewee import MySQLDatabase, PostgresqlDatabase, SqliteDatabase
 
 
 def up(migrator, db):
-    # The type peewee gives a DateTimeField on each database.
-    when = "TIMESTAMP" if isinstance(db, PostgresqlDatabase) else "DATETIME"
+    # The type a DateTimeField has on each database (with microseconds on MySQL, as
+    # store/db.py makes it: a due time compared with the others').
+    when = "TIMESTAMP" if isinstance(db, PostgresqlDatabase) else \
+        "DATETIME(6)" if isinstance(db, MySQLDatabase) else "DATETIME"
     for column in ("debounce_key VARCHAR(255) NULL", "debounce_open VARCHAR(255) NULL",
                    "debounce_until %s NULL" % when, "debounce_count INTEGER NULL"):
         db.execute_sql("ALTER TABLE task_queue ADD COLUMN %s" % column)
