@@ -245,3 +245,20 @@ def test_cli_add_debounce_prints_the_task_it_landed_in(sqlite_db):
     usage_error(taskrunner("add", ECHO, "--debounce", "1min", "--in", "5", url=sqlite_db.url),
                 "cannot be combined")
     usage_error(taskrunner("add", ECHO, "--debounce", "0", url=sqlite_db.url), "--debounce")
+
+
+def test_dashboard_task_page_shows_the_key_and_why_it_waits(sqlite_db):
+    pytest.importorskip("prometheus_client")
+    from dashboard_helpers import Served, fetch
+    queue = sqlite_db.queue()
+    task_id = queue.add_task(ECHO, debounce="1h", debounce_key="<doc>")
+    queue.add_task(ECHO, debounce="1h", debounce_key="<doc>")
+    served = Served(queue.store)
+    try:
+        body = fetch(served.url + "/tasks/%d" % task_id)[1]
+        assert "<dt>Debounce key</dt><dd>&lt;doc&gt; <small" in body
+        assert "2 enqueues landed in it" in body
+        assert "debounce key &lt;doc&gt;: runs at" in body and "<doc>" not in body
+    finally:
+        served.stop()
+        queue.close()

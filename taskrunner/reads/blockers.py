@@ -127,12 +127,13 @@ def _own(r: Any, live: Any, holders: Dict[str, List[Dict[str, Any]]],
             return [{"reason": "due", "since": _iso(until or r.scheduled_on), "queue": r.queue,
                      "text": "due: its run is created at the next queue pass"}]
         if r.debounce_open is not None and r.run_count == 0:
+            latest = " (at the latest %s)" % _words(r.debounce_until) if r.debounce_until else ""
             return [{"reason": "debounce", "key": r.debounce_key, "until": _iso(until),
                      "latest": _iso(r.debounce_until), "enqueues": r.debounce_count,
                      "text": "debounce key %s: runs at %s unless enqueued again%s (%d "
-                             "enqueue%s so far)" % (r.debounce_key, _words(until), " (at the latest %s)"
-                                       % _words(r.debounce_until) if r.debounce_until else "",
-                                       r.debounce_count, "" if r.debounce_count == 1 else "s")}]
+                             "enqueue%s so far)" % (r.debounce_key, _words(until), latest,
+                                                     r.debounce_count,
+                                                     "" if r.debounce_count == 1 else "s")}]
         if r.last_status in FAILED:
             return [{"reason": "backoff", "until": _iso(until),
                      "text": "retrying after %s (failed %d of %d)" % (

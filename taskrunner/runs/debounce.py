@@ -59,9 +59,9 @@ def check_unused(debounce_key, maximum, keep):
 
 def land(store, row, keep):
     """Inside the caller's write transaction: land the new window's `row` (`window`, without
-    its `KEEP_OPTION`, given as `keep`) in the open window of its key and handler; returns that task's id, or None when no window is
-    open (the caller inserts `row`, which opens the next one). A closed window found holding
-    the key gives it up here.
+    its `KEEP_OPTION`, given as `keep`) in the open window of its key and handler; returns
+    that task's id, or None when no window is open (the caller inserts `row`, which opens
+    the next one). A closed window found holding the key gives it up here.
     Races closed, with the caller's insert: two enqueues of one key — the holder row is locked
     first (FOR UPDATE; SQLite's write lock), so its window is pushed, or found closed and
     released, by one of them at a time; two enqueues that both find no holder both insert,
