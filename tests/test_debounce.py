@@ -147,24 +147,29 @@ def test_a_function_task_debounces_by_its_formatted_key(queue):
 
 
 ENQUEUER = """
-import json, sys
+import json, sys, time
 from taskrunner import TaskQueue
 from taskrunner.runs.enqueue import add_task_created
 queue = TaskQueue(sys.argv[1])
-me, keep, span = int(sys.argv[2]), sys.argv[3], sys.argv[4]
+me, keep, span, pause = int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
+most = sys.argv[6] or None
 print("ready", flush=True)
 sys.stdin.readline()
-ids = [add_task_created(queue.store, "taskrunner.handlers.Echo", data={"process": me, "n": n},
-                        debounce=span, debounce_key="hot", debounce_keep=keep)
-       for n in range(50)]
+ids = []
+for n in range(50):
+    ids.append(add_task_created(queue.store, "taskrunner.handlers.Echo",
+                                data={"process": me, "n": n}, debounce=span,
+                                debounce_key="hot", debounce_keep=keep, debounce_max=most))
+    time.sleep(pause)
 print(json.dumps(ids), flush=True)
 """
 
 
-def enqueue_from_processes(url, keep, span, count=8):
-    """`count` processes enqueue the key ``hot`` 50 times each, all at once; the
-    (task id, added) of every enqueue."""
-    procs = [subprocess.Popen([sys.executable, "-c", ENQUEUER, url, str(me), keep, span],
+def enqueue_from_processes(url, keep, span, count=8, pause=0.0, most=""):
+    """`count` processes enqueue the key ``hot`` 50 times each, all at once, `pause`
+    seconds apart (`most`: their debounce_max); the (task id, added) of every enqueue."""
+    procs = [subprocess.Popen([sys.executable, "-c", ENQUEUER, url, str(me), keep, span,
+                               str(pause), most],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               env=process_env()) for me in range(count)]
     try:
@@ -211,6 +216,26 @@ def test_concurrent_enqueues_from_processes_make_exactly_one_task_run_once(datab
     second, added = enqueue.add_task_created(queue.store, ECHO, data={}, debounce="3s",
                                              debounce_key="hot")
     assert added and second != task_id
+    queue.close()
+
+
+def test_windows_that_close_under_concurrent_enqueues_never_overlap(database):
+    """A stream of enqueues longer than debounce_max: a window closes every 0.2 s (whatever
+    the stream), each before the next opened, and every enqueue counted in exactly the task
+    it returned."""
+    queue = database.queue()
+    landed = enqueue_from_processes(database.url, "last", "1min", pause=0.01, most="0.2s")
+    rows = list(Task.select().order_by(Task.id))
+    assert len(rows) > 1 and sum(row.debounce_count for row in rows) == 400
+    returned = {}
+    for task_id, _ in landed:
+        returned[task_id] = returned.get(task_id, 0) + 1
+    assert returned == {row.id: row.debounce_count for row in rows}
+    assert [row.id for row in rows if row.debounce_open is not None] == [rows[-1].id]
+    # The next window opened at or after the previous one was due (the processes' clocks,
+    # all this host's, may read the database's a few milliseconds apart).
+    for before, after in zip(rows, rows[1:]):
+        assert after.queued_on >= before.scheduled_on - timedelta(milliseconds=50)
     queue.close()
 
 

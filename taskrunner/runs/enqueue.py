@@ -24,6 +24,7 @@ from ..timespan import parse_timespan
 
 MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
 BULK_ROWS = 500         # rows per INSERT: within every database's limit on bound parameters
+DEBOUNCE_ATTEMPTS = 50  # tries of a debounced enqueue whose insert the unique index refused
 TASK_OPTIONS = ("data", "scheduled_on", "delay", "max_retries", "priority", "run_timeout",
                 "unique_key", "queued_by", "max_runtime", "retry_backoff", "periodic_task_id",
                 "queue", "concurrency_key", "concurrency_limit", "rate_key", "tenant", "after",
@@ -271,13 +272,17 @@ def _add_debounced(store, row):
     that won."""
     row = dict(row)
     keep = row.pop(debouncing.KEEP_OPTION)
+    # Each refused insert is another enqueue's new window committed meanwhile; under a stream
+    # of windows shorter than the enqueues' lock waits, one enqueue may lose a few in a row
+    # (PostgreSQL drops a holder row that changed while it waited for its lock, and the
+    # statement cannot see the row inserted since).
 
     def step():
         task_id = debouncing.land(store, row, keep)
         if task_id is not None:
             return task_id, False
         return insert_tasks(store, [row])[0], True
-    for _ in range(5):
+    for _ in range(DEBOUNCE_ATTEMPTS):
         try:
             task_id, created = store.write(step)
         except pw.IntegrityError:
