@@ -287,3 +287,27 @@ def test_dashboard_task_page_shows_the_key_and_why_it_waits(sqlite_db):
     finally:
         served.stop()
         queue.close()
+
+
+def test_the_window_lookup_reads_the_debounce_index(database):
+    """The enqueue's lookup of its key's window (debounce.land) is one entry of the
+    task_queue_debounce index, which a task without a debounce is not in (SQLite,
+    PostgreSQL): no scan of task_queue, however many tasks it holds."""
+    queue = database.queue()
+    queue.add_tasks([{"handler": ECHO} for _ in range(2000)])
+    for key in ("a", "b", "c"):
+        queue.add_task(ECHO, debounce="1h", debounce_key=key)
+    db = queue.store.db
+    if database.backend == "postgresql":
+        db.execute_sql("ANALYZE task_queue")
+        [(entries,)] = db.execute_sql("SELECT reltuples FROM pg_class WHERE relname = "
+                                      "'task_queue_debounce'").fetchall()
+        assert entries <= 3
+    elif database.backend == "mysql":
+        db.execute_sql("ANALYZE TABLE task_queue")
+    statement, params = Task.select(Task.id).where(
+        (Task.debounce_open == "b") & (Task.handler == ECHO)).sql()
+    prefix = "EXPLAIN QUERY PLAN " if database.backend == "sqlite" else "EXPLAIN "
+    plan = " | ".join(str(row) for row in db.execute_sql(prefix + statement, params))
+    assert "task_queue_debounce" in plan, plan
+    queue.close()
