@@ -122,7 +122,10 @@ class TaskQueue:
                  tenant: Optional[str] = None, connection: Any = None,
                  after: Optional[Iterable[int]] = None,
                  on_parent_failure: Optional[str] = None,
-                 delay: Union[float, str, None] = None) -> int:
+                 delay: Union[float, str, None] = None,
+                 debounce: Union[float, str, None] = None, debounce_key: Optional[str] = None,
+                 debounce_max: Union[float, str, None] = None,
+                 debounce_keep: Optional[str] = None) -> int:
         """Queue one task and return its id. `scheduled_on` is an aware datetime (a naive
         one is refused) or None for now; `delay` instead: due that long from now (seconds
         or a span, ``"5min"``). With `unique_key`, adding a key that a not-yet-final
@@ -147,7 +150,16 @@ class TaskQueue:
         and gets its run in the transaction of the last success. A parent given up or
         cancelled cancels it (``ParentFailed``, and its own dependents in turn), unless
         `on_parent_failure` is ``"run"``: then it runs anyway. It joins the workflow of
-        its first parent that has one. Not with `connection` or `unique_key`."""
+        its first parent that has one. Not with `connection` or `unique_key`.
+
+        `debounce` (seconds or a span, ``"30s"``): enqueues of `debounce_key` (default: the
+        handler) within that span of each other collapse into one task, on every host: the
+        first adds a task due `debounce` later; each later one while that task is not due
+        yet moves it to `debounce` after itself (at most `debounce_max` after the first)
+        and gives it its data (`debounce_keep` ``"last"``, the default) or keeps the first's
+        (``"first"``); it returns that task's id. Once the task is due, the next enqueue adds
+        a new task. Not with `scheduled_on`, `delay`, `unique_key`, `after` or
+        `connection`."""
         return int(enqueue.add_task(
             self.store, handler, data=data, scheduled_on=scheduled_on, max_retries=max_retries,
             priority=priority, run_timeout=run_timeout, unique_key=unique_key,
@@ -155,7 +167,8 @@ class TaskQueue:
             queue=queue, concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
             rate_key=rate_key, tenant=tenant, connection=connection,
             after=None if after is None else list(after), on_parent_failure=on_parent_failure,
-            delay=delay))
+            delay=delay, debounce=debounce, debounce_key=debounce_key,
+            debounce_max=debounce_max, debounce_keep=debounce_keep))
 
     def enqueue(self, function_task: "Enqueueable[P, H]", *args: "P.args",
                 **kwargs: "P.kwargs") -> "H":

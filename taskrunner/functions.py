@@ -47,12 +47,13 @@ if typing.TYPE_CHECKING:
 # The options a task takes on its decorator, each also given per call with ``using``.
 TASK_OPTIONS = ("queue", "priority", "max_retries", "retry", "timeout", "max_runtime",
                 "retry_backoff", "concurrency_key", "concurrency_limit", "rate_key",
-                "unique_key", "tenant")
+                "unique_key", "tenant", "debounce", "debounce_key", "debounce_max",
+                "debounce_keep")
 # The options of one call alone.
 CALL_OPTIONS = ("delay", "run_after", "after", "on_parent_failure", "connection", "on",
                 "queued_by")
 # The keys options that take the call's arguments: "order-{order_id}".
-FORMATTED = ("concurrency_key", "rate_key", "unique_key", "tenant")
+FORMATTED = ("concurrency_key", "rate_key", "unique_key", "tenant", "debounce_key")
 # Reserved keys of a function task's data: the parameter that gets the result of the task it
 # runs after (a chain), or the list of results of the tasks it runs after (a group's `then`).
 PREVIOUS, ALL_PARENTS = "$previous", "$parents"
@@ -250,7 +251,8 @@ class FunctionTask(Generic[P, R]):
         options = self.options
         row: Dict[str, Any] = {}
         for key in ("queue", "priority", "max_retries", "max_runtime", "retry_backoff",
-                    "concurrency_limit", "on_parent_failure", "queued_by", "delay"):
+                    "concurrency_limit", "on_parent_failure", "queued_by", "delay",
+                    "debounce", "debounce_max", "debounce_keep"):
             if options.get(key) is not None:
                 row[key] = options[key]
         if options.get("retry") is False:
@@ -336,7 +338,10 @@ def task(*, queue: Optional[str] = None, priority: Optional[int] = None,
          timeout: Union[float, str, None] = None, max_runtime: Union[float, str, None] = None,
          retry_backoff: Union[float, str, None] = None, concurrency_key: Optional[str] = None,
          concurrency_limit: Optional[int] = None, rate_key: Optional[str] = None,
-         unique_key: Optional[str] = None, tenant: Optional[str] = None) -> _Decorator: ...
+         unique_key: Optional[str] = None, tenant: Optional[str] = None,
+         debounce: Union[float, str, None] = None, debounce_key: Optional[str] = None,
+         debounce_max: Union[float, str, None] = None,
+         debounce_keep: Optional[str] = None) -> _Decorator: ...
 
 
 def task(fn: Optional[Callable[..., Any]] = None, **options: Any) -> Any:
@@ -347,7 +352,10 @@ def task(fn: Optional[Callable[..., Any]] = None, **options: Any) -> Any:
     ``retry=False``: one run, never retried); ``timeout`` (seconds or a span like "5min"
     without a sign of life before a run is timed out); ``max_runtime`` (a run's hard limit);
     ``retry_backoff``; ``concurrency_key`` with ``concurrency_limit``; ``rate_key``;
-    ``unique_key``; ``tenant``. The four keys may name the call's arguments:
+    ``unique_key``; ``tenant``; ``debounce`` (a span: calls within it of each other
+    collapse into one task, run once they stop) with ``debounce_key`` (default: the task),
+    ``debounce_max`` and ``debounce_keep`` (``"last"`` arguments, the default, or
+    ``"first"``). The five keys may name the call's arguments:
     ``concurrency_key="order-{order_id}"``.
 
     A first parameter annotated `RunContext` receives the run: ``run.step``,

@@ -117,3 +117,8 @@ def reorders(run: RunContext, items: List[int]) -> List[int]:
     if run.attempt == 1:
         raise RuntimeError("died after adding its children")
     return results_of([handles[item] for item in items] + twice)
+
+
+@task(debounce="30s", debounce_key="search-{user_id}")
+def reindex(user_id: int, query: str) -> Dict[str, Any]:
+    return {"user": user_id, "query": query}

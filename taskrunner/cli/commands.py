@@ -98,8 +98,9 @@ def cmd_add(args):
             raise InputError("--in %gs is too far in the future" % args.delay) from None
     if args.after is not None:
         from ..runs.enqueue import add_task
-        if args.unique_key is not None:
-            raise InputError("--after cannot be combined with --unique-key")
+        if args.unique_key is not None or args.debounce is not None:
+            raise InputError("--after cannot be combined with --%s" % (
+                "unique-key" if args.unique_key is not None else "debounce"))
         task_id = add_task(
             open_queue(args).store, args.handler, data=args.data, scheduled_on=args.at,
             delay=args.delay, max_retries=args.max_retries, priority=args.priority,
@@ -121,8 +122,12 @@ def cmd_add(args):
         max_retries=args.max_retries, priority=args.priority, run_timeout=args.timeout,
         unique_key=args.unique_key, queued_by=args.queued_by, max_runtime=args.max_runtime,
         queue=args.queue, concurrency_key=args.concurrency_key,
-        concurrency_limit=args.concurrency_limit, rate_key=args.rate_key, tenant=args.tenant)
-    if args.json:   # existed: a live task held --unique-key; nothing was added
+        concurrency_limit=args.concurrency_limit, rate_key=args.rate_key, tenant=args.tenant,
+        debounce=args.debounce, debounce_key=args.debounce_key, debounce_max=args.debounce_max,
+        debounce_keep=args.debounce_keep)
+    # existed: a live task held --unique-key, or the open window of --debounce-key took the
+    # add; no task was added
+    if args.json:
         print_json({"id": task_id, "existed": not created})
         return
     print(task_id)
@@ -523,8 +528,19 @@ def build_parser(hidden=()):
     p.add_argument("--on-parent-failure", choices=("cancel", "run"),
                    help="when a task it runs after is given up or cancelled: cancel this one "
                         "too (default) or run it anyway")
+    p.add_argument("--debounce", type=span_arg, metavar="SPAN",
+                   help="enqueues of --debounce-key within SPAN of each other are one task, "
+                        "run SPAN after the last; prints its id")
+    p.add_argument("--debounce-key", metavar="KEY",
+                   help="the key that --debounce collapses (default: the handler)")
+    p.add_argument("--debounce-max", type=span_arg, metavar="SPAN",
+                   help="run at most SPAN after the first enqueue of the window")
+    p.add_argument("--debounce-keep", choices=("last", "first"),
+                   help="the data the task runs with: the last enqueue's (default) or the "
+                        "first's")
     p.add_argument("--json", action="store_true",
-                   help='print {"id": N, "existed": false|true (a --unique-key hit)}')
+                   help='print {"id": N, "existed": false|true (a --unique-key hit, or an '
+                        'open --debounce window)}')
     command("overseer", cmd_overseer, "the supervised parent of the runners, foreground")
     p = command("runner", cmd_runner, "one runner, foreground")
     p.add_argument("--burst", action="store_true", help="exit when no run is left")

@@ -13,6 +13,8 @@ dashboard show) and the facts it names:
 - ``event``: ``event``, ``until`` (its timeout, or None); ``sleep``: ``until``.
 - ``backoff`` (retrying after a failure), ``snoozed`` (the handler asked to run later),
   ``not-due`` (added for later): ``until``.
+- ``debounce``: its debounce window is open: ``key``, ``until`` (when it runs unless
+  enqueued again), ``latest`` (``debounce_max``'s cap, or None), ``enqueues`` (that landed in it).
 - ``due``: due since ``since``; nothing holds it back but a free runner of ``queue``.
 """
 from datetime import datetime, timezone
@@ -124,6 +126,14 @@ def _own(r: Any, live: Any, holders: Dict[str, List[Dict[str, Any]]],
         if until is None or until <= at:
             return [{"reason": "due", "since": _iso(until or r.scheduled_on), "queue": r.queue,
                      "text": "due: its run is created at the next queue pass"}]
+        if r.debounce_open is not None and r.run_count == 0:
+            latest = " (at the latest %s)" % _words(r.debounce_until) if r.debounce_until else ""
+            return [{"reason": "debounce", "key": r.debounce_key, "until": _iso(until),
+                     "latest": _iso(r.debounce_until), "enqueues": r.debounce_count,
+                     "text": "debounce key %s: runs at %s unless enqueued again%s (%d "
+                             "enqueue%s so far)" % (r.debounce_key, _words(until), latest,
+                                                     r.debounce_count,
+                                                     "" if r.debounce_count == 1 else "s")}]
         if r.last_status in FAILED:
             return [{"reason": "backoff", "until": _iso(until),
                      "text": "retrying after %s (failed %d of %d)" % (

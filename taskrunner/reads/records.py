@@ -114,6 +114,10 @@ class TaskInfo(_Record):
     blocked_by: Optional[List[Dict[str, Any]]] = None
     # Its re-runs from a step, oldest first (`get_task` only; None in listings).
     reruns: Optional[List["RerunInfo"]] = None
+    # The debounce key it was added with (runs/debounce.py) and how many enqueues of it landed
+    # in this task; None for a task added without a debounce.
+    debounce_key: Optional[str] = None
+    debounce_enqueues: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -332,7 +336,8 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         waiting_until=aware(row.next_run_on) if row.last_status == WAITING else None,
         steps=steps, workflow_id=row.workflow_id,
         waiting_parents=row.waiting_parents if row.finished_on is None else None,
-        last_run_status=row.last_status, blocked_by=blockers)
+        last_run_status=row.last_status, blocked_by=blockers,
+        debounce_key=row.debounce_key, debounce_enqueues=row.debounce_count)
 
 
 def parents_text(count: int) -> str:

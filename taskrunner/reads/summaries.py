@@ -233,6 +233,16 @@ def succeeded_count(store: Any) -> int:
     return int(total) - int(others)
 
 
+def debouncing(store: Any) -> int:
+    """Tasks whose debounce window is open now (runs/debounce.py): a later enqueue of their key
+    lands in them. Read off the partial index of the keys held (task_queue_debounce), which
+    holds one entry per key used since its last window at most."""
+    Task = store.Task
+    return int(Task.select(pw.fn.COUNT(pw.SQL("*"))).where(
+        Task.debounce_open.is_null(False) & (Task.run_count == 0) & Task.finished_on.is_null()
+        & (Task.scheduled_on > store.database_time())).scalar() or 0)
+
+
 def status_counts(store: Any, succeeded: Optional[int] = None) -> Dict[str, int]:
     """Tasks by where they stand: scheduled, running, waiting, retrying, given-up, success,
     cancelled (every status present, 0 when none). The statuses other than success are

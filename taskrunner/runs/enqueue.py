@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 
 import peewee as pw
 
-from . import flow, graph, sql
+from . import debounce as debouncing, flow, graph, sql
 from .. import tracing
 from ..config import MAX_RETRIES_ZERO, check_queue_name
 from ..errors import InputError, StateError, check_text
@@ -25,10 +25,11 @@ from ..timespan import parse_timespan
 
 MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
 BULK_ROWS = 500         # rows per INSERT: within every database's limit on bound parameters
+DEBOUNCE_ATTEMPTS = 50  # tries of a debounced enqueue whose insert the unique index refused
 TASK_OPTIONS = ("data", "scheduled_on", "delay", "max_retries", "priority", "run_timeout",
                 "unique_key", "queued_by", "max_runtime", "retry_backoff", "periodic_task_id",
                 "queue", "concurrency_key", "concurrency_limit", "rate_key", "tenant", "after",
-                "on_parent_failure")
+                "on_parent_failure", "debounce", "debounce_key", "debounce_max", "debounce_keep")
 
 
 def utc_instant(value, name="scheduled_on"):
@@ -71,7 +72,8 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
              retry_backoff=None, periodic_task_id=None, now=None, known_handlers=None,
              import_handler=True, subject=None, group=None, queue=None, concurrency_key=None,
              concurrency_limit=None, rate_key=None, tenant=None, on_parent_failure=None,
-             delay=None):
+             delay=None, debounce=None, debounce_key=None, debounce_max=None,
+             debounce_keep=None):
     """Validate one task and return the row to insert; InputError on bad input. `delay`
     (seconds or a span, instead of `scheduled_on`): due that long after `now`.
     `known_handlers`, a dict, skips loading a handler already loaded in this batch; without
@@ -80,7 +82,9 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
     None for the handler class's ``queue``, else ``default``. A task with a
     `concurrency_key` gets its runs from `lifecycle.create_missing_runs` (which takes a
     slot of the key), never at insert. `rate_key`: the key whose rate limit its runs spend;
-    `tenant`: the value a fair queue round-robins between (runs/flow.py)."""
+    `tenant`: the value a fair queue round-robins between (runs/flow.py). `debounce` (seconds
+    or a span) with `debounce_key`, `debounce_max`, `debounce_keep`: the row of a new debounce
+    window (runs/debounce.py), stored by `_add_debounced`."""
     defaults = config.task
     cls = None
     if not import_handler:
@@ -100,6 +104,16 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
     if cls is not None:
         cls.check_data(data)
     now = now or utcnow()
+    window = None
+    if debounce is not None:
+        if scheduled_on is not None or delay is not None or unique_key is not None:
+            raise InputError("debounce sets when the task runs: it cannot be combined with "
+                             "scheduled_on, delay or unique_key")
+        window = debouncing.window(handler, now, _span("debounce", debounce), debounce_key,
+                                   _span("debounce_max", debounce_max), debounce_keep or "last")
+        scheduled_on = window["scheduled_on"]
+    elif debounce_key is not None or debounce_max is not None or debounce_keep is not None:
+        debouncing.check_unused(debounce_key, debounce_max, debounce_keep)
     if delay is not None:
         if scheduled_on is not None:
             raise InputError("give scheduled_on or delay, not both")
@@ -107,7 +121,7 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
             scheduled_on = now + timedelta(seconds=_span("delay", delay, zero=True))
         except OverflowError:
             raise InputError("delay %r is too far in the future" % (delay,)) from None
-    else:
+    elif window is None:
         scheduled_on = now if scheduled_on is None else utc_instant(scheduled_on)
     if max_retries == 0 and not isinstance(max_retries, bool):
         raise InputError(MAX_RETRIES_ZERO)
@@ -145,6 +159,8 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
     }
     if tracing.active():
         row["trace_context"] = tracing.enqueued(handler, queue)
+    if window is not None:
+        row.update(window)
     return row
 
 
@@ -252,6 +268,35 @@ def _add_unique(store, row):
     raise StateError("unique_key %r is contended; try again" % row["unique_key"])
 
 
+def _add_debounced(store, row):
+    """Land `row`, a new debounce window's task, in the open window of its key (its id,
+    False), or insert it as the next window's task (its id, True). Races closed: see
+    debounce.land; an insert the unique index refuses starts over, and lands in the window
+    that won."""
+    row = dict(row)
+    keep = row.pop(debouncing.KEEP_OPTION)
+    # Each refused insert is another enqueue's new window committed meanwhile; under a stream
+    # of windows shorter than the enqueues' lock waits, one enqueue may lose a few in a row
+    # (PostgreSQL drops a holder row that changed while it waited for its lock, and the
+    # statement cannot see the row inserted since).
+
+    def step():
+        task_id = debouncing.land(store, row, keep)
+        if task_id is not None:
+            return task_id, False
+        return insert_tasks(store, [row])[0], True
+    for _ in range(DEBOUNCE_ATTEMPTS):
+        try:
+            task_id, created = store.write(step)
+        except pw.IntegrityError:
+            continue
+        if created:
+            remember_queues(store, [row["queue"]])
+            remember_flow(store, [row])
+        return task_id, created
+    raise StateError("debounce_key %r is contended; try again" % row["debounce_key"])
+
+
 def add_task(store, handler, now=None, connection=None, **options):
     """Queue one task and return its id. With `unique_key`, adding a key that a not-yet-final
     task holds stores nothing and returns that task's id. With `connection`, the caller's
@@ -278,6 +323,8 @@ def add_task_created(store, handler, now=None, **options):
 def _store_row(store, row):
     if row["unique_key"] is not None:
         return _add_unique(store, row)
+    if "debounce_open" in row:
+        return _add_debounced(store, row)
     if store.backend == "postgresql" and row["queue"] in store.known_queues \
             and not store.db.in_transaction() and flow_known(store, row):
         task_id = store.statement(lambda: _add_in_one_statement(store, row))
@@ -319,15 +366,19 @@ def add_tasks(store, tasks, now=None, connection=None):
     rows = [task_row(store.config, now=now, known_handlers=seen, **spec) for spec in tasks]
     if raw is not None:
         return add_in_transaction(store, raw, rows)
-    plain_rows = [row for row in rows if row["unique_key"] is None]
+    plain_rows = [row for row in rows if _plain(row)]
     plain = store.write(lambda: insert_many_and_wake(store, plain_rows)) if plain_rows else []
     remember_queues(store, [row["queue"] for row in plain_rows])
     remember_flow(store, plain_rows)
     ids, plain_ids = [], iter(plain)
     for row in rows:
-        ids.append(next(plain_ids) if row["unique_key"] is None
-                   else _add_unique(store, row)[0])
+        ids.append(next(plain_ids) if _plain(row) else _store_row(store, row)[0])
     return ids
+
+
+def _plain(row):
+    """Whether `row` is stored with the others of its add (no unique key, no debounce)."""
+    return row["unique_key"] is None and "debounce_open" not in row
 
 
 def check_spec(spec, extra=()):
@@ -388,6 +439,8 @@ def add_graph(store, specs, workflow=None, now=None):
         row = task_row(store.config, now=now, known_handlers=seen, **spec)
         if row["unique_key"] is not None and (parents[-1] or workflow is not None):
             raise InputError("unique_key cannot be used for tasks of a workflow or with after")
+        if "debounce_open" in row:
+            raise InputError("debounce cannot be used for tasks of a workflow or with after")
         rows.append(row)
     existing = [p for after in parents for p in after if not isinstance(p, tuple)]
 
@@ -508,6 +561,7 @@ def add_in_transaction(store, raw, rows):
     transaction at the same moment raises the driver's IntegrityError (the caller's
     transaction is then aborted, as after any constraint violation). `raw`: the
     application's DB-API connection (application_connection)."""
+    _no_debounce(rows)
     cursor = raw.cursor()
 
     def execute(statement, params):
@@ -533,6 +587,14 @@ def add_in_transaction(store, raw, rows):
     return ids
 
 
+def _no_debounce(rows):
+    """InputError for a debounced row added in the application's transaction: landing in a
+    window may need a second try after the unique index refused an insert, which would
+    abort the application's transaction."""
+    if any("debounce_open" in row for row in rows):
+        raise InputError("debounce cannot be combined with connection=")
+
+
 async def add_in_transaction_async(store, connection, rows):
     """`add_in_transaction` with an async driver's connection: psycopg's
     ``AsyncConnection`` on the queue's PostgreSQL database, the one async driver whose
@@ -542,6 +604,7 @@ async def add_in_transaction_async(store, connection, rows):
     if store.backend != "postgresql" or not isinstance(connection, psycopg.AsyncConnection):
         raise InputError("connection= of an async add must be a psycopg AsyncConnection to "
                          "the queue's PostgreSQL database, not %s" % type(connection).__name__)
+    _no_debounce(rows)
     queues = []
     record_queues(store, [row["queue"] for row in rows],
                   lambda statement, params: queues.append((statement, params)))

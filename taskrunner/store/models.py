@@ -123,9 +123,18 @@ class Task(BaseModel):
     # OpenTelemetry (0030, tracing.py): the context of the span that added the task, as the
     # propagator's carrier in JSON; NULL unless the adding process traced.
     trace_context = pw.TextField(null=True)
+    # Debounce (0026, runs/debounce.py): the key it was added with; the same while its window
+    # may be open (unique with the handler: one open window per key), cleared by the enqueue
+    # that finds it closed; the latest due time the window may be pushed to; the enqueues
+    # that landed in it. NULL for a task added without a debounce.
+    debounce_key = pw.CharField(null=True)
+    debounce_open = pw.CharField(null=True)
+    debounce_until = pw.DateTimeField(null=True)
+    debounce_count = pw.IntegerField(null=True)
 
     class Meta:
         table_name = "task_queue"
+        indexes = ((("debounce_open", "handler"), True),)
 
     @property
     def given_up(self):

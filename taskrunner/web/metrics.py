@@ -89,6 +89,9 @@ class StoreCollector:
             for family, value in zip(rates, (b["rate"], b["allowance"], b["throttled"])):
                 family.add_metric([b["kind"], b["name"]], value)
         yield from rates
+        yield GaugeMetricFamily("taskrunner_tasks_debouncing", "Tasks whose debounce window "
+                                "is open: a later enqueue of their debounce key lands in them.",
+                                value=summaries.debouncing(store))
         tenants = GaugeMetricFamily("taskrunner_queue_tenants_waiting", "Tenants with a run "
                                     "waiting in a queue with fair_by.", labels=["queue"])
         for q in reads.queue_stats(store):

@@ -355,6 +355,9 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
                                    t.crash_count)),
              ("Run timeout", span(t.run_timeout)), ("Max runtime", span(t.max_runtime)),
              ("Unique key", e(t.unique_key)),
+             ("Debounce key", H("%s <small class=\"muted\">%d enqueue%s landed in it</small>") % (
+                 t.debounce_key, t.debounce_enqueues, "" if t.debounce_enqueues == 1 else "s")
+              if t.debounce_key is not None else ""),
              ("Periodic task", e(t.periodic_task_id)),
              ("Last error", H('<span class="err">%s</span> %s') % (
                  e(t.last_error_code), e(t.last_error_message)) if t.last_error_code else ""),
