@@ -208,3 +208,15 @@ def test_a_write_runs_its_after_commit_callbacks_when_it_commits(database):
     store.write(lambda: None)
     assert ran == ["committed"]
     queue.close()
+
+
+def test_every_datetime_column_keeps_microseconds_on_mysql(database):
+    """Every datetime column of a migrated MySQL/MariaDB schema is DATETIME(6): a plain
+    DATETIME rounds the fraction away (FIFO order, a kill grace counted from a cancel)."""
+    if database.backend != "mysql":
+        pytest.skip("SQLite and PostgreSQL keep microseconds in every timestamp column")
+    with database.queue() as queue:
+        rows = queue.store.db.execute_sql(
+            "SELECT table_name, column_name, datetime_precision FROM information_schema.columns"
+            " WHERE table_schema = DATABASE() AND data_type = 'datetime'").fetchall()
+    assert rows and [(t, c) for t, c, precision in rows if precision != 6] == []
