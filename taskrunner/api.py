@@ -326,6 +326,18 @@ class TaskQueue:
         """Claim from the queue `name` again. Returns False when it was not paused."""
         return bool(queues.set_paused(self.store, name, False))
 
+    def set_queue_limit(self, name: str, limit: Optional[int]) -> Dict[str, Any]:
+        """Set the runners serving the queue `name` at once on each host to `limit`, on every
+        host without a restart (None: back to its ``[queues.NAME] limit``). A lower limit:
+        runs in flight finish, and from now on no runner of a host claims beyond it; a higher
+        one: overseers start more runners within a check interval. Returns ``queue``,
+        ``limit`` (in force now), ``source`` (``stored`` or ``config``) and ``changed``.
+        InputError (nothing stored): a limit that is not a whole number >= 1, a queue with no
+        ``[queues.NAME]`` table in the config."""
+        in_force, changed = queues.set_host_limit(self.store, name, limit)
+        return {"queue": name, "limit": in_force,
+                "source": "config" if limit is None else "stored", "changed": changed}
+
     def remove_queue(self, name: str) -> None:
         """Forget the queue `name`; refused (InputError) while a task is in it or the config
         names it."""

@@ -320,13 +320,17 @@ class Config(SimpleNamespace):
                    rate_limits=_rate_limits(data.get("rate_limits", {}), source),
                    warnings=_queue_warnings(data.get("queues", {}), source), **sections)
 
-    def queue_groups(self):
+    def queue_groups(self, stored=None):
         """The runners an overseer keeps, as {queues served (a tuple): how many}: ``limit``
-        runners for each configured queue, the rest of ``[runner] limit`` for ``default``
-        (which also serves every queue not configured)."""
-        groups = {(name,): q.limit for name, q in self.queues.items()}
+        runners for each configured queue — the limit `stored` on its row ({queue: limit},
+        ``queue limit``) where there is one — and the rest of ``[runner] limit`` after the
+        configured limits for ``default`` (which also serves every queue not configured).
+        The overseer fits them into ``[runner] limit`` in this order."""
+        stored = stored or {}
+        groups = {(name,): stored.get(name) or q.limit for name, q in self.queues.items()}
         if DEFAULT_QUEUE not in self.queues:
-            groups[(DEFAULT_QUEUE,)] = self.runner.limit - sum(groups.values())
+            groups[(DEFAULT_QUEUE,)] = self.runner.limit - sum(
+                q.limit for q in self.queues.values())
         return groups
 
     @classmethod
