@@ -146,3 +146,46 @@ def test_a_bad_queue_limit_is_a_one_line_error_and_nothing_is_stored(database, t
         queue.set_queue_limit("mail", 2)
     assert not Queue.select().where(Queue.host_limit.is_null(False)).exists()
     queue.close()
+
+
+def test_the_dashboard_shows_the_limit_and_its_source_and_sets_it(sqlite_db):
+    """The queue row: the limit in force and where it comes from; its form (CSRF) stores
+    another, Reset goes back to the config's; a bad value changes nothing."""
+    from dashboard_helpers import Served, fetch
+    from test_dashboard import notice_of, token_of
+    queue = sqlite_db.queue(queues={"reports": {"limit": 3}})
+    queue.add_task("taskrunner.handlers.Echo", queue="reports")
+
+    def row():
+        section = fetch(served.url + "/")[1].split('id="queues"')[1]
+        return next(r for r in section.split("<tr>") if ">reports<" in r)
+
+    def stored():
+        return Queue.get(Queue.name == "reports").host_limit
+    served = Served(queue.store)
+    try:
+        assert '3 <span class="muted">(config)</span>' in row() and "Reset" not in row()
+        status, _, _ = fetch(served.url + "/queues/limit", data="name=reports&limit=2")
+        assert status == 403 and stored() is None                  # no CSRF token
+        token = token_of(served)
+        status, _, headers = fetch(served.url + "/queues/limit",
+                                   data="csrf=%s&name=reports&limit=2" % token)
+        assert status == 303 and "limit 2 runners per host, stored" in notice_of(headers)
+        assert stored() == 2 and '2 <span class="muted">(stored)</span>' in row()
+        for bad in ("-1", "x", "0"):
+            status, _, headers = fetch(served.url + "/queues/limit",
+                                       data="csrf=%s&name=reports&limit=%s" % (token, bad))
+            assert status == 303 and "nothing changed" in notice_of(headers) and stored() == 2
+        status, _, headers = fetch(served.url + "/queues/limit",
+                                   data="csrf=%s&name=reports&reset=1" % token)
+        assert status == 303 and stored() is None and "(config)" in row()
+    finally:
+        served.stop()
+    served = Served(queue.store, read_only=True)
+    try:
+        assert "(config)" in row() and "/queues/limit" not in row()
+        assert fetch(served.url + "/queues/limit", data="csrf=x&name=reports&limit=1")[0] == 403
+        assert stored() is None
+    finally:
+        served.stop()
+        queue.close()
