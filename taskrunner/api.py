@@ -122,7 +122,8 @@ class TaskQueue:
                  tenant: Optional[str] = None, connection: Any = None,
                  after: Optional[Iterable[int]] = None,
                  on_parent_failure: Optional[str] = None,
-                 delay: Union[float, str, None] = None) -> int:
+                 delay: Union[float, str, None] = None,
+                 max_attempts: Optional[int] = None) -> int:
         """Queue one task and return its id. `scheduled_on` is an aware datetime (a naive
         one is refused) or None for now; `delay` instead: due that long from now (seconds
         or a span, ``"5min"``). With `unique_key`, adding a key that a not-yet-final
@@ -134,7 +135,9 @@ class TaskQueue:
         writes them (``"5min"``); `retry_backoff` may be 0 (retry at once). `rate_key`:
         its runs start no faster than that key's rate limit allows, on all hosts
         (`set_rate_limit`, ``[rate_limits]``); `tenant`: whose task it is, which a queue
-        with ``fair_by = "tenant"`` round-robins between.
+        with ``fair_by = "tenant"`` round-robins between. `max_attempts`: the runs it may
+        take in all, the first included, before it is given up (1: no retry); `max_retries`
+        is the same count by its older name (default ``[task] max_retries``).
 
         `connection`: the application's open DB-API connection (sqlite3, psycopg, PyMySQL;
         or a SQLAlchemy ``Connection`` / Django ``connection``) to this queue's database:
@@ -155,7 +158,7 @@ class TaskQueue:
             queue=queue, concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
             rate_key=rate_key, tenant=tenant, connection=connection,
             after=None if after is None else list(after), on_parent_failure=on_parent_failure,
-            delay=delay))
+            delay=delay, max_attempts=max_attempts))
 
     def enqueue(self, function_task: "Enqueueable[P, H]", *args: "P.args",
                 **kwargs: "P.kwargs") -> "H":

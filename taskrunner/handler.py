@@ -179,7 +179,8 @@ class Queue(Protocol):
                  tenant: Optional[str] = None, connection: Any = None,
                  after: Optional[Iterable[int]] = None,
                  on_parent_failure: Optional[str] = None,
-                 delay: Union[float, str, None] = None) -> int: ...
+                 delay: Union[float, str, None] = None,
+                 max_attempts: Optional[int] = None) -> int: ...
 
     async def add_task_async(self, handler: str, data: Any = None, *, connection: Any = None,
                              **options: Any) -> int: ...

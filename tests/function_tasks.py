@@ -117,3 +117,8 @@ def reorders(run: RunContext, items: List[int]) -> List[int]:
     if run.attempt == 1:
         raise RuntimeError("died after adding its children")
     return results_of([handles[item] for item in items] + twice)
+
+
+@task(max_attempts=2)
+def two_runs(message: str) -> None:
+    raise ValueError(message)
