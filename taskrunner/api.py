@@ -125,7 +125,8 @@ class TaskQueue:
                  delay: Union[float, str, None] = None,
                  debounce: Union[float, str, None] = None, debounce_key: Optional[str] = None,
                  debounce_max: Union[float, str, None] = None,
-                 debounce_keep: Optional[str] = None) -> int:
+                 debounce_keep: Optional[str] = None,
+                 max_attempts: Optional[int] = None) -> int:
         """Queue one task and return its id. `scheduled_on` is an aware datetime (a naive
         one is refused) or None for now; `delay` instead: due that long from now (seconds
         or a span, ``"5min"``). With `unique_key`, adding a key that a not-yet-final
@@ -137,7 +138,9 @@ class TaskQueue:
         writes them (``"5min"``); `retry_backoff` may be 0 (retry at once). `rate_key`:
         its runs start no faster than that key's rate limit allows, on all hosts
         (`set_rate_limit`, ``[rate_limits]``); `tenant`: whose task it is, which a queue
-        with ``fair_by = "tenant"`` round-robins between.
+        with ``fair_by = "tenant"`` round-robins between. `max_attempts`: the runs it may
+        take in all, the first included, before it is given up (1: no retry); `max_retries`
+        is the same count by its older name (default ``[task] max_retries``).
 
         `connection`: the application's open DB-API connection (sqlite3, psycopg, PyMySQL;
         or a SQLAlchemy ``Connection`` / Django ``connection``) to this queue's database:
@@ -168,7 +171,8 @@ class TaskQueue:
             rate_key=rate_key, tenant=tenant, connection=connection,
             after=None if after is None else list(after), on_parent_failure=on_parent_failure,
             delay=delay, debounce=debounce, debounce_key=debounce_key,
-            debounce_max=debounce_max, debounce_keep=debounce_keep))
+            debounce_max=debounce_max, debounce_keep=debounce_keep,
+            max_attempts=max_attempts))
 
     def enqueue(self, function_task: "Enqueueable[P, H]", *args: "P.args",
                 **kwargs: "P.kwargs") -> "H":
@@ -359,6 +363,18 @@ class TaskQueue:
     def resume_queue(self, name: str) -> bool:
         """Claim from the queue `name` again. Returns False when it was not paused."""
         return bool(queues.set_paused(self.store, name, False))
+
+    def set_queue_limit(self, name: str, limit: Optional[int]) -> Dict[str, Any]:
+        """Set the runners serving the queue `name` at once on each host to `limit`, on every
+        host without a restart (None: back to its ``[queues.NAME] limit``). A lower limit:
+        runs in flight finish, and from now on no runner of a host claims beyond it; a higher
+        one: overseers start more runners within a check interval. Returns ``queue``,
+        ``limit`` (in force now), ``source`` (``stored`` or ``config``) and ``changed``.
+        InputError (nothing stored): a limit that is not a whole number >= 1, a queue with no
+        ``[queues.NAME]`` table in the config."""
+        in_force, changed = queues.set_host_limit(self.store, name, limit)
+        return {"queue": name, "limit": in_force,
+                "source": "config" if limit is None else "stored", "changed": changed}
 
     def remove_queue(self, name: str) -> None:
         """Forget the queue `name`; refused (InputError) while a task is in it or the config

@@ -57,13 +57,37 @@ def _int(minimum=None, maximum=None):
 # max_retries counts runs, the first included; Celery's counts the retries after it, so
 # its "no retry" (0) is refused here with the translation rather than a bare range error.
 MAX_RETRIES_ZERO = ("max_retries counts runs in all, the first included: 1 is one run and "
-                    "no retry (Celery's max_retries=0); 0 would never run the task")
+                    "no retry (Celery's max_retries=0; or write max_attempts, the same count "
+                    "by its clear name); 0 would never run the task")
+MAX_ATTEMPTS_ZERO = ("max_attempts counts runs in all, the first included: 1 is one run and "
+                     "no retry; 0 would never run the task")
 
 
 def _max_retries(value):
     if value == 0 and not isinstance(value, bool):
         raise ValueError(MAX_RETRIES_ZERO)
     return _int(1)(value)
+
+
+def _max_attempts(value):
+    """[task] max_attempts: 0 (the default) leaves the count to max_retries."""
+    if value == 0 and not isinstance(value, bool):
+        return 0
+    return _int(1)(value)
+
+
+def one_count_of_runs(max_retries, max_attempts, where=""):
+    """The runs in all a task may take, given as `max_attempts` (the clear name) or
+    `max_retries` (the same count, its older name, kept for compatibility): whichever is
+    given, or None; InputError when both are, unless they agree."""
+    if max_attempts is None:
+        return max_retries
+    if max_retries is not None and max_retries != max_attempts:
+        raise InputError("%smax_attempts (%r) and max_retries (%r) are the same count, runs in "
+                         "all: give one" % (where, max_attempts, max_retries))
+    if max_attempts == 0 and not isinstance(max_attempts, bool):
+        raise InputError(where + MAX_ATTEMPTS_ZERO)
+    return max_attempts
 
 
 def _seconds(value):
@@ -219,6 +243,7 @@ SCHEMA = {
     "task": {
         "run_timeout": (86400.0, _positive_seconds),
         "max_retries": (5, _max_retries),
+        "max_attempts": (0, _max_attempts),
         "max_data_size": (1048576, _int(2)),
         "max_result_size": (1048576, _int(2)),
         "retry_backoff": (10.0, _seconds),
@@ -319,6 +344,13 @@ class Config(SimpleNamespace):
                 else:
                     values[key] = list(default) if isinstance(default, list) else default
             sections[section] = SimpleNamespace(**values)
+        task = sections["task"]
+        if task.max_attempts:
+            if "max_retries" in data.get("task", {}) and task.max_retries != task.max_attempts:
+                raise ConfigError("%s: [task] max_attempts (%d) and max_retries (%d) are the "
+                                  "same count, runs in all: give one"
+                                  % (source, task.max_attempts, task.max_retries))
+            task.max_retries = task.max_attempts
         for (first, bigger), (second, smaller), relation in CONSTRAINTS:
             value, limit = getattr(sections[first], bigger), getattr(sections[second], smaller)
             if not value < limit if relation == "<" else not value <= limit:
@@ -333,13 +365,17 @@ class Config(SimpleNamespace):
                    rate_limits=_rate_limits(data.get("rate_limits", {}), source),
                    warnings=_queue_warnings(data.get("queues", {}), source), **sections)
 
-    def queue_groups(self):
+    def queue_groups(self, stored=None):
         """The runners an overseer keeps, as {queues served (a tuple): how many}: ``limit``
-        runners for each configured queue, the rest of ``[runner] limit`` for ``default``
-        (which also serves every queue not configured)."""
-        groups = {(name,): q.limit for name, q in self.queues.items()}
+        runners for each configured queue — the limit `stored` on its row ({queue: limit},
+        ``queue limit``) where there is one — and the rest of ``[runner] limit`` after the
+        configured limits for ``default`` (which also serves every queue not configured).
+        The overseer fits them into ``[runner] limit`` in this order."""
+        stored = stored or {}
+        groups = {(name,): stored.get(name) or q.limit for name, q in self.queues.items()}
         if DEFAULT_QUEUE not in self.queues:
-            groups[(DEFAULT_QUEUE,)] = self.runner.limit - sum(groups.values())
+            groups[(DEFAULT_QUEUE,)] = self.runner.limit - sum(
+                q.limit for q in self.queues.values())
         return groups
 
     @classmethod
@@ -550,7 +586,11 @@ DESCRIPTIONS = {
         "timed out.",
     ("task", "max_retries"):
         "Default for a task: runs in all, the first included, that may fail in a row before "
-        "it is given up (1: one run, no retry; Celery's `max_retries` + 1).",
+        "it is given up (1: one run, no retry; Celery's `max_retries` + 1). `max_attempts` is "
+        "the same count by its clear name.",
+    ("task", "max_attempts"):
+        "The same count as `max_retries`, by its clear name: runs in all, the first included "
+        "(1: one run, no retry). `0`: `max_retries` decides; both given must agree.",
     ("task", "max_data_size"):
         "Largest task data, in bytes of JSON.",
     ("task", "max_result_size"):
@@ -675,6 +715,7 @@ PERIODIC_DESCRIPTIONS = {
     "tolerance": "Drop a task started less than interval - tolerance after the previous start "
                  "(`every` timers); every due time is then submitted.",
     "max_retries": "The submitted tasks' `max_retries`; default `[task] max_retries`.",
+    "max_attempts": "The same as `max_retries` (runs in all), by its clear name.",
     "owner": "Whoever created it: `periodic remove --owner WHO --all` removes all of theirs.",
     "submitter": "`queued_by` of the submitted tasks; default `periodic:NAME`.",
     "subject": "What it is for, in words; copied to the tasks it submits.",

@@ -29,6 +29,7 @@ import typing
 from typing import (Any, Awaitable, Callable, Coroutine, Dict, Generic, Iterable, List,
                     Mapping, Optional, Sequence, Tuple, TypeVar, Union, overload)
 
+from .config import one_count_of_runs
 from .errors import InputError, TaskError
 from .handler import Queue, RunContext, TaskHandler, current_run
 
@@ -45,9 +46,9 @@ if typing.TYPE_CHECKING:
     from .reads.workflows import WorkflowInfo
 
 # The options a task takes on its decorator, each also given per call with ``using``.
-TASK_OPTIONS = ("queue", "priority", "max_retries", "retry", "timeout", "max_runtime",
-                "retry_backoff", "concurrency_key", "concurrency_limit", "rate_key",
-                "unique_key", "tenant", "debounce", "debounce_key", "debounce_max",
+TASK_OPTIONS = ("queue", "priority", "max_attempts", "max_retries", "retry", "timeout",
+                "max_runtime", "retry_backoff", "concurrency_key", "concurrency_limit",
+                "rate_key", "unique_key", "tenant", "debounce", "debounce_key", "debounce_max",
                 "debounce_keep")
 # The options of one call alone.
 CALL_OPTIONS = ("delay", "run_after", "after", "on_parent_failure", "connection", "on",
@@ -152,7 +153,12 @@ class FunctionTask(Generic[P, R]):
                 sorted(unknown))))
         other = FunctionTask.__new__(FunctionTask)
         other.__dict__.update(self.__dict__)
-        other.options = dict(self.options, **options)
+        inherited = dict(self.options)
+        if {"max_attempts", "max_retries"} & set(options):
+            # One count by two names: the call's replaces the decorator's, whichever it used.
+            inherited.pop("max_attempts", None)
+            inherited.pop("max_retries", None)
+        other.options = dict(inherited, **options)
         return other
 
     # -- enqueue --------------------------------------------------------------------------
@@ -250,16 +256,20 @@ class FunctionTask(Generic[P, R]):
         """add_task's options from this task's and this call's options."""
         options = self.options
         row: Dict[str, Any] = {}
-        for key in ("queue", "priority", "max_retries", "max_runtime", "retry_backoff",
+        for key in ("queue", "priority", "max_runtime", "retry_backoff",
                     "concurrency_limit", "on_parent_failure", "queued_by", "delay",
                     "debounce", "debounce_max", "debounce_keep"):
             if options.get(key) is not None:
                 row[key] = options[key]
+        runs = one_count_of_runs(options.get("max_retries"), options.get("max_attempts"),
+                                 "%s: " % self.name)
         if options.get("retry") is False:
-            if options.get("max_retries") not in (None, 1):
-                raise InputError("%s: retry=False and max_retries=%r contradict each other"
-                                 % (self.name, options["max_retries"]))
-            row["max_retries"] = 1
+            if runs not in (None, 1):
+                raise InputError("%s: retry=False and max_attempts=%r contradict each other"
+                                 % (self.name, runs))
+            runs = 1
+        if runs is not None:
+            row["max_attempts"] = runs
         if options.get("timeout") is not None:
             row["run_timeout"] = options["timeout"]
         if options.get("run_after") is not None:
@@ -334,7 +344,8 @@ def task(fn: Callable[P, R]) -> FunctionTask[P, R]: ...
 
 @overload
 def task(*, queue: Optional[str] = None, priority: Optional[int] = None,
-         max_retries: Optional[int] = None, retry: bool = True,
+         max_attempts: Optional[int] = None, max_retries: Optional[int] = None,
+         retry: bool = True,
          timeout: Union[float, str, None] = None, max_runtime: Union[float, str, None] = None,
          retry_backoff: Union[float, str, None] = None, concurrency_key: Optional[str] = None,
          concurrency_limit: Optional[int] = None, rate_key: Optional[str] = None,
@@ -348,7 +359,8 @@ def task(fn: Optional[Callable[..., Any]] = None, **options: Any) -> Any:
     """Make a module-level function (plain or ``async``) a task, named by its import path.
 
     Bare (``@task``) or with options, each of which a call may override with ``using``:
-    ``queue``; ``priority`` (higher first); ``max_retries`` (runs in all before it gives up;
+    ``queue``; ``priority`` (higher first); ``max_attempts`` (runs in all, the first
+    included, before it gives up; ``max_retries`` is the same count by its older name;
     ``retry=False``: one run, never retried); ``timeout`` (seconds or a span like "5min"
     without a sign of life before a run is timed out); ``max_runtime`` (a run's hard limit);
     ``retry_backoff``; ``concurrency_key`` with ``concurrency_limit``; ``rate_key``;

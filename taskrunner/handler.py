@@ -182,7 +182,8 @@ class Queue(Protocol):
                  delay: Union[float, str, None] = None,
                  debounce: Union[float, str, None] = None, debounce_key: Optional[str] = None,
                  debounce_max: Union[float, str, None] = None,
-                 debounce_keep: Optional[str] = None) -> int: ...
+                 debounce_keep: Optional[str] = None,
+                 max_attempts: Optional[int] = None) -> int: ...
 
     async def add_task_async(self, handler: str, data: Any = None, *, connection: Any = None,
                              **options: Any) -> int: ...

@@ -122,3 +122,8 @@ def reorders(run: RunContext, items: List[int]) -> List[int]:
 @task(debounce="30s", debounce_key="search-{user_id}")
 def reindex(user_id: int, query: str) -> Dict[str, Any]:
     return {"user": user_id, "query": query}
+
+
+@task(max_attempts=2)
+def two_runs(message: str) -> None:
+    raise ValueError(message)

@@ -19,7 +19,8 @@ from conftest import REPO_DIR, TESTS_DIR, Database, ok, process_env, taskrunner
 ECHO = "taskrunner.handlers.Echo"
 PUBLIC_METHODS = {"add_task", "add_tasks", "get_task", "runs_of", "tasks", "retry", "cancel",
                   "wait", "process_queue", "rotate", "run_pending", "migrate", "close",
-                  "pause_queue", "resume_queue", "remove_queue", "queues", "wake",
+                  "pause_queue", "resume_queue", "set_queue_limit", "remove_queue", "queues",
+                  "wake",
                   "add_task_async", "add_tasks_async", "get_task_async", "runs_of_async",
                   "wait_async", "send_event", "send_event_async", "steps_of",
                   "set_rate_limit", "clear_rate_limit", "rate_limits",

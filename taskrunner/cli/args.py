@@ -185,3 +185,15 @@ def queue_list(text):
         return parse_queue_list(text)
     except InputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_max_attempts(parser):
+    """``--max-attempts N`` (the clear name) or ``--max-retries N`` (the same count, its older
+    name), not both: the runs a task may take in all, the first included (1: no retry)."""
+    runs = parser.add_mutually_exclusive_group()
+    runs.add_argument("--max-attempts", type=int, metavar="N",
+                      help="runs in all, the first included, that may fail before it is given "
+                           "up (1: no retry)")
+    runs.add_argument("--max-retries", type=int, metavar="N",
+                      help="the same as --max-attempts (runs in all, not retries after the "
+                           "first)")

@@ -12,9 +12,9 @@ import sys
 from datetime import datetime, timedelta, timezone
 
 from . import runs as cli_runs
-from .args import (add_wide, iso_time, json_arg, masked_url, one_line, open_queue, positive_int,
-                   task_id_list, print_json, print_password_hash, print_table, queue_list, queue_name, shown,
-                   span_arg, task_id_arg, zone_note)
+from .args import (add_max_attempts, add_wide, iso_time, json_arg, masked_url, one_line,
+                   open_queue, positive_int, task_id_list, print_json, print_password_hash,
+                   print_table, queue_list, queue_name, shown, span_arg, task_id_arg, zone_note)
 from .calendar import MAX_ITERATIONS, cmd_calendar, iterations
 from .periodic import add_periodic_parser
 from .runs import when
@@ -103,7 +103,8 @@ def cmd_add(args):
                 "unique-key" if args.unique_key is not None else "debounce"))
         task_id = add_task(
             open_queue(args).store, args.handler, data=args.data, scheduled_on=args.at,
-            delay=args.delay, max_retries=args.max_retries, priority=args.priority,
+            delay=args.delay, max_retries=args.max_retries, max_attempts=args.max_attempts,
+            priority=args.priority,
             run_timeout=args.timeout, queued_by=args.queued_by, max_runtime=args.max_runtime,
             queue=args.queue, concurrency_key=args.concurrency_key,
             concurrency_limit=args.concurrency_limit, rate_key=args.rate_key,
@@ -119,8 +120,8 @@ def cmd_add(args):
     task_id, created = add_task_created(
         open_queue(args).store, args.handler, data=args.data, scheduled_on=args.at,
         delay=args.delay,
-        max_retries=args.max_retries, priority=args.priority, run_timeout=args.timeout,
-        unique_key=args.unique_key, queued_by=args.queued_by, max_runtime=args.max_runtime,
+        max_retries=args.max_retries, max_attempts=args.max_attempts, priority=args.priority,
+        run_timeout=args.timeout, unique_key=args.unique_key, queued_by=args.queued_by, max_runtime=args.max_runtime,
         queue=args.queue, concurrency_key=args.concurrency_key,
         concurrency_limit=args.concurrency_limit, rate_key=args.rate_key, tenant=args.tenant,
         debounce=args.debounce, debounce_key=args.debounce_key, debounce_max=args.debounce_max,
@@ -504,8 +505,7 @@ def build_parser(hidden=()):
     when.add_argument("--in", dest="delay", type=span_arg, metavar="SPAN",
                       help="run after this span (seconds, or like '5min')")
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
-    p.add_argument("--max-retries", type=int, help="runs in all, the first included, that may fail before it is given up "
-                        "(1: no retry)")
+    add_max_attempts(p)
     p.add_argument("--timeout", type=span_arg, metavar="SPAN",
                    help="run_timeout: a run with no update for this long is timed out")
     p.add_argument("--max-runtime", type=span_arg, metavar="SPAN",

@@ -1,8 +1,8 @@
 """``taskrunner periodic``: add, alter, list, enable, disable and remove periodic tasks — one
 by name, or every one of an owner at once — run one now, and backfill the instances a period
 missed."""
-from .args import (add_wide, iso_time, json_arg, open_queue, print_json, print_table,
-                   queue_name, shown)
+from .args import (add_max_attempts, add_wide, iso_time, json_arg, open_queue, print_json,
+                   print_table, queue_name, shown)
 from .runs import STATS_HEADERS, stats_cells, when
 from ..errors import InputError
 
@@ -18,7 +18,8 @@ def cmd_periodic(args):
     if args.action == "add":
         options = {"priority": args.priority, "catch_up": args.catch_up,
                    "max_runtime": args.max_runtime, "min_spacing": args.min_spacing,
-                   "max_retries": args.max_retries, "owner": args.owner,
+                   "max_retries": args.max_retries, "max_attempts": args.max_attempts,
+                   "owner": args.owner,
                    "enabled": not args.disabled, "subject": args.subject, "group": args.group,
                    "timebox": args.timebox, "tolerance": args.tolerance, "queue": args.queue,
                    "anchor": args.anchor, "resume": bool(args.resume), "jitter": args.jitter}
@@ -124,7 +125,7 @@ def add_periodic_parser(command, parser_class):
     a.add_argument("--max-runtime", metavar="SPAN", help="timebox of each submitted task")
     a.add_argument("--min-spacing", metavar="SPAN",
                    help="drop a task at start if the previous one started less than this ago")
-    a.add_argument("--max-retries", type=int)
+    add_max_attempts(a)
     a.add_argument("--owner")
     a.add_argument("--disabled", action="store_true")
     a.add_argument("--subject", help="what it is for, in words")
@@ -151,7 +152,7 @@ def add_periodic_parser(command, parser_class):
                    help="its next due time (naive = local time)")
     a.add_argument("--data", type=json_arg)
     a.add_argument("--priority", type=int)
-    a.add_argument("--max-retries", type=int)
+    add_max_attempts(a)
     a.add_argument("--max-runtime", metavar="SPAN",
                    help="timebox of each task submitted from now on (replaces a timebox)")
     a.add_argument("--queue", type=queue_name, metavar="NAME")
@@ -194,8 +195,8 @@ def add_periodic_parser(command, parser_class):
 
 
 # `periodic alter`'s options, by the name alter_periodic takes.
-ALTER_OPTIONS = ("timer", "next_start", "data", "priority", "max_retries", "max_runtime",
-                 "queue", "enabled", "resume", "jitter")
+ALTER_OPTIONS = ("timer", "next_start", "data", "priority", "max_attempts", "max_retries",
+                 "max_runtime", "queue", "enabled", "resume", "jitter")
 
 # The scheduler's cap, without importing it (and the database layer) to build the parser.
 MAX_BACKFILL = 1000

@@ -1,8 +1,21 @@
-"""``taskrunner queue pause|resume|remove|list``, ``taskrunner rate set|list|clear`` (flow
-control, runs/flow.py), and the queues and rate limits parts of ``status``."""
+"""``taskrunner queue pause|resume|limit|remove|list``, ``taskrunner rate set|list|clear``
+(flow control, runs/flow.py), and the queues and rate limits parts of ``status``."""
 import argparse
 
+from ..errors import InputError
 from .args import add_wide, open_queue, print_json, print_table, queue_name
+
+
+def queue_limit(text):
+    """A queue's limit as written on the command line: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError("a queue's limit must be a whole number >= 1, not %r"
+                                         % text)
+    return value
 
 
 def cmd_queue(args):
@@ -15,6 +28,20 @@ def cmd_queue(args):
                 print_json(queues)
             else:
                 print_queues(queues, wide=args.wide)
+            return
+        if args.action == "limit":
+            if (args.limit is None) != args.reset:
+                raise InputError("queue limit: give a limit N or --reset, not %s"
+                                 % ("both" if args.reset else "neither"))
+            found = queue.set_queue_limit(args.name, args.limit)
+            if args.json:
+                print_json(found)
+            elif args.reset:
+                print("queue %r: limit %d runners per host, from the config ([queues.%s] "
+                      "limit), on every host" % (args.name, found["limit"], args.name))
+            else:
+                print("queue %r: limit %d runners per host, stored: on every host from now on "
+                      "(runs in flight finish)" % (args.name, found["limit"]))
             return
         if args.action == "remove":
             queue.remove_queue(args.name)
@@ -42,7 +69,8 @@ def cmd_queue(args):
 
 def add_queue_command(command):
     """Add ``queue`` to the CLI's parser; `command(name, func, help)` makes a subparser."""
-    p = command("queue", cmd_queue, "pause, resume, remove or list queues (on every host)")
+    p = command("queue", cmd_queue, "pause, resume, limit, remove or list queues (on every "
+                                    "host)")
     actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
     actions.required = True
     for action, text in (("pause", "stop claiming from a queue; runs in flight finish"),
@@ -55,6 +83,15 @@ def add_queue_command(command):
             a.add_argument("--create", action="store_true",
                            help="record the queue if no task used it yet (else refused)")
         a.add_argument("--json", action="store_true", help="print JSON")
+    text = ("set a queue's limit of runners per host on every host, without a restart "
+            "(stored; --reset: back to the config's [queues.NAME] limit)")
+    a = actions.add_parser("limit", help=text, description=text)
+    a.add_argument("name", type=queue_name)
+    a.add_argument("limit", type=queue_limit, nargs="?", metavar="N",
+                   help="runners serving the queue at once on one host (>= 1)")
+    a.add_argument("--reset", action="store_true",
+                   help="forget the stored limit: the config's applies again")
+    a.add_argument("--json", action="store_true", help="print JSON")
     a = actions.add_parser("list", help="queues: paused, limit, tasks by status (as "
                                         "`tasks --status S --queue NAME` counts them), "
                                         "runs due, lag")
@@ -70,7 +107,8 @@ def print_queues(queues, wide=False):
     headers = ["QUEUE", "STATE", "LIMIT", "SCHEDULED", "DUE", "RUNNING", "WAITING",
                "RETRYING", "RUNNERS", "LAG"]
     rows = [[q["name"], "paused" if q["paused"] else "active",
-             q["limit"] if q["limit"] is not None else "-", q["scheduled"], q["due"],
+             "%d (%s)" % (q["limit"], q["limit_source"]) if q["limit"] is not None else "-",
+             q["scheduled"], q["due"],
              q["running"], q["tasks"]["waiting"], q["tasks"]["retrying"], q["runners"],
              "paused %.0fs" % q["paused_for"] if q["paused"]
              else "%.1fs" % q["lag"] if q["lag"] is not None else "-"] for q in queues]

@@ -22,6 +22,7 @@ import psutil
 
 from ..host import claimfile
 from ..errors import RunnerLimitReached
+from ..runs import queues
 from ..runs.lifecycle import end_in_transaction, release_runs_of, runs_of_runner_query
 from ..store.models import (CRASHED, ERROR, OVERSEER, REQUEUED, RUNNER, RUNNING, STOPPING_PREFIX,
                             SUCCESS, TIMEOUT, run_status_is, utcnow)
@@ -124,7 +125,9 @@ def register(store, kind=RUNNER, parent_id=None, now=None, take_slot=True, servi
     are swept first so they do not hold slots. An overseer takes no slot, nor does work run
     inside an application's process (`take_slot` false: ``TaskQueue.run_pending``). A runner
     also takes, in the same transaction, a slot of each queue it is `serving` that has a
-    ``[queues.NAME] limit`` (task_runner_queues, unique per host and queue likewise).
+    ``[queues.NAME] limit`` (task_runner_queues, unique per host and queue likewise) — or the
+    limit stored on the queue's row (``queue limit``), which replaces the config's.
+    ``row.queue_slots``: {queue: the slot it took}.
     """
     Runner = store.Runner
     now = now or utcnow()
@@ -159,6 +162,7 @@ def _created(Runner, fields):
     """Insert the row; the instance returned carries its id and the heartbeat read back."""
     row = Runner(**fields)
     row.id = Runner.insert(**fields).execute()
+    row.queue_slots = {}
     row.heartbeat_on = Runner.select(Runner.heartbeat_on).where(Runner.id == row.id).get(
     ).heartbeat_on
     return row
@@ -169,25 +173,31 @@ def _take_queue_slots(store, row, serving):
     free slot under the queue's limit; RunnerLimitReached (rolling the runner back) when a
     queue has none."""
     RunnerQueue = store.RunnerQueue
+    stored = queues.host_limits(store, serving)
     for name in serving:
         config = store.config.queues.get(name)
         if config is None:
             RunnerQueue.create(runner_id=row.id, host=row.host, queue=name, slot=None)
             continue
+        limit = stored.get(name) or config.limit
         taken = {r.slot for r in RunnerQueue.select(RunnerQueue.slot).where(
             (RunnerQueue.host == row.host) & (RunnerQueue.queue == name))}
-        for slot in range(1, config.limit + 1):
+        for slot in range(1, limit + 1):
             if slot in taken:
                 continue
             try:
                 with store.db.atomic():
-                    RunnerQueue.create(runner_id=row.id, host=row.host, queue=name, slot=slot)
+                    RunnerQueue.create(runner_id=row.id, host=row.host, queue=name, slot=slot,
+                                       config_limit=config.limit)
+                row.queue_slots[name] = slot
                 break
             except pw.IntegrityError:
                 continue  # taken by a racing process
         else:
             raise RunnerLimitReached("this host already has %d running runners serving queue "
-                                     "%r ([queues.%s] limit)" % (config.limit, name, name))
+                                     "%r (%s)" % (limit, name, "its limit set by `queue limit`"
+                                                  if name in stored else
+                                                  "[queues.%s] limit" % name))
 
 
 def heartbeat(store, runner_id, rss=None, runs_done=None, stopping=None, stopping_run_id=None):
@@ -493,6 +503,16 @@ def others_serving(store, parent_id):
                    & ((Runner.parent_id != parent_id) | Runner.parent_id.is_null()))
             .group_by(RunnerQueue.queue).tuples())
     return dict(rows)
+
+
+def children_queue_slots(store, parent_id):
+    """{pid: the highest queue slot it holds} of the running runners `parent_id` started."""
+    Runner, RunnerQueue = store.Runner, store.RunnerQueue
+    return dict(RunnerQueue.select(Runner.pid, pw.fn.MAX(RunnerQueue.slot))
+                .join(Runner, on=(Runner.id == RunnerQueue.runner_id))
+                .where((Runner.parent_id == parent_id) & (Runner.status == RUNNING)
+                       & RunnerQueue.slot.is_null(False))
+                .group_by(Runner.pid).tuples())
 
 
 def die_with_parent(sig):

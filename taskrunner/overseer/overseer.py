@@ -38,6 +38,7 @@ import psutil
 
 from ..fleet import liveness
 from ..periodic import scheduler as periodic
+from ..runs import queues
 from ..host import wakeup
 from ..config import Config
 from ..errors import ConfigError, InputError, RunnerLimitReached
@@ -92,6 +93,7 @@ class Overseer:
         self.row_id = None
         self.children = {}
         self.num_runners = config.runner.limit
+        self.stored_limits = {}       # {queue: limit stored on its row} (`queue limit`)
         self.groups = config.queue_groups()
         self.spawning = (DEFAULT_QUEUE,)
         self.signals = []
@@ -143,7 +145,7 @@ class Overseer:
             log.warning("%s", warning)
         self.config = self.store.config = config
         self.num_runners = config.runner.limit
-        self.groups = config.queue_groups()
+        self.groups = config.queue_groups(self.stored_limits)
         self.hub.restart(config.queues)
         self.maintainer.retire(self.now)
         self.next_manage = 0.0
@@ -374,11 +376,19 @@ class Overseer:
             return
         self.next_manage = self.now + self.RECOUNT * self.config.overseer.check_interval
         wanted = self._wanted()
+        slots = None
         for group in set(wanted) | {c.serving for c in self.children.values()}:
             active = [c for c in self.children.values()
                       if not c.retiring and c.serving == group]
             surplus = len(active) - wanted.get(group, 0)
-            for child in sorted(active, key=lambda c: c.started)[:max(0, surplus)]:
+            if surplus <= 0:
+                continue
+            # Highest slot first, then the oldest: after a queue's limit was lowered, the
+            # runners above it (which claim nothing more) go, not those within it.
+            slots = slots if slots is not None else liveness.children_queue_slots(
+                self.store, self.row_id)
+            for child in sorted(active, key=lambda c: (-slots.get(c.pid, 0), c.started)
+                                )[:surplus]:
                 self._retire(child)
         if self.stopping or self.now < self.next_spawn_at:
             self.next_manage = min(self.next_manage, self.next_spawn_at)
@@ -411,9 +421,22 @@ class Overseer:
         self.mark_children()
         if not liveness.heartbeat(self.store, self.row_id, rss=self._process.memory_info().rss):
             self.register_again()
+        self.read_queue_limits()
         if self.db_lost_at is not None:
             log.info("database answering again after %.1fs", self.now - self.db_lost_at)
             self.db_lost_at = None
+
+    def read_queue_limits(self):
+        """The per-host limits stored on the configured queues' rows (``queue limit``): a
+        change resizes the runners kept for those queues at once (more are started; those
+        above a lowered limit, which claim nothing more, are retired)."""
+        stored = queues.host_limits(self.store, self.config.queues)
+        if stored != self.stored_limits:
+            log.info("queue limits stored: %s", ", ".join(
+                "%s=%d" % item for item in sorted(stored.items())) or "none (the config's)")
+            self.stored_limits = stored
+            self.groups = self.config.queue_groups(stored)
+            self.next_manage = 0.0
 
     def register_again(self):
         """Its row was declared dead while it lived (cut off from the database for longer

@@ -7,7 +7,7 @@ import hashlib
 import math
 from datetime import timedelta
 
-from ..config import check_queue_name
+from ..config import check_queue_name, one_count_of_runs
 from ..errors import InputError, check_text
 from ..handler import check_handler_path, check_handlers_in_child, encode_data, load_handler
 from ..store.models import DEFAULT_QUEUE
@@ -32,8 +32,9 @@ def definition(config, spec, where, import_handler=True, builtin=False):
     input. Without `import_handler` the handler path is checked but not imported. Names
     starting "taskrunner." are taskrunner's own (`builtin`)."""
     known = {"name", "handler", "timer", "data", "priority", "enabled", "catch_up",
-             "max_runtime", "min_spacing", "max_retries", "owner", "submitter", "subject",
-             "group", "timebox", "tolerance", "queue", "anchor", "resume", "jitter"}
+             "max_runtime", "min_spacing", "max_retries", "max_attempts", "owner",
+             "submitter", "subject", "group", "timebox", "tolerance", "queue", "anchor",
+             "resume", "jitter"}
     unknown = set(spec) - known
     if unknown:
         raise InputError("%s: unknown key %s" % (where, ", ".join(sorted(unknown))))
@@ -81,10 +82,14 @@ def definition(config, spec, where, import_handler=True, builtin=False):
     for key in ("enabled", "resume"):
         if not isinstance(values[key], bool):
             raise InputError("%s: %s must be true or false" % (where, key))
-    retries = values["max_retries"]
+    given = "max_retries" if spec.get("max_attempts") is None else "max_attempts"
+    retries = spec.get(given)
     if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int)
                                 or retries < 1):
-        raise InputError("%s: max_retries must be an integer of at least 1" % where)
+        raise InputError("%s: %s must be an integer of at least 1 (runs in all, the first "
+                         "included)" % (where, given))
+    values["max_retries"] = one_count_of_runs(spec.get("max_retries"),
+                                              spec.get("max_attempts"), "%s: " % where)
     for key in ("max_runtime", "min_spacing"):
         value = spec.get(key)
         if value is not None:

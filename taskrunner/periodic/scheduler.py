@@ -254,8 +254,8 @@ def carry_checkpoints(store, pairs):
 
 
 # What alter_periodic changes; the rest of a definition is remove + add.
-ALTERABLE = ("timer", "data", "queue", "priority", "max_retries", "max_runtime", "enabled",
-             "resume", "jitter", "next_start")
+ALTERABLE = ("timer", "data", "queue", "priority", "max_attempts", "max_retries",
+             "max_runtime", "enabled", "resume", "jitter", "next_start")
 
 
 def _definition_of(row):
@@ -273,7 +273,8 @@ def _definition_of(row):
 
 def alter_periodic(store, name, owner=None, now=None, **changes):
     """Change the periodic task `name` in place (TimescaleDB's alter_job): its `timer`,
-    `data`, `queue`, `priority`, `max_retries`, `max_runtime` (an absolute limit, which
+    `data`, `queue`, `priority`, `max_attempts` (or `max_retries`, the same count),
+    `max_runtime` (an absolute limit, which
     replaces a timebox), `enabled`, `resume`, `jitter` (a span; 0 or "0s": none; the next
     instance is spread again) and `next_start` (an aware datetime: its next due time, taken
     as it is: no jitter is added to it). Its counters, last run and tasks stay. Every value
@@ -299,6 +300,8 @@ def alter_periodic(store, name, owner=None, now=None, **changes):
             % (name, "" if source.startswith("<") else " %s" % source))
     spec = _definition_of(row)
     spec.update((key, value) for key, value in changes.items() if key != "next_start")
+    if "max_attempts" in changes:       # the stored max_retries is what it replaces
+        spec["max_retries"] = changes.get("max_retries")
     if "max_runtime" in changes:
         spec["timebox"] = None
     values, timer = definition(store.config, spec, "periodic task %r" % (name,),

@@ -17,7 +17,7 @@ from ..errors import InputError, TaskNotFound, check_text
 from ..store.models import (CANCELLED, CRASHED, ERROR, FAILED, LARGEST_ID, RUNNING,
                             SCHEDULED, STOPPING_PREFIX, SUCCESS, TIMEOUT, WAITING, run_status_is,
                             utcnow)
-from ..runs import flow
+from ..runs import flow, queues
 from ..runs.sql import claim_order_of
 from .blockers import blocked_by
 
@@ -237,7 +237,10 @@ class QueueInfo(_Record):
     """A queue: paused or not, its host limit, what waits in it and for how long."""
     name: str
     paused: bool
-    limit: Optional[int]        # [queues.NAME] limit; None: served by the default runners
+    # Runners serving it at once on one host: the limit in force; None: served by the
+    # default runners. limit_source: "stored" (``queue limit``, on every host) or "config"
+    # ([queues.NAME] limit); None with no limit.
+    limit: Optional[int]
     # Its tasks by status, as ``tasks --status S --queue NAME`` counts them (TASK_STATES but
     # success: that count reads the whole history); `scheduled` and `running` of those.
     scheduled: int
@@ -258,6 +261,7 @@ class QueueInfo(_Record):
     aging: Optional[float] = None
     tasks: Dict[str, int] = dataclasses.field(default_factory=dict)
     due: int = 0                # runs waiting to be claimed (of its scheduled tasks)
+    limit_source: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -674,8 +678,12 @@ def queue_stats(store: Any, now: Optional[datetime] = None) -> List[QueueInfo]:
     tasks = queue_task_counts(store)
     runners = dict(RunnerQueue.select(RunnerQueue.queue, pw.fn.COUNT(RunnerQueue.id))
                    .group_by(RunnerQueue.queue).tuples())
-    paused = {name: (bool(flag), since) for name, flag, since in Queue.select(
-        Queue.name, Queue.paused, Queue.paused_on).tuples()}
+    paused, stored = {}, {}
+    for name, flag, since, host_limit in Queue.select(
+            Queue.name, Queue.paused, Queue.paused_on, Queue.host_limit).tuples():
+        paused[name] = (bool(flag), since)
+        if host_limit is not None and name in store.config.queues:
+            stored[name] = host_limit
     configured = store.config.queues
     buckets = flow.buckets(store, now)
     by_queue = {b["name"]: b for b in buckets if b["kind"] == flow.QUEUE}
@@ -690,7 +698,9 @@ def queue_stats(store: Any, now: Optional[datetime] = None) -> List[QueueInfo]:
         counts = tasks.get(name, dict.fromkeys(OPEN_STATES, 0))
         result.append(QueueInfo(
             name=name, paused=is_paused,
-            limit=configured[name].limit if name in configured else None,
+            limit=queues.limit_in_force(configured.get(name), stored.get(name)),
+            limit_source="stored" if name in stored else "config" if name in configured
+            else None,
             scheduled=counts[SCHEDULED], running=counts[RUNNING], tasks=counts, due=count,
             runners=runners.get(name, 0),
             lag=_seconds_since(oldest, now) if oldest and not is_paused else None,

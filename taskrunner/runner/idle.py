@@ -48,7 +48,8 @@ class Idle:
         return called
 
     def _claim_order(self):
-        """The queues to claim from, re-read every check_interval (pauses, new queues)."""
+        """The queues to claim from, re-read every check_interval (pauses, new queues, a
+        queue's limit changed: a slot above it claims nothing, and looks again)."""
         if self._order_read_at is None or time.monotonic() - self._order_read_at \
                 >= self.config.overseer.check_interval:
             self._look()
@@ -59,7 +60,8 @@ class Idle:
         has a limit, in one read (no more before the claim of a runner woken for new work;
         with a queue's rate configured, its bucket is checked too)."""
         order, work, limited = queues.claim_order(self.store, self.serving, with_work=True,
-                                                  also=[flow.keys_limited(self.store)])
+                                                  also=[flow.keys_limited(self.store)],
+                                                  slots=self.queue_slots)
         self.claim_order, self._order_read_at = tuple(order), time.monotonic()
         flow.prepare(self.store, order, limited[0] if limited else None)
         return work

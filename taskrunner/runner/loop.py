@@ -83,6 +83,7 @@ class Runner(Idle, Execution):
         # The queues it serves (None: all); `claim_order` is re-read every check_interval.
         self.serving = tuple(serving) if serving is not None else None
         self.claim_order, self._order_read_at = (), None
+        self.queue_slots = {}       # {queue: its slot of the queue's per-host limit}
         self._unlooked = False      # the next claim is guarded, without a look (_idle)
         # Off for work run inside someone else's process (run_pending): its RSS is the
         # application's, not a runner's that may be replaced, and it takes no runner slot.
@@ -252,7 +253,7 @@ class Runner(Idle, Execution):
         if row is None:
             log.info("runner not started: %s", self.stop_reason)
             return 0
-        self.runner_id = row.id
+        self.runner_id, self.queue_slots = row.id, getattr(row, "queue_slots", {})
         if not burst:
             self._listener = wakeup.open_listener(self.store.wakeup_directory)
             # Under an overseer its hub LISTENs for the host: a busy runner's connection

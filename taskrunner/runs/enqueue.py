@@ -16,7 +16,7 @@ import peewee as pw
 
 from . import debounce as debouncing, flow, graph, sql
 from .. import tracing
-from ..config import MAX_RETRIES_ZERO, check_queue_name
+from ..config import MAX_RETRIES_ZERO, check_queue_name, one_count_of_runs
 from ..errors import InputError, StateError, check_text
 from ..handler import check_handler_path, encode_data, load_handler
 from ..store.models import DEFAULT_QUEUE, LARGEST_ID, SCHEDULED, utcnow
@@ -26,10 +26,11 @@ from ..timespan import parse_timespan
 MAX_INT = 2 ** 31 - 1   # INTEGER columns on every database
 BULK_ROWS = 500         # rows per INSERT: within every database's limit on bound parameters
 DEBOUNCE_ATTEMPTS = 50  # tries of a debounced enqueue whose insert the unique index refused
-TASK_OPTIONS = ("data", "scheduled_on", "delay", "max_retries", "priority", "run_timeout",
-                "unique_key", "queued_by", "max_runtime", "retry_backoff", "periodic_task_id",
-                "queue", "concurrency_key", "concurrency_limit", "rate_key", "tenant", "after",
-                "on_parent_failure", "debounce", "debounce_key", "debounce_max", "debounce_keep")
+TASK_OPTIONS = ("data", "scheduled_on", "delay", "max_retries", "max_attempts", "priority",
+                "run_timeout", "unique_key", "queued_by", "max_runtime", "retry_backoff",
+                "periodic_task_id", "queue", "concurrency_key", "concurrency_limit",
+                "rate_key", "tenant", "after", "on_parent_failure", "debounce", "debounce_key",
+                "debounce_max", "debounce_keep")
 
 
 def utc_instant(value, name="scheduled_on"):
@@ -73,7 +74,7 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
              import_handler=True, subject=None, group=None, queue=None, concurrency_key=None,
              concurrency_limit=None, rate_key=None, tenant=None, on_parent_failure=None,
              delay=None, debounce=None, debounce_key=None, debounce_max=None,
-             debounce_keep=None):
+             debounce_keep=None, max_attempts=None):
     """Validate one task and return the row to insert; InputError on bad input. `delay`
     (seconds or a span, instead of `scheduled_on`): due that long after `now`.
     `known_handlers`, a dict, skips loading a handler already loaded in this batch; without
@@ -84,7 +85,8 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
     slot of the key), never at insert. `rate_key`: the key whose rate limit its runs spend;
     `tenant`: the value a fair queue round-robins between (runs/flow.py). `debounce` (seconds
     or a span) with `debounce_key`, `debounce_max`, `debounce_keep`: the row of a new debounce
-    window (runs/debounce.py), stored by `_add_debounced`."""
+    window (runs/debounce.py), stored by `_add_debounced`. `max_attempts`: `max_retries` by
+    its clear name (runs in all; config.one_count_of_runs)."""
     defaults = config.task
     cls = None
     if not import_handler:
@@ -125,7 +127,9 @@ def task_row(config, handler, data=None, scheduled_on=None, max_retries=None, pr
         scheduled_on = now if scheduled_on is None else utc_instant(scheduled_on)
     if max_retries == 0 and not isinstance(max_retries, bool):
         raise InputError(MAX_RETRIES_ZERO)
-    _check_int("max_retries", max_retries, 1, MAX_INT)
+    max_retries = one_count_of_runs(max_retries, max_attempts)
+    _check_int("max_retries" if max_attempts is None else "max_attempts", max_retries, 1,
+               MAX_INT)
     _check_int("priority", priority, -MAX_INT, MAX_INT)
     run_timeout = _span("run_timeout", run_timeout)
     max_runtime = _span("max_runtime", max_runtime)

@@ -7,6 +7,10 @@ serving it at once on a host) is kept by the runner rows (liveness.register).
 
 Pausing is stored in ``task_queues``: runners on every host re-read it every
 ``[overseer] check_interval`` and stop claiming from a paused queue; runs in flight finish.
+So is a per-host limit set at run time (``queue limit``, `set_host_limit`), which replaces the
+config's: every claim checks the runner's slot against it (SLOT_WITHIN_LIMIT in
+runs/statements/shared.py), registrations take their slot under it, and overseers size their
+runners by it (`host_limits`).
 """
 import peewee as pw
 
@@ -16,22 +20,23 @@ from ..store.models import DEFAULT_QUEUE, SCHEDULED, run_status_is, utcnow
 
 
 def queue_rows_query(store, with_work=False, also=()):
-    """(name, paused) of every queue; with `with_work` also whether a run waits in it, read
-    from the claim index (queue leads it), never the run history; then the columns `also`,
-    read in the same statement."""
+    """(name, paused, host_limit) of every queue; with `with_work` also whether a run waits
+    in it, read from the claim index (queue leads it), never the run history; then the
+    columns `also`, read in the same statement."""
     Queue, Run = store.Queue, store.Run
     waiting = Run.select(Run.id).where(run_status_is(Run, SCHEDULED) & (Run.queue == Queue.name))
-    return Queue.select(Queue.name, Queue.paused,
+    return Queue.select(Queue.name, Queue.paused, Queue.host_limit,
                         *([pw.fn.EXISTS(waiting)] if with_work else []), *also)
 
 
-def claim_order(store, serving=None, with_work=False, also=()):
+def claim_order(store, serving=None, with_work=False, also=(), slots=None):
     """The queues to claim from now, in order: those in `serving` (None: every queue), plus,
-    when it has ``default``, every queue not in the config; paused queues left out. Higher
-    ``[queues.NAME] priority`` first, then as listed. With `with_work`, (that list, whether
-    a run waits in one of them): the one read an idle runner polls, from the claim index.
-    Expressions in `also` (uncorrelated: one value for every row) are read in that same
-    statement and returned third: their values, or None when there is no queue at all."""
+    when it has ``default``, every queue not in the config; paused queues left out, and those
+    of `slots` ({queue: the runner's slot of it}) whose limit in force the slot is above.
+    Higher ``[queues.NAME] priority`` first, then as listed. With `with_work`, (that list,
+    whether a run waits in one of them): the one read an idle runner polls, from the claim
+    index. Expressions in `also` (uncorrelated: one value for every row) are read in that
+    same statement and returned third: their values, or None when there is no queue at all."""
     configured = store.config.queues
     found = {row[0]: row[1:] for row in queue_rows_query(store, with_work, also).tuples()}
     rows = {name: paused for name, (paused, *_) in found.items()}
@@ -42,13 +47,68 @@ def claim_order(store, serving=None, with_work=False, also=()):
         if DEFAULT_QUEUE in serving:
             names += sorted(n for n in rows if n not in configured and n not in serving)
     names = [n for n in names if not rows.get(n, False)]
+    for name, slot in (slots or {}).items():
+        if name in names and slot > limit_in_force(
+                configured[name], found[name][1] if name in found else None):
+            names.remove(name)
     order = sorted(names, key=lambda n: -getattr(configured.get(n), "priority", 0))
     if not with_work:
         return order
-    work = any(found[n][1] for n in order if n in found)
+    work = any(found[n][2] for n in order if n in found)
     if not also:
         return order, work
-    return order, work, next(iter(found.values()))[2:] if found else None
+    return order, work, next(iter(found.values()))[3:] if found else None
+
+
+def limit_in_force(configured, stored):
+    """A queue's per-host limit: the one stored on its row (``queue limit``), else its
+    ``[queues.NAME] limit`` (`configured`: that table; None: no table, no limit)."""
+    if stored is not None:
+        return stored
+    return configured.limit if configured is not None else None
+
+
+def host_limits(store, names=None):
+    """{queue: its stored per-host limit} of the queues (of `names`) that have one."""
+    Queue = store.Queue
+    query = Queue.select(Queue.name, Queue.host_limit).where(Queue.host_limit.is_null(False))
+    if names is not None:
+        query = query.where(Queue.name.in_(list(names)))
+    return dict(query.tuples())
+
+
+def set_host_limit(store, name, limit, now=None):
+    """Store the per-host limit of the queue `name` (None: back to the config's ``[queues.NAME]
+    limit``) on its row, for every host: runners take their slot of the queue under it (a
+    higher one lets more register, and overseers start them within a check interval), and
+    each claim checks its runner's slot against it (SLOT_WITHIN_LIMIT in
+    runs/statements/shared.py): from the moment this commits, a slot above a lowered limit
+    claims nothing more; its run in flight finishes. Refused (InputError, nothing stored): a
+    limit that is not a whole number >= 1, a queue with no ``[queues.NAME]`` table in this
+    config (its runs go to the runners of ``default``, which no per-queue limit counts).
+    Returns (the limit in force now, whether that changed anything)."""
+    Queue = store.Queue
+    check_queue_name(name)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or limit < 1):
+        raise InputError("a queue's limit must be a whole number >= 1, not %r" % (limit,))
+    configured = store.config.queues.get(name)
+    if configured is None:
+        raise InputError("queue %r has no [queues.%s] table in %s: its runs go to the runners "
+                         "of the default queue, which no per-queue limit counts"
+                         % (name, name, store.config.source))
+    now = now or utcnow()
+
+    def step():
+        Queue.insert(name=name, paused=False, updated_on=now).on_conflict_ignore().execute()
+        if store.locked(Queue.select(Queue.host_limit).where(Queue.name == name)).scalar() \
+                == limit:
+            return False
+        Queue.update(host_limit=limit, updated_on=now).where(Queue.name == name).execute()
+        return True
+    # A higher limit: idle runners of this host look at once (one of them may now claim).
+    changed = store.write_and_wake(step, lambda changed: changed, name)
+    return limit_in_force(configured, limit), changed
 
 
 def set_paused(store, name, paused, now=None, create=False):

@@ -184,15 +184,15 @@ def claim(store, runner_id, queue, at, limit=1, flow=None, guarded=False):
         return flow_claim(store, runner_id, queue, at, *flow)
     execute, statements = executor(store.db), claim_statements(store.backend, limit, guarded)
     if store.backend == "postgresql":
-        return in_claim_order(execute(statements, (queue, runner_id, runner_id, at, at, at)),
-                              CLAIMED_WIDTH)
+        return in_claim_order(execute(statements, (queue, runner_id, runner_id, queue,
+                                                   runner_id, at, at, at)), CLAIMED_WIDTH)
     if store.is_sqlite:
         claim_runs, claim_task = statements
         stamp = at.isoformat(" ")         # bound as text once
-        runs = in_claim_order(execute(claim_runs, (runner_id, stamp, stamp, queue, runner_id)),
-                              3)
+        runs = in_claim_order(execute(claim_runs, (runner_id, stamp, stamp, queue, runner_id,
+                                                   runner_id, queue)), 3)
         return [run + execute(claim_task, (stamp, run[1])).fetchone() for run in runs]
-    rows = execute(statements, (queue, runner_id)).fetchall()
+    rows = execute(statements, (queue, runner_id, runner_id, queue)).fetchall()
     if rows:
         marks = ", ".join(["%s"] * len(rows))
         execute(mysql.START[0] % marks, (runner_id, at, at, *[r[0] for r in rows]))
@@ -210,8 +210,8 @@ def end_success_and_claim(store, run_id, task_id, runner_id, results, at, queue)
     `task_id`) and the `claim` of its next from `queue`, with the races both close. Returns
     (True, False or None as end_success_alone, the claimed row or None)."""
     row = store.db.execute_sql(postgresql.SUCCESS_AND_CLAIM, (
-        task_id, at, at, results, run_id, runner_id, at, at, queue, runner_id, runner_id,
-        at, at, at)).fetchone()
+        task_id, at, at, results, run_id, runner_id, at, at, queue, runner_id, runner_id, queue,
+        runner_id, at, at, at)).fetchone()
     ended = True if row[0] > 0 else None if row[1] else False
     return ended, None if row[2] is None else tuple(row[2:2 + CLAIMED_WIDTH])
 

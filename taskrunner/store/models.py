@@ -279,11 +279,14 @@ class PeriodicTask(BaseModel):
 
 
 class Queue(BaseModel):
-    """A queue name that has been used; ``paused`` queues are not claimed from, on any host."""
+    """A queue name that has been used; ``paused`` queues are not claimed from, on any host.
+    ``host_limit``: the runners serving it at once on one host, set at run time (``queue
+    limit``); NULL: the config's ``[queues.NAME] limit`` (0025)."""
     name = pw.CharField(max_length=64, primary_key=True)
     paused = pw.BooleanField(default=False)
     paused_on = pw.DateTimeField(null=True)
     updated_on = pw.DateTimeField()
+    host_limit = pw.IntegerField(null=True)
 
     class Meta:
         table_name = "task_queues"
@@ -291,11 +294,14 @@ class Queue(BaseModel):
 
 class RunnerQueue(BaseModel):
     """A queue a running runner serves. ``slot`` is 1..limit for a queue with a limit and
-    unique per (host, queue): a queue's limit on a host is a database rule, like rule 5."""
+    unique per (host, queue): a queue's limit on a host is a database rule, like rule 5.
+    ``config_limit``: the ``[queues.NAME] limit`` of the runner's config, which the claim
+    holds the slot to while the queue has no ``host_limit`` of its own."""
     runner_id = pw.IntegerField(index=True)
     host = pw.CharField()
     queue = pw.CharField(max_length=64)
     slot = pw.IntegerField(null=True)
+    config_limit = pw.IntegerField(null=True)
 
     class Meta:
         table_name = "task_runner_queues"

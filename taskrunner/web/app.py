@@ -290,9 +290,28 @@ class Dashboard:
                 if pause else "resumed") if changed else (
                 "was paused already" if pause else "was not paused"))
             return _redirect(environ, "/", notice)
+        if path == "/queues/limit":
+            return _redirect(environ, "/", self.set_queue_limit(form))
         if path == "/tasks/bulk":
             return self.bulk(environ, path, form)
         return self.error(path, "no action at %s" % path, "404 Not Found")
+
+    def set_queue_limit(self, form: Dict[str, str]) -> str:
+        """What `taskrunner queue limit NAME N` (or ``--reset``) does; the notice to show."""
+        name, text = form.get("name", ""), form.get("limit", "").strip()
+        try:
+            if form.get("reset"):
+                limit = None
+            elif text.isdigit():
+                limit = int(text)
+            else:
+                raise InputError("a queue's limit must be a whole number >= 1, not %r" % text)
+            in_force, _ = queues.set_host_limit(self.store, name, limit)
+        except InputError as exc:
+            return "nothing changed: %s" % exc
+        return "queue %r: limit %d runners per host, %s" % (
+            name, in_force, "from the config" if limit is None
+            else "stored: on every host from now on (runs in flight finish)")
 
     def cancel_workflow(self, workflow_id: int) -> str:
         """What `taskrunner workflow cancel ID` does: every unfinished task cancelled, the

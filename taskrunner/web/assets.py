@@ -81,6 +81,7 @@ details summary { cursor: pointer; color: var(--muted); font-size: 12px; }
 progress { width: 120px; height: 12px; vertical-align: middle; }
 .pct { font-size: 12px; color: var(--muted); }
 form.inline { display: inline; margin-right: 6px; }
+input.limit { width: 4em; }
 details.alter form { display: flex; flex-direction: column; gap: 4px; margin-top: 4px; }
 details.alter label { display: flex; flex-direction: column; font-size: 12px; color: var(--muted); }
 button { font: inherit; padding: 3px 12px; border-radius: 6px; border: 1px solid #b8c1d1;

@@ -123,7 +123,7 @@ def queues_card(view: View) -> str:
                              css="" if q.paused else "danger")
         rows.append([H('<a href="/tasks%s">%s</a>') % (e(query(queue=q.name)), e(q.name)),
                      status("paused" if q.paused else "active"),
-                     e(q.limit) if q.limit is not None else H('<span class="muted">-</span>'),
+                     limit_cell(view, q),
                      H('<a href="/tasks%s">%d</a>') % (e(query(queue=q.name, status="scheduled")),
                                                     q.scheduled),
                      H("%d") % q.due,
@@ -134,6 +134,25 @@ def queues_card(view: View) -> str:
     return H('<section class="card" id="queues"><h2>Queues</h2>%s</section>') % table(
         ["Queue", "State", "Host limit", "Scheduled", "Due", "Running", "Runners", "Lag", ""],
         rows, "no queue is used yet", css="queues") + rates_card(view)
+
+
+def limit_cell(view: View, q: Any) -> str:
+    """A queue's host limit in force and where it comes from (stored by `queue limit`, or
+    the config's); for a queue with a [queues.NAME] table, a form that stores another on
+    every host, and Reset (back to the config's) while one is stored."""
+    if q.limit is None:
+        return H('<span class="muted">-</span>')
+    shown = H('%d <span class="muted">(%s)</span>') % (q.limit, q.limit_source)
+    if view.read_only:
+        return shown
+    form = H('<form method="post" action="/queues/limit" class="inline"><input type="hidden" '
+             'name="csrf" value="%s"><input type="hidden" name="name" value="%s"><input '
+             'type="number" name="limit" min="1" step="1" value="%d" aria-label="host limit of '
+             '%s" class="limit"><button type="submit">Set</button></form>') % (
+        view.csrf, q.name, q.limit, q.name)
+    if q.limit_source == "stored":
+        form += view.action("/queues/limit", "Reset", {"name": q.name, "reset": "1"})
+    return shown + form
 
 
 def rates_card(view: View) -> str:

@@ -6,8 +6,8 @@ runs them.
 The names every catalogue has: `claim`, `SUCCESS`, `flow_claim`, `BACKLOG`, `INSERT_QUEUE`;
 MySQL's own (OWN): the UPDATEs that start the runs a locking read claimed.
 """
-from .shared import (BACKLOG_SQL, RUN_SUCCESS, RUNNER_ALIVE, TASK_SUCCESS, assignments,
-                     claim_order_sql, fair_pick, key_filter, params, refill, served, spend)
+from .shared import (BACKLOG_SQL, RUN_SUCCESS, TASK_SUCCESS, assignments, claim_order_sql,
+                     fair_pick, key_filter, may_claim, params, refill, served, spend)
 
 OWN = ("START",)
 
@@ -16,7 +16,7 @@ OWN = ("START",)
 # too, which the claim updates anyway), then both marked.
 def claim(limit, guarded=False):
     """The locking read of up to `limit` runs of one queue and their tasks; START marks them.
-    Parameters: (queue, runner_id). Never `guarded`: the locking read would lock (or skip)
+    Parameters: (queue, runner_id, runner_id, queue). Never `guarded`: the locking read would lock (or skip)
     the rows the guard reads too."""
     if guarded:
         raise ValueError("no guarded claim on mysql")
@@ -26,7 +26,7 @@ def claim(limit, guarded=False):
     WHERE r.status = 'scheduled' AND r.queue = %%s
         AND %s
     ORDER BY %s LIMIT %d
-    FOR UPDATE SKIP LOCKED""" % (RUNNER_ALIVE % "%s", claim_order_sql("r."), int(limit))
+    FOR UPDATE SKIP LOCKED""" % (may_claim("%s", "%s"), claim_order_sql("r."), int(limit))
 
 
 # The locking read skips a run whose run or task row is locked. The UPDATEs that follow name
@@ -61,7 +61,7 @@ def flow_claim(rate, keys, fair):
     FOR UPDATE SKIP LOCKED""" % (
         "AND r.tenant = %s " % fair_pick("mysql", keys) if fair else "",
         "AND " + key_filter("mysql", "r.rate_key") if keys else "",
-        RUNNER_ALIVE % "{runner}", claim_order_sql("r."))
+        may_claim("{runner}", "{q}"), claim_order_sql("r."))
     check = ("SELECT %s >= 1 FROM task_rate_buckets WHERE kind = 'queue' AND name = {q} "
              "FOR UPDATE" % refill("mysql"))
     return tuple(params("mysql", text) for text in (

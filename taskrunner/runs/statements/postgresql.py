@@ -7,8 +7,8 @@ The names every catalogue has: `claim`, `SUCCESS`, `flow_claim`, `BACKLOG`, `INS
 PostgreSQL's own (OWN): the success inside a transaction, the success with the next claim,
 and many successes in one statement.
 """
-from .shared import (BACKLOG_SQL, CLAIM_ORDER, RUN_SUCCESS, RUNNER_ALIVE, TASK_SUCCESS,
-                     assignments, claim_order_sql, fair_pick, guard, key_filter, params, served,
+from .shared import (BACKLOG_SQL, CLAIM_ORDER, RUN_SUCCESS, TASK_SUCCESS, assignments,
+                     claim_order_sql, fair_pick, guard, key_filter, may_claim, params, served,
                      spend)
 
 OWN = ("SUCCESS_IN_TRANSACTION", "SUCCESS_AND_CLAIM", "SUCCESSES")
@@ -24,7 +24,7 @@ _SKIP_LOCKED = "FOR UPDATE OF task_runs SKIP LOCKED FOR NO KEY UPDATE OF t SKIP 
 
 def claim(limit, guarded=False):
     """The claim of up to `limit` runs of one queue. Parameters: (queue, runner_id,
-    runner_id, at, at, at)."""
+    runner_id, queue, runner_id, at, at, at)."""
     return "WITH" + _claim_ctes(limit, guarded) + " SELECT * FROM claimed_task"
 
 
@@ -47,7 +47,7 @@ def _claim_ctes(limit, guarded=False):
         WHERE t.id = claimed.task_id
         RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
             t.max_runtime, t.periodic_task_id%s)""" % (
-        RUNNER_ALIVE % "%s", guard(guarded), claim_order_sql("task_runs."), int(limit),
+        may_claim("%s", "%s"), guard(guarded), claim_order_sql("task_runs."), int(limit),
         _SKIP_LOCKED,
         "".join(", r." + c for c, _ in CLAIM_ORDER if c != "id") if order else "",
         "".join(", claimed." + c for c, _ in CLAIM_ORDER) if order else "")
@@ -82,9 +82,9 @@ def _success_ctes(guarded):
         assignments(TASK_SUCCESS))
 
 
-# Parameters: the guard's (task_id); the claim's (queue, runner_id, runner_id, at, at, at); the
-# success's (at, at, results, run_id, runner_id, at, at). Returns (runs ended, the task's
-# dependents).
+# Parameters: the guard's (task_id); the success's (at, at, results, run_id, runner_id, at, at);
+# SUCCESS_AND_CLAIM's then the claim's (queue, runner_id, runner_id, queue, runner_id, at, at,
+# at). Returns (runs ended, the task's dependents).
 SUCCESS = ("WITH" + _success_ctes(True) + " SELECT (SELECT count(*) FROM ended_task), "
               "(SELECT dependents FROM guard)")
 # Inside a transaction: no guard; the caller releases the dependents after it (RETURNING
@@ -129,7 +129,7 @@ def flow_claim(rate, keys, fair):
         ORDER BY %s LIMIT 1 %s)""" % (
         "AND task_runs.tenant = (SELECT tenant FROM pick) " if fair else "",
         "AND " + key_filter("postgresql", "task_runs.rate_key") if keys else "",
-        RUNNER_ALIVE % "{runner}", claim_order_sql("task_runs."), _SKIP_LOCKED))
+        may_claim("{runner}", "{q}"), claim_order_sql("task_runs."), _SKIP_LOCKED))
     allowed = ""
     if rate:
         ctes.append("queue_token AS (%s AND EXISTS (SELECT 1 FROM next) RETURNING 1)"

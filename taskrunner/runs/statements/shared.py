@@ -56,6 +56,33 @@ def assignments(columns, at="%s", results="%s", leave_out=()):
 # marked is the one left: the fleet's pass ends that run (liveness.end_orphaned_runs), and the
 # runner's heartbeat finds its row dead and its run taken away.
 RUNNER_ALIVE = "EXISTS (SELECT 1 FROM task_runners WHERE id = %s AND status = 'running')"
+
+# -- the claimer's slot is within its queue's limit (DESIGN rule 5) ---------------------------
+
+# In every claim, after RUNNER_ALIVE: the runner's slot of the queue (task_runner_queues, taken
+# at registration, unique per host) is within the limit in force — the queue's stored
+# ``host_limit`` (``queue limit``), else the config's its runner registered under. Placeholders:
+# (runner id, queue); uncorrelated, so evaluated once per statement (two primary-key or
+# runner_id lookups), never per candidate run. A runner with no slot of the queue (one serving
+# ``default`` claiming from a queue with no table) is not held by it.
+# Race closed: a limit lowered while runners claim. A runner learns of the change at its next
+# look (up to check_interval later; a guarded claim claims on an older look still): until then
+# its claims carry the slot check themselves, so a slot above the new limit claims nothing from
+# the moment the change commits, on every host. A claim whose snapshot was taken before the
+# change committed still sees the old limit: it is ordered before the change (its started_on is
+# earlier), one of the runs in flight that a lowered limit lets finish. With the unique slots,
+# at most `limit` runners of a host claim from the queue under any limit in force.
+SLOT_WITHIN_LIMIT = (
+    "NOT EXISTS (SELECT 1 FROM task_runner_queues AS rq JOIN task_queues AS lq "
+    "ON lq.name = rq.queue WHERE rq.runner_id = %s AND rq.queue = %s "
+    "AND rq.slot > COALESCE(lq.host_limit, rq.config_limit))")
+
+
+def may_claim(runner, queue):
+    """RUNNER_ALIVE and SLOT_WITHIN_LIMIT for the claim's WHERE clause, with the placeholders
+    `runner` and `queue` (the driver's mark or a {name})."""
+    return "%s AND %s" % (RUNNER_ALIVE % runner, SLOT_WITHIN_LIMIT % (runner, queue))
+
 # A guarded claim (`claim(..., guarded=True)`) also checks what a runner's look reads before an
 # ordinary claim: the queue is not paused, and no rate key has a limit (then the claim would
 # be a flow claim). A runner the hub woke for a new run claims so at once, on the claim order

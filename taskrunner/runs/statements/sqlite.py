@@ -5,16 +5,17 @@ closes. `runs/sql.py` binds and runs them.
 
 The names every catalogue has: `claim`, `SUCCESS`, `flow_claim`, `BACKLOG`, `INSERT_QUEUE`.
 """
-from .shared import (BACKLOG_SQL, CLAIM_COLUMNS, RUN_SUCCESS, RUNNER_ALIVE,
-                     SQLITE_APART, TASK_SUCCESS, assignments, claim_order_sql, fair_pick,
-                     guard, key_filter, params, refill, served, spend)
+from .shared import (BACKLOG_SQL, CLAIM_COLUMNS, RUN_SUCCESS, SQLITE_APART, TASK_SUCCESS,
+                     assignments, claim_order_sql, fair_pick, guard, key_filter, may_claim,
+                     params, refill, served, spend)
 
 OWN = ()
 
 
 def claim(limit, guarded=False):
     """(the claim of up to `limit` runs of one queue, the claim of one run's task).
-    Parameters: (runner_id, at, at, queue, runner_id), then (at, task id) per run."""
+    Parameters: (runner_id, at, at, queue, runner_id, runner_id, queue), then (at, task id)
+    per run."""
     # One run: "id = (...)", as "IN" builds an ephemeral list first (3 us more per claim).
     return ("""
     UPDATE task_runs SET status = 'running', runner_id = ?, started_on = ?, updated_on = ?
@@ -22,7 +23,7 @@ def claim(limit, guarded=False):
                  ORDER BY %s LIMIT %d)
         AND %s%s
     RETURNING id, task_id, attempt%s""" % ("=" if limit == 1 else "IN", claim_order_sql(),
-                                           int(limit), RUNNER_ALIVE % "?", guard(guarded),
+                                           int(limit), may_claim("?", "?"), guard(guarded),
                                            ", " + CLAIM_COLUMNS if limit > 1 else ""), """
     UPDATE task_queue SET last_status = 'running', updated_on = ? WHERE id = ?
     RETURNING handler, data, max_runtime, periodic_task_id""")
@@ -61,7 +62,7 @@ def flow_claim(rate, keys, fair):
     RETURNING id, task_id, attempt, rate_key, tenant""" % (
         "AND tenant = %s " % fair_pick("sqlite", keys) if fair else "",
         "AND " + key_filter("sqlite", "rate_key") if keys else "",
-        claim_order_sql(), RUNNER_ALIVE % "{runner}",
+        claim_order_sql(), may_claim("{runner}", "{q}"),
         " AND EXISTS (SELECT 1 FROM task_rate_buckets WHERE kind = 'queue' AND name = {q} "
         "AND %s >= 1)" % refill("sqlite") if rate else "")
     return tuple(params("sqlite", text) for text in (
