@@ -1,0 +1,243 @@
+"""One verify session: refuse a deployment that gives up the promise up front (`preflight`),
+start `workers` runner processes of its own against the database (`taskrunner runner` on the
+workload's queues, under a host id of their own, so they take none of the host's runner
+slots), enqueue the workload for `duration` seconds while the faults asked for are injected,
+let the tasks drain, stop the runners, read back what the database recorded (each run's
+claim and end, each task's final state, the application rows) into the history, and check
+it (`checker.check`).
+
+The session is its runners' overseer: it replaces a runner that died and makes the queue
+pass for its own queues only (this host id's dead runners by PID, its overdue runs timed out,
+its due runs created), so it never touches another queue's task nor another host's runner,
+and takes no part in the fleet's maintenance lease. Its tasks stay under its own queues, for
+rotation to delete as it deletes any other."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+from ..config import Config
+from ..errors import InputError
+from ..fleet import liveness
+from ..runs import lifecycle
+from ..store.models import RUNNER, RUNNING
+from . import checker, history, workload
+from .faults import Faults
+
+QUEUES = (workload.QUEUE, workload.RATE_QUEUE)
+RUN_TIMEOUT = 2.0        # of the workload's runs: a runner stopped for longer loses its run
+PASS_INTERVAL = 0.25
+WAVE_INTERVAL = 1.0
+# Filesystems on which SQLite's locks do not hold between hosts (sqlite.org/lockingv3.html,
+# "How To Corrupt An SQLite Database File").
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb", "smb3", "smbfs", "fuse.sshfs", "9p",
+                       "afs", "ceph", "glusterfs", "fuse.glusterfs")
+
+
+def mount_of(path, mounts):
+    """(mount point, filesystem type) of the mount holding `path`, from the text of
+    /proc/mounts (`mounts`); None when no line matches."""
+    best = None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) > len(best[0])):
+            best = (point, fields[2])
+    return best
+
+
+def preflight(store, mounts_path="/proc/mounts"):
+    """Refuse (InputError, one line naming the setting) a SQLite deployment whose settings
+    give up a promise before anything runs: a database file on a network filesystem (its
+    locks do not hold between hosts), an exclusive locking mode (other processes cannot take
+    turns), synchronous off or a journal that is off or in memory (a commit acknowledged is
+    lost on a crash). PostgreSQL and MySQL keep their promises in the server: their
+    settings are for the run itself to find out."""
+    if not store.is_sqlite:
+        return
+    path = os.path.realpath(store.db.database)
+    try:
+        with open(mounts_path) as fh:
+            mount = mount_of(path, fh.read())
+    except OSError:
+        mount = None
+    if mount is not None and mount[1] in NETWORK_FILESYSTEMS:
+        raise InputError("%s is on a %s filesystem (%s): SQLite's locks do not hold there; "
+                         "put the database on a local disk or use PostgreSQL" % (
+                             path, mount[1], mount[0]))
+    pragmas = {name: str(store.db.execute_sql("PRAGMA %s" % name).fetchone()[0]).lower()
+               for name in ("locking_mode", "synchronous", "journal_mode")}
+    store.db.close()
+    if pragmas["locking_mode"] == "exclusive":
+        raise InputError("SQLite locking_mode is exclusive: one process holds the database "
+                         "and the runners cannot take turns; use the default (normal)")
+    if pragmas["synchronous"] == "0":
+        raise InputError("[database] sqlite_synchronous = off: a commit acknowledged can be "
+                         "lost on a crash; use full (or normal)")
+    if pragmas["journal_mode"] in ("off", "memory"):
+        raise InputError("SQLite journal_mode is %s: a crash can lose or corrupt a commit; "
+                         "use wal" % pragmas["journal_mode"])
+
+
+def _toml(value):
+    return json.dumps(value) if isinstance(value, str) else repr(value).lower() \
+        if isinstance(value, bool) else repr(value)
+
+
+def runner_config(config, workers, host_id):
+    """The TOML of the session's runners: the user's [database] settings, a host id and
+    limits of their own, short heartbeats, the workload's queues."""
+    d = config.database
+    database = {"sqlite_synchronous": d.sqlite_synchronous, "busy_timeout": d.busy_timeout,
+                "pooler": d.pooler, "listen_url": d.listen_url}
+    lines = ["[database]"] + ["%s = %s" % (k, _toml(v)) for k, v in database.items()]
+    lines += ["[runner]", "limit = %d" % (2 * workers + 1), "host_id = %s" % _toml(host_id),
+              "poll_interval = 0.1", "heartbeat_interval = 0.5",
+              "[overseer]", "kill_grace = 6", "heartbeat_timeout = 30",
+              "[task]", "retry_backoff = 0", "run_timeout = %s" % RUN_TIMEOUT,
+              "[log]", 'level = "warning"',
+              '[queues."%s"]' % workload.QUEUE, "limit = %d" % workers,
+              '[queues."%s"]' % workload.RATE_QUEUE, "limit = %d" % workers,
+              'rate = "%d/s"' % workload.RATE, "burst = %d" % workload.BURST]
+    return "\n".join(lines) + "\n"
+
+
+class Session:
+    """A verify session in `directory` (its history, its runners' config and logs)."""
+
+    def __init__(self, config, directory, duration=10.0, workers=4, faults=("kill",),
+                 restart_db_command=None, drain=None, mounts_path="/proc/mounts"):
+        self.directory, self.duration, self.workers = directory, duration, workers
+        self.drain = drain if drain is not None else max(60.0, 3 * duration)
+        self.session = uuid.uuid4().hex[:12]
+        self.host_id = "%s/verify-%s" % (liveness.default_host_id(), self.session)
+        self.config_path = os.path.join(directory, "runners.toml")
+        with open(self.config_path, "w") as fh:
+            fh.write(runner_config(config, workers, self.host_id))
+        self.url = config.database.url
+        self.config = Config.load(self.config_path, self.url)
+        from ..api import TaskQueue
+        self.queue = TaskQueue(self.config, migrate=True)
+        self.store = self.queue.store
+        preflight(self.store, mounts_path)
+        self.faults = Faults(faults, restart_db_command)
+        self.procs = []
+        self.started_runners = 0
+
+    # -- the runners ---------------------------------------------------------------------
+
+    def spawn_runner(self):
+        env = dict(os.environ, TASKRUNNER_DATABASE_URL=self.url)
+        env.pop("TASKRUNNER_CONFIG", None)
+        log = open(os.path.join(self.directory, "runners.log"), "ab")
+        try:
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "taskrunner", "--config", self.config_path, "runner",
+                 "--queue", ",".join(QUEUES), "--wait-for-slot"],
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                start_new_session=True))
+        finally:
+            log.close()
+        self.started_runners += 1
+
+    def keep_runners(self):
+        """Reap the runners that exited (killed) and start others in their place."""
+        self.procs = [proc for proc in self.procs if proc.poll() is None]
+        while len(self.procs) < self.workers:
+            self.spawn_runner()
+
+    def runner_pids(self):
+        """The PIDs of the session's runners that registered and run."""
+        Runner = self.store.Runner
+        rows = Runner.select(Runner.pid).where((Runner.host == self.host_id)
+                                              & (Runner.kind == RUNNER)
+                                              & (Runner.status == RUNNING))
+        mine = {proc.pid for proc in self.procs if proc.poll() is None}
+        return [row.pid for row in rows if row.pid in mine]
+
+    def queue_pass(self):
+        """The pass an overseer's maintainer makes, for this session's host id and queues."""
+        liveness.refresh_runners(self.store, other_hosts=False)
+        lifecycle.timeout_overdue_runs(self.store, queues=QUEUES)
+        lifecycle.create_missing_runs(self.store, queues=QUEUES)
+
+    def stop_runners(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        liveness.refresh_runners(self.store, other_hosts=False)
+
+    # -- the session ---------------------------------------------------------------------
+
+    def _unfinished(self, task_ids):
+        Task = self.store.Task
+        return Task.select().where(Task.id.in_(task_ids) & Task.finished_on.is_null()).exists()
+
+    def run(self):
+        """Run the session; returns (the checker's results, what happened: counts)."""
+        workload.create_effects_table(self.store)
+        work = workload.Workload(self.queue, self.directory, self.session, self.workers)
+        work.limits()
+        started = time.monotonic()
+        next_wave = next_pass = started
+        try:
+            self.keep_runners()
+            while time.monotonic() - started < self.duration:
+                now = time.monotonic()
+                if now >= next_wave:
+                    work.wave()
+                    next_wave = now + WAVE_INTERVAL
+                if now >= next_pass:
+                    self.queue_pass()
+                    next_pass = now + PASS_INTERVAL
+                self.faults.tick(self.runner_pids())
+                self.keep_runners()
+                time.sleep(0.05)       # the loop's tick, as an overseer's
+            self.faults.end()
+            drain_until = time.monotonic() + self.drain
+            while self._unfinished(work.task_ids) and time.monotonic() < drain_until:
+                self.queue_pass()
+                self.keep_runners()
+                time.sleep(PASS_INTERVAL)
+        finally:
+            self.faults.end()
+            self.stop_runners()
+        self.collect(work.task_ids)
+        results = checker.check(history.read(self.directory))
+        happened = dict(self.faults.counts, tasks=len(work.task_ids),
+                        runners=self.started_runners,
+                        seconds=round(time.monotonic() - started, 1))
+        self.queue.close()
+        return results, happened
+
+    def collect(self, task_ids):
+        """What the database recorded, into the history: each run's claim and end, each
+        task's final state, the steps' application rows."""
+        Run, Task = self.store.Run, self.store.Task
+        record = history.record
+        for start in range(0, len(task_ids), 500):
+            chunk = task_ids[start:start + 500]
+            for run in Run.select(Run.id, Run.task_id, Run.attempt, Run.status, Run.runner_id,
+                                  Run.started_on, Run.finished_on).where(
+                    Run.task_id.in_(chunk)):
+                record(self.directory, "end", task=run.task_id, run=run.id,
+                       attempt=run.attempt, status=run.status, runner=run.runner_id,
+                       started=run.started_on and str(run.started_on),
+                       finished=run.finished_on and str(run.finished_on))
+            for task in Task.select(Task.id, Task.last_status).where(Task.id.in_(chunk)):
+                record(self.directory, "final", task=task.id, status=task.last_status)
+        for (task, step), count in workload.effects(self.store, task_ids).items():
+            record(self.directory, "effect", task=task, step=step, count=count)
