@@ -27,7 +27,8 @@ def cmd_verify(args):
     command = shlex.split(args.restart_db_command) if args.restart_db_command else None
     with tempfile.TemporaryDirectory(prefix="taskrunner-verify-") as scratch:
         session = Session(args.loaded_config, args.history or scratch, duration=args.duration,
-                          workers=args.workers, faults=args.faults, restart_db_command=command)
+                          workers=args.workers, faults=args.faults, restart_db_command=command,
+                          drain=args.drain)
         results, happened = session.run()
     ok = all(result.held for result in results)
     if args.json:
@@ -57,6 +58,9 @@ def add_verify_command(command):
                    help="kill (kill -9 a runner), stop (SIGSTOP it past its run's timeout, then "
                         "SIGCONT), restart-db (with --restart-db-command); default kill,stop; "
                         "'' for none")
+    p.add_argument("--drain", type=span_arg, metavar="SPAN",
+                   help="after --duration, how long the tasks may take to end before those "
+                        "left count as lost (default: 3 x --duration, at least 60 s)")
     p.add_argument("--restart-db-command", metavar="COMMAND",
                    help="run (no shell) to restart the database server for restart-db")
     p.add_argument("--history", metavar="DIR",

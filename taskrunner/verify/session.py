@@ -23,6 +23,7 @@ from ..config import Config
 from ..errors import InputError
 from ..fleet import liveness
 from ..runs import lifecycle
+from ..store.db import backend_of, open_database
 from ..store.models import RUNNER, RUNNING
 from . import checker, history, workload
 from .faults import Faults
@@ -52,16 +53,19 @@ def mount_of(path, mounts):
     return best
 
 
-def preflight(store, mounts_path="/proc/mounts"):
+def preflight(database_config, mounts_path="/proc/mounts", db=None):
     """Refuse (InputError, one line naming the setting) a SQLite deployment whose settings
     give up a promise before anything runs: a database file on a network filesystem (its
     locks do not hold between hosts), an exclusive locking mode (other processes cannot take
     turns), synchronous off or a journal that is off or in memory (a commit acknowledged is
     lost on a crash). PostgreSQL and MySQL keep their promises in the server: their
-    settings are for the run itself to find out."""
-    if not store.is_sqlite:
+    settings are for the run itself to find out. Before the schema is touched: a refused
+    deployment is left as it was. `db`: the connection to ask (default: one opened as the
+    runners open theirs, with the config's settings)."""
+    if backend_of(database_config.url) != "sqlite":
         return
-    path = os.path.realpath(store.db.database)
+    db = db or open_database(database_config)
+    path = os.path.realpath(db.database)
     try:
         with open(mounts_path) as fh:
             mount = mount_of(path, fh.read())
@@ -71,9 +75,9 @@ def preflight(store, mounts_path="/proc/mounts"):
         raise InputError("%s is on a %s filesystem (%s): SQLite's locks do not hold there; "
                          "put the database on a local disk or use PostgreSQL" % (
                              path, mount[1], mount[0]))
-    pragmas = {name: str(store.db.execute_sql("PRAGMA %s" % name).fetchone()[0]).lower()
+    pragmas = {name: str(db.execute_sql("PRAGMA %s" % name).fetchone()[0]).lower()
                for name in ("locking_mode", "synchronous", "journal_mode")}
-    store.db.close()
+    db.close()
     if pragmas["locking_mode"] == "exclusive":
         raise InputError("SQLite locking_mode is exclusive: one process holds the database "
                          "and the runners cannot take turns; use the default (normal)")
@@ -122,10 +126,10 @@ class Session:
             fh.write(runner_config(config, workers, self.host_id))
         self.url = config.database.url
         self.config = Config.load(self.config_path, self.url)
+        preflight(self.config.database, mounts_path)
         from ..api import TaskQueue
         self.queue = TaskQueue(self.config, migrate=True)
         self.store = self.queue.store
-        preflight(self.store, mounts_path)
         self.faults = Faults(faults, restart_db_command)
         self.procs = []
         self.started_runners = 0
@@ -215,7 +219,7 @@ class Session:
         finally:
             self.faults.end()
             self.stop_runners()
-        self.collect(work.task_ids)
+        collect(self.store, self.directory, work.task_ids)
         results = checker.check(history.read(self.directory))
         happened = dict(self.faults.counts, tasks=len(work.task_ids),
                         runners=self.started_runners,
@@ -223,21 +227,24 @@ class Session:
         self.queue.close()
         return results, happened
 
-    def collect(self, task_ids):
-        """What the database recorded, into the history: each run's claim and end, each
-        task's final state, the steps' application rows."""
-        Run, Task = self.store.Run, self.store.Task
-        record = history.record
-        for start in range(0, len(task_ids), 500):
-            chunk = task_ids[start:start + 500]
-            for run in Run.select(Run.id, Run.task_id, Run.attempt, Run.status, Run.runner_id,
-                                  Run.started_on, Run.finished_on).where(
-                    Run.task_id.in_(chunk)):
-                record(self.directory, "end", task=run.task_id, run=run.id,
-                       attempt=run.attempt, status=run.status, runner=run.runner_id,
-                       started=run.started_on and str(run.started_on),
-                       finished=run.finished_on and str(run.finished_on))
-            for task in Task.select(Task.id, Task.last_status).where(Task.id.in_(chunk)):
-                record(self.directory, "final", task=task.id, status=task.last_status)
-        for (task, step), count in workload.effects(self.store, task_ids).items():
-            record(self.directory, "effect", task=task, step=step, count=count)
+
+def collect(store, directory, task_ids, effects=True):
+    """What the database recorded about `task_ids`, into the history in `directory`: each
+    run's claim and end (the database's times), each task's final state and, with
+    `effects`, the steps' application rows (workload.EFFECTS). Our chaos tests call it too,
+    so their history is read as verify's."""
+    Run, Task = store.Run, store.Task
+    record = history.record
+    task_ids = list(task_ids)
+    for start in range(0, len(task_ids), 500):
+        chunk = task_ids[start:start + 500]
+        for run in Run.select(Run.id, Run.task_id, Run.attempt, Run.status, Run.runner_id,
+                              Run.started_on, Run.finished_on).where(Run.task_id.in_(chunk)):
+            record(directory, "end", task=run.task_id, run=run.id, attempt=run.attempt,
+                   status=run.status, runner=run.runner_id,
+                   started=run.started_on and str(run.started_on),
+                   finished=run.finished_on and str(run.finished_on))
+        for task in Task.select(Task.id, Task.last_status).where(Task.id.in_(chunk)):
+            record(directory, "final", task=task.id, status=task.last_status)
+    for (task, step), count in (workload.effects(store, task_ids) if effects else {}).items():
+        record(directory, "effect", task=task, step=step, count=count)
