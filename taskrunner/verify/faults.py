@@ -6,6 +6,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 
 FAULTS = ("kill", "stop", "restart-db")
@@ -21,16 +22,17 @@ class Faults:
         self.kinds = tuple(kinds)
         self.restart_db_command = restart_db_command
         self.rng = random.Random(seed)
-        self.stopped = {}          # pid -> monotonic time to continue it
+        # pid -> the timer that continues it. A timer, not the session's loop: a runner
+        # stopped inside a transaction holds its locks, and the session's own pass may wait
+        # for one of them — the loop would never come round to continue it.
+        self.stopped = {}
+        self.lock = threading.Lock()
         self.counts = {kind: 0 for kind in self.kinds}
         self.next_at = time.monotonic() + self.rng.uniform(*GAP)
 
     def tick(self, pids):
-        """Continue the runners whose stop is over; inject the next fault when due."""
+        """Inject the next fault when due."""
         now = time.monotonic()
-        for pid, until in list(self.stopped.items()):
-            if now >= until:
-                self._continue(pid)
         if not self.kinds or now < self.next_at:
             return
         self.next_at = now + self.rng.uniform(*GAP)
@@ -47,18 +49,24 @@ class Faults:
             if kind == "kill":
                 os.kill(pid, signal.SIGKILL)
             else:
-                os.kill(pid, signal.SIGSTOP)
-                self.stopped[pid] = now + STOP_SECONDS
+                with self.lock:
+                    os.kill(pid, signal.SIGSTOP)
+                    timer = self.stopped[pid] = threading.Timer(STOP_SECONDS, self._continue,
+                                                                (pid,))
+                    timer.daemon = True
+                    timer.start()
         except ProcessLookupError:
             return
         self.counts[kind] += 1
 
     def _continue(self, pid):
-        self.stopped.pop(pid, None)
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+        with self.lock:
+            if self.stopped.pop(pid, None) is None:
+                return
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
     def end(self):
         """No runner is left stopped."""

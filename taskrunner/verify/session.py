@@ -89,6 +89,12 @@ def preflight(database_config, mounts_path="/proc/mounts", db=None):
                          "use wal" % pragmas["journal_mode"])
 
 
+def _die_with_session():
+    """In a runner, between fork and exec: killed when the session's process dies (Linux),
+    however it died, so no runner of a session outlives it."""
+    liveness.die_with_parent(signal.SIGKILL)
+
+
 def _toml(value):
     return json.dumps(value) if isinstance(value, str) else repr(value).lower() \
         if isinstance(value, bool) else repr(value)
@@ -145,7 +151,7 @@ class Session:
                 [sys.executable, "-m", "taskrunner", "--config", self.config_path, "runner",
                  "--queue", ",".join(QUEUES), "--wait-for-slot"],
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                start_new_session=True))
+                start_new_session=True, preexec_fn=_die_with_session))
         finally:
             log.close()
         self.started_runners += 1

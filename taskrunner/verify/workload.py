@@ -22,23 +22,28 @@ STEPS = 3
 HANDLER = "taskrunner.verify.workload."
 
 
+def _record(run, kind, **fields):
+    """An event of a handler: its run, and the time on the database's clock besides this
+    host's."""
+    history.record(run.data["history"], kind, task=run.task_id, run=run.id,
+                   db_at=run.queue.store.database_time(), **fields)
+
+
 class Work(TaskHandler):
     """A plain task (also the rate-limited and keyed ones): records its start, works, fails
     while its attempt is at most data["fail"], records its return."""
 
     def handle(self, run):
         data = run.data
-        history.record(data["history"], "start", task=run.task_id, run=run.id,
-                       attempt=run.attempt)
+        _record(run, "start", attempt=run.attempt)
         time.sleep(data.get("work", WORK))
         if run.attempt <= data.get("fail", 0):
             raise TaskError("verify: a planned failure of attempt %d" % run.attempt,
                             code="VerifyPlanned")
         parents = data.get("fan_in")
         if parents:
-            history.record(data["history"], "fanin", task=run.task_id, run=run.id,
-                           parents=len(list(run.parent_results.values())))
-        history.record(data["history"], "done", task=run.task_id, run=run.id)
+            _record(run, "fanin", parents=len(list(run.parent_results.values())))
+        _record(run, "done")
         run.results = {"task": run.task_id}
 
 
@@ -47,13 +52,12 @@ class Steps(TaskHandler):
     records its execution before and its commit after."""
 
     def handle(self, run):
-        directory = run.data["history"]
-        history.record(directory, "start", task=run.task_id, run=run.id, attempt=run.attempt)
+        _record(run, "start", attempt=run.attempt)
         for index in range(run.data["steps"]):
             name = "s%d" % index
 
             def write(connection, name=name):
-                history.record(directory, "exec", task=run.task_id, run=run.id, step=name)
+                _record(run, "exec", step=name)
                 time.sleep(WORK / 3)
                 cursor = connection.cursor()
                 mark = "?" if type(connection).__module__.startswith("sqlite3") else "%s"
@@ -62,8 +66,8 @@ class Steps(TaskHandler):
                 cursor.close()
                 return name
             run.transaction_step(name, write)
-            history.record(directory, "step", task=run.task_id, run=run.id, step=name)
-        history.record(directory, "done", task=run.task_id, run=run.id)
+            _record(run, "step", step=name)
+        _record(run, "done")
 
 
 def create_effects_table(store):

@@ -10,7 +10,10 @@ Mutants:
 - end-no-runner-check: a success ends the run whoever holds it and whatever its status (a
   runner that comes back late overwrites the timeout of a run that ran again elsewhere);
 - claim-no-row-lock (PostgreSQL): the claim's candidate is read without FOR UPDATE SKIP
-  LOCKED (two claimers take the same run).
+  LOCKED (two claimers take the same run);
+- release-no-parent-count: a parent's success releases its dependents whatever their count
+  of parents still to succeed (runs/graph.py's RELEASE_READY): a fan-in starts after its
+  first parent.
 """
 import os
 
@@ -27,6 +30,7 @@ REWRITES = {
         ("AND r.status = 'running' AND r.runner_id = %s", "AND %s::bigint IS NOT NULL")),
     "claim-no-row-lock": (
         ("FOR UPDATE OF task_runs SKIP LOCKED FOR NO KEY UPDATE OF t SKIP LOCKED", ""),),
+    "release-no-parent-count": ((" AND waiting_parents = 0 AND", " AND"),),
 }
 
 
@@ -47,9 +51,11 @@ def wrap(function):
 if MUTANT:
     if MUTANT not in REWRITES:
         raise SystemExit("unknown TASKRUNNER_VERIFY_MUTANT %r" % MUTANT)
+    from taskrunner.runs import graph
     from taskrunner.runs.statements import mysql, postgresql, sqlite
-    for catalogue in (postgresql, sqlite, mysql):
-        for name, value in list(vars(catalogue).items()):
+    for module in (postgresql, sqlite, mysql, graph):
+        for name, value in list(vars(module).items()):
             if name.isupper() and isinstance(value, (str, tuple)):
-                setattr(catalogue, name, mutate(value))
+                setattr(module, name, mutate(value))
+    for catalogue in (postgresql, sqlite, mysql):
         catalogue.claim = wrap(catalogue.claim)
