@@ -156,9 +156,14 @@ def steps_once(h):
 
 
 def fan_in(h):
+    # A parent has returned when the handler of its successful run did (a run that returned
+    # and then lost its end to a kill -9 or a timeout released nothing); before the ends are
+    # known, when any of its runs did.
+    successful = {end["run"] for end in h["end"] if end["status"] == "success"}
     returned = defaultdict(list)
     for event in h["done"]:
-        returned[event["task"]].append(when(event["at"]))
+        if not successful or event["run"] in successful:
+            returned[event["task"]].append(when(event["at"]))
     starts = defaultdict(list)
     for event in h["start"]:
         starts[event["task"]].append(event)
