@@ -101,14 +101,16 @@ def _toml(value):
 
 
 def runner_config(config, workers, host_id):
-    """The TOML of the session's runners: the user's [database] settings, a host id and
-    limits of their own, short heartbeats, the workload's queues."""
-    d = config.database
+    """The TOML of the session's runners: the user's [database] settings and batching (what
+    the promises rest on), a host id and limits of their own, short heartbeats, the
+    workload's queues."""
+    d, r = config.database, config.runner
     database = {"sqlite_synchronous": d.sqlite_synchronous, "busy_timeout": d.busy_timeout,
                 "pooler": d.pooler, "listen_url": d.listen_url}
     lines = ["[database]"] + ["%s = %s" % (k, _toml(v)) for k, v in database.items()]
     lines += ["[runner]", "limit = %d" % (2 * workers + 1), "host_id = %s" % _toml(host_id),
               "poll_interval = 0.1", "heartbeat_interval = 0.5",
+              "batch = %d" % r.batch, "flush_interval = %s" % _toml(r.flush_interval),
               "[overseer]", "kill_grace = 6", "heartbeat_timeout = 30",
               "[task]", "retry_backoff = 0", "run_timeout = %s" % RUN_TIMEOUT,
               "[log]", 'level = "warning"',
@@ -128,7 +130,9 @@ class Session:
         self.session = uuid.uuid4().hex[:12]
         self.host_id = "%s/verify-%s" % (liveness.default_host_id(), self.session)
         self.config_path = os.path.join(directory, "runners.toml")
-        with open(self.config_path, "w") as fh:
+        # Owner-only: listen_url may hold a password.
+        with os.fdopen(os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                               0o600), "w") as fh:
             fh.write(runner_config(config, workers, self.host_id))
         self.url = config.database.url
         self.config = Config.load(self.config_path, self.url)
