@@ -6,11 +6,14 @@ reported, on SQLite and PostgreSQL; a SQLite deployment that gives up the promis
 up front with one line naming the setting."""
 import json
 import os
+from datetime import timedelta
 
 import pytest
 
 from conftest import REPO_DIR, TESTS_DIR, taskrunner
 from taskrunner.config import Config
+from taskrunner.fleet import liveness
+from taskrunner.runs import sql
 from taskrunner.verify import checker
 from taskrunner.verify.session import mount_of, preflight
 from taskrunner.errors import InputError
@@ -131,11 +134,39 @@ def verify(database, tmp_path, *options, mutant=None, timeout=240):
     return result.returncode, {p["property"]: p for p in report["properties"]}, report
 
 
+def snapshot(store, task_ids):
+    """What verify must leave as it was: the tasks, their runs, the runners."""
+    Task, Run, Runner = store.Task, store.Run, store.Runner
+    return ([tuple(t.__data__.items()) for t in Task.select().where(Task.id.in_(task_ids))],
+            [tuple(r.__data__.items()) for r in Run.select().where(Run.task_id.in_(task_ids))],
+            [(r.id, r.status) for r in Runner.select()])
+
+
 @pytest.mark.slow
 def test_verify_of_the_unmutated_build_holds_every_property(database, tmp_path):
+    # The application's own: a task waiting on another queue, and a run of the default
+    # queue, running under another host's runner, overdue by an hour. Verify times out,
+    # claims, sweeps none of them: they are the fleet's.
+    other = database.queue(runner={"host_id": "elsewhere"})
+    store = other.store
+    waiting = other.add_task("taskrunner.handlers.Echo", {"n": 1}, queue="emails")
+    overdue = other.add_task("taskrunner.handlers.Echo", {"n": 2}, run_timeout=1)
+    row = liveness.register(store)
+    at = store.database_time()
+    assert [c[1] for c in store.write(lambda: sql.claim(store, row.id, "default", at))] \
+        == [overdue]
+    store.Run.update(updated_on=at - timedelta(hours=1)).where(
+        store.Run.task_id == overdue).execute()
+    before = snapshot(store, [waiting, overdue])
+
     code, properties, report = verify(database, tmp_path, "--duration", "5", "--workers", "3",
                                       "--faults", "kill,stop")
     assert code == 0, [p for p in properties.values() if not p["held"]]
+    after = snapshot(store, [waiting, overdue])
+    assert [dict(t) for t in after[0]] == [dict(t) for t in before[0]]
+    assert [dict(r) for r in after[1]] == [dict(r) for r in before[1]]
+    assert set(before[2]) <= set(after[2])
+    other.close()
     assert report["ok"] and report["happened"]["tasks"] > 30
     assert properties["nothing-lost"]["counts"]["succeeded"] == report["happened"]["tasks"]
     assert properties["steps-once"]["counts"]["application rows"] > 0

@@ -12,10 +12,9 @@ its due runs created), so it never touches another queue's task nor another host
 and takes no part in the fleet's maintenance lease. Its tasks stay under its own queues, for
 rotation to delete as it deletes any other."""
 import json
+import logging
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 
@@ -24,7 +23,7 @@ from ..errors import InputError
 from ..fleet import liveness
 from ..runs import lifecycle
 from ..store.db import backend_of, open_database
-from ..store.models import RUNNER, RUNNING
+from ..store.models import OVERSEER, RUNNER, RUNNING
 from . import checker, history, workload
 from .faults import Faults
 
@@ -32,6 +31,7 @@ QUEUES = (workload.QUEUE, workload.RATE_QUEUE)
 RUN_TIMEOUT = 2.0        # of the workload's runs: a runner stopped for longer loses its run
 PASS_INTERVAL = 0.25
 WAVE_INTERVAL = 1.0
+STOP_GRACE = 15.0        # seconds the runners have to finish their runs at the end
 # Filesystems on which SQLite's locks do not hold between hosts (sqlite.org/lockingv3.html,
 # "How To Corrupt An SQLite Database File").
 NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb", "smb3", "smbfs", "fuse.sshfs", "9p",
@@ -89,12 +89,6 @@ def preflight(database_config, mounts_path="/proc/mounts", db=None):
                          "use wal" % pragmas["journal_mode"])
 
 
-def _die_with_session():
-    """In a runner, between fork and exec: killed when the session's process dies (Linux),
-    however it died, so no runner of a session outlives it."""
-    liveness.die_with_parent(signal.SIGKILL)
-
-
 def _toml(value):
     return json.dumps(value) if isinstance(value, str) else repr(value).lower() \
         if isinstance(value, bool) else repr(value)
@@ -141,29 +135,60 @@ class Session:
         self.queue = TaskQueue(self.config, migrate=True)
         self.store = self.queue.store
         self.faults = Faults(faults, restart_db_command)
-        self.procs = []
+        self.pids, self.parent_pid, self.row_id = set(), os.getpid(), None
         self.started_runners = 0
 
     # -- the runners ---------------------------------------------------------------------
+    # Forked as an overseer forks its runners, under the session's own overseer row: a
+    # runner with a parent takes no part in the fleet's maintenance lease (a standalone
+    # `taskrunner runner` would, and would then sweep other hosts and time out other queues'
+    # runs with this session's settings), and it stops when the session's process is gone.
+
+    def register(self):
+        self.row_id = liveness.register(self.store, kind=OVERSEER).id
 
     def spawn_runner(self):
-        env = dict(os.environ, TASKRUNNER_DATABASE_URL=self.url)
-        env.pop("TASKRUNNER_CONFIG", None)
-        log = open(os.path.join(self.directory, "runners.log"), "ab")
+        """Fork one runner of the workload's queues. No connection crosses the fork."""
+        self.store.close()
+        pid = os.fork()
+        if pid:
+            self.pids.add(pid)
+            self.started_runners += 1
+            return
+        code = 1
         try:
-            self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "taskrunner", "--config", self.config_path, "runner",
-                 "--queue", ",".join(QUEUES), "--wait-for-slot"],
-                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                start_new_session=True, preexec_fn=_die_with_session))
+            liveness.die_with_parent(signal.SIGKILL)
+            os.setpgid(0, 0)
+            log = os.open(os.path.join(self.directory, "runners.log"),
+                          os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            from ..api import TaskQueue
+            from ..runner.loop import Runner
+            from ..store.bound import Store
+            Runner(Store(self.config), parent_pid=self.parent_pid, parent_id=self.row_id,
+                   serving=QUEUES, facade=TaskQueue).work()
+            code = 0
+        except BaseException:
+            logging.getLogger("taskrunner.verify").exception("runner crashed")
         finally:
-            log.close()
-        self.started_runners += 1
+            logging.shutdown()
+        os._exit(code)
+
+    def reap(self):
+        """Forget the runners that exited (killed, refused), reaping them."""
+        for pid in list(self.pids):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.pids.discard(pid)
 
     def keep_runners(self):
-        """Reap the runners that exited (killed) and start others in their place."""
-        self.procs = [proc for proc in self.procs if proc.poll() is None]
-        while len(self.procs) < self.workers:
+        """Start runners in place of those that died."""
+        self.reap()
+        while len(self.pids) < self.workers:
             self.spawn_runner()
 
     def runner_pids(self):
@@ -172,8 +197,7 @@ class Session:
         rows = Runner.select(Runner.pid).where((Runner.host == self.host_id)
                                               & (Runner.kind == RUNNER)
                                               & (Runner.status == RUNNING))
-        mine = {proc.pid for proc in self.procs if proc.poll() is None}
-        return [row.pid for row in rows if row.pid in mine]
+        return [row.pid for row in rows if row.pid in self.pids]
 
     def queue_pass(self):
         """The pass an overseer's maintainer makes, for this session's host id and queues."""
@@ -182,17 +206,20 @@ class Session:
         lifecycle.create_missing_runs(self.store, queues=QUEUES)
 
     def stop_runners(self):
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        """TERM (a graceful stop), KILL after STOP_GRACE; the session's row retired."""
+        self.reap()
+        for pid in self.pids:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        while self.pids and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.05)
+        for pid in self.pids:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        self.pids.clear()
         liveness.refresh_runners(self.store, other_hosts=False)
+        liveness.retire(self.store, self.row_id, "verify session ended")
 
     # -- the session ---------------------------------------------------------------------
 
@@ -207,6 +234,7 @@ class Session:
         work.limits()
         started = time.monotonic()
         next_wave = next_pass = started
+        self.register()
         try:
             self.keep_runners()
             while time.monotonic() - started < self.duration:
