@@ -1,16 +1,17 @@
 """One verify session: refuse a deployment that gives up the promise up front (`preflight`),
-start `workers` runner processes of its own against the database (`taskrunner runner` on the
-workload's queues, under a host id of their own, so they take none of the host's runner
+fork `workers` runners of its own against the database (the product's runner, serving the
+workload's queues only, under a host id of their own, so they take none of the host's runner
 slots), enqueue the workload for `duration` seconds while the faults asked for are injected,
 let the tasks drain, stop the runners, read back what the database recorded (each run's
 claim and end, each task's final state, the application rows) into the history, and check
 it (`checker.check`).
 
-The session is its runners' overseer: it replaces a runner that died and makes the queue
-pass for its own queues only (this host id's dead runners by PID, its overdue runs timed out,
-its due runs created), so it never touches another queue's task nor another host's runner,
-and takes no part in the fleet's maintenance lease. Its tasks stay under its own queues, for
-rotation to delete as it deletes any other."""
+The session is its runners' overseer (a row of kind overseer on its host id): it replaces a
+runner that died and makes the queue pass for its own queues only (this host id's dead
+runners by PID, its overdue runs timed out, its due runs created), so it never touches
+another queue's task nor another host's runner, and neither it nor its runners take part in
+the fleet's maintenance lease. Its tasks stay under its own queues, for rotation to delete as
+it deletes any other."""
 import json
 import logging
 import os
