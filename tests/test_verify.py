@@ -6,11 +6,12 @@ reported, on SQLite and PostgreSQL; a SQLite deployment that gives up the promis
 up front with one line naming the setting."""
 import json
 import os
+import shlex
 from datetime import timedelta
 
 import pytest
 
-from conftest import REPO_DIR, TESTS_DIR, taskrunner
+from conftest import REPO_DIR, TESTS_DIR, Database, taskrunner
 from taskrunner.config import Config
 from taskrunner.fleet import liveness
 from taskrunner.runs import sql
@@ -127,6 +128,7 @@ def verify(database, tmp_path, *options, mutant=None, timeout=240):
                                           os.environ.get("PYTHONPATH", "")])}
     if mutant:
         env["TASKRUNNER_VERIFY_MUTANT"] = mutant
+    os.makedirs(str(tmp_path), exist_ok=True)
     result = taskrunner("verify", "--json", "--history", str(tmp_path), *options,
                         url=database.url, env=env, timeout=timeout)
     assert result.returncode in (0, 1), result.stderr
@@ -201,6 +203,17 @@ def test_verify_reports_a_seeded_defect_of_the_claim_or_the_end(mutant, database
     reported = [name for name in MUTANT_REPORTS[mutant] if not properties[name]["held"]]
     assert reported, properties
     assert properties[reported[0]]["counterexample"]
+
+
+def test_verify_runs_the_restart_db_command_it_was_given(tmp_path):
+    """The command runs as given, without a shell (a file whose name has a space and a
+    quote); the restart of a real server is left to the user's own command."""
+    marker = tmp_path / "restarted it's"
+    code, properties, report = verify(
+        Database("sqlite", tmp_path), tmp_path / "history", "--duration", "3", "--workers",
+        "2", "--faults", "restart-db", "--restart-db-command", "touch %s" % shlex.quote(
+            str(marker)))
+    assert code == 0 and report["happened"]["restart-db"] >= 1 and marker.exists()
 
 
 # -- a deployment refused up front -------------------------------------------------------------

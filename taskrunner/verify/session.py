@@ -193,12 +193,17 @@ class Session:
             self.spawn_runner()
 
     def runner_pids(self):
-        """The PIDs of the session's runners that registered and run."""
-        Runner = self.store.Runner
-        rows = Runner.select(Runner.pid).where((Runner.host == self.host_id)
-                                              & (Runner.kind == RUNNER)
-                                              & (Runner.status == RUNNING))
-        return [row.pid for row in rows if row.pid in self.pids]
+        """The PIDs of the session's runners that registered and run, those executing a run
+        only when any is: a fault is meant to land mid-run."""
+        Runner, Run = self.store.Runner, self.store.Run
+        rows = Runner.select(Runner.id, Runner.pid).where((Runner.host == self.host_id)
+                                                         & (Runner.kind == RUNNER)
+                                                         & (Runner.status == RUNNING))
+        mine = {row.id: row.pid for row in rows if row.pid in self.pids}
+        busy = {run.runner_id for run in Run.select(Run.runner_id).where(
+            (Run.status == RUNNING) & Run.runner_id.in_(list(mine)))} if mine else set()
+        return [pid for runner_id, pid in mine.items() if runner_id in busy] \
+            or list(mine.values())
 
     def queue_pass(self):
         """The pass an overseer's maintainer makes, for this session's host id and queues."""
