@@ -197,7 +197,7 @@ def test_verify_reports_a_seeded_defect_of_the_claim_or_the_end(mutant, database
                                                                  tmp_path):
     if mutant in POSTGRESQL_ONLY and database_sp.backend != "postgresql":
         pytest.skip("a PostgreSQL statement's defect")
-    code, properties, _ = verify(database_sp, tmp_path, "--duration", "8", "--workers", "3",
+    code, properties, _ = verify(database_sp, tmp_path, "--duration", "10", "--workers", "3",
                                  "--faults", "stop", "--drain", "10", mutant=mutant)
     assert code == 1
     reported = [name for name in MUTANT_REPORTS[mutant] if not properties[name]["held"]]

@@ -17,7 +17,7 @@ QUEUE, RATE_QUEUE = "taskrunner-verify", "taskrunner-verify-rate"
 EFFECTS = "taskrunner_verify_effects"
 RATE, BURST = 4.0, 2           # the rate queue's runs started per second, and its burst
 CONCURRENCY_LIMIT = 2
-WORK = 0.15                    # seconds a handler works (sleeps) per run or step
+WORK = 0.25                    # seconds a handler works (sleeps) per run or step
 STEPS = 3
 HANDLER = "taskrunner.verify.workload."
 
