@@ -230,8 +230,11 @@ class Session:
     # -- the session ---------------------------------------------------------------------
 
     def _unfinished(self, task_ids):
+        """Whether a task of this session is not final yet: one of its queues' from its first
+        task on (no list of ids to bind, however long the session)."""
         Task = self.store.Task
-        return Task.select().where(Task.id.in_(task_ids) & Task.finished_on.is_null()).exists()
+        return Task.select().where(Task.queue.in_(QUEUES) & (Task.id >= min(task_ids))
+                                   & Task.finished_on.is_null()).exists()
 
     def run(self):
         """Run the session; returns (the checker's results, what happened: counts)."""
