@@ -6,6 +6,7 @@ import time
 
 from taskrunner import TaskError, TaskHandler
 from sample_handlers import record
+from taskrunner.verify import history
 
 
 def lines(path):
@@ -147,17 +148,18 @@ class WaitUntilStopped(TaskHandler):
 class Chaos(TaskHandler):
     """The chaos test's task: data["steps"] steps, each a transaction step that writes an app
     row (and logs its execution in the step's own transaction, to the table ``executions``)
-    and logs outside the database before and after; a checkpoint after each; one durable
-    sleep half-way."""
+    and records its execution and its commit outside the database, in the verify history
+    in the directory data["log"]; a checkpoint after each; one durable sleep half-way."""
 
     def handle(self, run):
         log, steps = run.data["log"], run.data["steps"]
         start = run.resumed_from or 0
+        history.record(log, "start", task=run.task_id, run=run.id, attempt=run.attempt)
         for i in range(start, steps):
             name = "s%d" % i
 
             def body(connection, i=i, name=name):
-                record(log, "exec %d %s" % (run.task_id, name))
+                history.record(log, "exec", task=run.task_id, run=run.id, step=name)
                 cursor = connection.cursor()
                 mark = param(connection)
                 cursor.execute("INSERT INTO executions (task_id, step) VALUES (%s, %s)"
@@ -165,11 +167,12 @@ class Chaos(TaskHandler):
                 cursor.close()
                 return insert_app_row(connection, "app_rows", run.task_id, name)
             run.transaction_step(name, body)
-            record(log, "done %d %s" % (run.task_id, name))
+            history.record(log, "step", task=run.task_id, run=run.id, step=name)
             if i == steps // 2:
                 run.sleep(run.data.get("sleep", 0.5))
             run.checkpoint(i + 1)
             time.sleep(run.data.get("pause", 0.005))
+        history.record(log, "done", task=run.task_id, run=run.id)
         run.results = {"steps": steps}
 
 

@@ -27,7 +27,8 @@ PUBLIC_METHODS = {"add_task", "add_tasks", "get_task", "runs_of", "tasks", "retr
                   "set_rate_limit_async", "clear_rate_limit_async", "rate_limits_async",
                   "add_workflow", "chain", "group", "workflow", "wait_workflow",
                   "cancel_workflow", "parent_results", "add_workflow_async",
-                  "wait_workflow_async", "enqueue", "outcomes"}
+                  "wait_workflow_async", "enqueue", "outcomes", "rerun_from", "reruns_of",
+                  "status_of"}
 
 
 def test_the_facade_offers_the_user_api_and_nothing_of_the_engine():

@@ -18,10 +18,10 @@ LAYERS = {
     1: ("errors", "timespan", "logs", "passwords", "masking", "tracing", "config", "handler",
         "handlers",
         "calendar", "store.models", "store.migrations", "periodic.timers",
-        "periodic.definitions"),                          # data and pure logic
+        "periodic.definitions", "verify.checker", "verify.history"),                          # data and pure logic
     2: ("store", "host"),                                 # one bound database; the same host
     3: ("runs", "fleet", "periodic", "reads"),            # the rules
-    4: ("runner", "overseer", "api", "functions"),        # processes and faces
+    4: ("runner", "overseer", "api", "functions", "verify"),        # processes and faces
     5: ("cli", "web", "contrib", "testing", "__main__", "__init__"),     # entry points
 }
 LEVELS = {name: layer for layer, names in LAYERS.items() for name in names}

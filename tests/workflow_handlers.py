@@ -3,6 +3,7 @@ import os
 import time
 
 from taskrunner import TaskError, TaskHandler
+from taskrunner.verify import history
 
 
 def _record(path, line):
@@ -15,8 +16,9 @@ def _record(path, line):
 
 
 class Step(TaskHandler):
-    """Records "start TASK RUN" in data["log"] (if given), sleeps data["sleep"], records
-    "end TASK RUN",
+    """Records "start TASK RUN" in data["log"] (if given) and its start in the verify
+    history in data["history"] (if given), sleeps data["sleep"], records "end TASK RUN" and
+    its return,
     and returns data["value"] (or its task id) as its results — {"parents": N} with
     data["count_parents"], N its parents' results read —; fails with data["fail"]."""
 
@@ -24,6 +26,9 @@ class Step(TaskHandler):
         data = run.data or {}
         if data.get("log"):
             _record(data["log"], "start %d %d" % (run.task_id, run.id))
+        if data.get("history"):
+            history.record(data["history"], "start", task=run.task_id, run=run.id,
+                           attempt=run.attempt)
         if data.get("sleep"):
             time.sleep(data["sleep"])
         if data.get("fail"):
@@ -31,8 +36,13 @@ class Step(TaskHandler):
         results = data.get("value", run.task_id)
         if data.get("count_parents"):
             results = {"parents": sum(1 for _ in run.parent_results.items())}
+            if data.get("history"):
+                history.record(data["history"], "fanin", task=run.task_id, run=run.id,
+                               parents=results["parents"])
         if data.get("log"):
             _record(data["log"], "end %d %d" % (run.task_id, run.id))
+        if data.get("history"):
+            history.record(data["history"], "done", task=run.task_id, run=run.id)
         run.results = results
 
 

@@ -21,6 +21,7 @@ from .runs import when
 from ..config import Config
 from ..errors import InputError
 from .queues import add_queue_command, add_rate_command, print_queues, print_rates
+from .verify import add_verify_command
 from .workflows import add_workflow_command
 from ..handler import encode_data, load_handler
 from ..logs import setup_logging
@@ -623,6 +624,7 @@ def build_parser(hidden=()):
     add_queue_command(command)
     add_rate_command(command)
     add_workflow_command(command)
+    add_verify_command(command)
 
     add_periodic_parser(command, parser_class)
 

@@ -19,16 +19,19 @@ def has_waiting(store):
     return Task.select(Task.id).where(Task.waiting_key.is_null(False)).exists()
 
 
-def release_waiting(store, now):
+def release_waiting(store, now, queues=None):
     """Tasks waiting for a slot of their concurrency key become due again when their key
-    has a free slot; creating their run takes the slot (or they wait again)."""
+    has a free slot; creating their run takes the slot (or they wait again). `queues`: the
+    tasks of these queues only."""
     Task, Run = store.Task, store.Run
     if not has_waiting(store):
         return
     taken = (Run.select(pw.fn.COUNT(Run.id)).where(
         (Run.concurrency_key == Task.waiting_key) & Run.concurrency_slot.is_null(False)))
-    ids = [t.id for t in Task.select(Task.id).where(
-        Task.waiting_key.is_null(False) & (taken < Task.concurrency_limit))]
+    waiting = Task.waiting_key.is_null(False) & (taken < Task.concurrency_limit)
+    if queues is not None:
+        waiting &= Task.queue.in_(list(queues))
+    ids = [t.id for t in Task.select(Task.id).where(waiting)]
     if ids:
         store.write(lambda: Task.update(waiting_key=None, next_run_on=now).where(
             Task.id.in_(ids) & Task.waiting_key.is_null(False)).execute())

@@ -102,23 +102,27 @@ def bounded_traceback(text):
 
 # -- creating runs (rule 3) -------------------------------------------------------------------
 
-def create_missing_runs(store, now=None, batch=500):
+def create_missing_runs(store, now=None, batch=500, queues=None):
     """Create the next run of every task whose next_run_on has come (on the database's clock):
     due delayed tasks and failed tasks whose backoff has passed (given-up and final tasks
-    have no next_run_on).
+    have no next_run_on). `queues`: of the tasks of these queues only (`taskrunner verify`'s
+    own pass, which leaves every other queue to the fleet's).
     Race closed: two processes creating runs at once — the candidate tasks are locked (SKIP
     LOCKED / SQLite's write lock) and the unique index on task_runs.active_task_id refuses a
     second live run whatever happens."""
     Task = store.Task
     now = store.database_time(now)
     created = 0
-    release_waiting(store, now)
+    release_waiting(store, now, queues)
+    due = Task.next_run_on <= now
+    if queues is not None:
+        due &= Task.queue.in_(list(queues))
     # A cheap read first: most passes find nothing and need no write lock.
-    if not Task.select(Task.id).where(Task.next_run_on <= now).exists():
+    if not Task.select(Task.id).where(due).exists():
         return 0
     while True:
         def step():
-            query = (Task.select(Task.id).where(Task.next_run_on <= now)
+            query = (Task.select(Task.id).where(due)
                      .order_by(Task.next_run_on).limit(batch))
             if not store.is_sqlite:
                 query = query.for_update(skip_locked=True)
@@ -595,17 +599,20 @@ def start_released(store, ids, at):
             store.wake_after_commit(count, queue)
 
 
-def timeout_overdue_runs(store, now=None, reachable_since=None):
+def timeout_overdue_runs(store, now=None, reachable_since=None, queues=None):
     """Mark ``timeout`` every running run with no update for its task's run_timeout, or
     running longer than its max_runtime, on the database's clock (the runs' times were
     written on it too). Returns [(run_id, runner_id)] of the runs marked, so the caller can
     stop the processes executing them (rule 8). Progress that could not be written during
     an outage does not count: run_timeout is counted from Store.writable_since at the
-    earliest."""
+    earliest. `queues`: the runs of these queues only (as create_missing_runs)."""
     now = store.database_time(now)
     # Read in full before writing: on SQLite an open SELECT would make each end's write
     # transaction fail as soon as another process had committed meanwhile.
-    running = list(running_runs_query(store).objects())
+    query = running_runs_query(store)
+    if queues is not None:
+        query = query.where(store.Run.queue.in_(list(queues)))
+    running = list(query.objects())
     since = None
     if any(run.updated_on + timedelta(seconds=run.run_timeout) < now for run in running):
         since = _on_database_clock(store, store.writable_since(reachable_since))  # when it matters
