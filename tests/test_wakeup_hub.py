@@ -25,7 +25,9 @@ from taskrunner.config import Config
 from taskrunner.store.models import MAINTAINER, RUNNING, SUCCESS, Runner, Task
 
 WOKEN = re.compile(r"runner (\d+) woken")
-LOOK = '"t1"."paused", EXISTS('       # an idle runner's look for work (queues.claim_order)
+# An idle runner's look for work (queues.claim_order: queue_rows_query with_work), as the
+# debug log shows its statement.
+LOOK = '"t1"."host_limit", EXISTS('
 LISTENING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND query = %s")
 
 
