@@ -182,7 +182,7 @@ def test_a_failing_task_is_failed_with_its_exception_and_traceback(seen):
     """Django test_catches_exception / django-tasks-db test_failing_task: FAILED, finished,
     return_value raises "Task failed", errors[0].exception_class is ValueError and its
     traceback ends with the exception's line. taskrunner retries a failed run
-    (``MAX_RETRIES``, 2 in this project) before the task fails: one error per attempt."""
+    (``MAX_ATTEMPTS``, 2 in this project) before the task fails: one error per attempt."""
     result = seen["default"]["fails"]
     assert (result["status"], result["is_finished"]) == ("FAILED", True)
     assert result["return_value"] == ["ValueError", "Task failed"]

@@ -31,7 +31,8 @@ from .results import RUN_DJANGO_TASK, django_task, local_time, result_of
 
 # OPTIONS: where the tables are (a DATABASES alias, else a URL of their own), a taskrunner
 # config file for everything else, and the retry policy of the tasks this backend adds.
-TASK_OPTIONS = {"MAX_RETRIES": "max_retries", "RUN_TIMEOUT": "run_timeout",
+TASK_OPTIONS = {"MAX_ATTEMPTS": "max_attempts", "MAX_RETRIES": "max_retries",
+                "RUN_TIMEOUT": "run_timeout",
                 "MAX_RUNTIME": "max_runtime", "RETRY_BACKOFF": "retry_backoff"}
 OPTIONS = {"DATABASE", "URL", "CONFIG"} | set(TASK_OPTIONS)
 
@@ -42,8 +43,9 @@ class TaskrunnerBackend(tasks.BaseTaskBackend):
     ``OPTIONS``: ``DATABASE`` (a ``DATABASES`` alias, default ``"default"``: the tables live
     in the application's database, and `enqueue` commits with its transaction) or ``URL``
     (a taskrunner database URL of their own); ``CONFIG`` (a taskrunner TOML file: runner
-    limits, queues, retention); ``MAX_RETRIES``, ``RUN_TIMEOUT``, ``MAX_RUNTIME``,
-    ``RETRY_BACKOFF`` for every task it adds. ``QUEUES`` are taskrunner queues.
+    limits, queues, retention); ``MAX_ATTEMPTS`` (runs in all; ``MAX_RETRIES`` is the same
+    count by its older name), ``RUN_TIMEOUT``, ``MAX_RUNTIME``, ``RETRY_BACKOFF`` for every
+    task it adds. ``QUEUES`` are taskrunner queues.
 
     Priority: Django's -100..100 is taskrunner's priority as it is (higher runs first, the
     same order as Django's).

@@ -31,7 +31,7 @@ DATABASES = {"default": _database(os.environ["DEMO_DATABASE_URL"])}
 TASKS = {"default": {
     "BACKEND": "taskrunner.contrib.django.TaskrunnerBackend",
     "QUEUES": ["default", "emails"],
-    "OPTIONS": {"DATABASE": "default", "MAX_RETRIES": 2, "RETRY_BACKOFF": 0.2,
+    "OPTIONS": {"DATABASE": "default", "MAX_ATTEMPTS": 2, "RETRY_BACKOFF": 0.2,
                 "CONFIG": os.environ.get("DEMO_TASKRUNNER_CONFIG")},
 }}
 # Another backend's task, enqueued on taskrunner's with .using(backend="default").
