@@ -261,7 +261,7 @@ def nothing_lost(h):
         for e in h["enqueue"] if final.get(e["task"]) != "success"]
     return _result("nothing-lost", examples, {
         "enqueued": len(h["enqueue"]),
-        "succeeded": sum(1 for status in final.values() if status == "success")})
+        "succeeded": sum(1 for e in h["enqueue"] if final.get(e["task"]) == "success")})
 
 
 def _window_end(h):
