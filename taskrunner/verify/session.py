@@ -312,36 +312,36 @@ class Session:
         next_wave = next_pass = started
         self.register()
         try:
-            periodic.add()
-            self.start_schedulers()
-            self.keep_runners()
-            while time.monotonic() - started < self.duration:
-                now = time.monotonic()
-                if now >= next_wave:
-                    work.wave()
-                    next_wave = now + WAVE_INTERVAL
-                if now >= next_pass:
+            try:
+                periodic.add()
+                self.start_schedulers()
+                self.keep_runners()
+                while time.monotonic() - started < self.duration:
+                    now = time.monotonic()
+                    if now >= next_wave:
+                        work.wave()
+                        next_wave = now + WAVE_INTERVAL
+                    if now >= next_pass:
+                        self.queue_pass()
+                        next_pass = now + PASS_INTERVAL
+                    self.faults.tick(self.runner_pids())
+                    self.keep_runners()
+                    time.sleep(0.05)       # the loop's tick, as an overseer's
+                self.faults.end()
+                self.stop_schedulers()
+                drain_until = time.monotonic() + self.drain
+                while self._unfinished(work.task_ids) and time.monotonic() < drain_until:
                     self.queue_pass()
-                    next_pass = now + PASS_INTERVAL
-                self.faults.tick(self.runner_pids())
-                self.keep_runners()
-                time.sleep(0.05)       # the loop's tick, as an overseer's
-            self.faults.end()
-            self.stop_schedulers()
-            drain_until = time.monotonic() + self.drain
-            while self._unfinished(work.task_ids) and time.monotonic() < drain_until:
-                self.queue_pass()
-                self.keep_runners()
-                time.sleep(PASS_INTERVAL)
-        finally:
-            self.faults.end()
-            self.stop_schedulers()
-            self.stop_runners()
-        try:
+                    self.keep_runners()
+                    time.sleep(PASS_INTERVAL)
+            finally:
+                self.faults.end()
+                self.stop_schedulers()
+                self.stop_runners()
             periodic.collect()
             collect(self.store, self.directory, work.task_ids + periodic.task_ids())
         finally:
-            periodic.remove()
+            periodic.remove()       # however the session ended
         results = checker.check(history.read(self.directory))
         happened = dict(self.faults.counts, tasks=len(work.task_ids),
                         runners=self.started_runners,

@@ -16,6 +16,9 @@ from . import history
 
 QUEUE, RATE_QUEUE = "taskrunner-verify", "taskrunner-verify-rate"
 PERIODIC_QUEUE = "taskrunner-verify-periodic"
+# The owner of every session's periodic tasks: those of a session killed -9 (which could not
+# remove them) go with `taskrunner periodic remove --all --owner taskrunner-verify`.
+PERIODIC_OWNER = "taskrunner-verify"
 PERIODIC_EVERY = 1            # seconds: the periodic tasks' timer, "every 1s"
 # The periodic tasks' work: the slow one outlasts its interval (rule 9 skips a due time
 # while the previous task is unfinished).
@@ -180,10 +183,14 @@ class Periodic:
             row = scheduler.add_periodic(
                 self.store, name, HANDLER + "Work", "every %ds" % PERIODIC_EVERY,
                 {"history": self.directory, "work": PERIODIC_WORK[kind]},
-                source="verify", queue=PERIODIC_QUEUE, timebox="off", max_retries=20)
+                source="verify", owner=PERIODIC_OWNER, queue=PERIODIC_QUEUE, timebox="off",
+                max_retries=20)
             self.ids.append(row.id)
+            # Read back: the due time as the database stores it (its precision), which the
+            # tasks' scheduled_on will be compared with.
+            first = self.store.PeriodicTask.get_by_id(row.id).nextrun
             history.record(self.directory, "periodic", name=name, every=PERIODIC_EVERY,
-                           first=str(row.nextrun))
+                           first=str(first))
 
     def task_ids(self):
         Task = self.store.Task
