@@ -552,7 +552,7 @@ class PeriodicScheduler:
             taken[:] = self._take(now, after, only, queues)
             return self._submit(taken, now) if taken else ([], [])
         try:
-            outcomes, queues = self.store.write(step)
+            outcomes, written = self.store.write(step)
         except (StateError, InputError, pw.IntegrityError, pw.DataError,
                 pw.ProgrammingError) as exc:
             if only is None:
@@ -561,7 +561,7 @@ class PeriodicScheduler:
             elif taken:
                 self._record_error(taken[0], now, exc)
             return taken
-        remember_queues(self.store, queues)
+        remember_queues(self.store, written)
         for row, kind, detail in outcomes:
             if kind == "submitted":
                 log.info("periodic task %r: submitted task %d for %s", row.name, detail,

@@ -112,7 +112,8 @@ def runner_config(config, workers, host_id):
     database = {"sqlite_synchronous": d.sqlite_synchronous, "busy_timeout": d.busy_timeout,
                 "pooler": d.pooler, "listen_url": d.listen_url}
     lines = ["[database]"] + ["%s = %s" % (k, _toml(v)) for k, v in database.items()]
-    lines += ["[runner]", "limit = %d" % (len(QUEUES) * workers + 1), "host_id = %s" % _toml(host_id),
+    lines += ["[runner]", "limit = %d" % (len(QUEUES) * workers + 1),
+              "host_id = %s" % _toml(host_id),
               "poll_interval = 0.1", "heartbeat_interval = 0.5",
               "batch = %d" % r.batch, "flush_interval = %s" % _toml(r.flush_interval),
               "[overseer]", "kill_grace = 6", "heartbeat_timeout = 30",
