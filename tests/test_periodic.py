@@ -160,6 +160,22 @@ def test_a_pass_submits_one_task_per_due_periodic_task_and_a_second_pass_nothing
 
 
 @pytest.mark.timeout(120)
+def test_a_pass_restricted_to_queues_leaves_every_other_periodic_task_due(queue):
+    """`taskrunner verify`'s schedulers: the pass of its own periodic queue only."""
+    add_periodic(queue.store, "mine", ECHO, "every 10s", now=T0, queue="verify")
+    add_periodic(queue.store, "theirs", ECHO, "every 5s", now=T0, queue="emails")
+    scheduler = PeriodicScheduler(queue.store)
+    assert scheduler.next_due(queues=["verify"]) == at(10)
+    assert scheduler.next_due(queues=["nothing"]) is None
+
+    result = scheduler.run_pending(now=at(10), queues=["verify"])
+    assert [t.queue for t in Task.select().where(Task.id.in_(result["submitted"]))] == ["verify"]
+    assert tasks_of("theirs") == [] and row("theirs").nextrun == at(5)
+    assert row("mine").nextrun == at(20)
+    assert scheduler.next_due() == at(5)
+
+
+@pytest.mark.timeout(120)
 def test_a_due_time_is_skipped_not_stacked_while_the_previous_task_is_unfinished(queue):
     add_periodic(queue.store, "slow", ECHO, "every 10s", now=T0)
     scheduler = PeriodicScheduler(queue.store)

@@ -14,6 +14,7 @@ import pytest
 from conftest import REPO_DIR, TESTS_DIR, Database, taskrunner
 from taskrunner.config import Config
 from taskrunner.fleet import liveness
+from taskrunner.periodic.scheduler import add_periodic
 from taskrunner.runs import sql
 from taskrunner.verify import checker
 from taskrunner.verify.session import mount_of, preflight
@@ -57,6 +58,21 @@ def clean_history():
         {"kind": "final", "task": 1, "status": "success"},
         {"kind": "final", "task": 2, "status": "success"},
         {"kind": "final", "task": 3, "status": "success"},
+    ]
+
+
+def periodic_history(first_finished=db(11.5)):
+    """Periodic task p, every 1 s from 10; two schedulers whose last passes were at 12.2 and
+    12.5 (due times 10, 11, 12 were theirs); task 40 due at 10 (unfinished at 11: that due
+    time skipped), task 41 due at 12."""
+    return [
+        {"kind": "periodic", "name": "p", "every": 1, "first": db(10)},
+        {"kind": "pass", "pid": 7, "now": db(12.5)},
+        {"kind": "pass", "pid": 8, "now": db(12.2)},
+        {"kind": "instance", "periodic": "p", "task": 40, "scheduled": db(10),
+         "created": db(10.01), "finished": first_finished},
+        {"kind": "instance", "periodic": "p", "task": 41, "scheduled": db(12),
+         "created": db(12.01), "finished": db(12.05)},
     ]
 
 
@@ -104,6 +120,27 @@ def test_checker_reports_the_first_counter_example(name, change, example):
     assert results[name].startswith(example), results[name]
 
 
+def test_checker_reports_a_periodic_due_time_with_two_tasks_or_none():
+    clean = checker.check(clean_history() + periodic_history())
+    assert failed(clean) == {}
+    assert clean[-1].line() == ("ok   periodic-once: 1 periodic tasks, 3 due times, 2 tasks, "
+                                "1 skipped, 2 passes")
+    twice = failed(checker.check(periodic_history() + [
+        {"kind": "instance", "periodic": "p", "task": 42, "scheduled": db(12),
+         "created": db(12.02), "finished": db(12.1)}]))
+    assert twice == {"periodic-once": "periodic task p: its due time 2026-01-01 00:00:12 "
+                                      "yielded 2 tasks: 41, 42"}
+    missed = failed(checker.check(periodic_history(first_finished=db(10.5))))
+    assert missed == {"periodic-once": "periodic task p: its due time 2026-01-01 00:00:11 "
+                                       "yielded no task, though its previous task 40 (due "
+                                       "2026-01-01 00:00:10) had finished at 2026-01-01 "
+                                       "00:00:10.500"}
+    # Created after the due time that has no task: a late pass's catch-up once.
+    late = periodic_history(first_finished=db(10.5))
+    late[3]["created"] = db(11.2)
+    assert failed(checker.check(late)) == {}
+
+
 def test_checker_holds_concurrency_and_rate_windows():
     events = [{"kind": "limit", "what": "concurrency", "key": "k", "limit": 1},
               {"kind": "limit", "what": "rate", "key": "q", "rate": 1.0, "burst": 1}]
@@ -146,9 +183,9 @@ def snapshot(store, task_ids):
 
 @pytest.mark.slow
 def test_verify_of_the_unmutated_build_holds_every_property(database, tmp_path):
-    # The application's own: a task waiting on another queue, and a run of the default
-    # queue, running under another host's runner, overdue by an hour. Verify times out,
-    # claims, sweeps none of them: they are the fleet's.
+    # The application's own: a task waiting on another queue, a run of the default queue,
+    # running under another host's runner, overdue by an hour, and a periodic task due every
+    # second. Verify times out, claims, sweeps, schedules none of them: they are the fleet's.
     other = database.queue(runner={"host_id": "elsewhere"})
     store = other.store
     waiting = other.add_task("taskrunner.handlers.Echo", {"n": 1}, queue="emails")
@@ -159,7 +196,9 @@ def test_verify_of_the_unmutated_build_holds_every_property(database, tmp_path):
         == [overdue]
     store.Run.update(updated_on=at - timedelta(hours=1)).where(
         store.Run.task_id == overdue).execute()
+    mine = add_periodic(store, "mine", "taskrunner.handlers.Echo", "every 1s", queue="emails")
     before = snapshot(store, [waiting, overdue])
+    periodic_before = [r.__data__ for r in store.PeriodicTask.select()]
 
     code, properties, report = verify(database, tmp_path, "--duration", "5", "--workers", "3",
                                       "--faults", "kill,stop")
@@ -168,11 +207,14 @@ def test_verify_of_the_unmutated_build_holds_every_property(database, tmp_path):
     assert [dict(t) for t in after[0]] == [dict(t) for t in before[0]]
     assert [dict(r) for r in after[1]] == [dict(r) for r in before[1]]
     assert set(before[2]) <= set(after[2])
+    assert [r.__data__ for r in store.PeriodicTask.select()] == periodic_before
+    assert store.Task.select().where(store.Task.periodic_task_id == mine.id).count() == 0
     other.close()
     assert report["ok"] and report["happened"]["tasks"] > 30
     assert properties["nothing-lost"]["counts"]["succeeded"] == report["happened"]["tasks"]
     assert properties["steps-once"]["counts"]["application rows"] > 0
     assert properties["fan-in"]["counts"]["dependents"] > 0
+    assert properties["periodic-once"]["counts"]["tasks"] > 0
 
 
 # Each seeded defect and the properties that report it (any of them).
@@ -186,6 +228,8 @@ MUTANT_REPORTS = {
     "release-no-parent-count": ("fan-in",),
     # PostgreSQL: two claimers read the same candidate and both take it.
     "claim-no-row-lock": ("claimed-once",),
+    # Two schedulers read the same due time, neither holding its row: both submit it.
+    "periodic-take-unlocked": ("periodic-once",),
 }
 # SQLite has no row lock to leave out: its claim holds the write lock from its first read.
 POSTGRESQL_ONLY = ("claim-no-row-lock",)
@@ -193,7 +237,7 @@ POSTGRESQL_ONLY = ("claim-no-row-lock",)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mutant", sorted(MUTANT_REPORTS))
-def test_verify_reports_a_seeded_defect_of_the_claim_or_the_end(mutant, database_sp,
+def test_verify_reports_a_seeded_defect(mutant, database_sp,
                                                                  tmp_path):
     if mutant in POSTGRESQL_ONLY and database_sp.backend != "postgresql":
         pytest.skip("a PostgreSQL statement's defect")

@@ -511,32 +511,36 @@ class PeriodicScheduler:
             log.info("cleared %d stale periodic marks", cleared)
         return cleared
 
-    def next_due(self):
-        """The earliest nextrun of an enabled periodic task, or None."""
+    def next_due(self, queues=None):
+        """The earliest nextrun of an enabled periodic task (of `queues`: see run_pending),
+        or None."""
         PeriodicTask = self.store.PeriodicTask
-        row = (PeriodicTask.select(pw.fn.MIN(PeriodicTask.nextrun).alias("due"))
-               .where((PeriodicTask.enabled == True)  # noqa: E712
-                      & PeriodicTask.marked.is_null()).get())
-        return row.due
+        where = (PeriodicTask.enabled == True) & PeriodicTask.marked.is_null()  # noqa: E712
+        if queues is not None:
+            where &= PeriodicTask.queue.in_(list(queues))
+        return PeriodicTask.select(pw.fn.MIN(PeriodicTask.nextrun).alias("due")).where(
+            where).get().due
 
-    def run_pending(self, now=None, until=None):
+    def run_pending(self, now=None, until=None, queues=None):
         """One pass: handle every due periodic task. Returns {"submitted": [task ids],
         "skipped": [names]}. `until`, asked before each batch, ends the pass early when
         true; what is left stays due for the next pass (a burst of due times must not keep
         the maintainer from its other work, nor from a stop). `now`: this host's time (a
-        test's injected one; None: now), put on the database's clock."""
+        test's injected one; None: now), put on the database's clock. `queues`: the periodic
+        tasks whose tasks go to these queues only (`taskrunner verify`'s own schedulers,
+        which leave every other periodic task to the fleet's)."""
         now = self.store.database_time(now)
         result = {"submitted": [], "skipped": []}
         self._followings = {}
         after = None    # (nextrun, id) of the last due periodic task this pass took
         while until is None or not until():
-            taken = self._batch(now, after, result)
+            taken = self._batch(now, after, result, queues=queues)
             if not taken:
                 return result
             after = (taken[-1].nextrun, taken[-1].id)
         return result
 
-    def _batch(self, now, after, result, only=None):
+    def _batch(self, now, after, result, only=None, queues=None):
         """One transaction: take up to BATCH due periodic tasks (after `after` in due order,
         or the one whose id is `only`), submit or skip the occurrence of each, advance them.
         Returns the rows taken. A batch the database refuses (a task it rejects) is done
@@ -545,10 +549,10 @@ class PeriodicScheduler:
         taken = []
 
         def step():
-            taken[:] = self._take(now, after, only)
+            taken[:] = self._take(now, after, only, queues)
             return self._submit(taken, now) if taken else ([], [])
         try:
-            outcomes, queues = self.store.write(step)
+            outcomes, written = self.store.write(step)
         except (StateError, InputError, pw.IntegrityError, pw.DataError,
                 pw.ProgrammingError) as exc:
             if only is None:
@@ -557,7 +561,7 @@ class PeriodicScheduler:
             elif taken:
                 self._record_error(taken[0], now, exc)
             return taken
-        remember_queues(self.store, queues)
+        remember_queues(self.store, written)
         for row, kind, detail in outcomes:
             if kind == "submitted":
                 log.info("periodic task %r: submitted task %d for %s", row.name, detail,
@@ -572,7 +576,7 @@ class PeriodicScheduler:
                           "at %s", row.name, detail)
         return taken
 
-    def _take(self, now, after, only):
+    def _take(self, now, after, only, queues=None):
         """Race closed: two schedulers taking the same due time — the due periodic tasks are
         read FOR UPDATE SKIP LOCKED in the transaction that advances them (SQLite: inside
         its one write transaction), so each is taken by one scheduler, and another finds it
@@ -592,6 +596,10 @@ class PeriodicScheduler:
             where += " AND (nextrun > {m} OR (nextrun = {m} AND id > {m}))"
             fields += [PeriodicTask.nextrun, PeriodicTask.nextrun, PeriodicTask.id]
             values += [after[0], after[0], after[1]]
+        if queues is not None and only is None:
+            where += " AND queue IN (%s)" % ", ".join(["{m}"] * len(queues))
+            fields += [PeriodicTask.queue] * len(queues)
+            values += list(queues)
         statement = ("SELECT {cols} FROM {t} WHERE " + where + " ORDER BY nextrun, id LIMIT %d%s"
                      % (self.BATCH, "" if self.store.is_sqlite else " FOR UPDATE SKIP LOCKED")
                      ).format(cols=", ".join(Due._fields), t=self._table, m=self._param)

@@ -17,13 +17,16 @@ The properties:
 - rate-window: in no window did a rate-limited queue start more runs than its burst plus its
   rate over the window (flow control).
 - nothing-lost: every task enqueued ended ``success`` (rule 6).
+- periodic-once: each due time of a periodic task yielded at most one task, and none was
+  missed: a due time without a task is one rule 9 skips — its previous task was unfinished
+  then, or a late pass handled an earlier due time after it (catch-up once) (rule 9).
 """
 from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any, Dict, List, NamedTuple, Optional
 
 PROPERTIES = ("one-success", "one-live-run", "claimed-once", "steps-once", "fan-in",
-              "concurrency-key", "rate-window", "nothing-lost")
+              "concurrency-key", "rate-window", "nothing-lost", "periodic-once")
 
 
 class Result(NamedTuple):
@@ -57,7 +60,7 @@ def check(events: List[Dict[str, Any]]) -> List[Result]:
         by_kind[event["kind"]].append(event)
     return [one_success(by_kind), one_live_run(by_kind), claimed_once(by_kind),
             steps_once(by_kind), fan_in(by_kind), concurrency_key(by_kind),
-            rate_window(by_kind), nothing_lost(by_kind)]
+            rate_window(by_kind), nothing_lost(by_kind), periodic_once(by_kind)]
 
 
 def held(results):
@@ -76,7 +79,9 @@ def one_success(h):
     examples = ["task %d has %d runs ended success: %s" % (
         task, len(runs), ", ".join(map(str, sorted(runs))))
         for task, runs in sorted(successes.items()) if len(runs) > 1]
-    return _result("one-success", examples, {"tasks": len(h["enqueue"]),
+    # Enqueued by the workload or submitted by a periodic task (read back: its final state).
+    tasks = {e["task"] for e in h["enqueue"]} | {e["task"] for e in h["final"]}
+    return _result("one-success", examples, {"tasks": len(tasks),
                                              "successful runs": sum(map(len, successes.values()))})
 
 
@@ -258,4 +263,50 @@ def nothing_lost(h):
         for e in h["enqueue"] if final.get(e["task"]) != "success"]
     return _result("nothing-lost", examples, {
         "enqueued": len(h["enqueue"]),
-        "succeeded": sum(1 for status in final.values() if status == "success")})
+        "succeeded": sum(1 for e in h["enqueue"] if final.get(e["task"]) == "success")})
+
+
+def _window_end(h):
+    """The last due time every scheduler had to handle: the earliest of their last passes'
+    times (a due time after it may have been taken by a pass that never committed)."""
+    last = defaultdict(lambda: datetime.min)
+    for event in h["pass"]:
+        last[event["pid"]] = max(last[event["pid"]], when(event["now"]))
+    return min(last.values()) if last else None
+
+
+def periodic_once(h):
+    """The due times of each periodic task are its first one plus whole intervals, up to the
+    window's end; a task's due time is its scheduled_on (no jitter)."""
+    tasks = defaultdict(list)
+    for event in h["instance"]:
+        tasks[event["periodic"]].append(dict(event, due=when(event["scheduled"])))
+    end, examples, due_times, skipped = _window_end(h), [], 0, 0
+    for periodic in h["periodic"]:
+        name, every = periodic["name"], timedelta(seconds=periodic["every"])
+        mine = sorted(tasks[name], key=lambda t: (t["due"], t["task"]))
+        by_due = defaultdict(list)
+        for task in mine:
+            by_due[task["due"]].append(task["task"])
+        examples += ["periodic task %s: its due time %s yielded %d tasks: %s" % (
+            name, due, len(ids), ", ".join(map(str, ids)))
+            for due, ids in sorted(by_due.items()) if len(ids) > 1]
+        due = when(periodic["first"])
+        while end is not None and due <= end:
+            due_times += 1
+            if due not in by_due:
+                previous = ([t for t in mine if t["due"] < due] or [None])[-1]
+                if previous is not None and (
+                        not previous["finished"] or when(previous["finished"]) > due
+                        or when(previous["created"]) >= due):
+                    skipped += 1
+                else:
+                    examples.append("periodic task %s: its due time %s yielded no task, %s" % (
+                        name, due, "and none before it" if previous is None else
+                        "though its previous task %d (due %s) had finished at %s" % (
+                            previous["task"], previous["due"], previous["finished"])))
+            due += every
+    return _result("periodic-once", examples, {
+        "periodic tasks": len(h["periodic"]), "due times": due_times,
+        "tasks": sum(map(len, tasks.values())), "skipped": skipped,
+        "passes": len(h["pass"])})

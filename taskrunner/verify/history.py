@@ -13,9 +13,11 @@ from datetime import datetime, timezone
 # handler's start, a step's body executing (a side effect outside the database) and its
 # record committed, a handler's return, a fan-in's reading of its parents (written by the
 # runners), each run as the database ended it, each application row counted, each task's
-# final state (read back by verify).
+# final state (read back by verify); the periodic tasks defined (verify), each pass of a
+# scheduler and the time it was made at (verify's schedulers), each task a periodic task
+# submitted (read back by verify).
 KINDS = ("enqueue", "limit", "start", "exec", "step", "done", "fanin", "end", "effect",
-         "final")
+         "final", "periodic", "pass", "instance")
 
 
 def record(directory, kind, **fields):

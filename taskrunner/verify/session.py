@@ -11,7 +11,13 @@ runner that died and makes the queue pass for its own queues only (this host id'
 runners by PID, its overdue runs timed out, its due runs created), so it never touches
 another queue's task nor another host's runner, and neither it nor its runners take part in
 the fleet's maintenance lease. Its tasks stay under its own queues, for rotation to delete as
-it deletes any other."""
+it deletes any other.
+
+Its periodic tasks are scheduled by SCHEDULERS processes of its own at once, each making the
+periodic scheduler's own pass (`PeriodicScheduler.run_pending`, the one the fleet's lease
+holder makes) for the session's periodic queue only, waking at each due time as the lease
+holder does: rule 9 says a due time yields one task however many schedulers run. They never
+schedule another periodic task, and the session's periodic tasks are removed at its end."""
 import json
 import logging
 import os
@@ -22,15 +28,18 @@ import uuid
 from ..config import Config
 from ..errors import InputError
 from ..fleet import liveness
+from ..periodic.scheduler import PeriodicScheduler
 from ..runs import lifecycle
 from ..store.db import backend_of, open_database
-from ..store.models import OVERSEER, RUNNER, RUNNING
+from ..store.models import OVERSEER, RUNNER, RUNNING, utcnow
 from . import checker, history, workload
 from .faults import Faults
 
-QUEUES = (workload.QUEUE, workload.RATE_QUEUE)
+QUEUES = (workload.QUEUE, workload.RATE_QUEUE, workload.PERIODIC_QUEUE)
+SCHEDULERS = 2
 RUN_TIMEOUT = 2.0        # of the workload's runs: a runner stopped for longer loses its run
 PASS_INTERVAL = 0.25
+SCHEDULER_LOOK = 0.2     # longest sleep of a scheduler process between two looks
 WAVE_INTERVAL = 1.0
 STOP_GRACE = 15.0        # seconds the runners have to finish their runs at the end
 # Filesystems on which SQLite's locks do not hold between hosts (sqlite.org/lockingv3.html,
@@ -103,7 +112,8 @@ def runner_config(config, workers, host_id):
     database = {"sqlite_synchronous": d.sqlite_synchronous, "busy_timeout": d.busy_timeout,
                 "pooler": d.pooler, "listen_url": d.listen_url}
     lines = ["[database]"] + ["%s = %s" % (k, _toml(v)) for k, v in database.items()]
-    lines += ["[runner]", "limit = %d" % (2 * workers + 1), "host_id = %s" % _toml(host_id),
+    lines += ["[runner]", "limit = %d" % (len(QUEUES) * workers + 1),
+              "host_id = %s" % _toml(host_id),
               "poll_interval = 0.1", "heartbeat_interval = 0.5",
               "batch = %d" % r.batch, "flush_interval = %s" % _toml(r.flush_interval),
               "[overseer]", "kill_grace = 6", "heartbeat_timeout = 30",
@@ -111,7 +121,11 @@ def runner_config(config, workers, host_id):
               "[log]", 'level = "warning"',
               '[queues."%s"]' % workload.QUEUE, "limit = %d" % workers,
               '[queues."%s"]' % workload.RATE_QUEUE, "limit = %d" % workers,
-              'rate = "%d/s"' % workload.RATE, "burst = %d" % workload.BURST]
+              'rate = "%d/s"' % workload.RATE, "burst = %d" % workload.BURST,
+              # Claimed first: a periodic task waiting behind the workload is unfinished at
+              # its next due times, which rule 9 then skips.
+              '[queues."%s"]' % workload.PERIODIC_QUEUE, "limit = %d" % workers,
+              "priority = 1"]
     return "\n".join(lines) + "\n"
 
 
@@ -137,6 +151,7 @@ class Session:
         self.store = self.queue.store
         self.faults = Faults(faults, restart_db_command)
         self.pids, self.parent_pid, self.row_id = set(), os.getpid(), None
+        self.scheduler_pids = set()
         self.started_runners = 0
 
     # -- the runners ---------------------------------------------------------------------
@@ -149,32 +164,84 @@ class Session:
         self.row_id = liveness.register(self.store, kind=OVERSEER).id
 
     def spawn_runner(self):
-        """Fork one runner of the workload's queues. No connection crosses the fork."""
+        """Fork one runner of the workload's queues."""
+        self.pids.add(self._fork(self.work, "runners.log"))
+        self.started_runners += 1
+
+    def work(self):
+        from ..api import TaskQueue
+        from ..runner.loop import Runner
+        from ..store.bound import Store
+        Runner(Store(self.config), parent_pid=self.parent_pid, parent_id=self.row_id,
+               serving=QUEUES, facade=TaskQueue).work()
+
+    def _fork(self, body, log_name):
+        """A child of the session in a process group of its own, its output to `log_name`,
+        running `body()`; its PID. No connection crosses the fork."""
         self.store.close()
         pid = os.fork()
         if pid:
-            self.pids.add(pid)
-            self.started_runners += 1
-            return
+            return pid
         code = 1
         try:
             liveness.die_with_parent(signal.SIGKILL)
             os.setpgid(0, 0)
-            log = os.open(os.path.join(self.directory, "runners.log"),
+            log = os.open(os.path.join(self.directory, log_name),
                           os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             os.dup2(log, 1)
             os.dup2(log, 2)
-            from ..api import TaskQueue
-            from ..runner.loop import Runner
-            from ..store.bound import Store
-            Runner(Store(self.config), parent_pid=self.parent_pid, parent_id=self.row_id,
-                   serving=QUEUES, facade=TaskQueue).work()
+            body()
             code = 0
         except BaseException:
-            logging.getLogger("taskrunner.verify").exception("runner crashed")
+            logging.getLogger("taskrunner.verify").exception("%s crashed", log_name)
         finally:
             logging.shutdown()
         os._exit(code)
+
+    def start_schedulers(self):
+        for _ in range(SCHEDULERS):
+            self.scheduler_pids.add(self._fork(self.schedule, "schedulers.log"))
+
+    def schedule(self):
+        """The body of a scheduler process, until SIGTERM: wait for the next due time of the
+        session's periodic tasks (on the database's clock), make the pass, record it (the
+        database's time it was made at: every due time up to it was this pass's to handle)."""
+        stopping = []
+        signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+        from ..store.bound import Store
+        store = Store(self.config)
+        scheduler, queues = PeriodicScheduler(store), (workload.PERIODIC_QUEUE,)
+        while not stopping:
+            try:
+                due = scheduler.next_due(queues)
+                wait = SCHEDULER_LOOK if due is None else \
+                    (due - store.database_time()).total_seconds()
+                if wait > 0:
+                    time.sleep(min(wait, SCHEDULER_LOOK))
+                    continue
+                now = utcnow()
+                result = scheduler.run_pending(now=now, queues=queues)
+                history.record(self.directory, "pass", now=str(store.database_time(now)),
+                               submitted=result["submitted"])
+            except Exception:     # the database went away (restart-db): the next pass retries
+                logging.getLogger("taskrunner.verify").exception("a scheduler's pass failed")
+                store.close()
+                time.sleep(SCHEDULER_LOOK)
+        store.close()
+
+    def stop_schedulers(self):
+        """TERM: each ends after its pass; KILL after STOP_GRACE."""
+        for pid in self.scheduler_pids:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        for pid in self.scheduler_pids:
+            while not os.waitpid(pid, os.WNOHANG)[0]:
+                if time.monotonic() > deadline:
+                    os.killpg(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    break
+                time.sleep(0.05)
+        self.scheduler_pids.clear()
 
     def reap(self):
         """Forget the runners that exited (killed, refused), reaping them."""
@@ -241,32 +308,41 @@ class Session:
         workload.create_effects_table(self.store)
         work = workload.Workload(self.queue, self.directory, self.session, self.workers)
         work.limits()
+        periodic = workload.Periodic(self.store, self.directory, self.session)
         started = time.monotonic()
         next_wave = next_pass = started
         self.register()
         try:
-            self.keep_runners()
-            while time.monotonic() - started < self.duration:
-                now = time.monotonic()
-                if now >= next_wave:
-                    work.wave()
-                    next_wave = now + WAVE_INTERVAL
-                if now >= next_pass:
+            try:
+                periodic.add()
+                self.start_schedulers()
+                self.keep_runners()
+                while time.monotonic() - started < self.duration:
+                    now = time.monotonic()
+                    if now >= next_wave:
+                        work.wave()
+                        next_wave = now + WAVE_INTERVAL
+                    if now >= next_pass:
+                        self.queue_pass()
+                        next_pass = now + PASS_INTERVAL
+                    self.faults.tick(self.runner_pids())
+                    self.keep_runners()
+                    time.sleep(0.05)       # the loop's tick, as an overseer's
+                self.faults.end()
+                self.stop_schedulers()
+                drain_until = time.monotonic() + self.drain
+                while self._unfinished(work.task_ids) and time.monotonic() < drain_until:
                     self.queue_pass()
-                    next_pass = now + PASS_INTERVAL
-                self.faults.tick(self.runner_pids())
-                self.keep_runners()
-                time.sleep(0.05)       # the loop's tick, as an overseer's
-            self.faults.end()
-            drain_until = time.monotonic() + self.drain
-            while self._unfinished(work.task_ids) and time.monotonic() < drain_until:
-                self.queue_pass()
-                self.keep_runners()
-                time.sleep(PASS_INTERVAL)
+                    self.keep_runners()
+                    time.sleep(PASS_INTERVAL)
+            finally:
+                self.faults.end()
+                self.stop_schedulers()
+                self.stop_runners()
+            periodic.collect()
+            collect(self.store, self.directory, work.task_ids + periodic.task_ids())
         finally:
-            self.faults.end()
-            self.stop_runners()
-        collect(self.store, self.directory, work.task_ids)
+            periodic.remove()       # however the session ended
         results = checker.check(history.read(self.directory))
         happened = dict(self.faults.counts, tasks=len(work.task_ids),
                         runners=self.started_runners,

@@ -1,7 +1,9 @@
 """The workload of a verify session, on queues of its own (`QUEUE`, and `RATE_QUEUE` with a
 rate): plain tasks, tasks that fail before they succeed (retries), tasks sharing a
 concurrency key, rate-limited tasks, durable steps that write an application row in the
-step's transaction, and a workflow whose branches fan out from a root and fan in. Every
+step's transaction, a workflow whose branches fan out from a root and fan in, and periodic
+tasks of its own (`PERIODIC_QUEUE`: a quick one, and a slow one whose task outlasts its
+interval, so its next due times are skipped). Every
 handler records what it does in the session's history (`history.record`), before and after
 each thing that matters, so the checker can order them. Every task is meant to end
 ``success``: anything else is a lost task."""
@@ -9,9 +11,18 @@ import time
 
 from ..handler import TaskHandler
 from ..errors import TaskError
+from ..periodic import scheduler
 from . import history
 
 QUEUE, RATE_QUEUE = "taskrunner-verify", "taskrunner-verify-rate"
+PERIODIC_QUEUE = "taskrunner-verify-periodic"
+# The owner of every session's periodic tasks: those of a session killed -9 (which could not
+# remove them) go with `taskrunner periodic remove --all --owner taskrunner-verify`.
+PERIODIC_OWNER = "taskrunner-verify"
+PERIODIC_EVERY = 1            # seconds: the periodic tasks' timer, "every 1s"
+# The periodic tasks' work: the slow one outlasts its interval (rule 9 skips a due time
+# while the previous task is unfinished).
+PERIODIC_WORK = {"quick": 0.05, "slow": 1.5}
 # The application's table the steps write to, created by verify itself (no migration of
 # the product's schema): one row per step, in the step's transaction.
 EFFECTS = "taskrunner_verify_effects"
@@ -153,3 +164,53 @@ class Workload:
                            queue=QUEUE, parents=[keys[k] for k in spec.get("after", ())],
                            reads=spec["key"] == "fan-in")
         self.task_ids.extend(ids)
+
+
+class Periodic:
+    """The session's periodic tasks (``taskrunner-verify-SESSION-quick`` and ``-slow``, on
+    PERIODIC_QUEUE, no timebox: their work, not a max_runtime, decides when they end), each
+    recorded with its first due time and interval, so the checker knows which instances
+    were due; removed at the end (`remove`)."""
+
+    def __init__(self, store, directory, session):
+        self.store, self.directory = store, directory
+        self.names = {kind: "taskrunner-verify-%s-%s" % (session, kind)
+                      for kind in PERIODIC_WORK}
+        self.ids = []
+
+    def add(self):
+        for kind, name in self.names.items():
+            row = scheduler.add_periodic(
+                self.store, name, HANDLER + "Work", "every %ds" % PERIODIC_EVERY,
+                {"history": self.directory, "work": PERIODIC_WORK[kind]},
+                source="verify", owner=PERIODIC_OWNER, queue=PERIODIC_QUEUE, timebox="off",
+                max_retries=20)
+            self.ids.append(row.id)
+            # Read back: the due time as the database stores it (its precision), which the
+            # tasks' scheduled_on will be compared with.
+            first = self.store.PeriodicTask.get_by_id(row.id).nextrun
+            history.record(self.directory, "periodic", name=name, every=PERIODIC_EVERY,
+                           first=str(first))
+
+    def task_ids(self):
+        Task = self.store.Task
+        return [t.id for t in Task.select(Task.id).where(Task.periodic_task_id.in_(self.ids))] \
+            if self.ids else []
+
+    def collect(self):
+        """Each task the periodic tasks submitted: its due time (scheduled_on), when it was
+        created and when it finished, on the database's clock."""
+        Task, names = self.store.Task, dict(zip(self.ids, self.names.values()))
+        for task in Task.select(Task.id, Task.periodic_task_id, Task.scheduled_on,
+                                Task.queued_on, Task.finished_on).where(
+                Task.periodic_task_id.in_(self.ids)) if self.ids else ():
+            history.record(self.directory, "instance", periodic=names[task.periodic_task_id],
+                           task=task.id, scheduled=str(task.scheduled_on),
+                           created=str(task.queued_on),
+                           finished=task.finished_on and str(task.finished_on))
+
+    def remove(self):
+        PeriodicTask = self.store.PeriodicTask
+        if self.ids:
+            PeriodicTask.delete().where(PeriodicTask.id.in_(self.ids)).execute()
+        self.ids = []

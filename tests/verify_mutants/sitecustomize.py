@@ -13,7 +13,10 @@ Mutants:
   LOCKED (two claimers take the same run);
 - release-no-parent-count: a parent's success releases its dependents whatever their count
   of parents still to succeed (runs/graph.py's RELEASE_READY): a fan-in starts after its
-  first parent.
+  first parent;
+- periodic-take-unlocked: a scheduler's pass reads the due periodic tasks before the
+  transaction that submits and advances them, no row locked (periodic/scheduler.py's
+  `_take` outside `_batch`'s write): two schedulers both submit one due time.
 """
 import os
 
@@ -48,7 +51,27 @@ def wrap(function):
     return lambda *args, **kwargs: mutate(function(*args, **kwargs))
 
 
-if MUTANT:
+
+
+def take_unlocked():
+    from taskrunner.periodic.scheduler import PeriodicScheduler
+    take, batch = PeriodicScheduler._take, PeriodicScheduler._batch
+
+    def read_first(self, now, after, result, only=None, queues=None):
+        rows = take(self, now, after, only, queues)     # in a transaction of its own
+        self._take = lambda *args: rows
+        try:
+            return batch(self, now, after, result, only, queues)
+        finally:
+            del self._take
+    PeriodicScheduler._batch = read_first
+
+
+PATCHES = {"periodic-take-unlocked": take_unlocked}
+
+if MUTANT in PATCHES:
+    PATCHES[MUTANT]()
+elif MUTANT:
     if MUTANT not in REWRITES:
         raise SystemExit("unknown TASKRUNNER_VERIFY_MUTANT %r" % MUTANT)
     from taskrunner.runs import graph
