@@ -241,9 +241,17 @@ def test_verify_reports_a_seeded_defect(mutant, database_sp,
                                                                  tmp_path):
     if mutant in POSTGRESQL_ONLY and database_sp.backend != "postgresql":
         pytest.skip("a PostgreSQL statement's defect")
-    code, properties, _ = verify(database_sp, tmp_path, "--duration", "10", "--workers", "3",
-                                 "--faults", "stop", "--drain", "10", mutant=mutant)
-    assert code == 1
+    # A defect that needs a race (two claimers on one candidate, two schedulers on one due
+    # time) shows when the race happens: on a loaded machine a 10 s session may see none, so
+    # up to three sessions, as a user verifies again for longer. Every session that reports
+    # must name a property of the defect.
+    for session in range(3):
+        code, properties, _ = verify(database_sp, tmp_path / str(session), "--duration", "10",
+                                     "--workers", "3", "--faults", "stop", "--drain", "10",
+                                     mutant=mutant)
+        if code != 0:
+            break
+    assert code == 1, properties
     reported = [name for name in MUTANT_REPORTS[mutant] if not properties[name]["held"]]
     assert reported, properties
     assert properties[reported[0]]["counterexample"]
