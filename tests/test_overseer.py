@@ -651,8 +651,12 @@ def test_hup_applies_a_new_limit_and_keeps_the_old_config_when_the_new_one_is_in
     # new runners' registration by a moment on a loaded machine.
     wait_for(lambda: not set(before) & set(live_pids(proc.pid)), timeout=START_TIMEOUT,
              message="the old runners to exit")
+    # A new runner that registered while an old one still held its slot was refused and is
+    # started again by the overseer: four rows, each a live runner, within the deadline.
+    wait_for(lambda: len(runner_rows(me.id)) == 4 and sorted(
+        r.pid for r in runner_rows(me.id)) == live_pids(proc.pid), timeout=START_TIMEOUT,
+        message="four runners under the new limit")
     after = live_pids(proc.pid)
-    assert len(runner_rows(me.id)) == 4
 
     with open(config, "w") as fh:
         fh.write("[runner\nlimit = = 1\n")
