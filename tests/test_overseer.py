@@ -803,7 +803,10 @@ def test_kill_9_of_registered_runners_is_not_a_failure_at_start(database_sp, ove
 def pg_ports(pid):
     """Local ports of the process's TCP connections to PostgreSQL."""
     try:
-        conns = psutil.Process(pid).net_connections(kind="tcp")
+        process = psutil.Process(pid)
+        # net_connections since psutil 6.0; connections, its old name, in the 5.9 floor.
+        conns = getattr(process, "net_connections", None) or process.connections
+        conns = conns(kind="tcp")
     except psutil.NoSuchProcess:
         return set()
     return {c.laddr.port for c in conns if c.raddr and c.raddr.port == 5432}
