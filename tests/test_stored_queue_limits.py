@@ -11,16 +11,8 @@ import pytest
 from conftest import START_TIMEOUT, taskrunner, usage_error, wait_for
 from taskrunner.errors import InputError
 from taskrunner.store.models import RUNNING, Queue, Run, RunnerQueue, utcnow
-from test_overseer import Overseers, overseer_toml
-
-REPORTS = "[queues.reports]\nlimit = %d\n"
-
-
-@pytest.fixture
-def overseers(database, tmp_path):
-    group = Overseers(database, tmp_path)
-    yield group
-    group.kill_all()
+from test_overseer import overseer_toml
+from test_queue_limits import REPORTS, overseers  # noqa: F401 (a fixture, used by name)
 
 
 def _spans(since):
