@@ -97,8 +97,9 @@ def test_a_batch_claim_skips_a_locked_task(locking_db):
         claimed = queue.store.write(lambda: lifecycle.claim_many(
             queue.store, runner_id, ["default"], utcnow(), 16, share=False))
         assert [c.task_id for c in claimed] == [ids[0], ids[2], ids[3]]
-    assert Task.get_by_id(ids[1]).last_status == SCHEDULED
-    assert {Task.get_by_id(i).last_status for i in ids[::2] + ids[3:]} == {RUNNING}
+    assert queue.get_task(ids[1]).status == SCHEDULED
+    assert Run.get(Run.task_id == ids[1]).status == SCHEDULED
+    assert {queue.get_task(i).status for i in ids[::2] + ids[3:]} == {RUNNING}
     queue.close()
 
 
@@ -112,7 +113,7 @@ def test_a_success_and_the_next_claim_skip_a_locked_task(locking_db):
         ended, following = lifecycle.end_run_and_claim(
             queue.store, running.run_id, first, SUCCESS, runner_id, results="null")
         assert ended and following.task_id == third
-    assert Task.get_by_id(locked).last_status == SCHEDULED
+    assert Run.get(Run.task_id == locked).status == SCHEDULED
     queue.close()
 
 
@@ -132,5 +133,5 @@ def test_a_flow_claim_skips_a_locked_task(locking_db, kind):
     with HeldLock(locking_db, first):
         claimed = lifecycle.claim(queue.store, runner_id, now=utcnow() + timedelta(seconds=1))
         assert claimed is not None and claimed.task_id == second
-    assert Task.get_by_id(first).last_status == SCHEDULED
+    assert Run.get(Run.task_id == first).status == SCHEDULED
     queue.close()

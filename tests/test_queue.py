@@ -76,7 +76,8 @@ def test_a_refused_run_leaves_its_task_as_it_was(queue, runner_id):
     Task.update(next_run_on=now - timedelta(seconds=1)).where(Task.id == task_id).execute()
     lifecycle.create_missing_runs(queue.store, now)
     task = Task.get_by_id(task_id)
-    assert (task.last_status, task.run_count, len(runs_of(task_id))) == (RUNNING, 1, 1)
+    assert (queue.get_task(task_id).status, task.run_count, len(runs_of(task_id))) == (
+        RUNNING, 1, 1)
 
 
 def test_claim_order_is_priority_then_fifo(queue, runner_id):
@@ -90,14 +91,32 @@ def test_claim_order_is_priority_then_fifo(queue, runner_id):
     assert lifecycle.claim(queue.store, runner_id) is None
 
 
-def test_claim_marks_run_and_task_running(queue, runner_id):
+def test_a_claim_writes_the_run_alone_and_every_reader_sees_the_task_running(queue, runner_id):
+    """Issue 41's data model: the claim writes the run row, not the task's (one row version
+    fewer per job); `running` is read from the run."""
     task_id = queue.add_task(ECHO, data={"a": 1})
+    before = Task.select().where(Task.id == task_id).dicts().get()
     claimed = lifecycle.claim(queue.store, runner_id)
     assert (claimed.task_id, claimed.handler, claimed.data) == (task_id, ECHO, '{"a":1}')
     run = Run.get_by_id(claimed.run_id)
     assert (run.status, run.runner_id) == (RUNNING, runner_id)
     assert run.started_on is not None
-    assert Task.get_by_id(task_id).last_status == RUNNING
+    assert Task.select().where(Task.id == task_id).dicts().get() == before
+    assert before["last_status"] == SCHEDULED
+    assert queue.get_task(task_id).status == queue.status_of(task_id) == RUNNING
+    assert [t.id for t in queue.tasks(status=RUNNING)] == [task_id]
+    assert queue.tasks(status=SCHEDULED) == []
+    # The batched claim (many runs) and a runner's success with its next claim: the same.
+    more = [queue.add_task(ECHO) for _ in range(3)]
+    rows = {i: Task.select().where(Task.id == i).dicts().get() for i in more}
+    claimed_many = queue.store.write(lambda: lifecycle.claim_many(
+        queue.store, runner_id, ["default"], utcnow(), 2, share=False))
+    ended, following = lifecycle.end_run_and_claim(
+        queue.store, claimed.run_id, task_id, SUCCESS, runner_id, results="null")
+    assert ended and following is not None
+    assert sorted([c.task_id for c in claimed_many] + [following.task_id]) == more
+    assert {i: Task.select().where(Task.id == i).dicts().get() for i in more} == rows
+    assert {queue.status_of(i) for i in more} == {RUNNING}
 
 
 def test_concurrent_claims_take_each_run_once(database):
@@ -150,7 +169,7 @@ def test_end_run_and_claim_ends_one_run_and_starts_the_next(queue, runner_id, st
     assert Run.get_by_id(claimed.run_id).status == status
     assert Task.get_by_id(first).last_status == status
     run = Run.get_by_id(following.run_id)
-    assert (run.status, run.runner_id, Task.get_by_id(second).last_status) == \
+    assert (run.status, run.runner_id, queue.get_task(second).status) == \
         (RUNNING, runner_id, RUNNING)
     # Nothing left to claim: the end still happens.
     assert lifecycle.end_run_and_claim(queue.store, following.run_id, second, SUCCESS, runner_id) == (True, None)
@@ -331,7 +350,7 @@ def test_cancel_of_a_running_task_asks_its_run_to_stop(queue, runner_id):
     claimed = lifecycle.claim(queue.store, runner_id)
     assert queue.cancel(task_id) == claimed.run_id
     # Not final yet: the runner stops the run and ends it cancelled (test_visibility).
-    assert Task.get_by_id(task_id).last_status == RUNNING
+    assert queue.get_task(task_id).status == RUNNING
     run = Run.get_by_id(claimed.run_id)
     assert run.status == RUNNING and run.cancel_requested_on is not None
     assert lifecycle.taken_away_on(queue.store, claimed.run_id, runner_id) == (None, True)

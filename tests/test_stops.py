@@ -76,7 +76,7 @@ def test_hup_with_the_readme_handler_pattern_does_not_spend_a_retry(database_sp,
     task_id = queue.add_task("taskrunner.handlers.Sleep", data={"seconds": 2}, max_retries=1)
     proc = overseers.start(overseers.config(limit=1))
     wait_up(overseers, proc, 1)
-    wait_for(lambda: Task.get_by_id(task_id).last_status == RUNNING, timeout=START_TIMEOUT,
+    wait_for(lambda: queue.status_of(task_id) == RUNNING, timeout=START_TIMEOUT,
              message="the run to start")
     first = runs_of(task_id)[0]
     proc.send_signal(signal.SIGHUP)

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 import peewee as pw
 
 from ..runs import flow
-from ..store.models import FAILED, SCHEDULED, WAITING, utcnow
+from ..store.models import FAILED, RUNNING, SCHEDULED, WAITING, utcnow
 
 # error_code of a run whose handler asked to run again later (runner/outcomes.py).
 SNOOZED = "Snoozed"
@@ -56,6 +56,10 @@ def blocked_by(store: Any, rows: List[Any], now: Optional[datetime] = None
     live = {task_id: (status, scheduled_on) for task_id, status, scheduled_on in Run.select(
         Run.active_task_id, Run.status, Run.scheduled_on).where(
         Run.active_task_id.in_(ids)).tuples()}
+    # A running task's row says scheduled (the claim writes the run alone): nothing holds it.
+    open_rows = [r for r in open_rows if live.get(r.id, (None,))[0] != RUNNING]
+    if not open_rows:
+        return {}
     paused = {name: since for name, since in Queue.select(Queue.name, Queue.paused_on).where(
         (Queue.paused == True)  # noqa: E712
         & Queue.name.in_(sorted({r.queue for r in open_rows}))).tuples()}

@@ -317,13 +317,15 @@ class PeriodicTaskInfo(_Record):
 
 def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = None,
               steps: Optional[List[StepInfo]] = None,
-              blockers: Optional[List[Dict[str, Any]]] = None) -> TaskInfo:
+              blockers: Optional[List[Dict[str, Any]]] = None, running: bool = False
+              ) -> TaskInfo:
+    """The record of the task `row`; `running`: a run of it is running (`running_of`)."""
     # A task that succeeded has no current error: the error columns (and the traceback) of
     # an earlier failed attempt stay with that run, in `runs_of`, not on the task.
     current = row.last_status != SUCCESS
     return TaskInfo(
         id=row.id, handler=row.handler, data=_decoded(row.data),
-        status=state_word(row.last_status, row.finished_on),
+        status=state_word(row.last_status, row.finished_on, running),
         given_up=row.given_up, priority=row.priority, queued_on=aware(row.queued_on),
         queued_by=row.queued_by, scheduled_on=aware(row.scheduled_on),
         next_run_on=aware(row.next_run_on), finished_on=aware(row.finished_on),
@@ -340,7 +342,7 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         waiting_until=aware(row.next_run_on) if row.last_status == WAITING else None,
         steps=steps, workflow_id=row.workflow_id,
         waiting_parents=row.waiting_parents if row.finished_on is None else None,
-        last_run_status=row.last_status, blocked_by=blockers,
+        last_run_status=RUNNING if running else row.last_status, blocked_by=blockers,
         debounce_key=row.debounce_key, debounce_enqueues=row.debounce_count)
 
 
@@ -426,8 +428,29 @@ def _task_infos(store: Any, rows: List[Any], why: bool = True) -> List[TaskInfo]
     results = _latest(store, ids, store.Run.results)
     tracebacks = _latest(store, ids, store.Run.traceback)
     blockers = blocked_by(store, rows) if why else {}
+    running = running_of(store, [row.id for row in rows if row.last_status == SCHEDULED])
     return [task_info(row, _decoded(results.get(row.id)), tracebacks.get(row.id),
-                      blockers=blockers.get(row.id)) for row in rows]
+                      blockers=blockers.get(row.id), running=row.id in running)
+            for row in rows]
+
+
+def running_runs(store: Any) -> Any:
+    """The task ids of the runs ``running`` (off the partial index of running runs: at most
+    one per runner, however long the history). A claim writes the run alone, so a running
+    task is one with a running run; its own row says ``scheduled`` (DESIGN: the task row
+    changes only when its visible state must)."""
+    Run = store.Run
+    return Run.select(Run.task_id).where(run_status_is(Run, RUNNING))
+
+
+def running_of(store: Any, ids: List[int]) -> set:
+    """Those of the task ids `ids` that have a run running."""
+    Run, found = store.Run, set()
+    for start in range(0, len(ids), 500):      # within every database's bound parameters
+        found.update(task_id for task_id, in Run.select(Run.active_task_id).where(
+            Run.active_task_id.in_(ids[start:start + 500])
+            & run_status_is(Run, RUNNING)).tuples())
+    return found
 
 
 def get_task(store: Any, task_id: int, with_steps: bool = False) -> TaskInfo:
@@ -445,14 +468,15 @@ def get_task(store: Any, task_id: int, with_steps: bool = False) -> TaskInfo:
 
 
 def status_of(store: Any, task_id: int) -> str:
-    """The task's status word (`state_word`) from its row alone; TaskNotFound for an unknown
-    id."""
-    Task = store.Task
-    row = Task.select(Task.last_status, Task.finished_on).where(
+    """The task's status word (`state_word`) from its row and its live run's, in one read;
+    TaskNotFound for an unknown id."""
+    Task, Run = store.Task, store.Run
+    row = Task.select(Task.last_status, Task.finished_on, Run.status).join(
+        Run, pw.JOIN.LEFT_OUTER, on=(Run.active_task_id == Task.id)).where(
         Task.id == task_id).tuples().first() if 0 < task_id <= LARGEST_ID else None
     if row is None:
         raise TaskNotFound("no task with id %s" % task_id)
-    return state_word(*row)
+    return state_word(row[0], row[1], row[2] == RUNNING)
 
 
 def reruns_of(store: Any, task_id: int) -> List[RerunInfo]:
@@ -551,12 +575,20 @@ def status_condition(store: Any, status: str) -> Any:
         return failed_predicate()
     if status == SUCCESS:
         return Task.last_status == SUCCESS
+    if status == RUNNING:
+        return Task.id.in_(running_runs(store))
+    if status == SCHEDULED:
+        return (not_succeeded_predicate() & (Task.last_status == SCHEDULED)
+                & Task.id.not_in(running_runs(store)))
     return not_succeeded_predicate() & (Task.last_status == status)
 
 
-def state_word(status: str, finished_on: Any) -> str:
+def state_word(status: str, finished_on: Any, running: bool = False) -> str:
     """How a task with this last_status and finished_on is shown in every table: a failed
-    task is ``retrying`` or ``given-up``, as the filters name them."""
+    task is ``retrying`` or ``given-up``, as the filters name them; one with a run
+    `running` is ``running`` (its row says ``scheduled``: `running_runs`)."""
+    if running:
+        return RUNNING
     if status in FAILED:
         return "given-up" if finished_on else "retrying"
     return status
@@ -723,10 +755,19 @@ def queue_task_counts(store: Any) -> Dict[str, Dict[str, int]]:
                                                 pw.fn.COUNT(pw.SQL("*")))
                                     .where(not_succeeded_predicate())
                                     .group_by(Task.queue, Task.last_status, ended).tuples()):
-        word = state_word(status, final)
+        # (a row a runner of an earlier version marked running: scheduled, as one now)
+        word = state_word(SCHEDULED if status == RUNNING else status, final)
         by_state = counts.setdefault(queue, dict.fromkeys(OPEN_STATES, 0))
         if word in by_state:
             by_state[word] += n
+    # Running: the running runs, counted off their partial index; their tasks' rows say
+    # scheduled (`running_runs`).
+    Run = store.Run
+    for queue, n in Run.select(Run.queue, pw.fn.COUNT(pw.SQL("*"))).where(
+            run_status_is(Run, RUNNING)).group_by(Run.queue).tuples():
+        by_state = counts.setdefault(queue, dict.fromkeys(OPEN_STATES, 0))
+        by_state[RUNNING] += n
+        by_state[SCHEDULED] -= n
     return counts
 
 

@@ -22,7 +22,7 @@ from ..store.models import (ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS,
                             as_utc, run_status_is, utcnow)
 from .blockers import blocked_by
 from .records import (TASK_STATES, TASK_STATUSES, TaskInfo, aware, failed_predicate,
-                      not_succeeded_predicate, status_condition, task_info)
+                      not_succeeded_predicate, running_of, status_condition, task_info)
 
 # What the dashboard's status filter offers: the words of every task filter.
 STATUS_FILTERS = TASK_STATUSES
@@ -196,7 +196,9 @@ def find_tasks(store: Any, view: TaskFilter = TaskFilter(), before: Optional[int
         query = query.where(*conditions)
     rows = list(query)
     blockers = blocked_by(store, rows[:limit])
-    tasks = [task_info(row, blockers=blockers.get(row.id)) for row in rows[:limit]]
+    running = running_of(store, [row.id for row in rows[:limit] if row.last_status == SCHEDULED])
+    tasks = [task_info(row, blockers=blockers.get(row.id), running=row.id in running)
+             for row in rows[:limit]]
     if len(rows) > limit:
         return TaskPage(tasks, tasks[-1].id, floor)
     if floor and floor > (Task.select(pw.fn.MIN(Task.id)).scalar() or 0):
@@ -252,8 +254,15 @@ def status_counts(store: Any, succeeded: Optional[int] = None) -> Dict[str, int]
     counts = dict.fromkeys(TASK_STATES, 0)
     for status, n in Task.select(Task.last_status, pw.fn.COUNT(pw.SQL("*"))).where(
             not_succeeded_predicate()).group_by(Task.last_status).tuples():
-        key = "given-up" if status in FAILED else status
+        # (a row a runner of an earlier version marked running: scheduled, as one now)
+        key = "given-up" if status in FAILED else SCHEDULED if status == RUNNING else status
         counts[key] = counts.get(key, 0) + n
+    # A running task's row says scheduled (the claim writes its run alone): the running runs
+    # are counted off their partial index.
+    Run = store.Run
+    running = Run.select(pw.fn.COUNT(pw.SQL("*"))).where(run_status_is(Run, RUNNING)).scalar()
+    counts[RUNNING] += running or 0
+    counts[SCHEDULED] -= running or 0
     counts[SUCCESS] = succeeded_count(store) if succeeded is None else succeeded
     retrying = Task.select(pw.fn.COUNT(pw.SQL("*"))).where(
         failed_predicate() & Task.finished_on.is_null()).scalar() or 0
@@ -377,6 +386,8 @@ def queue_figures(store: Any, named: Sequence[str], limit: int,
         run_status_is(Run, SCHEDULED) & Run.queue.in_(names)).group_by(Run.queue).tuples())
     running = dict(Run.select(Run.queue, count).where(
         run_status_is(Run, RUNNING) & Run.queue.in_(names)).group_by(Run.queue).tuples())
+    # A running task's row says scheduled (the claim writes its run alone).
+    scheduled_tasks = {name: n - running.get(name, 0) for name, n in scheduled_tasks.items()}
     paused = dict(Queue.select(Queue.name, Queue.paused_on).where(
         (Queue.paused == True) & Queue.name.in_(names)).tuples())  # noqa: E712
     result = [QueueFigures(name, scheduled_tasks.get(name, 0), running.get(name, 0),
@@ -394,6 +405,7 @@ def queue_figures(store: Any, named: Sequence[str], limit: int,
         run_status_is(Run, SCHEDULED) & Run.queue.not_in(names)
         & Run.queue.not_in(Queue.select(Queue.name).where(is_paused))).scalar()
     busy = Run.select(count).where(run_status_is(Run, RUNNING) & Run.queue.not_in(names)).scalar()
+    scheduled = (scheduled or 0) - (busy or 0)
     if others or scheduled or busy:
         result.append(QueueFigures(OTHER, int(scheduled or 0), int(busy or 0), since(oldest),
                                    int(others_paused or 0), since(longest)))

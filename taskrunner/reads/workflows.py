@@ -11,8 +11,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import peewee as pw
 
 from ..errors import InputError
-from ..store.models import CANCELLED, SUCCESS
-from .records import Record, aware, state_word
+from ..store.models import CANCELLED, RUNNING, SCHEDULED, SUCCESS, run_status_is
+from .records import Record, aware, running_of, state_word
 
 PAGE = 500              # parents' results read per query
 GRAPH_LIMIT = 10000     # tasks listed with their edges in one read of a workflow
@@ -94,9 +94,22 @@ def _state_counts(store: Any, workflow_ids: List[int]) -> Dict[int, Dict[str, in
              .where(Task.workflow_id.in_(workflow_ids))
              .group_by(Task.workflow_id, Task.last_status, final))
     for workflow_id, status, final, count in query.tuples():
-        word = state_word(status, True if final else None)
+        # (a row a runner of an earlier version marked running: scheduled, as one now)
+        word = state_word(SCHEDULED if status == RUNNING else status, True if final else None)
         mine = counts.setdefault(workflow_id, {})
         mine[word] = mine.get(word, 0) + count
+    # A running task's row says scheduled (the claim writes its run alone).
+    Run = store.Run
+    for workflow_id, count in (Run.select(Task.workflow_id, pw.fn.COUNT(Run.id))
+                               .join(Task, on=(Task.id == Run.task_id))
+                               .where(run_status_is(Run, RUNNING)
+                                      & Task.workflow_id.in_(workflow_ids))
+                               .group_by(Task.workflow_id).tuples()):
+        mine = counts[workflow_id]
+        mine[RUNNING] = count
+        mine[SCHEDULED] -= count
+        if not mine[SCHEDULED]:
+            del mine[SCHEDULED]
     return counts
 
 
@@ -126,6 +139,7 @@ def workflow_tasks(store: Any, workflow_id: int, limit: int = GRAPH_LIMIT) -> Li
                 .where(Task.workflow_id == workflow_id).order_by(Task.id).limit(limit))
     after: Dict[int, List[int]] = {}
     ids = [r.id for r in rows]
+    running = running_of(store, [r.id for r in rows if r.last_status == SCHEDULED])
     for start in range(0, len(ids), PAGE):
         for task_id, parent_id in (Dependency.select(Dependency.task_id, Dependency.parent_id)
                                    .where(Dependency.task_id.in_(ids[start:start + PAGE]))
@@ -133,7 +147,7 @@ def workflow_tasks(store: Any, workflow_id: int, limit: int = GRAPH_LIMIT) -> Li
                                    .tuples()):
             after.setdefault(task_id, []).append(parent_id)
     return [WorkflowTask(id=r.id, handler=r.handler,
-                         state=state_word(r.last_status, r.finished_on),
+                         state=state_word(r.last_status, r.finished_on, r.id in running),
                          after=after.get(r.id, []), finished_on=aware(r.finished_on),
                          error_code=r.last_error_code if r.last_status != SUCCESS else None)
             for r in rows]

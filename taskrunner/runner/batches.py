@@ -112,8 +112,9 @@ class Batch:
     `keep` after it and `close` when it stops; a flusher thread writes the successes that
     have waited `interval` while a handler runs. `lock` is held by whoever writes."""
 
-    def __init__(self, store, runner_id, size, interval):
+    def __init__(self, store, runner_id, size, interval, held_queues=None):
         self.store, self.runner_id = store, runner_id
+        self.held_queues = held_queues   # lifecycle.held
         self.size, self.interval = size, interval
         self.claimed = deque()
         self.short = True               # the last claim found fewer runs than it asked for
@@ -223,7 +224,7 @@ class Batch:
                 kept = still_claimed(store, self.runner_id, list(self.claimed), now)
             elif claim is not None:
                 kept = lifecycle.claim_many(store, self.runner_id, claim[0], now, claim[1],
-                                            share=self.short)
+                                            share=self.short, held_queues=self.held_queues)
             else:
                 kept = None
             return ended, kept

@@ -84,6 +84,7 @@ class Runner(Idle, Execution):
         self.serving = tuple(serving) if serving is not None else None
         self.claim_order, self._order_read_at = (), None
         self.queue_slots = {}       # {queue: its slot of the queue's per-host limit}
+        self.held_queues = None     # the queues its claims check that slot in (lifecycle.held)
         self._unlooked = False      # the next claim is guarded, without a look (_idle)
         # Off for work run inside someone else's process (run_pending): its RSS is the
         # application's, not a runner's that may be replaced, and it takes no runner slot.
@@ -254,6 +255,7 @@ class Runner(Idle, Execution):
             log.info("runner not started: %s", self.stop_reason)
             return 0
         self.runner_id, self.queue_slots = row.id, getattr(row, "queue_slots", {})
+        self.held_queues = lifecycle.held_queues(self.queue_slots)
         if not burst:
             self._listener = wakeup.open_listener(self.store.wakeup_directory)
             # Under an overseer its hub LISTENs for the host: a busy runner's connection
@@ -306,10 +308,11 @@ class Runner(Idle, Execution):
         busy after that one trust the order for check_interval after it was read: so the
         next reads it again first."""
         if not self._unlooked:
-            return lifecycle.claim(self.store, self.runner_id, self._claim_order(), self.now())
+            return lifecycle.claim(self.store, self.runner_id, self._claim_order(), self.now(),
+                                   held_queues=self.held_queues)
         self._unlooked, self._order_read_at = False, None
         return lifecycle.claim(self.store, self.runner_id, self.claim_order, self.now(),
-                               guarded=True)
+                               guarded=True, held_queues=self.held_queues)
 
     def _register(self):
         """The runner row (None: stopped while the disk could not take it); RunnerLimitReached
@@ -350,7 +353,8 @@ class Runner(Idle, Execution):
         executed one by one, their successes written together."""
         size = self.config.runner.batch
         batch = self.batch = batches.Batch(self.store, self.runner_id, size,
-                                           self.config.runner.flush_interval)
+                                           self.config.runner.flush_interval,
+                                           self.held_queues)
         batch.start()
         while not self._should_exit():
             left = self.max_runs - self.runs_done if self.max_runs else size

@@ -24,6 +24,7 @@ import peewee as pw
 
 from . import flow, graph, sql
 from .concurrency import create_keyed_runs, release_waiting
+from .statements.shared import needs_slot_check
 from ..errors import StateError
 from ..store.models import (CANCELLED, CRASHED, DEFAULT_QUEUE, FAILED, REQUEUED, RUNNING,
                             SCHEDULED, STOPPING_PREFIX, SUCCESS, TIMEOUT, TRACEBACK_LIMIT,
@@ -192,25 +193,40 @@ def runs_of_runner_query(store, runner_id):
                                                  & run_status_is(Run, RUNNING))
 
 
-def claim(store, runner_id, queues=(DEFAULT_QUEUE,), now=None, guarded=False):
+def held_queues(slots):
+    """The queues of a runner's `slots` ({queue: its slot}) whose claims check the slot
+    against the queue's limit: where it could be above one (statements.shared.needs_slot_check).
+    """
+    return frozenset(queue for queue, slot in slots.items() if needs_slot_check(slot))
+
+
+def held(queue, held_queues):
+    """Whether a claim of `queue` checks its runner's slot against the queue's limit:
+    `held_queues` are the queues where the runner's slot could be above one (None: any)."""
+    return held_queues is None or queue in held_queues
+
+
+def claim(store, runner_id, queues=(DEFAULT_QUEUE,), now=None, guarded=False,
+          held_queues=None):
     """Start the next run for `runner_id` from the first of `queues` (names, in the order
     to try) that has one: highest priority first, FIFO within a priority within a queue
     (rule 2; the race it closes: sql.claim). Returns a ClaimedRun or None. `guarded`: none
     from a queue paused meanwhile, and none while a rate key has a limit (sql.CLAIM_GUARD;
-    for `queues` without flow control only)."""
+    for `queues` without flow control only). `held_queues`: see `held`."""
     now = now or utcnow()
     at = store.database_time(now)
     if store.backend == "postgresql":
         # One statement per queue tried, each its own transaction.
-        return _claim_step(store, runner_id, queues, now, at, guarded)
-    return store.write(lambda: _claim_step(store, runner_id, queues, now, at, guarded))
+        return _claim_step(store, runner_id, queues, now, at, guarded, held_queues)
+    return store.write(lambda: _claim_step(store, runner_id, queues, now, at, guarded,
+                                           held_queues))
 
 
-def claim_many(store, runner_id, queues, now, limit, share=True):
+def claim_many(store, runner_id, queues, now, limit, share=True, held_queues=None):
     """Inside the caller's write transaction: up to `limit` runs for `runner_id`, from
     `queues` in turn, in the claim order (rule 2, as `claim`); with `share`, of each queue
     no more than this runner's share of its backlog (sql.backlog_share). A list of
-    ClaimedRun."""
+    ClaimedRun. `held_queues`: see `held`."""
     at, claimed = store.database_time(now), []
     for queue in queues:
         if len(claimed) >= limit:
@@ -220,15 +236,16 @@ def claim_many(store, runner_id, queues, now, limit, share=True):
         if share and want > 1 and control is None:
             want = sql.backlog_share(store, queue, want)
         claimed += [ClaimedRun(*row, now) for row in sql.claim(
-            store, runner_id, queue, at, want, control)]
+            store, runner_id, queue, at, want, control,
+            slot_check=held(queue, held_queues))]
     return claimed
 
 
-def _claim_step(store, runner_id, queues, now, at, guarded=False):
+def _claim_step(store, runner_id, queues, now, at, guarded=False, held_queues=None):
     """claim() inside the caller's write transaction: each queue in turn."""
     for queue in queues:
         rows = sql.claim(store, runner_id, queue, at, flow=flow.claim_flow(store, queue),
-                         guarded=guarded)
+                         guarded=guarded, slot_check=held(queue, held_queues))
         if rows:
             return ClaimedRun(*rows[0], now)
     return None
@@ -332,30 +349,32 @@ def _end_run(store, run_id, task_id, status, at, runner_id=None, results=None, e
 def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, error_code=None,
                       error_message=None, now=None, periodic_task_id=None, retry_at=None,
                       traceback=None, queues=(DEFAULT_QUEUE,), waiting_for=None,
-                      give_up=False):
+                      give_up=False, held_queues=None):
     """end_run() of a runner's own run and claim() of its next from `queues` in one
     transaction, so a busy runner pays one commit per job (one statement on PostgreSQL for
     a success and a run of the first queue). Same rules as the two calls; the claim happens
-    even when the end lost its race. Returns (ended, ClaimedRun or None)."""
+    even when the end lost its race. Returns (ended, ClaimedRun or None). `held_queues`:
+    see `held`."""
     now = now or utcnow()
     at = store.database_time(now)
     if _single_statement_end(store, status, runner_id, periodic_task_id) and queues \
             and flow.claim_flow(store, queues[0]) is None:
         ended, row = sql.end_success_and_claim(store, run_id, task_id, runner_id, results, at,
-                                               queues[0])
+                                               queues[0], held(queues[0], held_queues))
         claimed = None if row is None else ClaimedRun(*row, now)
         if ended is None:   # its task has dependents: ended with their release
             ended = store.write(lambda: _end(store, run_id, task_id, status, runner_id,
                                              results, None, None, at, None, None, None))
         if claimed is None and len(queues) > 1:
-            claimed = _claim_step(store, runner_id, queues[1:], now, at)
+            claimed = _claim_step(store, runner_id, queues[1:], now, at,
+                                  held_queues=held_queues)
     else:
         retry_at = _on_database_clock(store, retry_at)
         ended, claimed = store.write(lambda: (
             _end(store, run_id, task_id, status, runner_id, results, error_code,
                  error_message, at, periodic_task_id, retry_at, traceback, waiting_for,
                  give_up),
-            _claim_step(store, runner_id, queues, now, at)))
+            _claim_step(store, runner_id, queues, now, at, held_queues=held_queues)))
     if ended:
         store.wake_waiters()
     return ended, claimed

@@ -56,10 +56,11 @@ def in_claim_order(rows, width):
 _FLOW_CLAIMS = {}     # (backend, rate, keys, fair) -> the statement(s) of a flow claim
 
 
-def flow_claim_statements(backend, rate, keys, fair):
+def flow_claim_statements(backend, rate, keys, fair, slot_check=True):
     """The statement(s) of a claim of one run of a queue under flow control: its `rate`
-    (token bucket), the rate limits of keys (`keys`), fairness between tenants (`fair`)."""
-    key = (backend, bool(rate), bool(keys), bool(fair))
+    (token bucket), the rate limits of keys (`keys`), fairness between tenants (`fair`);
+    `slot_check`: see claim_statements."""
+    key = (backend, bool(rate), bool(keys), bool(fair), bool(slot_check))
     if key not in _FLOW_CLAIMS:
         _FLOW_CLAIMS[key] = CATALOGUES[backend].flow_claim(*key[1:])
     return _FLOW_CLAIMS[key]
@@ -73,14 +74,14 @@ def epoch_seconds(at):
 EPOCH = datetime(1970, 1, 1)
 
 
-def flow_claim(store, runner_id, queue, at, rate, keys, fair):
+def flow_claim(store, runner_id, queue, at, rate, keys, fair, slot_check=True):
     """The claim of one run of `queue` under flow control (flow_claim_statements), inside
     the caller's write transaction but on PostgreSQL (one statement). A fair claim that finds
     no tenant with a run (only runs without a tenant, or its tenant's run locked by another
     claimer) claims as the queue would without fairness. A list of at most one row, as
     `claim`'s."""
     execute, backend = store.db.execute_sql, store.backend
-    statements = flow_claim_statements(backend, rate, keys, fair)
+    statements = flow_claim_statements(backend, rate, keys, fair, slot_check)
     stamp = at.isoformat(" ") if backend == "sqlite" else at
     values = {"q": queue, "runner": runner_id, "at": stamp, "e": epoch_seconds(at)}
     if backend == "postgresql":
@@ -96,13 +97,13 @@ def flow_claim(store, runner_id, queue, at, rate, keys, fair):
                 execute(spend_key, dict(values, key=row[3]))
             if fair and row[4] is not None:
                 execute(served, dict(values, tenant=row[4]))
-            task = execute(sqlite.claim(1)[1], (stamp, row[1])).fetchone()
+            task = execute(sqlite.CLAIMED_TASK, (row[1],)).fetchone()
             rows = [tuple(row[:3]) + tuple(task)]
     else:
         rows = _mysql_flow_claim_rows(store, statements, values, rate, keys, fair)
     if not rows and fair:
-        return flow_claim(store, runner_id, queue, at, rate, keys, False) \
-            if (rate or keys) else claim(store, runner_id, queue, at)
+        return flow_claim(store, runner_id, queue, at, rate, keys, False, slot_check) \
+            if (rate or keys) else claim(store, runner_id, queue, at, slot_check=slot_check)
     return rows
 
 
@@ -125,8 +126,7 @@ def _mysql_flow_claim_rows(store, statements, values, rate, keys, fair):
         execute(spend_queue, values)
     if fair and row[8] is not None:
         execute(served, dict(values, tenant=row[8]))
-    execute(mysql.START[0] % "%s", (values["runner"], values["at"], values["at"], row[0]))
-    execute(mysql.START[1] % "%s", (values["at"], row[1]))
+    execute(mysql.START % "%s", (values["runner"], values["at"], values["at"], row[0]))
     return [tuple(row[:CLAIMED_WIDTH])]
 
 
@@ -149,54 +149,58 @@ def backlog_share(store, queue, want):
 
 # -- claiming ----------------------------------------------------------------------------------
 
-_CLAIMS = {}      # (backend, limit, guarded) -> the statement(s) of a claim of up to `limit` runs
+_CLAIMS = {}      # (backend, limit, guarded, slot_check) -> the statement(s) of a claim
 
 
-def claim_statements(backend, limit, guarded=False):
+def claim_statements(backend, limit, guarded=False, slot_check=True):
     """The statement(s) that claim up to `limit` runs of one queue on `backend`: a single
     claim is the claim of many with a limit of 1 (LIMIT is written into the statement, as
     the planner then knows it reads a few rows off the index). `guarded`: see CLAIM_GUARD
-    (statements/shared.py); not on MySQL (mysql.claim says why)."""
-    key = (backend, limit, guarded)
+    (statements/shared.py); not on MySQL (mysql.claim says why). `slot_check`: the claimer's
+    slot of the queue is checked against its limit (SLOT_WITHIN_LIMIT; a claimer that cannot
+    be above one leaves it out: shared.needs_slot_check)."""
+    key = (backend, limit, guarded, slot_check)
     if key not in _CLAIMS:
-        _CLAIMS[key] = CATALOGUES[backend].claim(limit, guarded)
+        _CLAIMS[key] = CATALOGUES[backend].claim(limit, guarded, slot_check)
     return _CLAIMS[key]
 
 
 CLAIMED_WIDTH = 7     # run id, task id, attempt, handler, data, max_runtime, periodic_task_id
 
 
-def claim(store, runner_id, queue, at, limit=1, flow=None, guarded=False):
-    """Up to `limit` scheduled runs of `queue` become ``running`` under `runner_id` (and
-    their tasks), in the claim order: a list of (run id, task id, attempt, handler, data,
-    max_runtime, periodic_task_id). Inside the caller's write transaction, but on PostgreSQL
-    (one statement).
+def claim(store, runner_id, queue, at, limit=1, flow=None, guarded=False, slot_check=True):
+    """Up to `limit` scheduled runs of `queue` become ``running`` under `runner_id`, in the
+    claim order: a list of (run id, task id, attempt, handler, data, max_runtime,
+    periodic_task_id). The runs alone are written: their tasks' rows are read (and locked
+    where rows are: a task row another transaction holds is skipped). Inside the caller's
+    write transaction, but on PostgreSQL (one statement).
     Race closed: two runners taking the same run — PostgreSQL and MySQL lock the candidates
     FOR UPDATE SKIP LOCKED, so a concurrent claimer passes over them instead of waiting, and
     lock each candidate's task row with it (postgresql.claim; MySQL's join), so a task row
-    another transaction holds makes the claim pass over that task, not wait for it;
-    SQLite takes the write lock up front (BEGIN IMMEDIATE), so the select and the update
-    are one step.
+    another transaction holds makes the claim pass over that task, not wait for it at the
+    run's end; SQLite takes the write lock up front (BEGIN IMMEDIATE), so the select and the
+    update are one step.
     `flow`: (rate, keys, fair) of a queue under flow control (`flow_claim`, one run).
     `guarded`: the queue must not be paused, nor any rate key limited (CLAIM_GUARD in
-    statements/shared.py; not with `flow`)."""
+    statements/shared.py; not with `flow`). `slot_check`: see claim_statements."""
     if flow is not None and any(flow):
-        return flow_claim(store, runner_id, queue, at, *flow)
-    execute, statements = executor(store.db), claim_statements(store.backend, limit, guarded)
+        return flow_claim(store, runner_id, queue, at, *flow, slot_check=slot_check)
+    execute = executor(store.db)
+    statements = claim_statements(store.backend, limit, guarded, slot_check)
+    held = (runner_id, queue) if slot_check else ()
     if store.backend == "postgresql":
-        return in_claim_order(execute(statements, (queue, runner_id, runner_id, queue,
-                                                   runner_id, at, at, at)), CLAIMED_WIDTH)
+        return in_claim_order(execute(statements, (queue, runner_id, *held, runner_id, at,
+                                                   at)), CLAIMED_WIDTH)
     if store.is_sqlite:
         claim_runs, claim_task = statements
         stamp = at.isoformat(" ")         # bound as text once
         runs = in_claim_order(execute(claim_runs, (runner_id, stamp, stamp, queue, runner_id,
-                                                   runner_id, queue)), 3)
-        return [run + execute(claim_task, (stamp, run[1])).fetchone() for run in runs]
-    rows = execute(statements, (queue, runner_id, runner_id, queue)).fetchall()
+                                                   *held)), 3)
+        return [run + execute(claim_task, (run[1],)).fetchone() for run in runs]
+    rows = execute(statements, (queue, runner_id, *held)).fetchall()
     if rows:
-        marks = ", ".join(["%s"] * len(rows))
-        execute(mysql.START[0] % marks, (runner_id, at, at, *[r[0] for r in rows]))
-        execute(mysql.START[1] % marks, (at, *[r[1] for r in rows]))
+        execute(mysql.START % ", ".join(["%s"] * len(rows)),
+                (runner_id, at, at, *[r[0] for r in rows]))
     return [tuple(row) for row in rows]
 
 
@@ -205,13 +209,19 @@ def claim(store, runner_id, queue, at, limit=1, flow=None, guarded=False):
 RELEASE = "release"
 
 
-def end_success_and_claim(store, run_id, task_id, runner_id, results, at, queue):
+_SUCCESS_AND_CLAIM = {True: postgresql.SUCCESS_AND_CLAIM,
+                      False: postgresql.success_and_claim(False)}
+
+
+def end_success_and_claim(store, run_id, task_id, runner_id, results, at, queue,
+                          slot_check=True):
     """PostgreSQL, one statement: `end_success_alone` of a runner's run (of the task
     `task_id`) and the `claim` of its next from `queue`, with the races both close. Returns
     (True, False or None as end_success_alone, the claimed row or None)."""
-    row = store.db.execute_sql(postgresql.SUCCESS_AND_CLAIM, (
-        task_id, at, at, results, run_id, runner_id, at, at, queue, runner_id, runner_id, queue,
-        runner_id, at, at, at)).fetchone()
+    held = (runner_id, queue) if slot_check else ()
+    row = store.db.execute_sql(_SUCCESS_AND_CLAIM[slot_check], (
+        task_id, at, at, results, run_id, runner_id, at, at, queue, runner_id, *held,
+        runner_id, at, at)).fetchone()
     ended = True if row[0] > 0 else None if row[1] else False
     return ended, None if row[2] is None else tuple(row[2:2 + CLAIMED_WIDTH])
 

@@ -13,11 +13,14 @@ OWN = ("START",)
 
 
 # The candidates and their tasks locked and read at once (InnoDB locks the joined task rows
-# too, which the claim updates anyway), then both marked.
-def claim(limit, guarded=False):
-    """The locking read of up to `limit` runs of one queue and their tasks; START marks them.
-    Parameters: (queue, runner_id, runner_id, queue). Never `guarded`: the locking read would lock (or skip)
-    the rows the guard reads too."""
+# too: a task row another transaction holds is skipped, as the run's end will write it), then
+# the runs marked.
+def claim(limit, guarded=False, slot_check=True):
+    """The locking read of up to `limit` runs of one queue and their tasks; START marks the
+    runs (the task rows are locked, not written: a task's row says ``scheduled`` while its
+    run runs, and readers see ``running`` on the run, reads.records). Parameters: (queue,
+    runner_id), then (runner_id, queue) with `slot_check` (shared.SLOT_WITHIN_LIMIT). Never
+    `guarded`: the locking read would lock (or skip) the rows the guard reads too."""
     if guarded:
         raise ValueError("no guarded claim on mysql")
     return """
@@ -26,17 +29,16 @@ def claim(limit, guarded=False):
     WHERE r.status = 'scheduled' AND r.queue = %%s
         AND %s
     ORDER BY %s LIMIT %d
-    FOR UPDATE SKIP LOCKED""" % (may_claim("%s", "%s"), claim_order_sql("r."), int(limit))
+    FOR UPDATE SKIP LOCKED""" % (may_claim("%s", "%s", slot_check), claim_order_sql("r."),
+                                 int(limit))
 
 
-# The locking read skips a run whose run or task row is locked. The UPDATEs that follow name
+# The locking read skips a run whose run or task row is locked. The UPDATE that follows names
 # the primary key (FORCE INDEX): on a small table InnoDB would rather scan it, locking every
 # row it reads, and wait for a row another transaction holds (a task row the application
 # locked, the run another claimer took) — the wait the SKIP LOCKED was there to avoid.
 START = ("UPDATE task_runs FORCE INDEX (PRIMARY) SET status = 'running', runner_id = %%s, "
-         "started_on = %%s, updated_on = %%s WHERE id IN (%s)",
-         "UPDATE task_queue FORCE INDEX (PRIMARY) SET last_status = 'running', "
-         "updated_on = %%s WHERE id IN (%s)")
+         "started_on = %%s, updated_on = %%s WHERE id IN (%s)")
 # The whole SET, unlike SQLite's: InnoDB leaves the index entries of a column set to the value
 # it had. The task's UPDATE matches a task without dependents only (an UPDATE reads the
 # latest row, under its lock): when it changes nothing, the task has some, and the third
@@ -49,7 +51,7 @@ SUCCESS = (
 
 
 
-def flow_claim(rate, keys, fair):
+def flow_claim(rate, keys, fair, slot_check=True):
     """(the queue bucket's check, locking its row; the locking read of the run; the spends)."""
     run = """
     SELECT r.id, r.task_id, r.attempt, t.handler, t.data, t.max_runtime, t.periodic_task_id,
@@ -61,7 +63,7 @@ def flow_claim(rate, keys, fair):
     FOR UPDATE SKIP LOCKED""" % (
         "AND r.tenant = %s " % fair_pick("mysql", keys) if fair else "",
         "AND " + key_filter("mysql", "r.rate_key") if keys else "",
-        may_claim("{runner}", "{q}"), claim_order_sql("r."))
+        may_claim("{runner}", "{q}", slot_check), claim_order_sql("r."))
     check = ("SELECT %s >= 1 FROM task_rate_buckets WHERE kind = 'queue' AND name = {q} "
              "FOR UPDATE" % refill("mysql"))
     return tuple(params("mysql", text) for text in (

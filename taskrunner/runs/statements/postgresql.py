@@ -14,21 +14,29 @@ from .shared import (BACKLOG_SQL, CLAIM_ORDER, RUN_SUCCESS, TASK_SUCCESS, assign
 OWN = ("SUCCESS_IN_TRANSACTION", "SUCCESS_AND_CLAIM", "SUCCESSES")
 
 # A claim locks the candidate run and its task row together, skipping the candidate when
-# either is locked. Race closed: a task row another transaction holds (the application's
-# SELECT ... FOR UPDATE, an admin's edit, a long migration) — a claim that locked the run alone
-# then waited for the task row in its UPDATE, and the runner stopped with other work due. The
-# task row is locked FOR NO KEY UPDATE, the lock the claim's UPDATE of it takes anyway (a
-# success's FOR KEY SHARE of it does not conflict).
-_SKIP_LOCKED = "FOR UPDATE OF task_runs SKIP LOCKED FOR NO KEY UPDATE OF t SKIP LOCKED"
+# either is locked; it writes the run alone (a task's row says ``scheduled`` while its run
+# runs: readers see ``running`` on the run, reads.records). Race closed: a task row another
+# transaction holds (the application's SELECT ... FOR UPDATE, an admin's edit, a long
+# migration) — a claim that took its run would end it by an UPDATE of that row, and the runner
+# would wait there with other work due. FOR SHARE conflicts with every writer's lock (FOR
+# [NO KEY] UPDATE) and is no new row version: a lock bit in the row, not a copy of it.
+_SKIP_LOCKED = "FOR UPDATE OF task_runs SKIP LOCKED FOR SHARE OF t SKIP LOCKED"
+# What a runner reads of the task of each run `claimed` returned.
+_CLAIMED_TASK = """
+    claimed_task AS (
+        SELECT claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
+            t.max_runtime, t.periodic_task_id%s
+        FROM claimed JOIN task_queue AS t ON t.id = claimed.task_id)"""
 
 
-def claim(limit, guarded=False):
-    """The claim of up to `limit` runs of one queue. Parameters: (queue, runner_id,
-    runner_id, queue, runner_id, at, at, at)."""
-    return "WITH" + _claim_ctes(limit, guarded) + " SELECT * FROM claimed_task"
+def claim(limit, guarded=False, slot_check=True):
+    """The claim of up to `limit` runs of one queue. Parameters: (queue, runner_id), then
+    (runner_id, queue) with `slot_check` (shared.SLOT_WITHIN_LIMIT), then (runner_id, at,
+    at)."""
+    return "WITH" + _claim_ctes(limit, guarded, slot_check) + " SELECT * FROM claimed_task"
 
 
-def _claim_ctes(limit, guarded=False):
+def _claim_ctes(limit, guarded=False, slot_check=True):
     # The claim order comes back only where in_claim_order has rows to sort: one run needs
     # none of it (3 columns fewer to copy, send and parse per job).
     order = limit > 1
@@ -41,16 +49,11 @@ def _claim_ctes(limit, guarded=False):
     claimed AS (
         UPDATE task_runs AS r SET status = 'running', runner_id = %%s, started_on = %%s,
             updated_on = %%s
-        FROM next WHERE r.id = next.id RETURNING r.id, r.task_id, r.attempt%s),
-    claimed_task AS (
-        UPDATE task_queue AS t SET last_status = 'running', updated_on = %%s FROM claimed
-        WHERE t.id = claimed.task_id
-        RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
-            t.max_runtime, t.periodic_task_id%s)""" % (
-        may_claim("%s", "%s"), guard(guarded), claim_order_sql("task_runs."), int(limit),
-        _SKIP_LOCKED,
+        FROM next WHERE r.id = next.id RETURNING r.id, r.task_id, r.attempt%s),%s""" % (
+        may_claim("%s", "%s", slot_check), guard(guarded), claim_order_sql("task_runs."),
+        int(limit), _SKIP_LOCKED,
         "".join(", r." + c for c, _ in CLAIM_ORDER if c != "id") if order else "",
-        "".join(", claimed." + c for c, _ in CLAIM_ORDER) if order else "")
+        _CLAIMED_TASK % ("".join(", claimed." + c for c, _ in CLAIM_ORDER) if order else ""))
 
 
 # A task with dependents (task_queue.dependents > 0) releases them in its success's
@@ -83,7 +86,7 @@ def _success_ctes(guarded):
 
 
 # Parameters: the guard's (task_id); the success's (at, at, results, run_id, runner_id, at, at);
-# SUCCESS_AND_CLAIM's then the claim's (queue, runner_id, runner_id, queue, runner_id, at, at,
+# SUCCESS_AND_CLAIM's then the claim's (queue, runner_id, [runner_id, queue,] runner_id, at,
 # at). Returns (runs ended, the task's dependents).
 SUCCESS = ("WITH" + _success_ctes(True) + " SELECT (SELECT count(*) FROM ended_task), "
               "(SELECT dependents FROM guard)")
@@ -91,11 +94,21 @@ SUCCESS = ("WITH" + _success_ctes(True) + " SELECT (SELECT count(*) FROM ended_t
 # shows the latest count, the row being locked by the UPDATE).
 SUCCESS_IN_TRANSACTION = ("WITH" + _success_ctes(False)
                              + " SELECT count(*), max(dependents) FROM ended_task")
-# Every data-modifying CTE runs to completion whether or not the final SELECT reads it: the
-# success happens even when the claim finds nothing, and the reverse.
-SUCCESS_AND_CLAIM = ("WITH" + _success_ctes(True) + "," + _claim_ctes(1) + """
+
+
+def success_and_claim(slot_check=True):
+    """The success and the next claim in one statement. Every data-modifying CTE runs to
+    completion whether or not the final SELECT reads it: the success happens even when the
+    claim finds nothing, and the reverse."""
+    return ("WITH" + _success_ctes(True) + "," + _claim_ctes(1, slot_check=slot_check) + """
     SELECT (SELECT count(*) FROM ended_task), (SELECT dependents FROM guard), c.*
     FROM (VALUES (1)) AS one LEFT JOIN claimed_task AS c ON true""")
+
+
+# With the slot check (a claim that can be held), and without (`success_and_claim(False)`).
+SUCCESS_AND_CLAIM = success_and_claim()
+
+
 # Successes of one runner, each with its own end time and results, in one statement, inside
 # the caller's transaction: the ids of the runs ended, and their tasks' dependents.
 SUCCESSES = """
@@ -115,7 +128,7 @@ SUCCESSES = """
     assignments(TASK_SUCCESS, "ended.finished_on"))
 
 
-def flow_claim(rate, keys, fair):
+def flow_claim(rate, keys, fair, slot_check=True):
     """The claim of one run of a queue under flow control, in one statement (shared.py's
     races closed)."""
     ctes = []
@@ -129,7 +142,7 @@ def flow_claim(rate, keys, fair):
         ORDER BY %s LIMIT 1 %s)""" % (
         "AND task_runs.tenant = (SELECT tenant FROM pick) " if fair else "",
         "AND " + key_filter("postgresql", "task_runs.rate_key") if keys else "",
-        may_claim("{runner}", "{q}"), claim_order_sql("task_runs."), _SKIP_LOCKED))
+        may_claim("{runner}", "{q}", slot_check), claim_order_sql("task_runs."), _SKIP_LOCKED))
     allowed = ""
     if rate:
         ctes.append("queue_token AS (%s AND EXISTS (SELECT 1 FROM next) RETURNING 1)"
@@ -146,11 +159,7 @@ def flow_claim(rate, keys, fair):
             updated_on = {at}
         FROM next WHERE r.id = next.id%s RETURNING r.id, r.task_id, r.attempt, r.tenant)"""
                 % allowed)
-    ctes.append("""claimed_task AS (
-        UPDATE task_queue AS t SET last_status = 'running', updated_on = {at} FROM claimed
-        WHERE t.id = claimed.task_id
-        RETURNING claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
-            t.max_runtime, t.periodic_task_id)""")
+    ctes.append(_CLAIMED_TASK.strip() % "")
     if fair:
         ctes.append("served AS (%s AND EXISTS (SELECT 1 FROM claimed) RETURNING 1)"
                     % served("postgresql", "(SELECT tenant FROM claimed)"))

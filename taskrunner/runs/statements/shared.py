@@ -59,12 +59,17 @@ RUNNER_ALIVE = "EXISTS (SELECT 1 FROM task_runners WHERE id = %s AND status = 'r
 
 # -- the claimer's slot is within its queue's limit (DESIGN rule 5) ---------------------------
 
-# In every claim, after RUNNER_ALIVE: the runner's slot of the queue (task_runner_queues, taken
+# In a claim, after RUNNER_ALIVE: the runner's slot of the queue (task_runner_queues, taken
 # at registration, unique per host) is within the limit in force — the queue's stored
 # ``host_limit`` (``queue limit``), else the config's its runner registered under. Placeholders:
 # (runner id, queue); uncorrelated, so evaluated once per statement (two primary-key or
 # runner_id lookups), never per candidate run. A runner with no slot of the queue (one serving
 # ``default`` claiming from a queue with no table) is not held by it.
+# Only a claim that can be held carries it (`slot_check`): a limit is a whole number >= 1, so
+# a runner with no slot of the queue or with its slot 1 is never above one, and its claims
+# leave the check out (the runner knows its slots from its registration: `needs_slot_check`).
+# A plain job of a runner serving ``default`` without a table, or the first runner of a queue,
+# pays nothing for the feature (DESIGN: a feature a job does not use costs it nothing).
 # Race closed: a limit lowered while runners claim. A runner learns of the change at its next
 # look (up to check_interval later; a guarded claim claims on an older look still): until then
 # its claims carry the slot check themselves, so a slot above the new limit claims nothing from
@@ -78,10 +83,17 @@ SLOT_WITHIN_LIMIT = (
     "AND rq.slot > COALESCE(lq.host_limit, rq.config_limit))")
 
 
-def may_claim(runner, queue):
-    """RUNNER_ALIVE and SLOT_WITHIN_LIMIT for the claim's WHERE clause, with the placeholders
-    `runner` and `queue` (the driver's mark or a {name})."""
-    return "%s AND %s" % (RUNNER_ALIVE % runner, SLOT_WITHIN_LIMIT % (runner, queue))
+def needs_slot_check(slot):
+    """Whether a runner holding `slot` of a queue (None: no slot of it) could be above a
+    limit of it: only from slot 2 on, as a limit is at least 1."""
+    return slot is not None and slot > 1
+
+
+def may_claim(runner, queue, slot_check=True):
+    """RUNNER_ALIVE, and SLOT_WITHIN_LIMIT when `slot_check`, for the claim's WHERE clause,
+    with the placeholders `runner` and `queue` (the driver's mark or a {name})."""
+    alive = RUNNER_ALIVE % runner
+    return "%s AND %s" % (alive, SLOT_WITHIN_LIMIT % (runner, queue)) if slot_check else alive
 
 # A guarded claim (`claim(..., guarded=True)`) also checks what a runner's look reads before an
 # ordinary claim: the queue is not paused, and no rate key has a limit (then the claim would

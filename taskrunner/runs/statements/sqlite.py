@@ -11,11 +11,16 @@ from .shared import (BACKLOG_SQL, CLAIM_COLUMNS, RUN_SUCCESS, SQLITE_APART, TASK
 
 OWN = ()
 
+# What a runner reads of a claimed run's task (a read: SQLite has no row to lock).
+CLAIMED_TASK = "SELECT handler, data, max_runtime, periodic_task_id FROM task_queue WHERE id = ?"
 
-def claim(limit, guarded=False):
-    """(the claim of up to `limit` runs of one queue, the claim of one run's task).
-    Parameters: (runner_id, at, at, queue, runner_id, runner_id, queue), then (at, task id)
-    per run."""
+
+def claim(limit, guarded=False, slot_check=True):
+    """(the claim of up to `limit` runs of one queue, the read of one claimed run's task).
+    Parameters: (runner_id, at, at, queue, runner_id), then (runner_id, queue) with
+    `slot_check` (shared.SLOT_WITHIN_LIMIT); then (task id) per run. The claim writes the run
+    alone: a task's row says ``scheduled`` while its run runs, and readers see ``running``
+    on the run (reads.records)."""
     # One run: "id = (...)", as "IN" builds an ephemeral list first (3 us more per claim).
     return ("""
     UPDATE task_runs SET status = 'running', runner_id = ?, started_on = ?, updated_on = ?
@@ -23,10 +28,10 @@ def claim(limit, guarded=False):
                  ORDER BY %s LIMIT %d)
         AND %s%s
     RETURNING id, task_id, attempt%s""" % ("=" if limit == 1 else "IN", claim_order_sql(),
-                                           int(limit), may_claim("?", "?"), guard(guarded),
-                                           ", " + CLAIM_COLUMNS if limit > 1 else ""), """
-    UPDATE task_queue SET last_status = 'running', updated_on = ? WHERE id = ?
-    RETURNING handler, data, max_runtime, periodic_task_id""")
+                                           int(limit), may_claim("?", "?", slot_check),
+                                           guard(guarded),
+                                           ", " + CLAIM_COLUMNS if limit > 1 else ""),
+            CLAIMED_TASK)
 
 
 def _apart(columns):
@@ -50,7 +55,7 @@ SUCCESS = (
     "UPDATE task_queue SET %s WHERE id = ?" % ", ".join(c + " = NULL" for c in _TASK_APART))
 
 
-def flow_claim(rate, keys, fair):
+def flow_claim(rate, keys, fair, slot_check=True):
     """(the claim of the run, the spends that follow it): under SQLite's write lock the
     candidate's buckets cannot change between the two."""
     run = """
@@ -62,7 +67,7 @@ def flow_claim(rate, keys, fair):
     RETURNING id, task_id, attempt, rate_key, tenant""" % (
         "AND tenant = %s " % fair_pick("sqlite", keys) if fair else "",
         "AND " + key_filter("sqlite", "rate_key") if keys else "",
-        claim_order_sql(), may_claim("{runner}", "{q}"),
+        claim_order_sql(), may_claim("{runner}", "{q}", slot_check),
         " AND EXISTS (SELECT 1 FROM task_rate_buckets WHERE kind = 'queue' AND name = {q} "
         "AND %s >= 1)" % refill("sqlite") if rate else "")
     return tuple(params("sqlite", text) for text in (
