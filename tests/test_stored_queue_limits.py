@@ -10,6 +10,7 @@ import pytest
 
 from conftest import START_TIMEOUT, taskrunner, usage_error, wait_for
 from taskrunner.errors import InputError
+from taskrunner.fleet import liveness
 from taskrunner.store.models import RUNNING, Queue, Run, RunnerQueue, utcnow
 from test_overseer import overseer_toml
 from test_queue_limits import REPORTS, overseers  # noqa: F401 (a fixture, used by name)
@@ -181,3 +182,38 @@ def test_the_dashboard_shows_the_limit_and_its_source_and_sets_it(sqlite_db):
     finally:
         served.stop()
         queue.close()
+
+
+def _claims_logged(log):
+    """The claim statements a runner's debug log shows (PostgreSQL's CTE, MySQL's locking
+    read), each as logged on one line."""
+    return [line for line in log.splitlines() if "SKIP LOCKED" in line and "task_runs" in line]
+
+
+@pytest.mark.timeout(120)
+def test_only_a_runner_whose_slot_can_be_above_a_limit_checks_it_in_its_claims(database_pm,
+                                                                              tmp_path):
+    """Issue 41: a feature a job does not use costs it nothing. A limit is at least 1, so the
+    runner holding slot 1 of a queue, or no slot (a queue without a table), is never above
+    one: its claims leave the slot check out. The runner holding slot 2 keeps it."""
+    config = database_pm.write_config(
+        tmp_path / "c.toml", '[runner]\nlimit = 4\n[log]\nlevel = "debug"\n' + REPORTS % 2)
+    queue = database_pm.queue(queues={"reports": {"limit": 2}})
+    queue.add_tasks([{"handler": "taskrunner.handlers.Echo", "queue": q}
+                     for q in ("reports", "default") for _ in range(3)])
+
+    def burst(*args):
+        result = taskrunner("runner", "--burst", *args, config=config)
+        assert result.returncode == 0, result.stderr
+        return _claims_logged(result.stderr)
+    claims = {"slot-1": burst("--queue", "reports"), "no-slot": burst("--queue", "default")}
+    held = liveness.register(queue.store, serving=["reports"])     # slot 1 of reports, held
+    assert held.queue_slots == {"reports": 1}
+    queue.add_tasks([{"handler": "taskrunner.handlers.Echo", "queue": "reports"}
+                     for _ in range(3)])
+    claims["slot-2"] = burst("--queue", "reports")
+    assert all(claims.values()), claims
+    assert not any("task_runner_queues" in c for c in claims["slot-1"] + claims["no-slot"])
+    assert all("task_runner_queues" in c for c in claims["slot-2"]), claims["slot-2"]
+    assert Run.select().where(Run.status != "success").count() == 0
+    queue.close()
