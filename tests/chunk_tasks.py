@@ -1,5 +1,5 @@
-"""Chunk tasks of test_chunks: each call appends one line to a file (the ids of its chunk,
-the pid), outside the database, so a test counts calls and what each one took."""
+"""Chunk tasks of test_chunks: each call appends one line to a file (the pid, the ids of its
+chunk, the time), outside the database, so a test counts calls and what each one took."""
 import json
 import os
 import time
@@ -17,7 +17,7 @@ def record(path, line):
 
 
 def calls(path):
-    """[(pid, [task ids])] of the calls recorded in `path`."""
+    """[(pid, [task ids], time.time() of the call)] of the calls recorded in `path`."""
     if not os.path.exists(path):
         return []
     with open(path) as fh:
@@ -29,7 +29,7 @@ def index(chunk: Chunk) -> list:
     """Records the call; an item with fail=true fails alone (on its first attempt), an item
     with gate=PATH holds the call until that file exists."""
     log = chunk[0].args["log"]
-    record(log, json.dumps([os.getpid(), [item.task_id for item in chunk]]))
+    record(log, json.dumps([os.getpid(), [item.task_id for item in chunk], time.time()]))
     for item in chunk:
         gate = item.args.get("gate")
         if gate:
@@ -56,3 +56,11 @@ class Count(ChunkHandler):
     def handle_chunk(self, chunk):
         for item in chunk:
             item.results = len(chunk)
+
+
+class TwoResults(ChunkHandler):
+    """Returns two results whatever the chunk's size."""
+    chunk_size = 3
+
+    def handle_chunk(self, chunk):
+        return [1, 2]
