@@ -13,8 +13,9 @@ from .handler import RunContext, TaskHandler
 
 if TYPE_CHECKING:
     from .config import Config
-    from .functions import (Call, FunctionTask, TaskFailed, TaskHandle, Workflow, WorkflowHandle,
-                            chain, group, results_of, task, use_queue)
+    from .chunks import Chunk, ChunkHandler, ChunkItem
+    from .functions import (Call, ChunkTask, FunctionTask, TaskFailed, TaskHandle, Workflow,
+                            WorkflowHandle, chain, group, results_of, task, use_queue)
     from .api import TaskQueue
     from .reads.records import (PeriodicTaskInfo, RerunInfo, RunInfo, RunnerInfo, StepInfo,
                                 TaskInfo, TaskOutcome)
@@ -27,14 +28,16 @@ _LAZY = {"TaskQueue": "api", "Config": "config", "TaskInfo": "reads.records",
          "StepInfo": "reads.records", "RerunInfo": "reads.records", "task": "functions", "FunctionTask": "functions",
          "TaskHandle": "functions", "TaskFailed": "functions", "Call": "functions",
          "Workflow": "functions", "WorkflowHandle": "functions", "chain": "functions",
-         "group": "functions", "results_of": "functions", "use_queue": "functions"}
+         "group": "functions", "results_of": "functions", "use_queue": "functions",
+         "ChunkTask": "functions", "Chunk": "chunks", "ChunkItem": "chunks",
+         "ChunkHandler": "chunks"}
 
 __all__ = ["task", "TaskHandle", "TaskFailed", "FunctionTask", "Call", "Workflow",
            "WorkflowHandle", "chain", "group", "results_of", "use_queue", "TaskQueue", "TaskHandler", "RunContext", "TaskError", "Retry", "Config", "TaskInfo",
            "RunInfo", "RunnerInfo", "PeriodicTaskInfo", "TaskRunnerError", "InputError",
            "ConfigError", "DatabaseUnavailable", "HandlerError", "StateError", "TaskNotFound",
            "SchemaBehind", "TaskOutcome", "WaitTimeout", "EventTimeout", "StepInfo",
-           "RerunInfo"]
+           "RerunInfo", "Chunk", "ChunkItem", "ChunkHandler", "ChunkTask"]
 
 
 def __getattr__(name: str) -> Any:

@@ -29,7 +29,8 @@ import typing
 from typing import (Any, Awaitable, Callable, Coroutine, Dict, Generic, Iterable, List,
                     Mapping, Optional, Sequence, Tuple, TypeVar, Union, overload)
 
-from .config import one_count_of_runs
+from .chunks import Chunk, ChunkHandler, chunk_options
+from .config import check_queue_name, one_count_of_runs
 from .errors import InputError, TaskError
 from .handler import Queue, RunContext, TaskHandler, current_run
 
@@ -50,6 +51,8 @@ TASK_OPTIONS = ("queue", "priority", "max_attempts", "max_retries", "retry", "ti
                 "max_runtime", "retry_backoff", "concurrency_key", "concurrency_limit",
                 "rate_key", "unique_key", "tenant", "debounce", "debounce_key", "debounce_max",
                 "debounce_keep")
+# The options of a task that takes its tasks in chunks (chunks.py): on the decorator only.
+CHUNK_OPTIONS = ("chunk", "chunk_within")
 # The options of one call alone.
 CALL_OPTIONS = ("delay", "run_after", "after", "on_parent_failure", "connection", "on",
                 "queued_by")
@@ -132,13 +135,16 @@ class FunctionTask(Generic[P, R]):
         self.by_name = all(parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                               inspect.Parameter.KEYWORD_ONLY)
                            for parameter in self.signature.parameters.values())
-        self.__taskrunner_handler__ = _handler_class(self)
+        self.__taskrunner_handler__ = self._handler_class()
         self.__doc__, self.__name__ = fn.__doc__, fn.__name__
         self.__qualname__, self.__module__ = fn.__qualname__, fn.__module__
         self.__wrapped__ = fn
 
     def __repr__(self) -> str:
         return "<function task %s>" % self.name
+
+    def _handler_class(self) -> type:
+        return _handler_class(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The plain function, called here and now."""
@@ -151,7 +157,7 @@ class FunctionTask(Generic[P, R]):
         if unknown:
             raise InputError("%s.using(): unknown option %s" % (self.name, ", ".join(
                 sorted(unknown))))
-        other = FunctionTask.__new__(FunctionTask)
+        other = type(self).__new__(type(self))
         other.__dict__.update(self.__dict__)
         inherited = dict(self.options)
         if {"max_attempts", "max_retries"} & set(options):
@@ -310,6 +316,75 @@ class FunctionTask(Generic[P, R]):
         return self.fn(*args, **kwargs)
 
 
+class ChunkTask(FunctionTask[..., Any]):
+    """A function task that takes its tasks in chunks (``@task(chunk=N, chunk_within=...)``,
+    chunks.py): the function's one parameter receives a `Chunk`, and each task is enqueued
+    on its own, with keyword arguments (JSON), which its item's ``args`` holds. Its queue
+    is its own: the decorator's ``queue``, else its name."""
+
+    def __init__(self, fn: Callable[..., Any], options: Dict[str, Any]) -> None:
+        name = "%s.%s" % (fn.__module__, fn.__qualname__)
+        self.chunk_size, self.chunk_within = chunk_options(
+            name, options.get("chunk"), options.get("chunk_within"))
+        self.queue = check_queue_name(options.get("queue") or name, "%s's queue (a chunk "
+                                      "task's own: name one with queue=)" % name)
+        if len(inspect.signature(fn).parameters) != 1:
+            raise TypeError("@task(chunk=...): %s must take one parameter, the chunk of "
+                            "tasks" % name)
+        super().__init__(fn, options)
+        self.takes_context = False
+
+    def __repr__(self) -> str:
+        return "<chunk task %s>" % self.name
+
+    def using(self, **options: Any) -> "ChunkTask":
+        if "queue" in options:
+            raise InputError("%s.using(): a chunk task's queue is set on @task" % self.name)
+        return typing.cast(ChunkTask, super().using(**options))
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> "TaskHandle[Any]":
+        """Queue one task of the chunk function, with keyword arguments (each JSON)."""
+        return super().enqueue(*args, **kwargs)
+
+    def data_of(self, args: Sequence[Any], kwargs: Mapping[str, Any],
+                receives: Optional[str] = None) -> Dict[str, Any]:
+        if args or receives:
+            raise InputError("%s(): a chunk task takes its arguments by name" % self.name)
+        for name, value in kwargs.items():
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise InputError("%s(): argument %r is not JSON-serialisable: %s"
+                                 % (self.name, name, exc)) from None
+        return dict(kwargs)
+
+    def check_data(self, data: Any) -> None:
+        if not isinstance(data, dict):
+            raise InputError("%s: the task data must be a JSON object of arguments by "
+                             "name, not %s" % (self.name, json.dumps(data)))
+
+    def _row_options(self, data: Mapping[str, Any]) -> Dict[str, Any]:
+        return dict(super()._row_options(data), queue=self.queue)
+
+    def _handler_class(self) -> type:
+        chunk_task = self
+
+        class FunctionChunkHandler(ChunkHandler):
+            queue = chunk_task.queue
+            chunk_size, chunk_within = chunk_task.chunk_size, chunk_task.chunk_within
+
+            @classmethod
+            def check_data(cls, data: Any) -> None:
+                chunk_task.check_data(data)
+
+            def handle_chunk(self, chunk: Chunk) -> Any:
+                return chunk_task.fn(chunk)
+        FunctionChunkHandler.__qualname__ = FunctionChunkHandler.__name__ = \
+            "FunctionChunkHandler[%s]" % self.name
+        FunctionChunkHandler.__module__ = self.fn.__module__
+        return FunctionChunkHandler
+
+
 class _Decorator(typing.Protocol):
     @overload
     def __call__(self, fn: Callable[Concatenate[RunContext, P], Coroutine[Any, Any, R]]
@@ -325,9 +400,18 @@ class _Decorator(typing.Protocol):
     def __call__(self, fn: Callable[P, R]) -> FunctionTask[P, R]: ...
 
 
+class _ChunkDecorator(typing.Protocol):
+    def __call__(self, fn: Callable[[Chunk], Any]) -> ChunkTask: ...
+
+
 @overload
 def task(fn: Callable[Concatenate[RunContext, P], Coroutine[Any, Any, R]]
          ) -> FunctionTask[P, R]: ...
+
+
+@overload
+def task(*, chunk: int, chunk_within: Union[float, str, None] = None,
+         **options: Any) -> _ChunkDecorator: ...
 
 
 @overload
@@ -371,11 +455,17 @@ def task(fn: Optional[Callable[..., Any]] = None, **options: Any) -> Any:
     ``concurrency_key="order-{order_id}"``.
 
     A first parameter annotated `RunContext` receives the run: ``run.step``,
-    ``run.checkpoint``, ``run.sleep``, ``run.wait_for``."""
-    unknown = set(options) - set(TASK_OPTIONS)
+    ``run.checkpoint``, ``run.sleep``, ``run.wait_for``.
+
+    ``chunk=N`` (with ``chunk_within``, a span): the function takes its tasks in chunks —
+    its one parameter receives a `Chunk` of up to N tasks, each enqueued on its own with
+    keyword arguments (a `ChunkTask`; chunks.py)."""
+    unknown = set(options) - set(TASK_OPTIONS) - set(CHUNK_OPTIONS)
     if unknown:
         raise TypeError("@task: unknown option %s (options: %s)" % (
-            ", ".join(sorted(unknown)), ", ".join(TASK_OPTIONS)))
+            ", ".join(sorted(unknown)), ", ".join(TASK_OPTIONS + CHUNK_OPTIONS)))
+    if "chunk_within" in options and "chunk" not in options:
+        raise InputError("@task: chunk_within needs chunk (the most tasks in one call)")
 
     def decorate(fn: Callable[..., Any]) -> FunctionTask[Any, Any]:
         if not callable(fn) or not hasattr(fn, "__qualname__"):
@@ -383,6 +473,8 @@ def task(fn: Optional[Callable[..., Any]] = None, **options: Any) -> Any:
         if "." in fn.__qualname__:
             raise TypeError("@task: %s is not a module-level function: a runner finds a task "
                             "by its import path, module.function" % fn.__qualname__)
+        if "chunk" in options:
+            return ChunkTask(fn, dict(options))
         return FunctionTask(fn, dict(options))
     if fn is not None:
         return decorate(fn)
@@ -665,5 +757,5 @@ def _call(call: Any) -> Call:
     return call
 
 
-__all__ = ["task", "FunctionTask", "TaskHandle", "TaskFailed", "Call", "Workflow",
+__all__ = ["task", "FunctionTask", "ChunkTask", "TaskHandle", "TaskFailed", "Call", "Workflow",
            "WorkflowHandle", "chain", "group", "results_of", "use_queue"]

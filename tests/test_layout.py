@@ -16,7 +16,7 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # a module gives its layer. A module imports only from its own layer or those below it.
 LAYERS = {
     1: ("errors", "timespan", "logs", "passwords", "masking", "tracing", "config", "handler",
-        "handlers",
+        "handlers", "chunks",
         "calendar", "store.models", "store.migrations", "periodic.timers",
         "periodic.definitions", "verify.checker", "verify.history"),                          # data and pure logic
     2: ("store", "host"),                                 # one bound database; the same host

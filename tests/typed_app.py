@@ -3,8 +3,9 @@ test_api.py: it must pass without a cast or an ignore."""
 from datetime import datetime, timedelta, timezone
 from typing import List, Optional
 
-from taskrunner import (RunContext, RunInfo, TaskError, TaskHandler, TaskInfo, TaskOutcome,
-                        TaskQueue, WaitTimeout)
+from taskrunner import (Chunk, ChunkHandler, ChunkTask, RunContext, RunInfo, TaskError,
+                        TaskHandle, TaskHandler, TaskInfo, TaskOutcome, TaskQueue, WaitTimeout,
+                        task)
 
 
 class SendDigest(TaskHandler):
@@ -30,6 +31,28 @@ class Notify(TaskHandler):
 
     def on_give_up(self, task: TaskInfo) -> None:
         print("task %d gave up: %s" % (task.id, task.last_traceback))
+
+
+@task(chunk=50, chunk_within="2s", max_attempts=3)
+def index_documents(chunk: Chunk) -> None:
+    for item in chunk:
+        if item.args["doc_id"] < 0:
+            item.fail(TaskError("no such document", code="NoDocument"))
+        item.results = {"indexed": item.args["doc_id"], "attempt": item.attempt}
+    chunk.progress(100)
+
+
+class CountChunk(ChunkHandler):
+    chunk_size = 10
+
+    def handle_chunk(self, chunk: Chunk) -> List[int]:
+        return [len(chunk) for _ in chunk] if not chunk.should_stop() else [0] * len(chunk)
+
+
+def index_one(doc_id: int) -> int:
+    chunked: ChunkTask = index_documents
+    handle: TaskHandle[object] = chunked.enqueue(doc_id=doc_id)
+    return handle.id
 
 
 def outcome_of(queue: TaskQueue, task_id: int) -> str:

@@ -16,7 +16,10 @@ class CurrentRun:
     the run when the handler returned; the heartbeat sets `cancel_reason` (an operator
     cancelled it), `abort_reason` (it is interrupted: taken away, or past max_runtime) and
     `abort_deadline` (monotonic), when kill_grace after either runs out. Every write is made
-    under `lock`; a single attribute may be read without it."""
+    under `lock`; a single attribute may be read without it. `chunk_ids`: the ids of every
+    run of a chunk (runner/chunks.py: `claimed` is its first), None for a run alone."""
+
+    chunk_ids = None
 
     def __init__(self, claimed, hard_deadline=None):
         self.claimed = claimed

@@ -45,6 +45,9 @@ class Execution:
         the runner is now due to exit or the run failed (its hooks run first), the outcome
         and the claim of its next run are one transaction (one commit per job); returns that
         run, or None."""
+        chunked = self._chunk_handler(claimed.handler)
+        if chunked is not None:
+            return self.execute_chunk(claimed, chunked)
         started = time.monotonic()
         log.debug("run %d of task %d started: %s (attempt %d)", claimed.run_id, claimed.task_id,
                   claimed.handler, claimed.attempt)

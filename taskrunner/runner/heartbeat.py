@@ -157,8 +157,12 @@ class Heartbeat:
                               % claimed.max_runtime, now=now)
             reason, ended_on = "its max_runtime (%gs) passed" % claimed.max_runtime, now
         else:
-            ended_on, cancelled = lifecycle.taken_away_on(w.store, claimed.run_id,
-                                                          w.runner_id)
+            if run.chunk_ids is not None:       # its cancels are the chunk's end's
+                ended_on, cancelled = lifecycle.chunk_taken_away_on(
+                    w.store, run.chunk_ids, w.runner_id), False
+            else:
+                ended_on, cancelled = lifecycle.taken_away_on(w.store, claimed.run_id,
+                                                              w.runner_id)
             if ended_on is None and not cancelled:
                 return
             if ended_on is None:

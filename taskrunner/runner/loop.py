@@ -32,6 +32,7 @@ from ..store import outage
 from ..store.bound import BRIEF
 from ..host import wakeup
 from ..errors import RunnerLimitReached
+from .chunks import Chunks
 from .execute import Execution
 from .heartbeat import Heartbeat
 from .idle import Idle
@@ -43,9 +44,9 @@ log = logging.getLogger("taskrunner.runner")
 MB = 1024 * 1024
 
 
-class Runner(Idle, Execution):
+class Runner(Idle, Execution, Chunks):
     """One runner process's loop; waiting for work is `Idle`'s, one run's execution
-    `Execution`'s. Signals, one per intent:
+    `Execution`'s, a chunk handler's runs `Chunks`'. Signals, one per intent:
 
     - TERM, INT, HUP: stop gracefully — finish the current run, claim nothing more, exit 0 —
       however many arrive and from whomever (a supervisor signalling the whole process
@@ -114,6 +115,7 @@ class Runner(Idle, Execution):
         self._wake_r = self._wake_w = self._listener = self._pg_listener = None
         self.heartbeat = Heartbeat(self)
         self.batch = None             # a batches.Batch with [runner] batch > 1
+        self.burst = False            # until no run is left: a chunk waits for no more
 
     # -- signals ------------------------------------------------------------------------
 
@@ -242,6 +244,7 @@ class Runner(Idle, Execution):
         is left); told to stop before it registered, it returns at once. Returns the number
         of runs executed."""
         max_runs = self.max_runs = max_runs if max_runs is not None else self.config.runner.max_runs
+        self.burst = burst
         if self.install_signals:
             self._setup_signals()
             if self.told_to_stop is not None:

@@ -299,6 +299,30 @@ def taken_away_on(store, run_id, runner_id):
     return row.finished_on - store.clock_offset(), False
 
 
+def chunk_taken_away_on(store, run_ids, runner_id):
+    """`taken_away_on` of a chunk's runs (runner/chunks.py): None while every one of
+    `run_ids` is ``running`` under this runner, else when the first that is not ended."""
+    Run = store.Run
+    rows = list(Run.select(Run.id, Run.status, Run.runner_id, Run.finished_on).where(
+        Run.id.in_(list(run_ids))))
+    gone = [row for row in rows if row.status != RUNNING or row.runner_id != runner_id]
+    if not gone and len(rows) == len(run_ids):
+        return None
+    if len(rows) < len(run_ids) or any(row.finished_on is None for row in gone):
+        return utcnow()
+    return min(row.finished_on for row in gone) - store.clock_offset()
+
+
+def report_chunk_progress(store, run_ids, runner_id, percent, now=None):
+    """`report_progress` of every run of a chunk still this runner's, in one statement."""
+    Run = store.Run
+    with store.host_turn():
+        return Run.update({Run.updated_on: store.database_time(now),
+                           Run.percent_completed: percent}).where(
+            Run.id.in_(list(run_ids)) & (Run.status == RUNNING)
+            & (Run.runner_id == runner_id)).execute()
+
+
 def report_progress(store, run_id, runner_id, percent=None, results=None, now=None):
     """Store progress and/or the results so far (JSON text) of a running run; its updated_on
     is what run_timeout counts from. False when the run is no longer this runner's (it was
