@@ -129,11 +129,6 @@ def _task_conditions(store: Any, view: TaskFilter, by_index: bool = False) -> Li
     return conditions
 
 
-def data_search(store: Any, text: str) -> Tuple[str, str]:
-    """``key=value`` as a data search (data_search.parse)."""
-    return searching.parse(store, text)
-
-
 def find_tasks(store: Any, view: TaskFilter = TaskFilter(), before: Optional[int] = None,
                limit: int = 50) -> TaskPage:
     """Tasks matching `view`, newest first, with ids below `before` (keyset paging: a page

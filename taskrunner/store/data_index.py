@@ -135,8 +135,8 @@ def drop(store: Any, key: str) -> bool:
     if store.backend == "postgresql":
         db.execute_sql('DROP INDEX CONCURRENTLY IF EXISTS "%s"' % name)
     elif store.backend == "mysql":
-        db.execute_sql("DROP INDEX IF EXISTS `%s` ON task_queue ALGORITHM=INPLACE LOCK=NONE"
-                       % name)
+        db.execute_sql("ALTER TABLE task_queue DROP INDEX IF EXISTS `%s`, ALGORITHM=NOCOPY, "
+                       "LOCK=NONE" % name)
         db.execute_sql("ALTER TABLE task_queue DROP COLUMN IF EXISTS `%s`, ALGORITHM=INSTANT"
                        % column_name(key))
     else:
