@@ -65,11 +65,12 @@ def test_an_indexed_key_finds_a_task_older_than_the_window_off_its_index(databas
 def test_values_compare_as_text_with_or_without_the_index(database):
     """``order_id=44`` finds the number 44 and the string "44" (not 44.5, not an object or
     an array holding 44); ``true`` the boolean; a long value whole (the index holds its
-    first 255 characters); the same tasks with and without the index. A task whose data
-    PostgreSQL's jsonb refuses (a NUL character) is still added, and its search ends well:
-    found, except on PostgreSQL (where it used to fail the search)."""
+    first 255 characters: a whole value may not fit in an entry); the same tasks with and
+    without the index. A task whose data PostgreSQL's jsonb refuses (a NUL character) is
+    still added, and its search ends well: found, except on PostgreSQL (where it used to
+    fail the search)."""
     queue = database.queue()
-    long_value = "L" * 300
+    long_value = "L" * 3000     # over a PostgreSQL b-tree entry's 2,704 bytes
     ids = {name: queue.add_task(ECHO, {"order_id": value}) for name, value in (
         ("number", 44), ("text", "44"), ("decimal", 44.5), ("object", {"a": 44}),
         ("array", [44]), ("flag", True), ("long", long_value), ("longer", long_value + "M"))}
