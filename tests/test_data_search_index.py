@@ -113,12 +113,12 @@ def test_index_list_and_drop_and_keys_that_differ_by_case(database):
     usage_error(taskrunner("tasks", "--data", "nonsense", url=url), "KEY=VALUE")
 
 
-def test_the_dashboard_says_when_a_search_is_bounded_and_how_to_index_the_key(sqlite_db):
+def test_the_dashboard_says_when_a_search_is_bounded_and_how_to_index_the_key(database):
     pytest.importorskip("prometheus_client")
     from dashboard_helpers import Served, fetch
-    queue = sqlite_db.queue()
+    queue = database.queue()
     wanted = queue.add_task(ECHO, {"order_id": 44, "customer": "ann"})
-    ok(taskrunner("index", "add", "order_id", url=sqlite_db.url))
+    ok(taskrunner("index", "add", "order_id", url=database.url))
     served = Served(queue.store)
     try:
         body = fetch(served.url + "/tasks?data=order_id%3D44")[1]
