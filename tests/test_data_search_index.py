@@ -102,6 +102,7 @@ def test_index_list_and_drop_and_keys_that_differ_by_case(database):
     again = json.loads(ok(taskrunner("index", "add", "order_id", "--json", url=url)))
     assert again["changed"] is False
     usage_error(taskrunner("index", "add", "Order_ID", url=url), "differs only by case")
+    usage_error(taskrunner("index", "add", "db_password", url=url), "is secret")
     assert json.loads(ok(taskrunner("index", "list", "--json", url=url))) == [
         {"key": "order_id", "index": "task_queue_data_key_order_id", "ready": True}]
     assert "order_id" in ok(taskrunner("index", "list", url=url))

@@ -23,6 +23,7 @@ import re
 from typing import Any, Dict, List
 
 from ..errors import InputError
+from ..masking import is_secret
 
 # A key that may be indexed: a safe identifier (letters, digits, _; not starting with a
 # digit), short enough that the index's name stays within every database's 63 characters.
@@ -95,9 +96,13 @@ def indexed_keys(store: Any) -> Dict[str, bool]:
 
 def add(store: Any, key: str) -> bool:
     """Index `key`; False if it was indexed and ready already. Refused (InputError) for a
-    key that is not `KEY`, or that differs only by case from an indexed one (MariaDB's
-    column names and SQLite's index names ignore case)."""
+    key that is not `KEY`, a secret one (``[task] secret_keys``: no search may name it), or
+    one that differs only by case from an indexed one (MariaDB's column names and SQLite's
+    index names ignore case)."""
     key = check_key(key)
+    if is_secret(key, store.config.task.secret_keys):
+        raise InputError("data key %r is secret ([task] secret_keys): it cannot be searched, "
+                         "so it is not indexed" % key)
     found = indexed_keys(store)
     if found.get(key):
         return False
