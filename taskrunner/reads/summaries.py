@@ -42,7 +42,7 @@ class TaskFilter:
     the task was queued; `periodic_task_id` selects the tasks a periodic task submitted;
     `error_code` the tasks whose last error has that code; `queue` the tasks of one queue;
     `data` the tasks whose data has that top-level key with that scalar value (as text:
-    ``("order_id", "44")`` finds 44 and "44"; see `data_condition` for what it costs)."""
+    ``("order_id", "44")`` finds 44 and "44"; see `data_search.condition`)."""
     status: Optional[str] = None
     handler: Optional[str] = None
     since: Optional[datetime] = None
