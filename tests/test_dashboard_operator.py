@@ -150,7 +150,7 @@ def test_tasks_are_found_by_a_key_and_value_of_their_data_on_every_database(queu
     value, given as a number or a string; nothing nested, no object or array (a secret key
     nested in one cannot be tested by guessing its whole value), never a secret key."""
     from taskrunner.errors import InputError
-    from taskrunner.reads import summaries
+    from taskrunner.reads import data_search, summaries
     echo = "taskrunner.handlers.Echo"
     ids = {name: queue.add_task(echo, data) for name, data in (
         ("int", {"order_id": 44, "customer": "ann"}), ("text", {"order_id": "44"}),
@@ -160,7 +160,7 @@ def test_tasks_are_found_by_a_key_and_value_of_their_data_on_every_database(queu
         ("creds", {"creds": {"password": "hunter2"}}), ("secret", {"db_password": "hunter2"}))}
 
     def found(text, **others):
-        chosen = summaries.TaskFilter(data=summaries.data_search(queue.store, text), **others)
+        chosen = summaries.TaskFilter(data=data_search.parse(queue.store, text), **others)
         return sorted(t.id for t in summaries.find_tasks(queue.store, chosen).tasks)
     assert found("order_id=44") == sorted([ids["int"], ids["text"]])
     assert found(" order_id = 44 ", handler=echo) == sorted([ids["int"], ids["text"]])
@@ -175,7 +175,7 @@ def test_tasks_are_found_by_a_key_and_value_of_their_data_on_every_database(queu
     for bad in ("order_id", "=44", "a.b=1", 'x"=1', "db_password=hunter2",
                 "X-Api-Token=t"):
         with pytest.raises(InputError):
-            summaries.data_search(queue.store, bad)
+            data_search.parse(queue.store, bad)
 
 
 def test_tasks_page_searches_the_data_and_keeps_the_search_in_its_links(sqlite_db):

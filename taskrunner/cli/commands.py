@@ -20,6 +20,7 @@ from .periodic import add_periodic_parser
 from .runs import when
 from ..config import Config
 from ..errors import InputError
+from .indexes import add_index_command
 from .queues import add_queue_command, add_rate_command, print_queues, print_rates
 from .verify import add_verify_command
 from .workflows import add_workflow_command
@@ -328,7 +329,12 @@ def run_column(runner):
 def cmd_tasks(args):
     queue = open_queue(args)
     filters = cli_runs.task_filters(args)
-    from ..reads import records as reads
+    from ..reads import data_search, records as reads
+    if args.data is not None:
+        filters["data"] = data_search.parse(queue.store, args.data)
+        if not data_search.indexed(queue.store, filters["data"][0]):
+            print("taskrunner: %s" % data_search.unindexed_note(filters["data"][0]),
+                  file=sys.stderr)
     tasks = [shown(t.to_json(), args.loaded_config) for t in reads.list_tasks(
         queue.store, limit=None if args.all else args.limit, offset=args.offset, **filters)]
     if args.json:
@@ -575,6 +581,10 @@ def build_parser(hidden=()):
     p.add_argument("--json", action="store_true", help="print JSON")
     p = command("tasks", cmd_tasks, "list tasks, most recent first")
     cli_runs.add_task_filters(p, iso_time)
+    p.add_argument("--data", metavar="KEY=VALUE",
+                   help="tasks whose data has this top-level key with this value (a string "
+                        "or a number as written); read off the key's index if it has one "
+                        "(`taskrunner index add KEY`), else in the most recent tasks only")
     p.add_argument("--limit", type=positive_int, default=100)
     p.add_argument("--offset", type=cli_runs.non_negative_int, default=0,
                    help="skip this many of the most recent")
@@ -622,6 +632,7 @@ def build_parser(hidden=()):
     command("check", cmd_check, "check the config and the database").add_argument(
         "--json", action="store_true", help="print JSON")
     add_queue_command(command)
+    add_index_command(command)
     add_rate_command(command)
     add_workflow_command(command)
     add_verify_command(command)

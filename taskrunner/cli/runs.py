@@ -208,9 +208,9 @@ def add_task_filters(parser, time_type):
 
 
 def task_filters(args):
-    return {name: getattr(args, name) for name in ("status", "handler", "since", "until",
-                                                   "periodic", "queue", "error_code")
-            if getattr(args, name) is not None}
+    return {name: getattr(args, name, None) for name in (
+        "status", "handler", "since", "until", "periodic", "queue", "error_code", "data")
+        if getattr(args, name, None) is not None}
 
 
 def bulk(queue, verb, args):

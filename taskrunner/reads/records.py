@@ -9,7 +9,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import peewee as pw
 
@@ -19,6 +19,7 @@ from ..store.models import (CANCELLED, CRASHED, ERROR, FAILED, LARGEST_ID, RUNNI
                             utcnow)
 from ..runs import flow, queues
 from ..runs.sql import claim_order_of
+from . import data_search
 from .blockers import blocked_by
 
 # A task's status, the one word every face shows for it (API, CLI table and --json, the
@@ -597,11 +598,13 @@ def state_word(status: str, finished_on: Any, running: bool = False) -> str:
 def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str] = None,
                 since: Optional[datetime] = None, until: Optional[datetime] = None,
                 periodic: Optional[str] = None, queue: Optional[str] = None,
-                error_code: Optional[str] = None) -> Any:
+                error_code: Optional[str] = None, data: Optional[Tuple[str, str]] = None) -> Any:
     """Tasks matching every filter given: `status` a word of `TASK_STATUSES`, `handler`
     its dotted path, `since` / `until` (aware) bounds of its queued_on, `periodic` the name
     of the periodic task that submitted it, `queue` its queue, `error_code` the code of its
-    last error. InputError for an unknown status or name."""
+    last error, `data` a ``(key, value)`` of its data (data_search.parse; a key without an
+    index is searched in the data_search.WINDOW most recent tasks only). InputError for an
+    unknown status or name."""
     Task, PeriodicTask = store.Task, store.PeriodicTask
     query = Task.select()
     if status is not None:
@@ -622,6 +625,11 @@ def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str]
         query = query.where(Task.queue == queue)
     if check_text("error_code", error_code) is not None:
         query = query.where(Task.last_error_code == error_code)
+    if data is not None:
+        by_index = data_search.indexed(store, data[0])
+        query = query.where(data_search.condition(store, *data, by_index=by_index))
+        if not by_index:
+            query = query.where(Task.id > data_search.newest_id(store) - data_search.WINDOW)
     return query
 
 

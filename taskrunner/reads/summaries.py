@@ -8,7 +8,6 @@ stay fast on a history of a million runs (bench/dashboard.py times them): lists 
 newest first by id with keyset paging (``before``), and aggregates go through the indexes
 of migration 0010.
 """
-import re
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -17,9 +16,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import peewee as pw
 
 from ..errors import InputError
-from ..masking import is_secret
 from ..store.models import (ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS,
                             as_utc, run_status_is, utcnow)
+from . import data_search as searching
 from .blockers import blocked_by
 from .records import (TASK_STATES, TASK_STATUSES, TaskInfo, aware, failed_predicate,
                       not_succeeded_predicate, running_of, status_condition, task_info)
@@ -33,12 +32,8 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 # The name under which the metrics sum the queues and periodic tasks they do not name (no
 # queue can be called so: config.QUEUE_NAME).
 OTHER = "(other)"
-# A key of the task data a search may name: top level, no quoting needed in a JSON path.
-DATA_KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-# Task ids a page of a data search reads at most (no index serves it): 0.14 to 0.3 s a
-# page on SQLite, where one search over a million tasks took 1.7 to 2.8 s (bench/dashboard.py
-# fills such a history).
-DATA_WINDOW = 100_000
+# Task ids a page of a search by an unindexed data key reads at most (data_search.WINDOW).
+DATA_WINDOW = searching.WINDOW
 
 
 @dataclass(frozen=True)
@@ -47,7 +42,7 @@ class TaskFilter:
     the task was queued; `periodic_task_id` selects the tasks a periodic task submitted;
     `error_code` the tasks whose last error has that code; `queue` the tasks of one queue;
     `data` the tasks whose data has that top-level key with that scalar value (as text:
-    ``("order_id", "44")`` finds 44 and "44"; see `data_condition` for what it costs)."""
+    ``("order_id", "44")`` finds 44 and "44"; see `data_search.condition`)."""
     status: Optional[str] = None
     handler: Optional[str] = None
     since: Optional[datetime] = None
@@ -69,8 +64,9 @@ class TaskFilter:
 @dataclass(frozen=True)
 class TaskPage:
     """One page of a task list: `tasks` newest first; `next_before` pages on (None at the end).
-    A data search reads the ids from `searched_from` up only (DATA_WINDOW): `next_before`
-    then goes on below them, even when this page has fewer tasks than asked for."""
+    A search by an unindexed data key reads the ids from `searched_from` up only
+    (DATA_WINDOW): `next_before` then goes on below them, even when this page has fewer
+    tasks than asked for; by an indexed key (`taskrunner index add`), `searched_from` is None."""
     tasks: List[TaskInfo]
     next_before: Optional[int]
     searched_from: Optional[int] = None
@@ -107,7 +103,7 @@ class DurationHistogram:
     total_seconds: float
 
 
-def _task_conditions(store: Any, view: TaskFilter) -> List[Any]:
+def _task_conditions(store: Any, view: TaskFilter, by_index: bool = False) -> List[Any]:
     Task = store.Task
     conditions = []
     if view.status is not None:
@@ -125,50 +121,12 @@ def _task_conditions(store: Any, view: TaskFilter) -> List[Any]:
     if view.queue:
         conditions.append(Task.queue == view.queue)
     if view.data is not None:
-        conditions.append(data_condition(store, *view.data))
+        # Unless `by_index`, no index serves it: it is evaluated on the rows the other
+        # conditions leave, newest first. `find_tasks` reads DATA_WINDOW ids a page;
+        # `matching_task_ids` (bulk actions) reads until it has its count, every row the
+        # other filters leave when fewer match.
+        conditions.append(searching.condition(store, *view.data, by_index=by_index))
     return conditions
-
-
-def data_search(store: Any, text: str) -> Tuple[str, str]:
-    """``key=value`` as a data search; InputError for anything else, and for a secret key
-    (``[task] secret_keys``): what the pages mask cannot be found by guessing it either."""
-    key, equals, value = text.strip().partition("=")
-    key = key.strip()
-    if not equals or not DATA_KEY.match(key):
-        raise InputError("invalid data search %r: expected KEY=VALUE, e.g. order_id=44 (a "
-                         "top-level key of letters, digits, _ and -)" % text[:80])
-    if is_secret(key, store.config.task.secret_keys):
-        raise InputError("data key %r is secret ([task] secret_keys): it cannot be searched"
-                         % key)
-    return key, value.strip()
-
-
-def data_condition(store: Any, key: str, value: str) -> Any:
-    """Tasks whose JSON data has `key` at the top level with a scalar (string, number,
-    boolean) whose text is `value`: objects and arrays never match, so a secret key nested
-    in one cannot be tested by guessing the whole value.
-
-    No index serves it (the data is JSON text, and no index works for every key on all
-    three databases): it is evaluated on the rows the other conditions leave, newest first.
-    `find_tasks` reads DATA_WINDOW ids a page; `matching_task_ids` (bulk actions) reads
-    until it has its count, every row the other filters leave when fewer match."""
-    Task = store.Task
-    if store.backend == "postgresql":
-        extracted = Task.data.cast("jsonb")
-        return ((pw.fn.jsonb_typeof(pw.NodeList((extracted, pw.SQL("->"), key)))
-                 .in_(["string", "number", "boolean"]))
-                & (pw.NodeList((extracted, pw.SQL("->>"), key)) == value))
-    path = '$."%s"' % key       # DATA_KEY: nothing to quote
-    if store.backend == "mysql":
-        found = pw.fn.JSON_EXTRACT(Task.data, path)
-        return (pw.fn.JSON_TYPE(found).in_(["STRING", "INTEGER", "UNSIGNED INTEGER", "DOUBLE",
-                                            "DECIMAL", "BOOLEAN"])
-                & (pw.fn.JSON_UNQUOTE(found) == value))
-    kind = pw.fn.json_type(Task.data, path)
-    # json_extract gives a boolean as 1 or 0: its text is said as the other databases say it.
-    text = pw.Case(kind, (("true", "true"), ("false", "false")),
-                   pw.fn.json_extract(Task.data, path).cast("TEXT"))
-    return kind.in_(["text", "integer", "real", "true", "false"]) & (text == value)
 
 
 def find_tasks(store: Any, view: TaskFilter = TaskFilter(), before: Optional[int] = None,
@@ -176,16 +134,17 @@ def find_tasks(store: Any, view: TaskFilter = TaskFilter(), before: Optional[int
     """Tasks matching `view`, newest first, with ids below `before` (keyset paging: a page
     deep in a long history costs what the first one does)."""
     Task = store.Task
+    by_index = view.data is not None and searching.indexed(store, view.data[0])
     query = Task.select().order_by(Task.id.desc()).limit(limit + 1)
     if view.since is not None or view.until is not None:
         # Newest first by the queued time the range bounds (its index, read in order): the
         # same order as by id, but read from the index instead of sorting the range.
         query = query.order_by(Task.queued_on.desc(), Task.id.desc())
-    conditions = _task_conditions(store, view)
+    conditions = _task_conditions(store, view, by_index)
     if before is not None:
         conditions.append(Task.id < before)
     floor = None
-    if view.data is not None:
+    if view.data is not None and not by_index:
         # Each page of a data search evaluates the JSON of DATA_WINDOW ids at most, by the
         # primary key's range, whatever the history's length.
         top = before if before is not None else (
@@ -210,7 +169,8 @@ def matching_task_ids(store: Any, view: TaskFilter, limit: int) -> List[int]:
     """Ids of up to `limit` tasks matching `view`, newest first (for bulk actions)."""
     Task = store.Task
     query = Task.select(Task.id).order_by(Task.id.desc()).limit(limit)
-    conditions = _task_conditions(store, view)
+    conditions = _task_conditions(store, view, view.data is not None
+                                  and searching.indexed(store, view.data[0]))
     if conditions:
         query = query.where(*conditions)
     return [task_id for (task_id,) in query.tuples()]

@@ -99,7 +99,8 @@ class Chunks:
             want = size - len(claimed)
             claimed += self._with_database(
                 lambda: store.write(lambda: lifecycle.claim_many(
-                    store, runner_id, [queue], self.now(), want, share=False)),
+                    store, runner_id, [queue], self.now(), want, share=False,
+                    held_queues=self.held_queues)),
                 reconnected=lambda: batches.give_back(store, runner_id,
                                                       [c.run_id for c in claimed]),
                 while_stopping=False)

@@ -9,7 +9,7 @@ from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ..reads import records as reads, summaries, workflows
+from ..reads import data_search, records as reads, summaries, workflows
 from ..errors import InputError
 from ..masking import masked
 from ..store.models import LARGEST_ID
@@ -73,7 +73,7 @@ def task_filter(store: Any, params: Mapping[str, str]) -> summaries.TaskFilter:
         periodic_task_id=summaries.periodic_task_id(store, periodic) if periodic else None,
         error_code=params.get("error", "").strip() or None,
         queue=params.get("queue", "").strip() or None,
-        data=summaries.data_search(store, data) if data else None)
+        data=data_search.parse(store, data) if data else None)
 
 
 def filter_params(params: Mapping[str, str]) -> Dict[str, str]:
@@ -290,6 +290,9 @@ def tasks(view: View, params: Mapping[str, str]) -> str:
     if result.searched_from is not None and result.next_before == result.searched_from:
         newest += H(' <span class="muted">data searched in tasks from id %d on; Older → '
                     'searches the tasks before it</span>') % result.searched_from
+    bounded = "" if result.searched_from is None or chosen.data is None else H(
+        '<p class="muted" id="search-bounded">%s</p>') % data_search.unindexed_note(
+            chosen.data[0])
     bulk = ""
     if not view.read_only and result.tasks:
         fields = filter_params(params)
@@ -299,8 +302,8 @@ def tasks(view: View, params: Mapping[str, str]) -> str:
                                css="danger") + " " +
                    view.action("/tasks/bulk", "Delete all ended…", dict(fields, action="delete"),
                                css="danger")))
-    return H('%s%s%s<p class="pager">%s %s</p>') % (
-        _filter_form(params), bulk,
+    return H('%s%s%s%s<p class="pager">%s %s</p>') % (
+        _filter_form(params), bounded, bulk,
         table(["Task", "Handler", "Queue", "Status", "Failures", "Runs", "Scheduled",
                "Next run", "Finished", "Error / why waiting"], rows, "no task matches this filter",
               css="tasks", labelled=True),
