@@ -29,7 +29,9 @@ splits the records' bytes from the images'): with them is the worst case, a chec
 before every drain; without them is the limit of a long drain between two checkpoints.
 
 Row versions are the tables' ``n_tup_ins + n_tup_upd + n_tup_del`` (pg_stat_user_tables,
-every table of the database), with HOT updates (which write no index entry) apart. Runs as
+every table of the database), with HOT updates (which write no index entry) apart. The
+JSON keeps each phase's counters by table and its WAL by record type (totals, not per job),
+which say where a difference comes from. Runs as
 root with Debian's PostgreSQL (pg_createcluster); about a minute per side at N = 4,000.
 """
 import argparse
@@ -93,9 +95,12 @@ def phase(conn, act, jobs):
     act()
     end, after = _reading(conn)
     wal = conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (end, start)).fetchone()[0]
-    records, images = conn.execute(
-        "SELECT sum(record_size), sum(fpi_size) FROM pg_get_wal_stats(%s::pg_lsn, %s::pg_lsn)",
-        (start, end)).fetchone()
+    # Its first column: "resource_manager/record_type" (PostgreSQL 15), e.g. Heap/UPDATE.
+    kinds = {row[0]: {"records": row[1], "record_bytes": row[3], "fpi_bytes": row[5]}
+             for row in conn.execute("SELECT * FROM pg_get_wal_stats(%s::pg_lsn, %s::pg_lsn, "
+                                     "true) AS w WHERE w.count > 0", (start, end))}
+    records = sum(k["record_bytes"] for k in kinds.values())
+    images = sum(k["fpi_bytes"] for k in kinds.values())
     tables = {name: {c: value - (before.get(name) or (0,) * 4)[i]
                      for i, (c, value) in enumerate(zip(COUNTERS, counts))}
               for name, counts in after.items()}
@@ -105,7 +110,7 @@ def phase(conn, act, jobs):
             "fpi_bytes": float(images) / jobs, "record_bytes": float(records) / jobs,
             "row_versions": versions / jobs,
             "hot_updates": sum(t["n_tup_hot_upd"] for t in changed.values()) / jobs,
-            "tables": changed}
+            "tables": changed, "wal_records": kinds}
 
 
 class Tree:
