@@ -215,6 +215,9 @@ def main(argv=None):
         parser.error("--tasks and --batch must be positive")
     if os.geteuid() != 0:
         parser.error("run as root (the cluster is made with pg_createcluster)")
+    for tree in args.tree:
+        if not os.path.isdir(os.path.join(tree, "taskrunner")):
+            parser.error("--tree %s: no taskrunner package there" % tree)
     sides = [Tree(os.path.abspath(tree)) for tree in args.tree]
     if args.pgqueuer:
         from bench.systems import PgQueuer as Peer
