@@ -277,6 +277,39 @@ def test_durable_reports_a_missing_taskrunner_api_and_runs_what_it_can(tmp_path)
         assert cell["systems"]["taskrunner"]["commits_per_task"] > 0
 
 
+def test_wal_counts_what_a_drain_writes_per_job_beside_pgqueuer(tmp_path):
+    """bench/wal.py, tiny (30 jobs, batch 1, a throwaway cluster): a drain by this tree
+    writes 3 row versions of a job's rows per job (the claim writes the run alone; the end,
+    the run and the task: issue 41; 4 before, which `--tree` of 59cc138 shows), and WAL
+    with full-page images apart; PgQueuer beside it when the bench extra is installed."""
+    import shutil
+    if os.geteuid() != 0 or not shutil.which("pg_createcluster"):
+        reason = "bench/wal.py makes a cluster of its own: root and pg_createcluster"
+        if databases_required():
+            pytest.fail(reason + " (required in CI)")
+        pytest.skip(reason)
+    out = tmp_path / "wal.json"
+    done = subprocess.run([sys.executable, "-m", "bench.wal", "--tree", ROOT, "--tasks", "30",
+                           "--batch", "1", "--pgqueuer", "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "WAL and row versions per job" in done.stdout
+    results = {r["system"].split()[0]: r for r in json.loads(out.read_text())["results"]}
+    drain = results["taskrunner"]["drain"]
+    tables = drain["tables"]
+    assert (tables["task_queue"]["n_tup_upd"], tables["task_runs"]["n_tup_upd"]) == (30, 60)
+    assert not any(tables[t][c] for t in ("task_queue", "task_runs")
+                   for c in ("n_tup_ins", "n_tup_del"))
+    assert drain["wal_bytes"] > drain["wal_bytes_without_fpi"] > 0
+    assert drain["wal_bytes"] == pytest.approx(drain["wal_bytes_without_fpi"] + drain["fpi_bytes"])
+    assert results["taskrunner"]["add"]["row_versions"] == 2
+    if "pgqueuer" not in results:
+        _peer_or_skip("pgqueuer batch=1", "postgresql")
+        pytest.fail("bench/wal.py --pgqueuer left PgQueuer out: " + done.stderr)
+    peer = results["pgqueuer"]["drain"]
+    assert peer["row_versions"] >= 3 and peer["wal_bytes"] > 0
+
+
 # -- where the workers spend their time (bench/waits.py) -----------------------------------
 
 # Each child says "ready" once it is about to block (or spin) and then does so for good.
