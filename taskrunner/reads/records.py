@@ -118,6 +118,9 @@ class TaskInfo(_Record):
     # in this task; None for a task added without a debounce.
     debounce_key: Optional[str] = None
     debounce_enqueues: Optional[int] = None
+    # The version of the code it started under, recorded with its first durable record
+    # (runs/durable.py); None for a task that recorded none.
+    code_version: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,8 @@ class RunnerInfo(_Record):
     # Winding down its run (TimescaleDB's TERMINATING): why, and since when; None otherwise.
     stopping_reason: Optional[str] = None
     stopping_since: Optional[datetime] = None
+    # The version of the handler code it runs (runner/versions.py); None for an overseer.
+    code_version: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -341,7 +346,8 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         steps=steps, workflow_id=row.workflow_id,
         waiting_parents=row.waiting_parents if row.finished_on is None else None,
         last_run_status=row.last_status, blocked_by=blockers,
-        debounce_key=row.debounce_key, debounce_enqueues=row.debounce_count)
+        debounce_key=row.debounce_key, debounce_enqueues=row.debounce_count,
+        code_version=row.code_version)
 
 
 def parents_text(count: int) -> str:
@@ -565,11 +571,12 @@ def state_word(status: str, finished_on: Any) -> str:
 def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str] = None,
                 since: Optional[datetime] = None, until: Optional[datetime] = None,
                 periodic: Optional[str] = None, queue: Optional[str] = None,
-                error_code: Optional[str] = None) -> Any:
+                error_code: Optional[str] = None, code_version: Optional[str] = None) -> Any:
     """Tasks matching every filter given: `status` a word of `TASK_STATUSES`, `handler`
     its dotted path, `since` / `until` (aware) bounds of its queued_on, `periodic` the name
     of the periodic task that submitted it, `queue` its queue, `error_code` the code of its
-    last error. InputError for an unknown status or name."""
+    last error, `code_version` the version it started under. InputError for an unknown
+    status or name."""
     Task, PeriodicTask = store.Task, store.PeriodicTask
     query = Task.select()
     if status is not None:
@@ -590,6 +597,8 @@ def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str]
         query = query.where(Task.queue == queue)
     if check_text("error_code", error_code) is not None:
         query = query.where(Task.last_error_code == error_code)
+    if check_text("code_version", code_version) is not None:
+        query = query.where(Task.code_version == code_version)
     return query
 
 
@@ -662,7 +671,8 @@ def running_runners(store: Any) -> List[RunnerInfo]:
             rss_mb=round(r.rss / 1048576, 1) if r.rss else None, runs_done=r.runs_done,
             started_on=aware(r.started_on), heartbeat_on=aware(r.heartbeat_on),
             claimed=held.get(r.id, 0), stopping_reason=stopping,
-            stopping_since=aware(r.stopping_since) if stopping is not None else None))
+            stopping_since=aware(r.stopping_since) if stopping is not None else None,
+            code_version=r.code_version))
     return result
 
 
