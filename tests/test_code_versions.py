@@ -1,0 +1,177 @@
+"""Code versions (docs: "Changing durable code under running work"): a runner records the
+version of the code it runs, a durable task the version it started under; `run.patched`
+answers once per task and keeps its answer; a deploy (HUP) in the middle of 100 durable runs
+whose handler gained, removed, reordered and renamed steps ends every run as the rules say,
+no completed step running again; the operator sees runs by version and old ones drain."""
+import json
+import os
+import signal
+import sys
+import textwrap
+from collections import Counter, defaultdict
+
+import pytest
+
+from conftest import REPO_DIR, TESTS_DIR, spawn, taskrunner, wait_for
+from durable_handlers import lines
+from test_overseer import fresh_overseers, overseer_toml, runner_rows
+from taskrunner.store.models import RUNNER, Run, Runner, Step, Task
+
+# The handler before the deploy: five steps, a durable pause between b and c (so that many
+# tasks are half done at once), a check for a stop between steps (a deploy hands the run
+# back there). Each execution of a step is logged outside the database.
+V1 = '''
+import os
+import time
+
+from taskrunner import TaskError, TaskHandler
+
+LABEL = "v1"
+
+
+def work(log, task_id, name):
+    with open(log, "a") as fh:
+        fh.write("%d %s %s\\n" % (task_id, name, LABEL))
+    time.sleep(0.02)
+    return name
+
+
+class Flow(TaskHandler):
+    def handle(self, run):
+        log = run.data["log"]
+
+        def step(name):
+            if run.should_stop():
+                raise TaskError("stopped before %s" % name, code="Stopped")
+            return run.step(name, work, log, run.task_id, name)
+        STEPS
+'''
+BODY_V1 = '''
+        step("a")
+        step("b")
+        run.sleep(0.5, name="pause")
+        step("c")
+        step("d")
+        step("e")
+'''
+# After the deploy: x added before the steps done, b removed, c and d reordered, e renamed
+# e2, and a patched branch after a.
+BODY_V2 = '''
+        step("x")
+        step("a")
+        if run.patched("summary"):
+            step("summary-v2")
+        else:
+            step("summary-v1")
+        run.sleep(0.5, name="pause")
+        step("d")
+        step("c")
+        step("e2")
+'''
+
+
+def module(label, body):
+    return textwrap.dedent(V1).replace('LABEL = "v1"', 'LABEL = "%s"' % label).replace(
+        "        STEPS\n", textwrap.indent(textwrap.dedent(body), " " * 8))
+
+
+def steps_by_version(task_id):
+    """{name: the code version of the runner that recorded it} of a task's steps."""
+    return {name: version for name, version in Step.select(Step.name, Runner.code_version)
+            .join(Run, on=(Run.id == Step.run_id)).join(Runner, on=(Runner.id == Run.runner_id))
+            .where(Step.task_id == task_id).tuples()}
+
+
+@pytest.fixture(params=("sqlite", "postgresql", "mysql"))
+def overseers(request, tmp_path):
+    with fresh_overseers(request.param, tmp_path) as group:
+        yield group
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(300)
+def test_a_deploy_in_the_middle_of_100_durable_runs_ends_each_as_the_rules_say(
+        overseers, tmp_path, monkeypatch):
+    code = tmp_path / "code"
+    code.mkdir()
+    handlers = code / "deploy_flow.py"
+    handlers.write_text(module("v1", BODY_V1))
+    monkeypatch.syspath_prepend(str(code))          # add_task checks the handler
+    queue = overseers.database.queue()
+    log = str(tmp_path / "executed")
+    ids = [queue.add_task("deploy_flow.Flow", {"log": log}, max_retries=3)
+           for _ in range(100)]
+    config = overseers.config(limit=4, check_interval=0.3)
+    env = {"PYTHONPATH": os.pathsep.join([str(code), TESTS_DIR, REPO_DIR]),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = spawn("overseer", config=config, env=env,
+                 log_path=tmp_path / "overseer-0.log")
+    proc.log_path = tmp_path / "overseer-0.log"
+    overseers.started.append(proc)
+
+    # The deploy once about a third of the tasks are past b: many paused, some in flight.
+    wait_for(lambda: sum(name == "b" for _, name, _ in lines(log)) >= 35, timeout=120,
+             message="35 tasks past step b")
+    v1 = {r.code_version for r in Runner.select().where(Runner.kind == RUNNER)}
+    assert len(v1) == 1 and None not in v1, v1
+    handlers.write_text(module("v2", BODY_V2))
+    os.killpg(proc.pid, signal.SIGHUP)              # as supervisord's `signal HUP` would
+    wait_for(lambda: Task.select().where(Task.finished_on.is_null()).count() == 0,
+             timeout=240, interval=0.2, message="every task to end")
+
+    [old] = v1
+    versions = {r.code_version for r in Runner.select().where(Runner.kind == RUNNER)}
+    assert len(versions) == 2 and old in versions, versions
+    [new] = versions - {old}
+    live = {r.code_version for r in runner_rows()}
+    assert live == {new}, "the runners left are the new code's"
+    tasks = {t.id: t for t in Task.select().where(Task.id.in_(ids))}
+    assert {t.last_status for t in tasks.values()} == {"success"}, overseers.log()
+
+    executed = Counter((int(task), name) for task, name, _ in lines(log))
+    assert max(executed.values()) == 1, [k for k, n in executed.items() if n > 1]
+    labels = {(int(task), name): label for task, name, label in lines(log)}
+    kinds = Counter()
+    for task_id in ids:
+        recorded = steps_by_version(task_id)
+        for name, version in recorded.items():
+            if name.startswith("patch:") or name == "pause":
+                continue
+            # each step ran once, under the code of the runner that recorded it
+            assert executed[(task_id, name)] == 1, (task_id, name)
+            assert labels[(task_id, name)] == {old: "v1", new: "v2"}[version]
+        before = {name for name, version in recorded.items() if version == old}
+        started = tasks[task_id].code_version
+        if not before:
+            kinds["new"] += 1
+            assert started == new
+            assert set(recorded) == {"x", "a", "patch:summary", "summary-v2", "pause", "d",
+                                     "c", "e2"}, (task_id, recorded)
+        elif set(recorded.values()) == {old}:
+            kinds["old, ended before the deploy"] += 1
+            assert started == old
+            assert set(recorded) == {"a", "b", "pause", "c", "d", "e"}, (task_id, recorded)
+        else:
+            kinds["old, ended after it"] += 1
+            assert started == old
+            # The patch is False once the old code went past where it stands (b, the pause),
+            # True when it had only done a.
+            summary = "summary-v1" if before - {"a"} else "summary-v2"
+            assert set(recorded) == before | {"x", "a", "patch:summary", summary, "pause",
+                                              "d", "c", "e2"}, (task_id, before, recorded)
+            assert "e" not in recorded and ("b" in recorded) == ("b" in before)
+            assert recorded["x"] == new and recorded["e2"] == new
+    print("KINDS", kinds)
+    assert kinds["new"] >= 1 and kinds["old, ended after it"] >= 10, kinds
+
+    # The operator's view: the old version has drained, the new one runs.
+    shown = taskrunner("versions", "--json", config=config)
+    assert shown.returncode == 0, shown.stderr
+    found = {v["code_version"]: v for v in json.loads(shown.stdout)}
+    assert found[old]["drained"] and found[old]["runners"] == 0 \
+        and found[old]["open_tasks"] == 0
+    assert found[new]["runners"] >= 1 and not found[new]["drained"]
+    listed = taskrunner("tasks", "--code-version", old, "--all", "--json", config=config)
+    assert sorted(t["id"] for t in json.loads(listed.stdout)) == sorted(
+        i for i in ids if tasks[i].code_version == old)
+    queue.close()
