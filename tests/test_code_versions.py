@@ -6,15 +6,16 @@ no completed step running again; the operator sees runs by version and old ones 
 import json
 import os
 import signal
-import sys
 import textwrap
-from collections import Counter, defaultdict
+from collections import Counter
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from conftest import REPO_DIR, TESTS_DIR, spawn, taskrunner, wait_for
 from durable_handlers import lines
 from test_overseer import fresh_overseers, overseer_toml, runner_rows
+from taskrunner import TaskError, TaskHandler
 from taskrunner.store.models import RUNNER, Run, Runner, Step, Task
 
 # The handler before the deploy: five steps, a durable pause between b and c (so that many
@@ -175,3 +176,137 @@ def test_a_deploy_in_the_middle_of_100_durable_runs_ends_each_as_the_rules_say(
     assert sorted(t["id"] for t in json.loads(listed.stdout)) == sorted(
         i for i in ids if tasks[i].code_version == old)
     queue.close()
+
+
+# -- run.patched and the versions recorded, in-process (run_pending) --------------------------
+
+CODE = {"patch": False}     # whether the code running has the patch (the deploy, in-process)
+SEEN = []                   # (task, attempt, run.code_version, the patch's answer or None)
+
+
+class Branch(TaskHandler):
+    """Step a, then (in the code with the patch) run.patched("fix"), then step b; fails its
+    attempts before data["attempts"] (after a alone when data["fail_after_a"] on the first)."""
+
+    def handle(self, run):
+        run.step("a", lambda: "a")
+        if run.data.get("fail_after_a") and run.attempt == 1:
+            raise TaskError("again", code="Again")
+        answer = run.patched("fix") if CODE["patch"] else None
+        run.step("b", lambda: "b")
+        SEEN.append((run.task_id, run.attempt, run.code_version, answer))
+        if run.attempt < run.data["attempts"]:
+            raise TaskError("again", code="Again")
+        run.results = answer
+
+
+class Plain(TaskHandler):
+    def handle(self, run):
+        run.results = "done"
+
+
+def under(database, version, patch):
+    """A queue whose runs run code `version` (with the patch or not)."""
+    CODE["patch"] = patch
+    return database.queue(runner={"code_version": version})
+
+
+def answers(task_id):
+    return [(attempt, version, answer) for task, attempt, version, answer in SEEN
+            if task == task_id]
+
+
+def test_patched_is_false_for_a_task_the_old_code_took_past_it_and_kept_on_every_attempt(
+        database):
+    SEEN.clear()
+    queue = under(database, "v1", patch=False)
+    past = queue.add_task(__name__ + ".Branch", {"attempts": 3}, retry_backoff=0)
+    before = queue.add_task(__name__ + ".Branch", {"attempts": 2, "fail_after_a": True},
+                            retry_backoff=0)
+    plain = queue.add_task(__name__ + ".Plain")
+    queue.run_pending()       # past: a, b, fails; before: a, fails; plain: success
+    queue.close()
+    queue = under(database, "v2", patch=True)
+    new = queue.add_task(__name__ + ".Branch", {"attempts": 2}, retry_backoff=0)
+    queue.run_pending(max_runs=3)    # past's and before's second attempts, new's first
+    queue.close()
+    queue = under(database, "v3", patch=True)
+    while queue.run_pending():
+        pass
+    # The old code went past the patch (b recorded): False, on every later attempt, whatever
+    # version runs them.
+    assert answers(past) == [(1, "v1", None), (2, "v1", False), (3, "v1", False)]
+    assert queue.get_task(past).results is False
+    # The old code stopped before it (only a): the new path.
+    assert answers(before)[-1] == (2, "v1", True)
+    # A task the new code started: True, and kept under the next version.
+    assert answers(new) == [(1, "v2", True), (2, "v2", True)]
+    assert [s.name for s in queue.steps_of(new)] == ["a", "patch:fix", "b"]
+    versions = {t: queue.get_task(t).code_version for t in (past, before, new, plain)}
+    assert versions == {past: "v1", before: "v1", new: "v2", plain: None}
+    assert Task.get_by_id(plain).code_version is None       # a plain job writes none
+    runners = [r.code_version for r in Runner.select().order_by(Runner.id)]
+    assert sorted(set(runners)) == ["v1", "v2", "v3"] and runners == sorted(runners)
+    queue.close()
+
+
+def test_a_task_recorded_before_versions_were_kept_takes_the_old_path(database):
+    """Steps and no version (recorded before migration 0032): its version stays unknown and
+    the attempt that replays past the patch takes the old path."""
+    SEEN.clear()
+    queue = under(database, "v1", patch=False)
+    task_id = queue.add_task(__name__ + ".Branch", {"attempts": 2}, retry_backoff=0)
+    queue.run_pending(max_runs=1)
+    Task.update(code_version=None).where(Task.id == task_id).execute()
+    queue.close()
+    queue = under(database, "v2", patch=True)
+    while queue.run_pending():
+        pass
+    assert answers(task_id) == [(1, "v1", None), (2, None, False)]
+    assert queue.get_task(task_id).code_version is None
+    queue.close()
+
+
+def test_versions_and_tasks_by_version_on_the_command_line(database, tmp_path):
+    SEEN.clear()
+    queue = under(database, "v1", patch=False)
+    old = queue.add_task(__name__ + ".Branch", {"attempts": 2}, retry_backoff=3600)
+    queue.run_pending(max_runs=1)       # fails: its retry in an hour
+    queue.close()
+    queue = under(database, "v2", patch=True)
+    new = queue.add_task(__name__ + ".Branch", {"attempts": 1})
+    queue.run_pending(max_runs=1)
+    config = database.write_config(tmp_path / "c.toml")
+    shown = taskrunner("versions", "--json", config=config)
+    assert shown.returncode == 0, shown.stderr
+    found = {v["code_version"]: v for v in json.loads(shown.stdout)}
+    assert found["v1"]["open_tasks"] == 1 and found["v1"]["runners"] == 0
+    assert not found["v1"]["drained"]                   # its task has not ended
+    assert found["v2"]["open_tasks"] == 0 and found["v2"]["drained"]
+    listed = taskrunner("tasks", "--code-version", "v1", "--json", config=config)
+    assert [(t["id"], t["code_version"]) for t in json.loads(listed.stdout)] == [(old, "v1")]
+    text = taskrunner("versions", config=config).stdout
+    assert "CODE VERSION" in text and "v1" in text
+    queue.run_pending(now=datetime.now(timezone.utc) + timedelta(hours=2))
+    assert queue.get_task(old).status == "success"
+    found = {v["code_version"]: v for v in json.loads(
+        taskrunner("versions", "--json", config=config).stdout)}
+    assert found["v1"]["drained"], "its last task ended: v1 has drained"
+    show = json.loads(taskrunner("show", str(new), "--json", config=config).stdout)
+    assert show["code_version"] == "v2"
+    queue.close()
+
+
+@pytest.mark.parametrize("args, env, toml, said", [
+    (("tasks", "--code-version", "two words"), None, "", "--code-version"),
+    (("cancel", "--code-version", "x" * 65), None, "", "--code-version"),
+    (("versions",), {"TASKRUNNER_CODE_VERSION": "a b"}, "", "TASKRUNNER_CODE_VERSION"),
+    (("versions",), None, '[runner]\ncode_version = "a\\tb"\n', "code_version"),
+    (("versions",), None, "[runner]\ncode_version = 3\n", "code_version"),
+])
+def test_a_bad_code_version_is_refused_in_one_line(sqlite_db, tmp_path, args, env, toml, said):
+    config = sqlite_db.write_config(tmp_path / "c.toml", toml)
+    result = taskrunner(*args, config=config, env=env)
+    assert result.returncode == 2, result
+    assert len(result.stderr.strip().splitlines()) == 1 and said in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
