@@ -4,6 +4,7 @@ answers once per task and keeps its answer; a deploy (HUP) in the middle of 100 
 whose handler gained, removed, reordered and renamed steps ends every run as the rules say,
 no completed step running again; the operator sees runs by version and old ones drain."""
 import json
+import re
 import os
 import signal
 import textwrap
@@ -310,3 +311,29 @@ def test_a_bad_code_version_is_refused_in_one_line(sqlite_db, tmp_path, args, en
     assert result.returncode == 2, result
     assert len(result.stderr.strip().splitlines()) == 1 and said in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_dashboard_and_the_metrics_show_versions(sqlite_db):
+    from dashboard_helpers import Served, fetch
+    from taskrunner.fleet import liveness
+    from taskrunner.web.metrics import exposition
+    SEEN.clear()
+    queue = under(sqlite_db, "v1", patch=False)
+    task_id = queue.add_task(__name__ + ".Branch", {"attempts": 2}, retry_backoff=3600)
+    queue.run_pending(max_runs=1)          # started under v1, not ended
+    liveness.register(queue.store, code_version="v2<b>")     # a runner of the next version
+    served = Served(queue.store)
+    try:
+        body = fetch(served.url + "/runners")[1]
+        assert "Code version" in body and "v2&lt;b&gt;" in body and "<b>" not in body
+        card = body[body.index("<h2>Code versions</h2>"):]
+        rows = re.findall(r"<tr>.*?</tr>", card, re.S)
+        assert any(">v1<" in r and ">1<" in r and ">no<" in r for r in rows), rows
+        page = fetch(served.url + "/api/parts?page=task&id=%d" % task_id)[1]
+        assert "<dt>Code version</dt><dd>v1</dd>" in json.loads(page)["task-live"]
+    finally:
+        served.stop()
+    text = exposition(queue.store).decode()
+    assert 'taskrunner_code_version_open_tasks{code_version="v1"} 1.0' in text
+    assert 'taskrunner_code_version_runners{code_version="v2<b>"} 1.0' in text
+    queue.close()
