@@ -126,7 +126,8 @@ class TaskInfo(_Record):
 @dataclass(frozen=True)
 class StepInfo(_Record):
     """A step a task recorded: ``step`` (run.step, run.transaction_step), ``sleep``,
-    ``event`` (consumed by run.wait_for, or its timeout), ``deadline`` (of a wait)."""
+    ``event`` (consumed by run.wait_for, or its timeout), ``deadline`` (of a wait),
+    ``patch`` (run.patched's answer)."""
     name: str
     kind: str
     # done; a sleep or a deadline still to come: waiting; an event that timed out: timeout

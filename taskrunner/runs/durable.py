@@ -16,6 +16,12 @@ behind a handler's ``run``.
   the event consumed are recorded as steps too, so a resumed attempt replays them instead
   of starting them again; the N-th wait for one name in an attempt is a step of its own
   (``event-N:NAME``) and takes the N-th event of that name.
+- **Code versions** (docs: "Changing durable code under running work"): the first durable
+  record of a task writes, in its transaction, the version of its runner's code
+  (``task_queue.code_version``; a plain job writes nothing). ``run.patched(NAME)`` answers
+  whether the task takes a new code path, recorded as the step ``patch:NAME``: False when
+  the task started under other code and this attempt still replays what that code recorded
+  (steps not met again yet, or a checkpoint), True otherwise.
 
 Everything here rides out a database outage (store.outage): a handler never sees a
 database error from these calls.
