@@ -268,6 +268,35 @@ def test_a_task_recorded_before_versions_were_kept_takes_the_old_path(database):
     queue.close()
 
 
+class Counted(TaskHandler):
+    """Resumes from its checkpoint; asks for the patch in the code that has it."""
+
+    def handle(self, run):
+        start = run.resumed_from or 0
+        answer = run.patched("fix") if CODE["patch"] else None
+        SEEN.append((run.task_id, run.attempt, run.code_version, answer))
+        run.checkpoint(start + 1)
+        if run.attempt < 2:
+            raise TaskError("again", code="Again")
+        run.results = start
+
+
+def test_a_checkpoint_records_the_version_and_a_resume_from_older_code_keeps_the_old_path(
+        database):
+    SEEN.clear()
+    queue = under(database, "v1", patch=False)
+    task_id = queue.add_task(__name__ + ".Counted", retry_backoff=0)
+    queue.run_pending(max_runs=1)
+    assert queue.get_task(task_id).code_version == "v1"     # the checkpoint wrote it
+    queue.close()
+    queue = under(database, "v2", patch=True)
+    while queue.run_pending():
+        pass
+    assert answers(task_id) == [(1, "v1", None), (2, "v1", False)]
+    assert queue.get_task(task_id).results == 1
+    queue.close()
+
+
 def test_versions_and_tasks_by_version_on_the_command_line(database, tmp_path):
     SEEN.clear()
     queue = under(database, "v1", patch=False)
