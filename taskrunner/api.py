@@ -27,6 +27,7 @@ from .store.bound import Store
 
 if TYPE_CHECKING:
     from typing import Protocol
+    from .reads.versions import VersionInfo
     if sys.version_info >= (3, 10):
         from typing import ParamSpec
         P = ParamSpec("P")
@@ -295,6 +296,13 @@ class TaskQueue:
     def steps_of(self, task_id: int) -> List[StepInfo]:
         """The steps the task has recorded (``run.step``, sleeps, events), in order."""
         return reads.steps_of(self.store, task_id)
+
+    def code_versions(self) -> List["VersionInfo"]:
+        """Per code version, the runners running it and the durable tasks not ended that
+        started under it, newest first: ``drained`` once neither is left (docs: "Changing
+        durable code under running work")."""
+        from .reads import versions
+        return versions.code_versions(self.store)
 
     def reruns_of(self, task_id: int) -> List[RerunInfo]:
         """The task's re-runs from a step (`rerun_from`), oldest first: the step, how many

@@ -136,6 +136,21 @@ def _string(value):
     return value
 
 
+# The longest code version (task_runners.code_version, task_queue.code_version).
+CODE_VERSION_LIMIT = 64
+
+
+def check_code_version(value):
+    """A code version: "" (computed, runner/versions.py) or printable text of at most
+    CODE_VERSION_LIMIT characters without spaces (it is a word on every face and a metric's
+    label)."""
+    if not isinstance(value, str) or len(value) > CODE_VERSION_LIMIT or any(
+            not c.isprintable() or c.isspace() for c in value):
+        raise ValueError("expected a version of at most %d printable characters without "
+                         "spaces, e.g. a git commit or a release number" % CODE_VERSION_LIMIT)
+    return value
+
+
 def _bool(value):
     if not isinstance(value, bool):
         raise ValueError("expected true or false")
@@ -238,6 +253,9 @@ SCHEMA = {
         # beside a SQLite file, else $XDG_RUNTIME_DIR or the temporary directory
         # (see wakeup.directory).
         "host_id": ("", _string),
+        # The version of the handler code its runners run; "" = $TASKRUNNER_CODE_VERSION,
+        # else a digest of the application's source (runner/versions.py).
+        "code_version": ("", check_code_version),
         "wakeup_dir": ("", _string),
     },
     "task": {
@@ -410,6 +428,12 @@ class Config(SimpleNamespace):
         if url:
             config.database.url = url
             check_pooler(config.database, config.source)
+        version = environ.get("TASKRUNNER_CODE_VERSION", "")
+        if version:
+            try:
+                config.runner.code_version = check_code_version(version)
+            except ValueError as exc:
+                raise ConfigError("$TASKRUNNER_CODE_VERSION: %s" % exc) from None
         return config
 
 
@@ -573,6 +597,12 @@ DESCRIPTIONS = {
     ("runner", "flush_interval"):
         "With `batch` > 1: the longest a success waits before it is committed (at most 1s). A "
         "crash re-executes the successes not committed yet.",
+    ("runner", "code_version"):
+        "The version of the handler code this host's runners run, recorded on each runner "
+        "and on each durable task it starts (docs: \"Changing durable code under running "
+        "work\"); `$TASKRUNNER_CODE_VERSION` overrides it. \"\" = a digest of the "
+        "application's source, which changes when a deploy changes it; set it (a release, "
+        "a git commit) to name versions yourself.",
     ("runner", "host_id"):
         "This host's identity in `task_runners`; a PID is judged only on the host that "
         "recorded it. `\"\"`: the hostname, plus `/pidns:INODE` inside a PID namespace of "

@@ -227,7 +227,8 @@ class RunContext:
     Durable execution (docs: "Durable tasks"): ``checkpoint(value)`` and
     ``resumed_from``, ``step(name, fn, ...)`` and ``transaction_step(name, fn, ...)`` (run
     once per task), ``idempotency_key(name)``, ``sleep(...)``, ``wait_for(name)`` and
-    ``wait_for_tasks(ids)``.
+    ``wait_for_tasks(ids)``; ``patched(name)`` and ``code_version`` to change the code under
+    running tasks (docs: "Changing durable code under running work").
     """
 
     def __init__(self, run_id: int, task_id: int, attempt: int, data: Any, *,
@@ -457,6 +458,24 @@ class RunContext:
         time out again), with error code ``EventTimeout``; catch it to go on without the
         event."""
         return self._durable_run().wait_for(name, timeout)
+
+    def patched(self, name: str) -> bool:
+        """Whether this task takes the new code path `name` (docs: "Changing durable code
+        under running work"): True for a task that started under the code running now, or
+        that has not recorded anything past this point; False for a task that started under
+        earlier code and recorded steps beyond here (or a checkpoint) without it — that
+        task keeps the old path. Recorded the first time (as the step ``patch:NAME``), so
+        every later attempt of the task gets the same answer."""
+        return bool(self._durable_run().patched(name))
+
+    @property
+    def code_version(self) -> Optional[str]:
+        """The version of the code this task started under (``[runner] code_version``, or a
+        digest of the application's source): recorded with its first durable record, or
+        the version running now for a task that has recorded nothing yet. None for a task
+        that recorded something before versions were kept."""
+        version = self._durable_run().code_version
+        return None if version is None else str(version)
 
     def wait_for_tasks(self, task_ids: "list[int]") -> "list[dict[str, Any]]":
         """Wait durably until every task of `task_ids` (children this run added) has ended,

@@ -28,7 +28,7 @@ PUBLIC_METHODS = {"add_task", "add_tasks", "get_task", "runs_of", "tasks", "retr
                   "add_workflow", "chain", "group", "workflow", "wait_workflow",
                   "cancel_workflow", "parent_results", "add_workflow_async",
                   "wait_workflow_async", "enqueue", "outcomes", "rerun_from", "reruns_of",
-                  "status_of"}
+                  "status_of", "code_versions"}
 
 
 def test_the_facade_offers_the_user_api_and_nothing_of_the_engine():

@@ -171,6 +171,15 @@ def shown(record, config):
     return shown_record
 
 
+def code_version_arg(text):
+    """A code version as written on the command line ([runner] code_version's rules)."""
+    from ..config import check_code_version
+    try:
+        return check_code_version(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def queue_name(text):
     from ..config import check_queue_name
     try:

@@ -23,6 +23,7 @@ from ..errors import InputError
 from .indexes import add_index_command
 from .queues import add_queue_command, add_rate_command, print_queues, print_rates
 from .verify import add_verify_command
+from .versions import add_versions_command, print_versions
 from .workflows import add_workflow_command
 from ..handler import encode_data, load_handler
 from ..logs import setup_logging
@@ -268,7 +269,7 @@ def cmd_run_event(args):
 
 def cmd_status(args):
     from ..fleet import leadership
-    from ..reads import records as reads, summaries
+    from ..reads import records as reads, summaries, versions
     queue = open_queue(args)
     leases = leadership.leases(queue.store)
     rows = [r.to_json() for r in reads.running_runners(queue.store)]
@@ -278,11 +279,13 @@ def cmd_status(args):
                 sorted(reads.run_stats(queue.store, by="handler").items())}
     queues = [q.to_json() for q in reads.queue_stats(queue.store)]
     rates = reads.rate_limits(queue.store)["buckets"]
+    code_versions = [v.to_json() for v in versions.code_versions(queue.store)
+                     if not v.drained]
     if args.json:
         print_json({"database": masked_url(queue), "runners": rows, "tasks": counts,
                     "retrying": figures["tasks_retrying"], "given_up": figures["tasks_given_up"],
                     "handlers": handlers, "queues": queues, "leases": leases,
-                    "rate_limits": rates})
+                    "rate_limits": rates, "code_versions": code_versions})
         return
     print("database: %s" % masked_url(queue))
     for lease in leases:
@@ -300,15 +303,19 @@ def cmd_status(args):
     if rates:
         print()
         print_rates(rates, wide=args.wide)
+    if len(code_versions) > 1:          # a deploy not drained yet: which runs are still old
+        print()
+        print_versions(code_versions, wide=args.wide)
     if not rows:
         print("no runners running")
         return
     print_table(["ID", "KIND", "HOST", "PID", "STATE", "RUN", "PROGRESS", "RSS MB", "RUNS",
-                  "STARTED", "HEARTBEAT"],
+                  "STARTED", "HEARTBEAT", "CODE VERSION"],
                  [[r["id"], r["kind"], r["host"], r["pid"], r["state"],
                    run_column(r),
                    "%d%%" % r["progress"] if r["progress"] is not None else "-", r["rss_mb"],
-                   r["runs_done"], when(r["started_on"]), when(r["heartbeat_on"])] for r in rows],
+                   r["runs_done"], when(r["started_on"]), when(r["heartbeat_on"]),
+                   r["code_version"] or "-"] for r in rows],
                 wide=args.wide, zone=True)
     for r in rows:
         if r["stopping_reason"] is not None:
@@ -636,6 +643,7 @@ def build_parser(hidden=()):
     add_rate_command(command)
     add_workflow_command(command)
     add_verify_command(command)
+    add_versions_command(command)
 
     add_periodic_parser(command, parser_class)
 

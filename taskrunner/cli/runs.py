@@ -192,7 +192,7 @@ def non_negative_int(text):
 
 
 def add_task_filters(parser, time_type):
-    from .args import queue_name
+    from .args import code_version_arg, queue_name
     """The filters shared by ``tasks``, ``retry`` and ``cancel``."""
     parser.add_argument("--status", choices=STATUS_CHOICES, metavar="WORD",
                         help="one of: %s (docs: Words)" % ", ".join(STATUS_CHOICES))
@@ -205,12 +205,15 @@ def add_task_filters(parser, time_type):
     parser.add_argument("--until", type=time_type, metavar="TIME",
                         help="queued before this ISO 8601 time")
     parser.add_argument("--periodic", metavar="NAME", help="tasks of this periodic task")
+    parser.add_argument("--code-version", type=code_version_arg, metavar="VERSION",
+                        help="durable tasks that started under this code version "
+                             "(`taskrunner versions`)")
 
 
 def task_filters(args):
     return {name: getattr(args, name, None) for name in (
-        "status", "handler", "since", "until", "periodic", "queue", "error_code", "data")
-        if getattr(args, name, None) is not None}
+        "status", "handler", "since", "until", "periodic", "queue", "error_code", "data",
+        "code_version") if getattr(args, name, None) is not None}
 
 
 def bulk(queue, verb, args):
@@ -227,7 +230,7 @@ def bulk(queue, verb, args):
     filters = task_filters(args)
     if not args.ids and not filters:
         raise InputError("%s: give task ids, or filters (--status, --handler, --queue, "
-                         "--error-code, --since, --until, --periodic)" % verb)
+                         "--error-code, --since, --until, --periodic, --code-version)" % verb)
     if len(args.ids) == 1 and not filters and verb != "delete":
         task_id = args.ids[0]
         action = control.retry if verb == "retry" else control.cancel

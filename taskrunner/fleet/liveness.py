@@ -116,7 +116,8 @@ def process_alive(pid, recorded_create_time):
         return True  # it exists; another user's process cannot be ours, but do not guess dead
 
 
-def register(store, kind=RUNNER, parent_id=None, now=None, take_slot=True, serving=None):
+def register(store, kind=RUNNER, parent_id=None, now=None, take_slot=True, serving=None,
+             code_version=None):
     """Insert this process's runner row and return it, or raise RunnerLimitReached.
 
     Rule 5 is a database rule: a runner takes a slot 1..limit, and (host, slot) is unique,
@@ -127,7 +128,8 @@ def register(store, kind=RUNNER, parent_id=None, now=None, take_slot=True, servi
     also takes, in the same transaction, a slot of each queue it is `serving` that has a
     ``[queues.NAME] limit`` (task_runner_queues, unique per host and queue likewise) — or the
     limit stored on the queue's row (``queue limit``), which replaces the config's.
-    ``row.queue_slots``: {queue: the slot it took}.
+    ``row.queue_slots``: {queue: the slot it took}. `code_version`: the version of the
+    handler code the process runs (runner/versions.py), None for one that runs none.
     """
     Runner = store.Runner
     now = now or utcnow()
@@ -136,7 +138,7 @@ def register(store, kind=RUNNER, parent_id=None, now=None, take_slot=True, servi
     fields = dict(host=host, boot_id=boot_id(), pid=pid, pid_create_time=process.create_time(),
                   kind=kind, parent_id=parent_id, started_on=now,
                   heartbeat_on=store.server_time(), status=RUNNING,
-                  rss=process.memory_info().rss)
+                  rss=process.memory_info().rss, code_version=code_version)
     if kind == OVERSEER or not take_slot:
         return _created(Runner, fields)
     refresh_runners(store, now=now, other_hosts=False)

@@ -119,12 +119,16 @@ class TaskInfo(_Record):
     # in this task; None for a task added without a debounce.
     debounce_key: Optional[str] = None
     debounce_enqueues: Optional[int] = None
+    # The version of the code it started under, recorded with its first durable record
+    # (runs/durable.py); None for a task that recorded none.
+    code_version: Optional[str] = None
 
 
 @dataclass(frozen=True)
 class StepInfo(_Record):
     """A step a task recorded: ``step`` (run.step, run.transaction_step), ``sleep``,
-    ``event`` (consumed by run.wait_for, or its timeout), ``deadline`` (of a wait)."""
+    ``event`` (consumed by run.wait_for, or its timeout), ``deadline`` (of a wait),
+    ``patch`` (run.patched's answer)."""
     name: str
     kind: str
     # done; a sleep or a deadline still to come: waiting; an event that timed out: timeout
@@ -215,6 +219,8 @@ class RunnerInfo(_Record):
     # Winding down its run (TimescaleDB's TERMINATING): why, and since when; None otherwise.
     stopping_reason: Optional[str] = None
     stopping_since: Optional[datetime] = None
+    # The version of the handler code it runs (runner/versions.py); None for an overseer.
+    code_version: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -344,7 +350,8 @@ def task_info(row: Any, results: Any = None, last_traceback: Optional[str] = Non
         steps=steps, workflow_id=row.workflow_id,
         waiting_parents=row.waiting_parents if row.finished_on is None else None,
         last_run_status=RUNNING if running else row.last_status, blocked_by=blockers,
-        debounce_key=row.debounce_key, debounce_enqueues=row.debounce_count)
+        debounce_key=row.debounce_key, debounce_enqueues=row.debounce_count,
+        code_version=row.code_version)
 
 
 def parents_text(count: int) -> str:
@@ -598,13 +605,14 @@ def state_word(status: str, finished_on: Any, running: bool = False) -> str:
 def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str] = None,
                 since: Optional[datetime] = None, until: Optional[datetime] = None,
                 periodic: Optional[str] = None, queue: Optional[str] = None,
-                error_code: Optional[str] = None, data: Optional[Tuple[str, str]] = None) -> Any:
+                error_code: Optional[str] = None, data: Optional[Tuple[str, str]] = None,
+                code_version: Optional[str] = None) -> Any:
     """Tasks matching every filter given: `status` a word of `TASK_STATUSES`, `handler`
     its dotted path, `since` / `until` (aware) bounds of its queued_on, `periodic` the name
     of the periodic task that submitted it, `queue` its queue, `error_code` the code of its
     last error, `data` a ``(key, value)`` of its data (data_search.parse; a key without an
-    index is searched in the data_search.WINDOW most recent tasks only). InputError for an
-    unknown status or name."""
+    index is searched in the data_search.WINDOW most recent tasks only), `code_version` the
+    version it started under. InputError for an unknown status or name."""
     Task, PeriodicTask = store.Task, store.PeriodicTask
     query = Task.select()
     if status is not None:
@@ -630,6 +638,8 @@ def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str]
         query = query.where(data_search.condition(store, *data, by_index=by_index))
         if not by_index:
             query = query.where(Task.id > data_search.newest_id(store) - data_search.WINDOW)
+    if check_text("code_version", code_version) is not None:
+        query = query.where(Task.code_version == code_version)
     return query
 
 
@@ -702,7 +712,8 @@ def running_runners(store: Any) -> List[RunnerInfo]:
             rss_mb=round(r.rss / 1048576, 1) if r.rss else None, runs_done=r.runs_done,
             started_on=aware(r.started_on), heartbeat_on=aware(r.heartbeat_on),
             claimed=held.get(r.id, 0), stopping_reason=stopping,
-            stopping_since=aware(r.stopping_since) if stopping is not None else None))
+            stopping_since=aware(r.stopping_since) if stopping is not None else None,
+            code_version=r.code_version))
     return result
 
 

@@ -142,7 +142,8 @@ class Execution:
             stopping=lambda: self.told_to_stop is not None or run.stopping() is not None,
             queue=self._queue_facade(), stop_info=lambda: self._stop_info(run),
             durable=lambda: durable.DurableRun(self.store, claimed.run_id, claimed.task_id,
-                                               claimed.attempt, self.runner_id, clock=self.now))
+                                               claimed.attempt, self.runner_id, clock=self.now,
+                                               code_version=self.code_version))
         handler = cls()
         outcome = outcomes.Outcome(SUCCESS)
         try:

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta, timezone
 
 import peewee as pw
 
-from . import batches, stops
+from . import batches, stops, versions
 from . import reload as reload_module
 from ..fleet import liveness, maintenance
 from .. import tracing
@@ -98,6 +98,7 @@ class Runner(Idle, Execution, Chunks):
         self.parent_pid = parent_pid
         self.parent_id = parent_id
         self.runner_id = None
+        self.code_version = None      # of the handler code it runs (versions.py), at work()
         self.stop_reason = None
         self.told_to_stop = None      # monotonic time of the first stop signal
         self.stop_signal = None       # its name ("SIGHUP")
@@ -253,6 +254,7 @@ class Runner(Idle, Execution, Chunks):
                 return 0
         if self.memory_limit:       # a process of its own (not run_pending's): group sync
             self.store.use_group_sync()
+        self.code_version = versions.code_version(self.config)
         row = self._register()
         if row is None:
             log.info("runner not started: %s", self.stop_reason)
@@ -328,7 +330,8 @@ class Runner(Idle, Execution, Chunks):
         while True:
             try:
                 row = liveness.register(self.store, kind=RUNNER, parent_id=self.parent_id,
-                                        take_slot=self.memory_limit, serving=self.serving)
+                                        take_slot=self.memory_limit, serving=self.serving,
+                                        code_version=self.code_version)
                 outage.note_back(self.store.db)
                 return row
             except (pw.OperationalError, pw.InterfaceError) as exc:

@@ -16,6 +16,12 @@ behind a handler's ``run``.
   the event consumed are recorded as steps too, so a resumed attempt replays them instead
   of starting them again; the N-th wait for one name in an attempt is a step of its own
   (``event-N:NAME``) and takes the N-th event of that name.
+- **Code versions** (docs: "Changing durable code under running work"): the first durable
+  record of a task writes, in its transaction, the version of its runner's code
+  (``task_queue.code_version``; a plain job writes nothing). ``run.patched(NAME)`` answers
+  whether the task takes a new code path, recorded as the step ``patch:NAME``: False when
+  the task started under other code and this attempt still replays what that code recorded
+  (steps not met again yet, or a checkpoint), True otherwise.
 
 Everything here rides out a database outage (store.outage): a handler never sees a
 database error from these calls.
@@ -34,8 +40,8 @@ from ..store import outage
 from ..store.models import LARGEST_ID, RUNNING, WAITING, as_utc, utcnow
 
 # Step kinds: a function's result, the end of a sleep, an event consumed (or timed out), the
-# deadline of a wait for an event.
-STEP, SLEEP, EVENT, DEADLINE = "step", "sleep", "event", "deadline"
+# deadline of a wait for an event, the answer of `run.patched` (``patch:NAME``).
+STEP, SLEEP, EVENT, DEADLINE, PATCH = "step", "sleep", "event", "deadline", "patch"
 # The names of steps that record tasks a run added (``add:...``) and how the tasks it
 # waited for ended (``join-N``).
 ADD, JOIN = "add", "join"
@@ -91,13 +97,24 @@ def save_checkpoint(store, run_id, task_id, runner_id, text, percent, at):
 
 
 def read_state(store, task_id):
-    """(checkpoint text, {name: (kind, result text)}) of a task: what an attempt resumes from,
-    in two reads of indexes (the task's primary key, the steps' unique index)."""
+    """(checkpoint text, {name: (kind, result text)}, code version) of a task: what an
+    attempt resumes from and the version of the code the task started under, in two reads of
+    indexes (the task's primary key, the steps' unique index)."""
     Task, Step = store.Task, store.Step
-    row = Task.select(Task.checkpoint).where(Task.id == task_id).first()
+    row = Task.select(Task.checkpoint, Task.code_version).where(Task.id == task_id).first()
     steps = {name: (kind, result) for name, kind, result in Step.select(
         Step.name, Step.kind, Step.result).where(Step.task_id == task_id).tuples()}
-    return (row.checkpoint if row is not None else None), steps
+    if row is None:
+        return None, steps, None
+    return row.checkpoint, steps, row.code_version
+
+
+def record_code_version(store, task_id, code_version):
+    """Inside the transaction of a task's first durable record: the version of the code it
+    started under, unless one is recorded already (another attempt's, racing)."""
+    Task = store.Task
+    Task.update(code_version=code_version).where(
+        (Task.id == task_id) & Task.code_version.is_null()).execute()
 
 
 def insert_step(store, task_id, name, kind, run_id, attempt, result, started_on, at):
@@ -187,14 +204,21 @@ class DurableRun:
     handler's thread alone. `clock()`: this host's naive UTC now (run_pending's injected
     time); `stored()` is called after each write that proves the run alive."""
 
-    def __init__(self, store, run_id, task_id, attempt, runner_id, clock=None):
+    def __init__(self, store, run_id, task_id, attempt, runner_id, clock=None,
+                 code_version=None):
         self.store, self.run_id, self.task_id = store, run_id, task_id
         self.attempt, self.runner_id = attempt, runner_id
         self.clock = clock or utcnow
+        # The version of the code running this attempt: its runner's (runner/versions.py).
+        self.runner_version = code_version
         self.lost = False            # a checkpoint found the run no longer this runner's
         self._loaded = False
         self._resumed = None
         self._steps = {}
+        self._started = None         # the version the task started under, once known
+        self._unversioned = False    # the task has no record yet: the first writes its version
+        self._earlier = frozenset()  # names of the steps earlier attempts recorded
+        self._met = set()            # of those, the ones this attempt came back to
         self._calls = {}             # kind -> calls made this attempt (unnamed sleeps)
         self._waits = {}             # event name -> waits for it made this attempt
 
@@ -207,9 +231,63 @@ class DurableRun:
 
     def _load(self):
         if not self._loaded:
-            text, self._steps = self._through(lambda: read_state(self.store, self.task_id))
+            text, self._steps, self._started = self._through(
+                lambda: read_state(self.store, self.task_id))
             self._resumed = _decoded(text)
+            # A task that recorded something before versions were (0032) keeps NULL: its
+            # version is unknown, never this runner's.
+            self._unversioned = self._started is None and text is None and not self._steps \
+                and self.runner_version is not None
+            self._earlier = frozenset(name for name, (kind, _) in self._steps.items()
+                                      if kind != PATCH)
             self._loaded = True
+
+    def _replayed(self, name):
+        """The record of the step `name` (kind, result text), or None: the lookup by name of
+        every call that may have been recorded by an earlier attempt."""
+        found = self._steps.get(name)
+        if found is not None:
+            self._met.add(name)
+        return found
+
+    def _versioned(self):
+        """Inside the transaction of a durable record: the task's version, the first time."""
+        if self._unversioned:
+            record_code_version(self.store, self.task_id, self.runner_version)
+
+    def _wrote(self):
+        """After the transaction of a durable record committed."""
+        if self._unversioned:
+            self._started, self._unversioned = self.runner_version, False
+
+    @property
+    def code_version(self):
+        """The version of the code the task started under: the one recorded with its first
+        durable record, or this runner's for a task that has none yet (the one it will
+        record); None for a task that recorded something before versions were kept."""
+        self._load()
+        return self.runner_version if self._unversioned else self._started
+
+    def patched(self, name):
+        """Whether the task takes the new code path `name`: the answer is recorded (the step
+        ``patch:NAME``) the first time, and every later attempt gets it. True unless the task
+        started under other code and this attempt is replaying what that code recorded past
+        this point — steps of earlier attempts it has not come back to yet, or a checkpoint
+        it resumed from: that code went on without the patch, so the task keeps the old
+        path. False for a task whose version is unknown (it recorded before 0032) on the
+        same terms."""
+        check_name("patch name", name)
+        self._load()
+        step = ("%s:%s" % (PATCH, name))[:NAME_LIMIT]
+        found = self._replayed(step)
+        if found is None:
+            other_code = not self._unversioned and (self._started is None
+                                                    or self._started != self.runner_version)
+            replaying = bool(self._earlier - self._met) or self._resumed is not None
+            self._record(step, PATCH, encode(not (other_code and replaying), "a patch"),
+                         self._now())
+            found = self._steps[step]
+        return _decoded(found[1])
 
     @property
     def resumed_from(self):
@@ -221,11 +299,17 @@ class DurableRun:
         text = encode(value, "the checkpoint", self.store.config.task.max_result_size)
         if percent is not None:
             percent = max(0, min(100, int(percent)))
-        mine = self._through(lambda: self.store.write(lambda: save_checkpoint(
-            self.store, self.run_id, self.task_id, self.runner_id, text, percent,
-            self._now())))
+        def transaction():
+            if not save_checkpoint(self.store, self.run_id, self.task_id, self.runner_id,
+                                   text, percent, self._now()):
+                return False
+            self._versioned()
+            return True
+        mine = self._through(lambda: self.store.write(transaction))
         if not mine:
             self.lost = True
+        else:
+            self._wrote()
         return mine
 
     def idempotency_key(self, name):
@@ -239,10 +323,11 @@ class DurableRun:
     def step(self, name, fn, args, kwargs, in_transaction=False):
         check_name("step name", name)
         self._load()
-        if name in self._steps:
+        found = self._replayed(name)
+        if found is not None:
             if tracing.active():
                 tracing.step_replayed(name)
-            return _decoded(self._steps[name][1])
+            return _decoded(found[1])
         if tracing.active():
             with tracing.step_span(name, self.task_id):
                 return self._run_step(name, fn, args, kwargs, in_transaction)
@@ -276,9 +361,11 @@ class DurableRun:
                 value, "the result of step %r" % name, store.config.task.max_result_size)
             insert_step(store, self.task_id, name, kind, self.run_id, self.attempt,
                         recorded, started, self._now())
+            self._versioned()
             return recorded
         try:
             recorded = self._through(lambda: store.write(transaction))
+            self._wrote()
         except pw.IntegrityError:
             found = self._through(lambda: stored_step(store, self.task_id, name))
             if found is None:
@@ -303,8 +390,9 @@ class DurableRun:
         self._load()
         count = self._calls[(ADD, label)] = self._calls.get((ADD, label), 0) + 1
         step = ("%s:%s" % (ADD if count == 1 else "%s-%d" % (ADD, count), label))[:NAME_LIMIT]
-        if step in self._steps:
-            return _decoded(self._steps[step][1])
+        found = self._replayed(step)
+        if found is not None:
+            return _decoded(found[1])
         return self._record_with(step, STEP, lambda conn: insert(), self._now())
 
     def join(self, task_ids, read):
@@ -315,7 +403,7 @@ class DurableRun:
         them to end gives the task its next run, holding no runner meanwhile)."""
         self._load()
         step = self._ordinal_name(JOIN, None)
-        if step not in self._steps:
+        if self._replayed(step) is None:
             outcomes = self._through(lambda: read(list(task_ids)))
             pending = [task_id for task_id in task_ids if outcomes.get(task_id) is None]
             if pending:
@@ -346,8 +434,9 @@ class DurableRun:
             raise InputError("run.sleep takes a number of seconds, not %r" % (seconds,))
         step = self._ordinal_name(SLEEP, name)
         self._load()
-        if step in self._steps:
-            end = _time(_decoded(self._steps[step][1])["until"])
+        found = self._replayed(step)
+        if found is not None:
+            end = _time(_decoded(found[1])["until"])
         else:
             end = as_utc(until) if until is not None else self._now() + timedelta(
                 seconds=seconds)
@@ -376,12 +465,13 @@ class DurableRun:
         count = self._waits[name] = self._waits.get(name, 0) + 1
         ordinal = "" if count == 1 else "-%d" % count     # the first keeps its stored name
         step = "event%s:%s" % (ordinal, name)
-        if step not in self._steps:
+        if self._replayed(step) is None:
             deadline = None
             if timeout is not None:
                 key = "deadline%s:%s" % (ordinal, name)
-                if key in self._steps:
-                    deadline = _time(_decoded(self._steps[key][1])["until"])
+                found = self._replayed(key)
+                if found is not None:
+                    deadline = _time(_decoded(found[1])["until"])
                 else:
                     deadline = _time(self._record(key, DEADLINE, encode({"until": _iso(
                         self._now() + timedelta(seconds=timeout))}, "until"),

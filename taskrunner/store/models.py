@@ -131,6 +131,9 @@ class Task(BaseModel):
     debounce_open = pw.CharField(null=True)
     debounce_until = pw.DateTimeField(null=True)
     debounce_count = pw.IntegerField(null=True)
+    # Code versions (0032, runs/durable.py): the version of the code a durable task started
+    # under, written with its first durable record; NULL for a task that recorded nothing.
+    code_version = pw.CharField(max_length=64, null=True)
 
     class Meta:
         table_name = "task_queue"
@@ -209,6 +212,9 @@ class Runner(BaseModel):
     exit_reason = pw.TextField(null=True)
     stopping_since = pw.DateTimeField(null=True)
     stopping_run_id = pw.IntegerField(null=True)
+    # The version of the handler code this runner runs (0032, runner/versions.py); NULL for
+    # an overseer and its maintainer, which run no handler.
+    code_version = pw.CharField(max_length=64, null=True)
 
     class Meta:
         table_name = "task_runners"

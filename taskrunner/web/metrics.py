@@ -21,7 +21,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 
 from ..config import DEFAULT_QUEUE
-from ..reads import records as reads, summaries
+from ..reads import records as reads, summaries, versions
 from .html import now
 
 
@@ -118,6 +118,20 @@ class StoreCollector:
         yield alive
         yield busy
         yield rss
+
+        open_tasks = GaugeMetricFamily("taskrunner_code_version_open_tasks", "Durable tasks "
+                                       "not ended, by the code version they started under "
+                                       "(the newest versions not drained; older ones summed "
+                                       "under (other)).", labels=["code_version"])
+        on_version = GaugeMetricFamily("taskrunner_code_version_runners", "Runners running, "
+                                       "by the version of the handler code they run.",
+                                       labels=["code_version"])
+        for version, (tasks_open, running) in versions.metric_figures(
+                versions.code_versions(store)).items():
+            open_tasks.add_metric([version], tasks_open)
+            on_version.add_metric([version], running)
+        yield open_tasks
+        yield on_version
 
         until = GaugeMetricFamily("taskrunner_periodic_seconds_until_due", "Seconds until a "
                                   "periodic task is next due (negative: overdue).",

@@ -9,7 +9,7 @@ from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ..reads import data_search, records as reads, summaries, workflows
+from ..reads import data_search, records as reads, summaries, versions, workflows
 from ..errors import InputError
 from ..masking import masked
 from ..store.models import LARGEST_ID
@@ -223,11 +223,23 @@ def runners_live(view: View, params: Mapping[str, str]) -> str:
                           current, handler,
                           progress(r.progress), elapsed,
                           H("%s MB") % e(r.rss_mb) if r.rss_mb is not None else "",
-                          e(r.runs_done), e(ago(r.heartbeat_on, at))])
+                          e(r.runs_done), e(ago(r.heartbeat_on, at)), e(r.code_version or "")])
         parts.append(H('<section class="card"><h2>%s</h2>%s</section>') % (e(host), table(
             ["ID", "Kind", "PID", "State", "Queues", "Current run", "Handler", "Progress",
-             "Elapsed", "RSS", "Runs done", "Heartbeat"], cells, css="runners")))
-    return H("").join(parts)
+             "Elapsed", "RSS", "Runs done", "Heartbeat", "Code version"], cells,
+            css="runners")))
+    return H("").join(parts) + code_versions_card(view)
+
+
+def code_versions_card(view: View) -> str:
+    """Per code version: runners running it, durable tasks still open that started under
+    it, drained or not (`taskrunner versions`)."""
+    rows = [[e(v.code_version), e(v.runners), e(v.open_tasks), when(v.first_started_on),
+             when(v.last_started_on), "yes" if v.drained else "no"]
+            for v in versions.code_versions(view.store)]
+    return H('<section class="card"><h2>Code versions</h2>%s</section>') % table(
+        ["Code version", "Runners", "Open tasks", "First started", "Last started", "Drained"],
+        rows, "no runner has recorded a code version", css="versions")
 
 
 def runners(view: View, params: Mapping[str, str]) -> str:
@@ -386,6 +398,7 @@ def task_live(view: View, params: Mapping[str, str], task_id: int) -> str:
              ("Waiting for", _waiting(t)),
              ("Workflow", H('<a href="/workflows/%d">workflow %d</a>') % (
                  t.workflow_id, t.workflow_id) if t.workflow_id is not None else ""),
+             ("Code version", e(t.code_version or "")),
              ("Checkpoint", H("%s<small class=\"muted\">stored %s</small>") % (
                  pretty(view.shown(t.checkpoint)), when(t.checkpoint_on))
               if t.checkpoint_on is not None else "")]
