@@ -8,8 +8,9 @@ Per run, one transaction, as a busy taskrunner runner does (the first claim has 
            finished_on, next_run_on, active_key, runs_failed);
   claim  — take the next scheduled run of the queue (in the claim index's order)
            exclusively (SQLite: BEGIN IMMEDIATE; PostgreSQL
-           and MySQL: FOR UPDATE SKIP LOCKED), mark it and its task running (runner,
-           started_on) and read the task's handler and data.
+           and MySQL: FOR UPDATE SKIP LOCKED), mark it running (runner, started_on) and
+           read its task's handler and data (the task row is written when the run ends:
+           readers see `running` on the run, as taskrunner's claim since issue 41).
 Each database gets its cheapest form: on PostgreSQL the whole cycle is one statement of
 data-modifying CTEs (one round trip); SQLite uses UPDATE ... RETURNING; MySQL, which has
 no RETURNING, a locking SELECT joined to the task, then the updates.
@@ -28,7 +29,7 @@ from bench.common import backend_of, connect
 NEXT = ("SELECT id FROM task_runs WHERE status = 'scheduled' AND queue = 'default' "
         "ORDER BY priority DESC, scheduled_on, id LIMIT 1")
 RUN_STARTED = "UPDATE task_runs SET status = 'running', runner_id = {p}, started_on = {p}, updated_on = {p}"
-TASK_STARTED = "UPDATE task_queue SET last_status = 'running', updated_on = {p}"
+TASK_READ = "SELECT handler, data FROM task_queue"
 RUN_DONE = ("UPDATE task_runs SET status = 'success', finished_on = {p}, updated_on = {p}, "
             "percent_completed = 100, active_task_id = NULL "
             "WHERE id = {p} AND status = 'running' AND runner_id = {p}")
@@ -36,22 +37,22 @@ TASK_DONE = ("UPDATE task_queue SET last_status = 'success', finished_on = {p}, 
              "next_run_on = NULL, active_key = NULL, runs_failed = 0 WHERE id = {p}")
 
 SQLITE_CLAIM = (RUN_STARTED + " WHERE id = (" + NEXT + ") RETURNING id, task_id",
-                TASK_STARTED + " WHERE id = {p} RETURNING handler, data")
+                TASK_READ + " WHERE id = {p}")
 MYSQL_CLAIM = ("SELECT r.id, r.task_id, t.handler, t.data FROM task_runs r "
                "JOIN task_queue t ON t.id = r.task_id "
                "WHERE r.status = 'scheduled' AND r.queue = 'default' "
                "ORDER BY r.priority DESC, r.scheduled_on, r.id LIMIT 1 FOR UPDATE SKIP LOCKED",
-               RUN_STARTED + " WHERE id = {p}", TASK_STARTED + " WHERE id = {p}")
+               RUN_STARTED + " WHERE id = {p}")
 # PostgreSQL: finish (when there is a previous run) and claim in one statement.
 PG_CYCLE = """
 WITH done AS ({run_done} RETURNING task_id),
      task_done AS ({task_done_from} FROM done WHERE task_queue.id = done.task_id),
      pick AS ({next} FOR UPDATE SKIP LOCKED),
      started AS ({run_started} FROM pick WHERE task_runs.id = pick.id RETURNING task_runs.id, task_id)
-{task_started} FROM started WHERE task_queue.id = started.task_id
-RETURNING started.id, started.task_id, handler, data""".format(
+SELECT started.id, started.task_id, handler, data
+FROM started JOIN task_queue ON task_queue.id = started.task_id""".format(
     run_done=RUN_DONE.format(p="%s"), task_done_from=TASK_DONE.format(p="%s").split(" WHERE")[0],
-    next=NEXT, run_started=RUN_STARTED.format(p="%s"), task_started=TASK_STARTED.format(p="%s"))
+    next=NEXT, run_started=RUN_STARTED.format(p="%s"))
 
 
 def now(backend):
@@ -101,7 +102,7 @@ def work(url, runner_id, synchronous="full"):
         t = now(backend)
         if backend == "postgresql":
             prev = previous or (None, None)
-            cur.execute(PG_CYCLE, (t, t, prev[0], runner_id, t, t, runner_id, t, t, t))
+            cur.execute(PG_CYCLE, (t, t, prev[0], runner_id, t, t, runner_id, t, t))
             return cur.fetchone()
         finish(previous, t)
         if backend == "sqlite":
@@ -109,13 +110,12 @@ def work(url, runner_id, synchronous="full"):
             run = cur.fetchone()
             if run is None:
                 return None
-            cur.execute(SQLITE_CLAIM[1].format(p=p), (t, run[1]))
+            cur.execute(SQLITE_CLAIM[1].format(p=p), (run[1],))
             return run + cur.fetchone()
         cur.execute(MYSQL_CLAIM[0])
         row = cur.fetchone()
         if row is not None:
             cur.execute(MYSQL_CLAIM[1].format(p=p), (runner_id, t, t, row[0]))
-            cur.execute(MYSQL_CLAIM[2].format(p=p), (t, row[1]))
         return row
 
     done = 0
