@@ -365,3 +365,26 @@ def test_the_dashboard_and_the_metrics_show_versions(sqlite_db):
     assert 'taskrunner_code_version_open_tasks{code_version="v1"} 1.0' in text
     assert 'taskrunner_code_version_runners{code_version="v2<b>"} 1.0' in text
     queue.close()
+
+
+def test_a_computed_version_follows_the_source_and_warns_when_it_finds_none(tmp_path, caplog):
+    """The default version hashes the application's source: a changed file changes it. With
+    no source at all (an application installed into site-packages, without [handlers]
+    allow) every deploy would keep one version: the runner says so once, when its first
+    durable run starts (execute.py: a plain task never reads a version)."""
+    from taskrunner.runner import versions
+    package = tmp_path / "myapp"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tasks.py").write_text("def a(): pass\n")
+    first = versions.digest([str(package)])
+    (package / "tasks.py").write_text("def a(): return 1\n")
+    assert versions.digest([str(package)]) != first
+    with caplog.at_level("WARNING", logger="taskrunner.runner"):
+        versions.warn_if_unnamed()
+    assert "no application source" not in caplog.text
+    versions.digest([])
+    with caplog.at_level("WARNING", logger="taskrunner.runner"):
+        versions.warn_if_unnamed()
+        versions.warn_if_unnamed()
+    assert caplog.text.count("no application source found") == 1

@@ -10,7 +10,7 @@ import logging
 import time
 from datetime import timedelta, timezone
 
-from . import outcomes
+from . import outcomes, versions
 from .. import tracing
 from ..fleet import liveness
 from ..runs import durable, lifecycle
@@ -108,6 +108,14 @@ class Execution:
             span.ended(outcome.status, outcome.code, outcome.message, outcome.exc)
         return outcome, handler, context
 
+    def _durable_run(self, claimed):
+        """The durable side of the run `claimed` (made at its first step, checkpoint, sleep,
+        event or patch): the first of this process says when its code version names no
+        source (versions.warn_if_unnamed)."""
+        versions.warn_if_unnamed()
+        return durable.DurableRun(self.store, claimed.run_id, claimed.task_id, claimed.attempt,
+                                  self.runner_id, clock=self.now, code_version=self.code_version)
+
     def _run_handler(self, run):
         """Decode the data, load the handler and run it (`run`, a CurrentRun); returns
         (Outcome, the handler instance or None, the RunContext or None)."""
@@ -141,9 +149,7 @@ class Execution:
                 self.store, claimed.run_id, self.runner_id, pct, results),
             stopping=lambda: self.told_to_stop is not None or run.stopping() is not None,
             queue=self._queue_facade(), stop_info=lambda: self._stop_info(run),
-            durable=lambda: durable.DurableRun(self.store, claimed.run_id, claimed.task_id,
-                                               claimed.attempt, self.runner_id, clock=self.now,
-                                               code_version=self.code_version))
+            durable=lambda: self._durable_run(claimed))
         handler = cls()
         outcome = outcomes.Outcome(SUCCESS)
         try:

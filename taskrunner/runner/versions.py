@@ -27,6 +27,7 @@ MOST_FILES = 20000
 GLOB = "*?["
 
 _computed = {}      # pid -> version: a forked child computes its own
+_unnamed, _warned = set(), set()    # pids whose version hashed no source; warned of it
 
 
 def code_version(config):
@@ -57,7 +58,23 @@ def digest(roots):
                 continue
             sha.update(relative.encode("utf-8", "surrogateescape") + b"\0")
             sha.update(hashlib.sha256(content).digest())
+    if not count:
+        _unnamed.add(os.getpid())
     return PREFIX + sha.hexdigest()[:12]
+
+
+def warn_if_unnamed():
+    """Once per process, when its first durable run starts: say so when its version hashed
+    no source at all (an application installed into site-packages, run without [handlers]
+    allow), as every deploy would then get that same version and `run.patched` could not
+    tell old code from new. Plain tasks never read a version: they are not warned about."""
+    pid = os.getpid()
+    if pid in _unnamed and pid not in _warned:
+        _warned.add(pid)
+        log.warning("code version: no application source found to hash (it is not on "
+                    "sys.path outside site-packages, and [handlers] allow names no module); "
+                    "set [runner] code_version, or [handlers] allow, so that a deploy "
+                    "changes the version")
 
 
 def _sources(root):
