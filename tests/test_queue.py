@@ -104,6 +104,8 @@ def test_a_claim_writes_the_run_alone_and_every_reader_sees_the_task_running(que
     assert Task.select().where(Task.id == task_id).dicts().get() == before
     assert before["last_status"] == SCHEDULED
     assert queue.get_task(task_id).status == queue.status_of(task_id) == RUNNING
+    with pytest.raises(StateError, match="task %d is running; only a failed" % task_id):
+        queue.retry(task_id)
     assert [t.id for t in queue.tasks(status=RUNNING)] == [task_id]
     assert queue.tasks(status=SCHEDULED) == []
     # The batched claim (many runs) and a runner's success with its next claim: the same.

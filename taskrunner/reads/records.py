@@ -16,7 +16,7 @@ import peewee as pw
 from ..errors import InputError, TaskNotFound, check_text
 from ..store.models import (CANCELLED, CRASHED, ERROR, FAILED, LARGEST_ID, RUNNING,
                             SCHEDULED, STOPPING_PREFIX, SUCCESS, TIMEOUT, WAITING, run_status_is,
-                            utcnow)
+                            state_word, utcnow)
 from ..runs import flow, queues
 from ..runs.sql import claim_order_of
 from . import data_search
@@ -589,17 +589,6 @@ def status_condition(store: Any, status: str) -> Any:
         return (not_succeeded_predicate() & (Task.last_status == SCHEDULED)
                 & Task.id.not_in(running_runs(store)))
     return not_succeeded_predicate() & (Task.last_status == status)
-
-
-def state_word(status: str, finished_on: Any, running: bool = False) -> str:
-    """How a task with this last_status and finished_on is shown in every table: a failed
-    task is ``retrying`` or ``given-up``, as the filters name them; one with a run
-    `running` is ``running`` (its row says ``scheduled``: `running_runs`)."""
-    if running:
-        return RUNNING
-    if status in FAILED:
-        return "given-up" if finished_on else "retrying"
-    return status
 
 
 def tasks_query(store: Any, status: Optional[str] = None, handler: Optional[str] = None,

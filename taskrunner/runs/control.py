@@ -7,7 +7,8 @@ import peewee as pw
 from . import graph
 from ..errors import InputError, StateError, TaskNotFound, check_text
 from .lifecycle import cancel_in_transaction, create_missing_runs, start_released
-from ..store.models import CANCELLED, FAILED, LARGEST_ID, SUCCESS, utcnow
+from ..store.models import (CANCELLED, FAILED, LARGEST_ID, RUNNING, SUCCESS, run_status_is,
+                            state_word, utcnow)
 
 REASON_LIMIT = 1000     # characters of a re-run's reason
 
@@ -65,6 +66,15 @@ def retry_many(store, task_ids, now=None, batch=200, progress=None):
     return outcome
 
 
+def _word(store, task):
+    """The task's status word for a message (models.state_word): a claim writes the run
+    alone, so a task whose run is running says so on its run."""
+    Run = store.Run
+    running = Run.select().where((Run.active_task_id == task.id)
+                                 & run_status_is(Run, RUNNING)).exists()
+    return state_word(task.last_status, task.finished_on, running)
+
+
 def _rearm(store, task_id, at, dependents=False):
     """Inside the caller's write transaction: the task re-armed with a run due `at` (the
     database's clock), or StateError; with `dependents`, those its failure cancelled too.
@@ -73,7 +83,7 @@ def _rearm(store, task_id, at, dependents=False):
     task = _locked_task(store, task_id)
     if task.last_status not in FAILED:
         raise StateError("task %d is %s; only a failed or given-up task can be retried"
-                         % (task.id, task.last_status))
+                         % (task.id, _word(store, task)))
     if Run.select().where(Run.active_task_id == task.id).exists():
         raise StateError("task %d already has a run scheduled or running" % task.id)
     try:
@@ -125,7 +135,7 @@ def _rerun(store, task_id, step, reason, requested_by, at):
                                               or task.last_status in FAILED)
     if not ended:
         raise StateError("task %d is %s; only a task that succeeded or gave up can be re-run "
-                         "from a step" % (task.id, task.last_status))
+                         "from a step" % (task.id, _word(store, task)))
     if Run.select().where(Run.active_task_id == task.id).exists():
         raise StateError("task %d already has a run scheduled or running" % task.id)
     mark = Step.select(Step.id).where((Step.task_id == task.id) & (Step.name == step)).first()

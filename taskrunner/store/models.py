@@ -49,6 +49,18 @@ RUNNER = "runner"
 MAINTAINER = "maintainer"
 
 
+def state_word(status, finished_on, running=False):
+    """How a task with this last_status and finished_on is shown on every face (the API,
+    the CLI, the dashboard, the metrics): a failed task is ``retrying`` or ``given-up``, as
+    the filters name them; one with a run `running` is ``running`` (a claim writes the run
+    alone: the task's row says ``scheduled`` until the run ends)."""
+    if running:
+        return RUNNING
+    if status in FAILED:
+        return "given-up" if finished_on else "retrying"
+    return status
+
+
 def utcnow():
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
