@@ -273,8 +273,10 @@ def main(argv=None):
                                               peer["instructions_per_job"])
                 print("%-40s taskrunner / huey at W = %d: %.3f" % (
                     r["tree"], args.workers, r["over_huey"]))
-    common.write_json(args.json, {"tasks": args.tasks, "workers": args.workers,
-                                  "db": args.db, "valgrind": _valgrind_version(),
+    common.write_json(args.json, {"machine": common.machine(), "tasks": args.tasks,
+                                  "workers": args.workers, "db": args.db,
+                                  "valgrind": _valgrind_version(),
+                                  "huey": common.package_version("huey"),
                                   "load_average": os.getloadavg(), "results": results})
     return 0
 

@@ -5,8 +5,8 @@ source trees and PgQueuer: ``python -m bench.server_instructions --tree /work/ba
 bench/instructions.py counts a runner's own work; on PostgreSQL about half of a job's CPU
 is the server's, and timing it (bench/perjob.py) swings by +-20 % on a shared machine. This
 counts it: a throwaway cluster (tests/servers.py's) whose postmaster runs under callgrind
-(each backend it forks writes its own count when it exits), autovacuum off. Per tree: its own database
-(``init-db``, N no-op tasks from bench/backlog.py, ANALYZE), then ``taskrunner runner
+(each backend it forks writes its own count when it exits), autovacuum off. Per tree: its
+own database (``init-db``, N no-op tasks from bench/backlog.py, ANALYZE), then ``taskrunner runner
 --burst`` from that tree; the backends that served the runner are the ones that wrote their
 count while it ran. The figure is their instructions minus those of the same run with no
 task, per task: the statements the tree sends per job, as the wire protocol carries them,
@@ -245,7 +245,9 @@ def main(argv=None):
         cluster.close()
         common.cleanup()
         shutil.rmtree(scratch, ignore_errors=True)
-    common.write_json(args.json, {"tasks": args.tasks, "postgresql": version,
+    common.write_json(args.json, {"machine": common.machine(), "tasks": args.tasks,
+                                  "postgresql": version,
+                                  "pgqueuer": common.package_version("pgqueuer"),
                                   "load_average": os.getloadavg(), "results": results})
     return 0
 
