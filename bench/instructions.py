@@ -70,15 +70,15 @@ def counted(commands, env, scratch, tag, until=None):
     """({pid: instructions} of every process of `commands` (argv lists, each started under
     callgrind with its children traced), the pids of the commands themselves) once all have
     exited: on their own, or, with `until` (a predicate), interrupted (SIGINT) once it
-    holds."""
-    procs, logs = [], []
+    holds. A command that fails raises, with the end of its output."""
+    procs = []
     for i, argv in enumerate(commands):
-        log = open(os.path.join(scratch, "%s-%d.log" % (tag, i)), "w+")
-        logs.append(log)
-        procs.append(subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--trace-children=yes",
-             "--callgrind-out-file=" + os.path.join(scratch, tag + ".%p")] + argv,
-            env=env, cwd=common.workdir(), stdout=log, stderr=subprocess.STDOUT))
+        with open(os.path.join(scratch, "%s-%d.log" % (tag, i)), "w") as log:
+            procs.append(subprocess.Popen(
+                ["valgrind", "--tool=callgrind", "--trace-children=yes",
+                 "--callgrind-out-file=" + os.path.join(scratch, tag + ".%p")] + argv,
+                env=env, cwd=common.workdir(), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True))
     try:
         if until is not None:
             common.wait_until(until, 3600, tag, interval=0.1, procs=procs)
@@ -87,18 +87,15 @@ def counted(commands, env, scratch, tag, until=None):
         for proc in procs:
             proc.wait(3600)
     finally:
-        for proc in procs:
+        for proc in procs:   # a process group each: a forked worker goes with its parent
             if proc.poll() is None:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    failed = [(proc, log) for proc, log in zip(procs, logs) if proc.returncode]
-    for log in logs:
-        log.seek(0)
-        text = log.read()
-        log.close()
-        if failed and failed[0][1] is log:
-            raise RuntimeError("%s failed (%d): %s" % (" ".join(commands[logs.index(log)]),
-                                                       failed[0][0].returncode, text[-2000:]))
+    for i, proc in enumerate(procs):
+        if proc.returncode:
+            with open(os.path.join(scratch, "%s-%d.log" % (tag, i))) as log:
+                raise RuntimeError("%s failed (%d): %s" % (" ".join(commands[i]),
+                                                           proc.returncode, log.read()[-2000:]))
     return totals(scratch, tag), [proc.pid for proc in procs]
 
 
