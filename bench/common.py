@@ -493,6 +493,28 @@ def fmt(value):
     return str(value)
 
 
+def package_version(dist):
+    """The installed version of distribution `dist`, or None."""
+    import importlib.metadata
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine():
+    """The machine a report was made on: platform, CPU model, cores, Python, and the time."""
+    import platform
+    from datetime import datetime, timezone
+    cpu = platform.processor()
+    if os.path.exists("/proc/cpuinfo"):
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                    if line.startswith("model name")), cpu)
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(),
+            "python": platform.python_version()}
+
+
 def write_json(path, report):
     """Write a bench's report to `path` (its --json), if one was given."""
     if path:

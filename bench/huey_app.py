@@ -5,6 +5,8 @@ to $BENCH_MARKS (one line per task, O_APPEND), which is how the bench sees the l
 and each worker's share.
 
 Consumer: ``huey_consumer bench.huey_app.huey -k process -w W [-q]`` with $BENCH_HUEY_DB set.
+With $BENCH_HUEY_STARTED set (bench/instructions.py), each worker appends its pid to that file
+once it has started, before its first dequeue; without it, no start-up hook is registered.
 """
 import os
 import time
@@ -46,6 +48,15 @@ def _mark(signal, task, *args, **kwargs):
     if _marks is None:
         _marks = os.open(os.environ["BENCH_MARKS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.write(_marks, b"%.6f %d\n" % (time.time(), os.getpid()))
+
+
+if os.environ.get("BENCH_HUEY_STARTED"):
+    @huey.on_startup()
+    def _started():
+        started = os.open(os.environ["BENCH_HUEY_STARTED"], os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                          0o600)
+        os.write(started, b"%d\n" % os.getpid())
+        os.close(started)
 
 
 def task(ms):

@@ -17,14 +17,11 @@ Exit 0 when every scenario ran (targets missed or not), 1 when one failed; a wat
 (--max-seconds) ends a run that would hang, and every child process is killed on exit.
 """
 import argparse
-import importlib.metadata
 import os
-import platform
 import subprocess
 import sys
 import time
 import traceback
-from datetime import datetime, timezone
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -41,22 +38,13 @@ LOG_LEVELS = ("warning", "info")
 
 # -- meta --------------------------------------------------------------------------------
 
-def _version(dist):
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def meta(args, settings, backends):
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=common.ROOT,
                                 capture_output=True, text=True, timeout=10).stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired):
         commit = None
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor()) \
-        if os.path.exists("/proc/cpuinfo") else platform.processor()
+    host, version = common.machine(), common.package_version
     servers = {}
     for backend in backends:
         try:
@@ -64,14 +52,14 @@ def meta(args, settings, backends):
         except Exception as exc:
             servers[backend] = "unavailable: %s" % exc
     return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(),
+        "date": host["date"],
+        "machine": {"platform": host["platform"], "cpu": host["cpu"], "cores": host["cores"],
                     "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]},
-        "python": platform.python_version(),
-        "versions": {"taskrunner": _version("taskrunner"), "taskrunner_commit": commit,
-                     "peewee": _version("peewee"), "psycopg": _version("psycopg"),
-                     "pymysql": _version("PyMySQL"), "huey": _version("huey"),
-                     "procrastinate": _version("procrastinate"), "servers": servers},
+        "python": host["python"],
+        "versions": {"taskrunner": version("taskrunner"), "taskrunner_commit": commit,
+                     "peewee": version("peewee"), "psycopg": version("psycopg"),
+                     "pymysql": version("PyMySQL"), "huey": version("huey"),
+                     "procrastinate": version("procrastinate"), "servers": servers},
         "settings": {"quick": args.quick, "workers": list(settings.sweep),
                      "log_levels": list(settings.log_levels),
                      "variants": {name: sections for name, sections in settings.variants},

@@ -1,23 +1,33 @@
 """PostgreSQL server instructions per job, counted by valgrind's callgrind, for one or more
-source trees: ``python -m bench.server_instructions --tree /work/base --tree .
-[--tasks 2000] [--sql "DROP INDEX ..."]``.
+source trees and PgQueuer: ``python -m bench.server_instructions --tree /work/base --tree .
+[--tasks 2000] [--batch 1 --batch 100] [--pgqueuer] [--sql "DROP INDEX ..."] [--json FILE]``.
 
 bench/instructions.py counts a runner's own work; on PostgreSQL about half of a job's CPU
 is the server's, and timing it (bench/perjob.py) swings by +-20 % on a shared machine. This
 counts it: a throwaway cluster (tests/servers.py's) whose postmaster runs under callgrind
-(each backend it forks writes its own count when it exits), autovacuum off. Per tree: its own database
-(``init-db``, N no-op tasks from bench/backlog.py, ANALYZE), then ``taskrunner runner
+(each backend it forks writes its own count when it exits), autovacuum off. Per tree: its
+own database (``init-db``, N no-op tasks from bench/backlog.py, ANALYZE), then ``taskrunner runner
 --burst`` from that tree; the backends that served the runner are the ones that wrote their
 count while it ran. The figure is their instructions minus those of the same run with no
 task, per task: the statements the tree sends per job, as the wire protocol carries them,
 with the tree's own schema. Only user space is counted (a commit's fsync is the kernel's).
 ``--sql`` runs a statement on every database after its backlog (to weigh an index, say).
+``--batch B`` (repeatable): the runner with ``[runner] batch = B``.
+
+``--pgqueuer`` (the bench extra): beside each B, PgQueuer's worker as the timed bench runs
+it (bench/pgqueuer_app.py: one QueueManager on one asyncpg connection, ``batch_size = B``,
+its continuous mode) on a database of its own (its install, N no-op jobs from its enqueue,
+ANALYZE), stopped (SIGTERM) once its log holds N successes and its connection waits idle
+after its last probe of the queue (``has_queued_work``), minus the same run with no job,
+stopped once it first waits so. Its run ends by a signal, not by itself, so the bench
+watches it on a connection of its own, whose backend's count is left out. PgQueuer's
+time-driven work (its heartbeat flushes, its log aggregation every 30 s) over the longer
+run is in its figure.
 Runs as root with Debian's PostgreSQL (pg_createcluster) and valgrind; about two minutes
 per tree at the default N.
 """
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -29,10 +39,9 @@ import psutil
 from bench import common
 from bench.ab import run_in_tree
 from bench.backlog import add_backlog
-from bench.instructions import CONFIG
+from bench.instructions import CONFIG, SUMMARY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUMMARY = re.compile(r"^(?:summary|totals): (\d+)", re.M)
 
 
 class Cluster:
@@ -83,9 +92,12 @@ class Cluster:
                 raise RuntimeError("backends %s did not exit" % (self.backends() - before))
             time.sleep(0.2)
 
-    def instructions(self, files):
+    def instructions(self, files, but=()):
+        """The instructions of the backends whose counts are `files`, but the pids `but`."""
         total = 0
         for name in files:
+            if int(name.rsplit(".", 1)[1]) in but:
+                continue
             with open(os.path.join(self.counts, name)) as fh:
                 found = SUMMARY.search(fh.read())
             total += int(found.group(1)) if found else 0
@@ -102,9 +114,9 @@ class Cluster:
         shutil.rmtree(self.counts, ignore_errors=True)
 
 
-def served(cluster, root, count, scratch, sql=None):
+def served(cluster, root, count, scratch, sql=None, batch=1):
     """Instructions of the backends that served `taskrunner runner --burst` of the tree at
-    `root` draining `count` no-op tasks."""
+    `root` with `[runner] batch` draining `count` no-op tasks."""
     name = "srv_%d_%d" % (os.getpid(), len(os.listdir(scratch)))
     idle = cluster.backends()
     url = cluster.database(name)
@@ -117,7 +129,7 @@ def served(cluster, root, count, scratch, sql=None):
     cluster.wait_gone(idle)
     config = os.path.join(scratch, name + ".toml")
     with open(config, "w") as fh:
-        fh.write(CONFIG)
+        fh.write(CONFIG + "batch = %d\n" % batch)
     before = cluster.written()
     run_in_tree(root, [sys.executable, "-m", "taskrunner", "--config", config, "--database",
                        url, "--log-level", "warning", "runner", "--burst"],
@@ -126,28 +138,117 @@ def served(cluster, root, count, scratch, sql=None):
     return cluster.instructions(cluster.written() - before)
 
 
+def pgqueuer_served(cluster, count, scratch, batch):
+    """Instructions of the backends that served bench/pgqueuer_app.py's worker with
+    `batch_size` `batch` draining `count` no-op jobs."""
+    from bench import pgqueuer_app
+    from pgqueuer.adapters.persistence.qb import QueryQueueBuilder
+    from bench.systems import PgQueuer
+    waiting = " ".join(QueryQueueBuilder().build_has_queued_work().split())
+    name = "pgq_%d_%d" % (os.getpid(), time.monotonic_ns())
+    idle = cluster.backends()
+    url = cluster.database(name)
+    pgqueuer_app.install(url)
+    if count:
+        pgqueuer_app.enqueue(url, count)
+    with common.connect(url, autocommit=True) as conn:
+        conn.cursor().execute("ANALYZE")
+    cluster.wait_gone(idle)
+    before = cluster.written()
+    watch = common.connect(url, autocommit=True)
+    cursor = watch.cursor()
+    cursor.execute("SELECT pg_backend_pid()")
+    watcher = cursor.fetchone()[0]
+
+    def drained():
+        cursor.execute(PgQueuer.DONE)
+        if cursor.fetchone()[0] < count:
+            return False
+        cursor.execute("SELECT state, query FROM pg_stat_activity WHERE datname = "
+                       "current_database() AND backend_type = 'client backend' AND pid <> "
+                       "pg_backend_pid()")
+        rows = cursor.fetchall()
+        return len(rows) == 1 and rows[0][0] == "idle" and " ".join(rows[0][1].split()) == waiting
+    env = common.child_env()
+    env["BENCH_LOG_LEVEL"] = "warning"
+    proc = common.spawn([sys.executable, "-m", "bench.pgqueuer_app", "work", url, str(batch),
+                         os.path.join(scratch, name + ".marks")], "pgqueuer.log", env=env)
+    try:
+        common.wait_until(drained, 3600, "PgQueuer to run %d jobs" % count, interval=0.1,
+                          procs=[proc])
+    finally:
+        common.stop(proc)
+        watch.close()
+    cluster.wait_gone(idle)
+    return cluster.instructions(cluster.written() - before, but={watcher})
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", action="append", required=True,
                         help="a source tree's root (repeatable)")
     parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--batch", type=int, action="append",
+                        help="[runner] batch (and PgQueuer's batch_size); repeatable, default 1")
+    parser.add_argument("--pgqueuer", action="store_true",
+                        help="PgQueuer too (skipped, saying why, without the bench extra)")
     parser.add_argument("--sql", help="a statement run on each database after its backlog")
+    parser.add_argument("--json")
     args = parser.parse_args(argv)
+    batches = args.batch or [1]
+    if args.tasks < 1 or min(batches) < 1:
+        parser.error("--tasks and --batch must be positive")
+    for tree in args.tree:
+        if not os.path.isdir(os.path.join(tree, "taskrunner")):
+            parser.error("--tree %s: no taskrunner package there" % tree)
     if shutil.which("valgrind") is None:
         parser.error("valgrind is not installed")
     if os.geteuid() != 0:
         parser.error("run as root (the cluster runs as the postgres user)")
+    pgqueuer = args.pgqueuer
+    if pgqueuer:
+        from bench.systems import PgQueuer
+        why = PgQueuer(1).available("postgresql")
+        if why:
+            print("pgqueuer skipped: %s" % why, file=sys.stderr)
+            pgqueuer = False
+    common.install_signal_cleanup()
     cluster, scratch = Cluster(), tempfile.mkdtemp(prefix="trbench-srv-")
+    results = []
     try:
-        for tree in args.tree:
-            root = os.path.abspath(tree)
-            empty = served(cluster, root, 0, scratch, args.sql)
-            full = served(cluster, root, args.tasks, scratch, args.sql)
-            print("%-40s server: %.0fk instructions per job" % (
-                root, (full - empty) / args.tasks / 1000), flush=True)
+        version = common.query("postgresql://postgres@127.0.0.1:%d/postgres" % cluster.port,
+                               "SHOW server_version")[0][0]
+        for batch in batches:
+            for tree in args.tree:
+                root = os.path.abspath(tree)
+                empty = served(cluster, root, 0, scratch, args.sql, batch)
+                full = served(cluster, root, args.tasks, scratch, args.sql, batch)
+                results.append({"system": "taskrunner", "tree": root, "batch": batch,
+                                "instructions_per_job": round((full - empty) / args.tasks)})
+                print("%-40s batch %d, server: %.0fk instructions per job" % (
+                    root, batch, (full - empty) / args.tasks / 1000), flush=True)
+            if pgqueuer:
+                empty = pgqueuer_served(cluster, 0, scratch, batch)
+                full = pgqueuer_served(cluster, args.tasks, scratch, batch)
+                peer = {"system": "pgqueuer", "batch": batch,
+                        "instructions_per_job": round((full - empty) / args.tasks)}
+                print("%-40s batch %d, server: %.0fk instructions per job" % (
+                    "pgqueuer", batch, peer["instructions_per_job"] / 1000), flush=True)
+                for r in results:
+                    if r["batch"] == batch:
+                        r["over_pgqueuer"] = common.ratio(r["instructions_per_job"],
+                                                          peer["instructions_per_job"])
+                        print("%-40s batch %d, taskrunner / pgqueuer: %.3f" % (
+                            r["tree"], batch, r["over_pgqueuer"]), flush=True)
+                results.append(peer)
     finally:
         cluster.close()
+        common.cleanup()
         shutil.rmtree(scratch, ignore_errors=True)
+    common.write_json(args.json, {"machine": common.machine(), "tasks": args.tasks,
+                                  "postgresql": version,
+                                  "pgqueuer": common.package_version("pgqueuer"),
+                                  "load_average": os.getloadavg(), "results": results})
     return 0
 
 

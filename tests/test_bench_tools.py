@@ -310,6 +310,99 @@ def test_wal_counts_what_a_drain_writes_per_job_beside_pgqueuer(tmp_path):
     assert peer["row_versions"] >= 3 and peer["wal_bytes"] > 0
 
 
+# -- instructions per job beside the peers (issue 41) --------------------------------------
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("bench.instructions", ["--huey", "--db", "postgresql"],
+     "--huey: Huey is compared on SQLite only"),
+    ("bench.instructions", ["--workers", "0"], "--tasks and --workers must be positive"),
+    ("bench.instructions", ["--tree", "/nonexistent"], "--tree /nonexistent: no taskrunner"),
+    ("bench.server_instructions", ["--batch", "0", "--pgqueuer"],
+     "--tasks and --batch must be positive"),
+])
+def test_the_instruction_counts_refuse_bad_options_without_a_traceback(module, argv, message):
+    argv = (["--tree", ROOT] if "--tree" not in argv else []) + argv
+    done = subprocess.run([sys.executable, "-m", module] + argv, cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def _valgrind_or_skip():
+    import shutil
+    if not shutil.which("valgrind"):
+        pytest.skip("valgrind is not installed (.ci/run installs it for the bench's counts)")
+
+
+# A parent that forks a child doing the work, and one that runs until it is interrupted.
+FORKS = ("import os\npid = os.fork()\nif not pid:\n    sum(i * i for i in range(200000))\n"
+         "    os._exit(0)\nos.waitpid(pid, 0)\n")
+UNTIL_INTERRUPTED = ("import sys, time\nopen(sys.argv[1], 'w').close()\ntry:\n"
+                     "    time.sleep(600)\nexcept KeyboardInterrupt:\n    pass\n")
+
+
+def test_callgrind_counts_every_process_of_a_command_and_interrupts_one_that_runs_on(tmp_path):
+    """bench/instructions.py's counted(): a forked child's instructions are counted apart
+    (Huey's workers are forked by its consumer), and a command that runs until stopped (Huey's
+    consumer) is interrupted once its condition holds."""
+    _valgrind_or_skip()
+    from bench.instructions import counted
+    env = common.child_env()
+    counts, (parent,) = counted([[sys.executable, "-c", FORKS]], env, str(tmp_path), "forks")
+    assert len(counts) == 2 and parent in counts
+    child = next(pid for pid in counts if pid != parent)
+    # The child's count holds what its parent ran before the fork, and its own loop.
+    assert counts[child] > 0.9 * counts[parent] and counts[child] > counts[parent] - 10 ** 6
+    ready = tmp_path / "ready"
+    counts, (pid,) = counted([[sys.executable, "-c", UNTIL_INTERRUPTED, str(ready)]], env,
+                             str(tmp_path), "until", until=ready.exists)
+    assert list(counts) == [pid] and counts[pid] > 0
+
+
+def test_a_tiny_count_of_huey_beside_the_runner(tmp_path):
+    """bench/instructions.py --huey, tiny (10 tasks, W = 2): Huey's consumer counted in every
+    process, its workers' share apart, none lost; taskrunner's runners beside it, the ratio."""
+    _valgrind_or_skip()
+    _peer_or_skip("huey", "sqlite")
+    out = tmp_path / "instructions.json"
+    done = subprocess.run([sys.executable, "-m", "bench.instructions", "--tree", ROOT, "--tasks",
+                           "10", "--workers", "2", "--huey", "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report["workers"] == 2 and report["machine"]["cores"]
+    runner, huey = report["results"]
+    assert (runner["system"], huey["system"], huey["lost"]) == ("taskrunner", "huey", 0)
+    assert huey["by_process"]["workers"] > 0 and huey["instructions_per_job"] > 0
+    assert runner["over_huey"] == common.ratio(runner["instructions_per_job"],
+                                               huey["instructions_per_job"])
+
+
+def test_a_tiny_count_of_pgqueuers_server_work_beside_the_runners(tmp_path):
+    """bench/server_instructions.py --pgqueuer, tiny (10 jobs, batch 2, a throwaway cluster
+    under callgrind): PgQueuer's server instructions per job beside the runner's with
+    [runner] batch = 2, and the ratio."""
+    import shutil
+    _valgrind_or_skip()
+    if os.geteuid() != 0 or not shutil.which("pg_createcluster"):
+        reason = "bench/server_instructions.py makes a cluster: root and pg_createcluster"
+        if databases_required():
+            pytest.fail(reason + " (required in CI)")
+        pytest.skip(reason)
+    _peer_or_skip("pgqueuer batch=1", "postgresql")
+    out = tmp_path / "server.json"
+    done = subprocess.run([sys.executable, "-m", "bench.server_instructions", "--tree", ROOT,
+                           "--tasks", "10", "--batch", "2", "--pgqueuer", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    runner, peer = json.loads(out.read_text())["results"]
+    assert (runner["system"], runner["batch"], peer["system"], peer["batch"]) == (
+        "taskrunner", 2, "pgqueuer", 2)
+    assert runner["instructions_per_job"] > 0 and peer["instructions_per_job"] > 0
+    assert runner["over_pgqueuer"] == common.ratio(runner["instructions_per_job"],
+                                                   peer["instructions_per_job"])
+
+
 # -- where the workers spend their time (bench/waits.py) -----------------------------------
 
 # Each child says "ready" once it is about to block (or spin) and then does so for good.
