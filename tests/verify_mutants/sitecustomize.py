@@ -32,7 +32,7 @@ REWRITES = {
         ("AND status = 'running' AND runner_id = %s", "AND %s::bigint IS NOT NULL"),
         ("AND r.status = 'running' AND r.runner_id = %s", "AND %s::bigint IS NOT NULL")),
     "claim-no-row-lock": (
-        ("FOR UPDATE OF task_runs SKIP LOCKED FOR NO KEY UPDATE OF t SKIP LOCKED", ""),),
+        ("FOR UPDATE OF task_runs SKIP LOCKED FOR SHARE OF t SKIP LOCKED", ""),),
     "release-no-parent-count": ((" AND waiting_parents = 0 AND", " AND"),),
 }
 

@@ -4,7 +4,7 @@ tasks, then their UPDATEs by primary key; each with the race it closes. `runs/sq
 runs them.
 
 The names every catalogue has: `claim`, `SUCCESS`, `flow_claim`, `BACKLOG`, `INSERT_QUEUE`;
-MySQL's own (OWN): the UPDATEs that start the runs a locking read claimed.
+MySQL's own (OWN): the UPDATE that starts the runs a locking read claimed.
 """
 from .shared import (BACKLOG_SQL, RUN_SUCCESS, TASK_SUCCESS, assignments, claim_order_sql,
                      fair_pick, key_filter, may_claim, params, refill, served, spend)

@@ -11,7 +11,7 @@ from .shared import (BACKLOG_SQL, CLAIM_ORDER, RUN_SUCCESS, TASK_SUCCESS, assign
                      claim_order_sql, fair_pick, guard, key_filter, may_claim, params, served,
                      spend)
 
-OWN = ("SUCCESS_IN_TRANSACTION", "SUCCESS_AND_CLAIM", "SUCCESSES")
+OWN = ("SUCCESS_IN_TRANSACTION", "SUCCESS_AND_CLAIM", "success_and_claim", "SUCCESSES")
 
 # A claim locks the candidate run and its task row together, skipping the candidate when
 # either is locked; it writes the run alone (a task's row says ``scheduled`` while its run

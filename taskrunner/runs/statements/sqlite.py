@@ -3,13 +3,14 @@ Procrastinate's named queries): UPDATE ... RETURNING under the write lock a tran
 up front (BEGIN IMMEDIATE), so a select and its update are one step; each with the race it
 closes. `runs/sql.py` binds and runs them.
 
-The names every catalogue has: `claim`, `SUCCESS`, `flow_claim`, `BACKLOG`, `INSERT_QUEUE`.
+The names every catalogue has: `claim`, `SUCCESS`, `flow_claim`, `BACKLOG`, `INSERT_QUEUE`;
+SQLite's own (OWN): the read of a claimed run's task (the others read it in their claim).
 """
 from .shared import (BACKLOG_SQL, CLAIM_COLUMNS, RUN_SUCCESS, SQLITE_APART, TASK_SUCCESS,
                      assignments, claim_order_sql, fair_pick, guard, key_filter, may_claim,
                      params, refill, served, spend)
 
-OWN = ()
+OWN = ("CLAIMED_TASK",)
 
 # What a runner reads of a claimed run's task (a read: SQLite has no row to lock).
 CLAIMED_TASK = "SELECT handler, data, max_runtime, periodic_task_id FROM task_queue WHERE id = ?"
