@@ -36,7 +36,6 @@ import os
 import re
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from bench import common
 from bench.ab import tree_env
 from bench.backlog import add_backlog
+from bench.systems import huey_queued
 
 # A memory limit valgrind's own RSS cannot reach ([runner] memory_limit, in MB).
 CONFIG = "[runner]\nmemory_limit = 100000\n"
@@ -138,18 +138,6 @@ def _lines(path):
         return []
 
 
-def _queued(path):
-    """Tasks left in Huey's queue, or None while its database is busy."""
-    try:
-        conn = sqlite3.connect(path, timeout=1)
-        try:
-            return conn.execute("SELECT count(*) FROM task").fetchone()[0]
-        finally:
-            conn.close()
-    except sqlite3.OperationalError:
-        return None
-
-
 def huey_run(count, workers, scratch):
     """(processes' instructions by role, tasks finished) of Huey's consumer with W process
     workers draining `count` no-op tasks from a file of its own, as bench/systems.py runs it."""
@@ -171,7 +159,7 @@ def huey_run(count, workers, scratch):
         if done != progress["done"]:
             progress.update(done=done, since=time.monotonic())
             return False
-        return time.monotonic() - progress["since"] > STALLED and _queued(base + ".db") == 0
+        return time.monotonic() - progress["since"] > STALLED and huey_queued(base + ".db") == 0
     consumer = [sys.executable, "-m", "huey.bin.huey_consumer", "bench.huey_app.huey",
                 "-k", "process", "-w", str(workers), "-q"]
     counts, (main,) = counted([consumer], env, scratch, "huey%d" % count, until=finished)

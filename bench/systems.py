@@ -235,7 +235,7 @@ class Huey:
             if count != last["count"]:
                 last.update(count=count, since=time.monotonic())
                 return False
-            return time.monotonic() - last["since"] > quiet and _huey_queued(ctx[0]) == 0
+            return time.monotonic() - last["since"] > quiet and huey_queued(ctx[0]) == 0
         return settled
 
     def teardown(self, ctx):
@@ -244,7 +244,7 @@ class Huey:
                 os.unlink(path)
 
 
-def _huey_queued(path):
+def huey_queued(path):
     """Tasks left in Huey's queue table, or None when its database is busy."""
     try:
         conn = sqlite3.connect(path, timeout=1)

@@ -171,29 +171,29 @@ def shown(record, config):
     return shown_record
 
 
+def checked_arg(check, text, errors=(InputError,)):
+    """``check(text)`` as an argparse type: its refusal (`errors`) is argparse's one-line
+    usage error (exit 2) naming what is wrong."""
+    try:
+        return check(text)
+    except errors as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def code_version_arg(text):
     """A code version as written on the command line ([runner] code_version's rules)."""
     from ..config import check_code_version
-    try:
-        return check_code_version(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return checked_arg(check_code_version, text, (ValueError,))
 
 
 def queue_name(text):
     from ..config import check_queue_name
-    try:
-        return check_queue_name(text)
-    except InputError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return checked_arg(check_queue_name, text)
 
 
 def queue_list(text):
     from ..config import parse_queue_list
-    try:
-        return parse_queue_list(text)
-    except InputError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return checked_arg(parse_queue_list, text)
 
 
 def add_max_attempts(parser):

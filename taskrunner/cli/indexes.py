@@ -1,18 +1,13 @@
 """``taskrunner index add|list|drop``: the indexes of task data keys that the data search
 (``tasks --data``, the dashboard's search) reads (store/data_index.py)."""
-import argparse
 
-from ..errors import InputError
-from .args import open_queue, print_json, print_table
+from .args import checked_arg, open_queue, print_json, print_table
 
 
 def data_key(text):
     """A task data key that may be indexed, as written on the command line."""
     from ..store.data_index import check_key
-    try:
-        return check_key(text)
-    except InputError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return checked_arg(check_key, text)
 
 
 def cmd_index(args):
