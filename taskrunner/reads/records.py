@@ -442,6 +442,13 @@ def _task_infos(store: Any, rows: List[Any], why: bool = True) -> List[TaskInfo]
             for row in rows]
 
 
+def counted_word(status: str, finished_on: Any) -> str:
+    """`state_word` of tasks counted by their ``last_status``, the running ones being counted
+    off their runs (`running_runs`): a row a runner of an earlier version marked ``running``
+    counts as ``scheduled``, as a row a claim leaves now."""
+    return state_word(SCHEDULED if status == RUNNING else status, finished_on)
+
+
 def running_runs(store: Any) -> Any:
     """The task ids of the runs ``running`` (off the partial index of running runs: at most
     one per runner, however long the history). A claim writes the run alone, so a running
@@ -763,8 +770,7 @@ def queue_task_counts(store: Any) -> Dict[str, Dict[str, int]]:
                                                 pw.fn.COUNT(pw.SQL("*")))
                                     .where(not_succeeded_predicate())
                                     .group_by(Task.queue, Task.last_status, ended).tuples()):
-        # (a row a runner of an earlier version marked running: scheduled, as one now)
-        word = state_word(SCHEDULED if status == RUNNING else status, final)
+        word = counted_word(status, final)
         by_state = counts.setdefault(queue, dict.fromkeys(OPEN_STATES, 0))
         if word in by_state:
             by_state[word] += n

@@ -20,8 +20,9 @@ from ..store.models import (ERROR, FAILED, RUNNING, SCHEDULED, SUCCESS,
                             as_utc, run_status_is, utcnow)
 from . import data_search as searching
 from .blockers import blocked_by
-from .records import (TASK_STATES, TASK_STATUSES, TaskInfo, aware, failed_predicate,
-                      not_succeeded_predicate, running_of, status_condition, task_info)
+from .records import (TASK_STATES, TASK_STATUSES, TaskInfo, aware, counted_word,
+                      failed_predicate, not_succeeded_predicate, running_of, status_condition,
+                      task_info)
 
 # What the dashboard's status filter offers: the words of every task filter.
 STATUS_FILTERS = TASK_STATUSES
@@ -214,8 +215,7 @@ def status_counts(store: Any, succeeded: Optional[int] = None) -> Dict[str, int]
     counts = dict.fromkeys(TASK_STATES, 0)
     for status, n in Task.select(Task.last_status, pw.fn.COUNT(pw.SQL("*"))).where(
             not_succeeded_predicate()).group_by(Task.last_status).tuples():
-        # (a row a runner of an earlier version marked running: scheduled, as one now)
-        key = "given-up" if status in FAILED else SCHEDULED if status == RUNNING else status
+        key = counted_word(status, True)     # a failed task: retrying ones moved below
         counts[key] = counts.get(key, 0) + n
     # A running task's row says scheduled (the claim writes its run alone): the running runs
     # are counted off their partial index.

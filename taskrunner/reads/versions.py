@@ -33,7 +33,7 @@ class VersionInfo(Record):
 def code_versions(store: Any) -> List[VersionInfo]:
     """Every version that runner rows or open tasks name, the most recently started first
     (versions only open tasks name, whose runner rows were rotated away, last)."""
-    Runner, Task = store.Runner, store.Task
+    Runner = store.Runner
     seen: Dict[str, List[Any]] = {}
     for version, first, last, running in Runner.select(
             Runner.code_version, pw.fn.MIN(Runner.started_on), pw.fn.MAX(Runner.started_on),

@@ -12,7 +12,7 @@ import peewee as pw
 
 from ..errors import InputError
 from ..store.models import CANCELLED, RUNNING, SCHEDULED, SUCCESS, run_status_is
-from .records import Record, aware, running_of, state_word
+from .records import Record, aware, counted_word, running_of, state_word
 
 PAGE = 500              # parents' results read per query
 GRAPH_LIMIT = 10000     # tasks listed with their edges in one read of a workflow
@@ -94,8 +94,7 @@ def _state_counts(store: Any, workflow_ids: List[int]) -> Dict[int, Dict[str, in
              .where(Task.workflow_id.in_(workflow_ids))
              .group_by(Task.workflow_id, Task.last_status, final))
     for workflow_id, status, final, count in query.tuples():
-        # (a row a runner of an earlier version marked running: scheduled, as one now)
-        word = state_word(SCHEDULED if status == RUNNING else status, True if final else None)
+        word = counted_word(status, True if final else None)
         mine = counts.setdefault(workflow_id, {})
         mine[word] = mine.get(word, 0) + count
     # A running task's row says scheduled (the claim writes its run alone).
