@@ -53,6 +53,8 @@ CONFIG = "[runner]\nmemory_limit = 100000\n"
 SUMMARY = re.compile(r"^(?:summary|totals): (\d+)", re.M)
 # How long Huey may make no progress, its queue empty, before its missing tasks count as lost.
 STALLED = 30.0
+# How long a command interrupted by `counted` may take to stop under callgrind.
+STOPPING = 120
 
 
 def totals(directory, prefix):
@@ -84,6 +86,14 @@ def counted(commands, env, scratch, tag, until=None):
             common.wait_until(until, 3600, tag, interval=0.1, procs=procs)
             for proc in procs:
                 os.kill(proc.pid, signal.SIGINT)
+            for i, proc in enumerate(procs):
+                try:
+                    proc.wait(STOPPING)
+                except subprocess.TimeoutExpired:
+                    raise RuntimeError(
+                        "%s did not stop within %ds of SIGINT (a command that runs until "
+                        "stopped must set its own SIGINT handler: an ignored SIGINT is "
+                        "inherited through exec)" % (" ".join(commands[i]), STOPPING)) from None
         for proc in procs:
             proc.wait(3600)
     finally:

@@ -337,7 +337,11 @@ def _valgrind_or_skip():
 # A parent that forks a child doing the work, and one that runs until it is interrupted.
 FORKS = ("import os\npid = os.fork()\nif not pid:\n    sum(i * i for i in range(200000))\n"
          "    os._exit(0)\nos.waitpid(pid, 0)\n")
-UNTIL_INTERRUPTED = ("import sys, time\nopen(sys.argv[1], 'w').close()\ntry:\n"
+# Like Huey's consumer, it sets its own SIGINT handler: an ignored SIGINT is inherited through
+# exec (a CI shell's background job has one), and Python then installs none of its own.
+UNTIL_INTERRUPTED = ("import signal, sys, time\n"
+                     "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                     "open(sys.argv[1], 'w').close()\ntry:\n"
                      "    time.sleep(600)\nexcept KeyboardInterrupt:\n    pass\n")
 
 
