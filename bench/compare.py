@@ -328,11 +328,13 @@ def single_enqueue(backend, s, block=50, warmup=20):
     result = {"calls": len(times["taskrunner"]), "block": block, "workers": s.workers,
               "peer": peers[0].name, "systems": {}}
     for name, values in times.items():
-        result["systems"][name] = {"p50_ms": round(percentile(values, 50), 3),
-                                   "p95_ms": round(percentile(values, 95), 3)}
-    ours = result["systems"]["taskrunner"]["p50_ms"]
-    result["over_peers"] = {peer.name: ratio(ours, result["systems"][peer.name]["p50_ms"])
+        result["systems"][name] = {"p%d_ms" % q: round(percentile(values, q), 3)
+                                   for q in (50, 95, 99)}
+    ours = result["systems"]["taskrunner"]
+    result["over_peers"] = {peer.name: ratio(ours["p50_ms"], result["systems"][peer.name]["p50_ms"])
                             for peer in peers}
+    result["p99_over_peers"] = {
+        peer.name: ratio(ours["p99_ms"], result["systems"][peer.name]["p99_ms"]) for peer in peers}
     result["p50_over_peer"] = result["over_peers"][peers[0].name]
     return result
 

@@ -155,19 +155,33 @@ def work_table(results):
 
 
 def enqueue_table(results, commits_per_s):
-    lines = ["| one call at a time (ms) | taskrunner add_task p50 / p95 | peer's enqueue p50 / p95 "
-             "| p50 ÷ peer's | add_task/s, add_tasks/s |", "|---|---|---|---:|---|"]
+    lines = ["| one call at a time, workers running (ms) | taskrunner add_task p50 / p95 / p99 "
+             "| peer's enqueue p50 / p95 / p99 | p50, p99 ÷ peer's | add_task/s, add_tasks/s |",
+             "|---|---|---|---|---|"]
     for backend, r in results.items():
         single = r.get("single") or {}
         if "systems" not in single:
             continue
-        t, p = single["systems"]["taskrunner"], single["systems"][single["peer"]]
         note = " (one commit: %.1f ms)" % (1000 / commits_per_s) if backend == "sqlite" and commits_per_s else ""
-        lines.append("| %s, beside %s%s | %.2f / %.2f | %.2f / %.2f | %.2f × | %s, %s |" % (
-            DATABASES[backend], PEERS[single["peer"]], note, t["p50_ms"], t["p95_ms"], p["p50_ms"],
-            p["p95_ms"], single["p50_over_peer"], _n(r["add_task_per_s"]["median"]),
-            _n(r["add_tasks_per_s"]["median"])))
+        for i, peer in enumerate(single["over_peers"]):
+            t, p = single["systems"]["taskrunner"], single["systems"][peer]
+            rates = ("%s, %s" % (_n(r["add_task_per_s"]["median"]), _n(r["add_tasks_per_s"]["median"]))
+                     if i == 0 else "")
+            lines.append("| %s, beside %s%s | %s | %s | %.2f, %s | %s |" % (
+                DATABASES[backend], NAMES.get(peer, peer), note if i == 0 else "", _percentiles(t),
+                _percentiles(p), single["over_peers"][peer],
+                _ratio(single.get("p99_over_peers", {}).get(peer)), rates))
     return "\n".join(lines)
+
+
+def _percentiles(system):
+    """'p50 / p95 / p99' of one system's single enqueue (results before p99 was kept: '—')."""
+    return " / ".join("%.2f" % system[k] if k in system else "—"
+                      for k in ("p50_ms", "p95_ms", "p99_ms"))
+
+
+def _ratio(value):
+    return "—" if value is None else "%.2f" % value
 
 
 def main(path):

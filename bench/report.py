@@ -181,16 +181,18 @@ def show_enqueue(results):
     for backend, r in results.items():
         single = r.get("single") or {}
         over = single.get("over_peers") or {single.get("peer"): single.get("p50_over_peer")}
+        over99 = single.get("p99_over_peers", {})
         for name, e in single.get("systems", {}).items():
-            rows.append([backend, name, e["p50_ms"], e["p95_ms"], ", ".join(
-                "%.2f × %s" % (v, PEER_NAMES[peer]) for peer, v in over.items())
+            rows.append([backend, name, e["p50_ms"], e["p95_ms"], e.get("p99_ms", "—"), ", ".join(
+                "%.2f × / %s %s" % (v, "%.2f ×" % over99[peer] if peer in over99 else "—",
+                                    PEER_NAMES[peer]) for peer, v in over.items())
                 if name == "taskrunner" else ""])
         for peer, why in single.get("skipped", {}).items():
-            rows.append([backend, peer, "skipped: " + why, "", ""])
+            rows.append([backend, peer, "skipped: " + why, "", "", ""])
     if rows:
         print_table("single enqueue, one call at a time, alternating blocks of calls, every "
                     "system's workers running (ms)",
-                    ["db", "system", "p50", "p95", "p50 ÷ peer's"], rows)
+                    ["db", "system", "p50", "p95", "p99", "p50 / p99 ÷ peer's"], rows)
 
 
 def show_pickup(results):
