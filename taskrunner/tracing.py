@@ -13,6 +13,12 @@ names, or from any module it imports). Then:
 - each step a run executes is a span ``taskrunner.step NAME`` under the run's; a step
   replayed from its record is an event on the run's span.
 
+- a chunk handler's call (many runs at once: chunks.py) is a span ``taskrunner.chunk
+  HANDLER`` (kind CONSUMER, a root of its own) linked to each of its runs' enqueue spans,
+  as OpenTelemetry's messaging conventions trace a batch; each of its runs is still a span
+  ``taskrunner.run HANDLER`` under its own enqueue span, over the call, linked to the
+  chunk's span, with its own outcome.
+
 So a request, the task it adds, its retries, the children it adds, their fan-in and all
 their steps are one trace. Attributes: ``taskrunner.task.id``, ``taskrunner.task.handler``,
 ``taskrunner.queue``, ``taskrunner.run.id``, ``taskrunner.run.attempt``,
@@ -24,7 +30,8 @@ column is written or read: `active()` is a dictionary lookup.
 import contextlib
 import json
 import sys
-from typing import Any, Dict, Iterator, Optional
+import time
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 TRACER = "taskrunner"
 RUN_FAILED = ("error", "timeout")
@@ -86,10 +93,74 @@ def run_span(carrier: Optional[str], handler: str, queue: str, task_id: int, run
     with _tracer().start_as_current_span(
             "taskrunner.run %s" % handler, context=parent, kind=trace.SpanKind.CONSUMER,
             record_exception=False, set_status_on_exception=False,
-            attributes={"taskrunner.task.id": task_id, "taskrunner.task.handler": handler,
-                        "taskrunner.queue": queue, "taskrunner.run.id": run_id,
-                        "taskrunner.run.attempt": attempt}) as span:
+            attributes=_run_attributes(handler, queue, task_id, run_id, attempt)) as span:
         yield RunSpan(span)
+
+
+class ChunkSpan:
+    """The span of one call of a chunk handler (`chunk_span`); `ended(outcomes)` gives each
+    of its runs its span, with its outcome."""
+
+    def __init__(self, span: Any, started: int, handler: str, queue: str,
+                 runs: List[Tuple[Optional[str], int, int, int]]) -> None:
+        self.span, self.started, self.handler, self.queue, self.runs = (
+            span, started, handler, queue, runs)
+
+    def called(self, exc: Optional[BaseException]) -> None:
+        """The call raised `exc` (every run of the chunk failed with it), or returned."""
+        if exc is not None:
+            from opentelemetry.trace import Status, StatusCode
+            self.span.record_exception(exc)
+            self.span.set_status(Status(StatusCode.ERROR, "%s: %s" % (type(exc).__name__, exc)))
+
+    def ended(self, outcomes: Dict[int, Tuple[str, Optional[str], Optional[str],
+                                               Optional[BaseException]]]) -> None:
+        """A span per run of the chunk, from the call's start to now, a child of the run's
+        enqueue span and linked to the chunk's: `outcomes` maps a run id to its (status,
+        error code, message, exception)."""
+        from opentelemetry import propagate, trace
+        link = trace.Link(self.span.get_span_context())
+        end = time.time_ns()
+        for carrier, task_id, run_id, attempt in self.runs:
+            span = _tracer().start_span(
+                "taskrunner.run %s" % self.handler,
+                context=propagate.extract(json.loads(carrier)) if carrier else None,
+                kind=trace.SpanKind.CONSUMER, links=[link], start_time=self.started,
+                attributes=_run_attributes(self.handler, self.queue, task_id, run_id, attempt,
+                                           {"taskrunner.chunk.size": len(self.runs)}))
+            RunSpan(span).ended(*outcomes[run_id])
+            span.end(end_time=end)
+
+
+def _run_attributes(handler: str, queue: str, task_id: int, run_id: int, attempt: int,
+                    more: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    return dict({"taskrunner.task.id": task_id, "taskrunner.task.handler": handler,
+                 "taskrunner.queue": queue, "taskrunner.run.id": run_id,
+                 "taskrunner.run.attempt": attempt}, **(more or {}))
+
+
+@contextlib.contextmanager
+def chunk_span(handler: str, queue: str,
+               runs: List[Tuple[Optional[str], int, int, int]]) -> Iterator[ChunkSpan]:
+    """The span of a chunk handler's call, current inside the block, linked to the enqueue
+    span of each of `runs` ((carrier, task id, run id, attempt) each)."""
+    from opentelemetry import propagate, trace
+    links = []
+    for carrier, _task_id, _run_id, _attempt in runs:
+        if carrier:
+            context = trace.get_current_span(
+                propagate.extract(json.loads(carrier))).get_span_context()
+            if context.is_valid:
+                links.append(trace.Link(context))
+    started = time.time_ns()
+    with _tracer().start_as_current_span(
+            "taskrunner.chunk %s" % handler, kind=trace.SpanKind.CONSUMER, links=links,
+            start_time=started, record_exception=False, set_status_on_exception=False,
+            attributes={"taskrunner.task.handler": handler, "taskrunner.queue": queue,
+                        "taskrunner.chunk.size": len(runs),
+                        "taskrunner.chunk.task_ids": [task_id for _, task_id, _, _ in runs]}
+    ) as span:
+        yield ChunkSpan(span, started, handler, queue, runs)
 
 
 @contextlib.contextmanager

@@ -27,7 +27,8 @@ class FileExporter(SpanExporter):
                     "events": [event.name for event in span.events],
                     "exceptions": [event.attributes.get("exception.type")
                                    for event in span.events if event.name == "exception"],
-                    "description": span.status.description}) + "\n")
+                    "description": span.status.description,
+                    "links": ["%016x" % link.context.span_id for link in span.links]}) + "\n")
         return SpanExportResult.SUCCESS
 
 

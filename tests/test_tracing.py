@@ -90,6 +90,66 @@ def test_a_request_its_task_the_retries_children_and_fan_in_are_one_trace(databa
     assert parent_of(parent_of(fan_in)) is checkout[0]
 
 
+CHUNK_REQUEST = textwrap.dedent("""
+    import otel_setup, sys
+    from opentelemetry import trace
+    from taskrunner import TaskQueue, use_queue
+    import traced_tasks
+
+    otel_setup.configure()
+    use_queue(TaskQueue(sys.argv[1]))
+    with trace.get_tracer("shop.web").start_as_current_span("POST /labels"):
+        print(" ".join(str(traced_tasks.label.enqueue(name=name).id)
+                       for name in ("cup", "broken", "plate")))
+""")
+
+
+def test_a_chunks_call_is_a_span_linked_to_its_tasks_and_each_run_has_its_own(sqlite_db,
+                                                                              tmp_path):
+    """A chunk handler's one call for three tasks: a span of the call linked to the three
+    enqueue spans, and a run span per task under its own enqueue span, linked to the call's,
+    with that task's outcome (one item failed alone). SQLite only: the spans are made by
+    the runner whatever its database."""
+    database = sqlite_db
+    spans_file = tmp_path / "spans.jsonl"
+    env = process_env({"TEST_SPANS": str(spans_file)})
+    database.queue().close()
+    added = subprocess.run([sys.executable, "-c", CHUNK_REQUEST, database.url], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert added.returncode == 0, added.stderr
+    task_ids = [int(word) for word in added.stdout.split()]
+    config = tmp_path / "taskrunner.toml"
+    config.write_text('[tracing]\nsetup = "otel_setup:configure"\n')
+    ran = taskrunner("runner", "--burst", config=str(config), url=database.url, env=env)
+    assert ran.returncode == 0, ran.stderr
+    with database.queue() as queue:
+        assert [queue.get_task(i).status for i in task_ids] == ["success", "given-up",
+                                                                "success"]
+
+    spans = spans_in(spans_file)
+    by_id = {s["span_id"]: s for s in spans}
+    [request] = [s for s in spans if s["name"] == "POST /labels"]
+    enqueues = [s for s in spans if s["name"] == "taskrunner.enqueue traced_tasks.label"]
+    assert len(enqueues) == 3 and all(by_id[s["parent_id"]] is request for s in enqueues)
+    [call] = [s for s in spans if s["name"] == "taskrunner.chunk traced_tasks.label"]
+    assert call["parent_id"] is None and call["kind"] == "CONSUMER"
+    assert sorted(call["links"]) == sorted(s["span_id"] for s in enqueues)
+    assert call["attributes"]["taskrunner.chunk.size"] == 3
+    assert list(call["attributes"]["taskrunner.chunk.task_ids"]) == task_ids
+    runs = {s["attributes"]["taskrunner.task.id"]: s for s in spans
+            if s["name"] == "taskrunner.run traced_tasks.label"}
+    assert sorted(runs) == sorted(task_ids)
+    for task_id, run in runs.items():
+        enqueue = by_id[run["parent_id"]]
+        assert enqueue in enqueues and run["trace_id"] == request["trace_id"]
+        assert run["links"] == [call["span_id"]]
+    assert [runs[i]["attributes"]["taskrunner.run.status"] for i in task_ids] == [
+        "success", "error", "success"]
+    broken = runs[task_ids[1]]
+    assert broken["status"] == "ERROR" and broken["exceptions"] == ["taskrunner.errors.TaskError"]
+    assert broken["description"] == "NoLabel: no label for it"
+
+
 def test_without_a_provider_nothing_imports_opentelemetry_or_stores_a_context(database):
     script = textwrap.dedent("""
         import sys

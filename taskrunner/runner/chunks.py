@@ -38,6 +38,7 @@ from datetime import timedelta
 import peewee as pw
 
 from . import batches, outcomes
+from .. import tracing
 from ..chunks import Chunk, ChunkHandler, ChunkItem, results_of_chunk
 from ..errors import HandlerError
 from ..runs import lifecycle
@@ -132,14 +133,31 @@ class Chunks:
                                                  "task data is not JSON: %s" % exc)
         kept = [c for c in claimed if c.run_id not in ends]
         log.debug("a chunk of %d run(s) of %s started", len(items), cls.queue)
-        failure, handler = None, None
-        if items:
+        failure, handler, span = None, None, None
+        if items and tracing.active():
+            with self._chunk_span(cls, kept) as span:
+                failure, handler = self._call_chunk(cls, kept, items)
+                span.called(failure and failure.exc)
+        elif items:
             failure, handler = self._call_chunk(cls, kept, items)
         now = self.now()
         for c, item in zip(kept, items):
             ends[c.run_id] = failure or self._item_outcome(item, now)
+        if span is not None:
+            span.ended({c.run_id: (ends[c.run_id].status, ends[c.run_id].code,
+                                   ends[c.run_id].message, ends[c.run_id].exc) for c in kept})
         self.runs_done += len(claimed)
         self._end_chunk(claimed, ends, items, handler, time.monotonic() - started)
+
+    def _chunk_span(self, cls, claimed):
+        """The span of the chunk's call (tracing.py), linked to the span that added each of
+        its tasks: read from the tasks only while this process traces."""
+        Task = self.store.Task
+        carriers = dict(self._with_database(lambda: list(Task.select(
+            Task.id, Task.trace_context).where(Task.id.in_([c.task_id for c in claimed]))
+            .tuples())))
+        return tracing.chunk_span(claimed[0].handler, cls.queue, [
+            (carriers.get(c.task_id), c.task_id, c.run_id, c.attempt) for c in claimed])
 
     def _call_chunk(self, cls, claimed, items):
         """handle_chunk(chunk), watched by the heartbeat as one run (rule 8 for each): the
