@@ -69,3 +69,36 @@ def test_a_job_writes_one_lock_record_per_row_it_locks_and_no_end_time_of_a_succ
             "WHERE slot_name = %s", (slot,))
         queue.close()
         database.drop()
+
+
+@pytest.mark.timeout(120)
+def test_an_existing_database_gets_the_room_and_the_narrower_index(tmp_path):
+    """Migration 0036 on a database at 0035 with a successful and a failed task: the tables
+    keep room on their pages from then on, and the index of end times holds the failed task
+    alone, which rotation's pass over failed tasks still reads."""
+    from playhouse.migrations import Runner as MigrationRunner
+    from taskrunner.store.migrations import DIRECTORY, HISTORY_TABLE
+    database = Database("postgresql", tmp_path, empty=True)
+    try:
+        store = database.store_at("0035_claim_writes_the_run_alone")
+        sql = store.db.execute_sql
+        for status in ("success", "error"):
+            sql("INSERT INTO task_queue (queued_on, scheduled_on, handler, data, priority, "
+                "last_status, max_retries, runs_failed, run_count, run_timeout, updated_on, "
+                "finished_on, crash_count, runs_crashed, queue, dependents) VALUES (now(), "
+                "now(), %s, '{}', 0, %s, 0, 0, 1, 60, now(), now(), 0, 0, 'default', 0)",
+                (ECHO, status))
+        MigrationRunner(store.db, DIRECTORY, table_name=HISTORY_TABLE).up()
+        options = dict(sql("SELECT relname::text, reloptions FROM pg_class WHERE relname IN "
+                           "('task_runs', 'task_queue')").fetchall())
+        assert options == {"task_runs": ["fillfactor=50"], "task_queue": ["fillfactor=50"]}
+        with store.db.atomic():
+            sql("SET LOCAL enable_seqscan = off")
+            statement = ("SELECT last_status FROM task_queue WHERE finished_on < now() + "
+                         "interval '1 day' AND last_status IN ('error', 'timeout', 'cancelled')")
+            plan = " | ".join(row[0] for row in sql("EXPLAIN " + statement))
+            assert "task_queue_finished_on" in plan, plan
+            assert [row[0] for row in sql(statement)] == ["error"]
+        store.close()
+    finally:
+        database.drop()
