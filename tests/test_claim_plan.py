@@ -150,7 +150,8 @@ def test_postgresql_indexes_leave_out_nulls_and_queries_still_use_them(tmp_path)
                     ("task_queue_periodic_task_id",
                      "SELECT id FROM task_queue WHERE periodic_task_id = 1"),
                     ("task_queue_workflow_id", "SELECT id FROM task_queue WHERE workflow_id = 1"),
-                    ("task_queue_finished_on", "SELECT id FROM task_queue WHERE finished_on < now()"),
+                    ("task_queue_finished_on", "SELECT id FROM task_queue WHERE finished_on < now() "
+                     "AND last_status <> 'success' ORDER BY finished_on LIMIT 10"),
                     ("task_runs_active_task_id", "SELECT id FROM task_runs WHERE active_task_id = 1"),
                     ("task_runs_concurrency_slot", "SELECT id FROM task_runs WHERE "
                      "concurrency_key = 'k' AND concurrency_slot = 1"),
