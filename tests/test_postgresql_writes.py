@@ -50,7 +50,8 @@ def test_a_job_writes_one_lock_record_per_row_it_locks_and_no_end_time_of_a_succ
         queue.add_tasks([{"handler": ECHO} for _ in range(JOBS)])
         sql("ANALYZE")
         # The slot keeps the server from recycling the WAL the count reads.
-        sql("SELECT pg_create_physical_replication_slot(%s, true)", (slot,))
+        # Temporary: dropped with this session if the test is killed before its finally.
+        sql("SELECT pg_create_physical_replication_slot(%s, true, true)", (slot,))
         start = sql("SELECT pg_current_wal_lsn()").fetchone()[0]
         store = Store(database.config(runner={"batch": batch}))
         assert Runner(store, install_signals=False, memory_limit=False).work(burst=True) == JOBS
