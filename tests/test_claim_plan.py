@@ -101,7 +101,7 @@ def test_live_runs_are_read_from_partial_indexes_not_the_history(database_sp):
     look = queues.claim_order(queue.store, None, with_work=True)      # idle runners' poll
     assert look == (["default"], True)
     # The look as the runner reads it: with flow control's one column (runs/flow.py).
-    look_query = queues.queue_rows_query(queue.store, True, [flow.keys_limited(queue.store)])
+    look_query = queues.queue_rows_query(queue.store, True, (flow.keys_limited,))
     statements = [query.sql() for query in (look_query,
                                             lifecycle.scheduled_runs_query(queue.store, ["default", "reports"]),
                                             lifecycle.running_runs_query(queue.store),

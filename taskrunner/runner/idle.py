@@ -60,7 +60,7 @@ class Idle:
         has a limit, in one read (no more before the claim of a runner woken for new work;
         with a queue's rate configured, its bucket is checked too)."""
         order, work, limited = queues.claim_order(self.store, self.serving, with_work=True,
-                                                  also=[flow.keys_limited(self.store)],
+                                                  also=(flow.keys_limited,),
                                                   slots=self.queue_slots)
         self.claim_order, self._order_read_at = tuple(order), time.monotonic()
         flow.prepare(self.store, order, limited[0] if limited else None)

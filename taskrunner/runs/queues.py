@@ -12,6 +12,8 @@ config's: every claim checks the runner's slot against it (SLOT_WITHIN_LIMIT in
 runs/statements/shared.py), registrations take their slot under it, and overseers size their
 runners by it (`host_limits`).
 """
+import weakref
+
 import peewee as pw
 
 from ..config import check_queue_name
@@ -22,11 +24,28 @@ from ..store.models import DEFAULT_QUEUE, SCHEDULED, run_status_is, utcnow
 def queue_rows_query(store, with_work=False, also=()):
     """(name, paused, host_limit) of every queue; with `with_work` also whether a run waits
     in it, read from the claim index (queue leads it), never the run history; then the
-    columns `also`, read in the same statement."""
+    columns made by `also` (functions of the store returning an expression, uncorrelated),
+    read in the same statement."""
     Queue, Run = store.Queue, store.Run
     waiting = Run.select(Run.id).where(run_status_is(Run, SCHEDULED) & (Run.queue == Queue.name))
     return Queue.select(Queue.name, Queue.paused, Queue.host_limit,
-                        *([pw.fn.EXISTS(waiting)] if with_work else []), *also)
+                        *([pw.fn.EXISTS(waiting)] if with_work else []),
+                        *(column(store) for column in also))
+
+
+# store -> {(with_work, also): (sql, params)}: a store's look is one statement whose text and
+# parameters never change; building it with peewee costs twice what running it does, and a
+# busy runner runs it every check_interval.
+_statements = weakref.WeakKeyDictionary()
+
+
+def queue_rows(store, with_work=False, also=()):
+    """The rows of `queue_rows_query`, its statement built once per store."""
+    built = _statements.setdefault(store, {})
+    key = (with_work, tuple(also))
+    if key not in built:
+        built[key] = queue_rows_query(store, with_work, also).sql()
+    return store.db.execute_sql(*built[key]).fetchall()
 
 
 def claim_order(store, serving=None, with_work=False, also=(), slots=None):
@@ -35,10 +54,11 @@ def claim_order(store, serving=None, with_work=False, also=(), slots=None):
     of `slots` ({queue: the runner's slot of it}) whose limit in force the slot is above.
     Higher ``[queues.NAME] priority`` first, then as listed. With `with_work`, (that list,
     whether a run waits in one of them): the one read an idle runner polls, from the claim
-    index. Expressions in `also` (uncorrelated: one value for every row) are read in that
-    same statement and returned third: their values, or None when there is no queue at all."""
+    index. The expressions made by `also` (functions of the store; uncorrelated: one value
+    for every row) are read in that same statement and returned third: their values, or None
+    when there is no queue at all."""
     configured = store.config.queues
-    found = {row[0]: row[1:] for row in queue_rows_query(store, with_work, also).tuples()}
+    found = {row[0]: row[1:] for row in queue_rows(store, with_work, also)}
     rows = {name: paused for name, (paused, *_) in found.items()}
     if serving is None:
         names = sorted(rows)
