@@ -262,10 +262,10 @@ def _python_calls_of_burst(database, tasks):
 def test_a_busy_sqlite_runner_makes_few_python_calls_per_run(tmp_path):
     """A no-op run's claim, execution and end on SQLite: a counted bound on the Python
     calls per run (the runner's CPU per job is mostly the interpreter's; bench/instructions.py
-    counts the instructions). Two backlogs, so the start and the exit cancel out. 76 calls
+    counts the instructions). Two backlogs, so the start and the exit cancel out. 57 calls
     per run before the connection's statements went without peewee's error wrapper, the
     claim of one run without the claim-order sort, and a run with no data or pending
-    progress without a JSON decode or an import."""
+    progress without a JSON decode or an import; 44 after."""
     counts = []
     for tasks in (50, 150):
         (tmp_path / str(tasks)).mkdir()
