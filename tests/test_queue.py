@@ -238,8 +238,10 @@ def test_a_busy_runner_commits_once_per_run(sqlite_db):
 def _python_calls_of_burst(database, tasks):
     """Python function calls made by the main thread of an in-process runner draining
     `tasks` Echo tasks with no data (sys.setprofile counts each call once)."""
-    # Its claim order read once (a look every check_interval is time's work, not a run's).
-    queue = database.queue(overseer={"check_interval": 3600})
+    # Its claim order read once, and no heartbeat meanwhile (a look every check_interval, a
+    # heartbeat's turn on the host lock: time's work, not a run's, on a loaded machine).
+    queue = database.queue(overseer={"check_interval": 3600, "heartbeat_timeout": 36000},
+                           runner={"heartbeat_interval": 3600})
     try:
         queue.add_tasks([{"handler": ECHO} for _ in range(tasks)])
         runner = loop.Runner(queue.store, install_signals=False, memory_limit=False)
