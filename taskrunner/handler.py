@@ -279,15 +279,17 @@ class RunContext:
         """Write the percent a database error kept back, if any. For the runner, after the
         handler returned and before it records the outcome (an ended run is no longer
         updated). True when nothing is left pending; never raises a database error."""
+        if self._pending_progress is None:      # every run but one that met an outage
+            return True
         return self._write_progress()
 
     def _write_progress(self) -> bool:
-        # peewee is imported here, not at module level: `import taskrunner` stays free of
-        # peewee and of every driver. It is loaded already whenever a report function exists.
-        import peewee
         report, percent = self._report, self._pending_progress
         if report is None or percent is None:
             return True
+        # peewee is imported here, not at module level: `import taskrunner` stays free of
+        # peewee and of every driver. It is loaded already whenever a report function exists.
+        import peewee
         try:
             mine = report(percent, None)
         except (peewee.DatabaseError, peewee.InterfaceError) as exc:

@@ -186,7 +186,8 @@ def claim(store, runner_id, queue, at, limit=1, flow=None, guarded=False, slot_c
     if flow is not None and any(flow):
         return flow_claim(store, runner_id, queue, at, *flow, slot_check=slot_check)
     execute = executor(store.db)
-    statements = claim_statements(store.backend, limit, guarded, slot_check)
+    statements = _CLAIMS.get((store.backend, limit, guarded, slot_check)) \
+        or claim_statements(store.backend, limit, guarded, slot_check)
     held = (runner_id, queue) if slot_check else ()
     if store.backend == "postgresql":
         return in_claim_order(execute(statements, (queue, runner_id, *held, runner_id, at,
@@ -194,9 +195,12 @@ def claim(store, runner_id, queue, at, limit=1, flow=None, guarded=False, slot_c
     if store.is_sqlite:
         claim_runs, claim_task = statements
         stamp = at.isoformat(" ")         # bound as text once
-        runs = in_claim_order(execute(claim_runs, (runner_id, stamp, stamp, queue, runner_id,
-                                                   *held)), 3)
-        return [run + execute(claim_task, (run[1],)).fetchone() for run in runs]
+        found = execute(claim_runs, (runner_id, stamp, stamp, queue, runner_id, *held))
+        if limit == 1:                    # a busy runner's every claim: no order to restore
+            run = found.fetchone()
+            return [] if run is None else [run + execute(claim_task, (run[1],)).fetchone()]
+        return [run + execute(claim_task, (run[1],)).fetchone()
+                for run in in_claim_order(found, 3)]
     rows = execute(statements, (queue, runner_id, *held)).fetchall()
     if rows:
         execute(mysql.START % ", ".join(["%s"] * len(rows)),
