@@ -235,47 +235,6 @@ def test_a_busy_runner_commits_once_per_run(sqlite_db):
     queue.close()
 
 
-def _python_calls_of_burst(database, tasks):
-    """Python function calls made by the main thread of an in-process runner draining
-    `tasks` Echo tasks with no data (sys.setprofile counts each call once)."""
-    # Its claim order read once, and no heartbeat meanwhile (a look every check_interval, a
-    # heartbeat's turn on the host lock: time's work, not a run's, on a loaded machine).
-    queue = database.queue(overseer={"check_interval": 3600, "heartbeat_timeout": 36000},
-                           runner={"heartbeat_interval": 3600})
-    try:
-        queue.add_tasks([{"handler": ECHO} for _ in range(tasks)])
-        runner = loop.Runner(queue.store, install_signals=False, memory_limit=False)
-        calls = [0]
-
-        def count(frame, event, arg):
-            if event == "call":
-                calls[0] += 1
-        sys.setprofile(count)
-        try:
-            done = runner.work(burst=True)
-        finally:
-            sys.setprofile(None)
-        assert done == tasks
-        return calls[0]
-    finally:
-        queue.close()
-
-
-def test_a_busy_sqlite_runner_makes_few_python_calls_per_run(tmp_path):
-    """A no-op run's claim, execution and end on SQLite: a counted bound on the Python
-    calls per run (the runner's CPU per job is mostly the interpreter's; bench/instructions.py
-    counts the instructions). Two backlogs, so the start and the exit cancel out. 57 calls
-    per run before the connection's statements went without peewee's error wrapper, the
-    claim of one run without the claim-order sort, and a run with no data or pending
-    progress without a JSON decode or an import; 44 after."""
-    counts = []
-    for tasks in (50, 150):
-        (tmp_path / str(tasks)).mkdir()
-        counts.append(_python_calls_of_burst(Database("sqlite", tmp_path / str(tasks)), tasks))
-    few, many = counts
-    per_run = (many - few) / 100
-    assert per_run <= 50, per_run
-
 def test_rule4_late_finisher_cannot_overwrite_timeout(queue, runner_id):
     task_id = queue.add_task(ECHO, max_retries=3)
     claimed = lifecycle.claim(queue.store, runner_id)
