@@ -210,7 +210,9 @@ def test_verify_of_the_unmutated_build_holds_every_property(database, tmp_path):
     assert [r.__data__ for r in store.PeriodicTask.select()] == periodic_before
     assert store.Task.select().where(store.Task.periodic_task_id == mine.id).count() == 0
     other.close()
-    assert report["ok"] and report["happened"]["tasks"] > 30
+    # Enough work to have met the faults: how much fits in 5 s depends on the machine's load
+    # (14-23 tasks at load 30, more than 30 when quiet).
+    assert report["ok"] and report["happened"]["tasks"] > 10
     assert properties["nothing-lost"]["counts"]["succeeded"] == report["happened"]["tasks"]
     assert properties["steps-once"]["counts"]["application rows"] > 0
     assert properties["fan-in"]["counts"]["dependents"] > 0
