@@ -279,8 +279,6 @@ class RunContext:
         """Write the percent a database error kept back, if any. For the runner, after the
         handler returned and before it records the outcome (an ended run is no longer
         updated). True when nothing is left pending; never raises a database error."""
-        if self._pending_progress is None:      # every run but one that met an outage
-            return True
         return self._write_progress()
 
     def _write_progress(self) -> bool:

@@ -33,19 +33,27 @@ REQUEST = textwrap.dedent("""
 """)
 
 
-def test_a_request_its_task_the_retries_children_and_fan_in_are_one_trace(database, tmp_path):
+def traced(database, tmp_path, request, bursts):
+    """Run the web request `request` (a script, traced, given the database's URL), then
+    `bursts` traced `runner --burst`s: (what the request printed, the spans file)."""
     spans_file = tmp_path / "spans.jsonl"
     env = process_env({"TEST_SPANS": str(spans_file)})
     database.queue().close()
-    added = subprocess.run([sys.executable, "-c", REQUEST, database.url], env=env,
+    added = subprocess.run([sys.executable, "-c", request, database.url], env=env,
                            capture_output=True, text=True, timeout=60)
     assert added.returncode == 0, added.stderr
-    task_id = int(added.stdout)
     config = tmp_path / "taskrunner.toml"
     config.write_text('[tracing]\nsetup = "otel_setup:configure"\n')
-    for _ in range(6):      # the parent waits for its fan-in, which waits for the group
+    for _ in range(bursts):
         ran = taskrunner("runner", "--burst", config=str(config), url=database.url, env=env)
         assert ran.returncode == 0, ran.stderr
+    return added.stdout, spans_file
+
+
+def test_a_request_its_task_the_retries_children_and_fan_in_are_one_trace(database, tmp_path):
+    # Six bursts: the parent waits for its fan-in, which waits for the group.
+    printed, spans_file = traced(database, tmp_path, REQUEST, 6)
+    task_id = int(printed)
     with database.queue() as queue:
         assert queue.get_task(task_id).status == "success"
         assert queue.get_task(task_id).results == {
@@ -111,17 +119,8 @@ def test_a_chunks_call_is_a_span_linked_to_its_tasks_and_each_run_has_its_own(sq
     with that task's outcome (one item failed alone). SQLite only: the spans are made by
     the runner whatever its database."""
     database = sqlite_db
-    spans_file = tmp_path / "spans.jsonl"
-    env = process_env({"TEST_SPANS": str(spans_file)})
-    database.queue().close()
-    added = subprocess.run([sys.executable, "-c", CHUNK_REQUEST, database.url], env=env,
-                           capture_output=True, text=True, timeout=60)
-    assert added.returncode == 0, added.stderr
-    task_ids = [int(word) for word in added.stdout.split()]
-    config = tmp_path / "taskrunner.toml"
-    config.write_text('[tracing]\nsetup = "otel_setup:configure"\n')
-    ran = taskrunner("runner", "--burst", config=str(config), url=database.url, env=env)
-    assert ran.returncode == 0, ran.stderr
+    printed, spans_file = traced(database, tmp_path, CHUNK_REQUEST, 1)
+    task_ids = [int(word) for word in printed.split()]
     with database.queue() as queue:
         assert [queue.get_task(i).status for i in task_ids] == ["success", "given-up",
                                                                 "success"]

@@ -393,8 +393,7 @@ def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, e
             claimed = _claim_step(store, runner_id, queues[1:], now, at,
                                   held_queues=held_queues)
     else:
-        if retry_at is not None:
-            retry_at = store.database_time(retry_at)
+        retry_at = _on_database_clock(store, retry_at)
         ended, claimed = store.write(lambda: (
             _end(store, run_id, task_id, status, runner_id, results, error_code,
                  error_message, at, periodic_task_id, retry_at, traceback, waiting_for,

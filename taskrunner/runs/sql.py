@@ -186,8 +186,7 @@ def claim(store, runner_id, queue, at, limit=1, flow=None, guarded=False, slot_c
     if flow is not None and any(flow):
         return flow_claim(store, runner_id, queue, at, *flow, slot_check=slot_check)
     execute = executor(store.db)
-    statements = _CLAIMS.get((store.backend, limit, guarded, slot_check)) \
-        or claim_statements(store.backend, limit, guarded, slot_check)
+    statements = claim_statements(store.backend, limit, guarded, slot_check)
     held = (runner_id, queue) if slot_check else ()
     if store.backend == "postgresql":
         return in_claim_order(execute(statements, (queue, runner_id, *held, runner_id, at,

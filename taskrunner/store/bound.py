@@ -206,24 +206,20 @@ class Store:
         # transaction opened outside the store already holds SQLite's lock, and commits it).
         own = depth == 0 and not self.db.in_transaction()
         lock = self.host_lock if own else None
-        # With group sync, the rows changed before (as `_changes`, inline: once per job).
-        sync = self.group_sync if own else None
-        changes = self.db.connection().total_changes if sync is not None else None
+        changes = self._changes() if own else None
         # Inside another transaction (a savepoint), tried once: a deadlock rolls back the
         # whole transaction on MariaDB/MySQL, not only the savepoint, so trying this alone
         # again would run it outside any transaction — its writes committed on their own,
         # the outer ones before it lost (an add inside a step's transaction, DurableRun.add,
         # committed without its step). The error reaches the outermost write, which runs
         # the whole transaction again.
-        attempts = (1 if self.patience is not None else ATTEMPTS) if own else 1
+        attempts = self._attempts() if own else 1
         try:
             result = retry_transaction(self.db, attempt, lock=lock, attempts=attempts)
         finally:
             state.depth = depth
-        if sync is not None:            # `_made_durable`, inline
-            conn = self.db.connection()
-            if conn.total_changes != changes:
-                sync.commit_done(conn)
+        if own:
+            self._made_durable(changes)
         if depth == 0 and getattr(state, "news", None):
             news, state.news = state.news, []
             for count, queue in news:
