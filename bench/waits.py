@@ -24,7 +24,10 @@ its arguments) and the descriptor that call names (/proc/PID/fd/N):
 - idle: select/pselect6 — taskrunner's runner waiting for a wake-up when it found no work;
 - sleep: another sleep (a peer's own polling pause);
 - thread_wait: a futex — waiting for the GIL, a lock or another thread (DBOS's main thread
-  waits so for the thread pool that runs its workflows: its shares say little);
+  waits so for the thread pool that runs its workflows: its shares say little); but a
+  taskrunner runner's main thread in a futex while another of its threads is blocked on the
+  host lock or group sync file is in host_lock or sync_lock: a contended host lock is taken
+  by a thread of its own (host/hostlock.py), the main thread waiting for it;
 - other: anything else.
 
 writer_wait (SQLite) is busy_sleep + host_lock + sync_lock + file_lock: asleep on the
@@ -125,8 +128,35 @@ def classify(pid):
     if name in ("select", "pselect6"):
         return "idle", None
     if name == "futex":
-        return "thread_wait", None
+        return _lock_of_a_thread(pid) or ("thread_wait", None)
     return "other", None
+
+
+def _lock_of_a_thread(pid):
+    """The lock wait (class and lock, as `classify`'s) of another thread of process `pid`
+    blocked on taskrunner's host lock or group sync file, or None. A runner takes a
+    contended host lock in a thread of its own (host/hostlock.py: a flock has no deadline,
+    the thread's wait has one), its main thread waiting in a futex for the grant: without
+    this, its wait in line for the writer would count as a thread wait."""
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return None
+    for tid in tids:
+        if int(tid) == pid:
+            continue
+        try:
+            call = _read("/proc/%d/task/%s/syscall" % (pid, tid)).split()
+            name = _NR.get(int(call[0]))
+            args = [int(a, 16) for a in call[1:7]]
+        except (OSError, ValueError, IndexError):
+            continue
+        if name == "flock" or (name == "fcntl" and args[1] in _LOCK_WAIT_CMDS):
+            path = _fd_target(pid, args[0])
+            if path.endswith(("-hostlock", "-sync")):
+                return (("host_lock" if path.endswith("-hostlock") else "sync_lock"),
+                        (path, "FLOCK" if name == "flock" else "POSIX"))
+    return None
 
 
 def held_locks():

@@ -425,13 +425,24 @@ WAITERS = {
                   "print('ready', flush=True)\n"
                   "fcntl.lockf(fd, fcntl.LOCK_EX)\n"),
     "running": "print('ready', flush=True)\nwhile True:\n    pass\n",
+    # As a runner takes a contended host lock: a thread of its own blocks in flock, the main
+    # thread waits for it in a futex.
+    "host_lock, by a thread": ("import fcntl, sys, threading\n"
+                               "fd = open(sys.argv[1] + '-hostlock', 'a')\n"
+                               "granted = threading.Lock()\n"
+                               "granted.acquire()\n"
+                               "threading.Thread(target=lambda: (fcntl.flock(fd, fcntl.LOCK_EX),"
+                               " granted.release())).start()\n"
+                               "print('ready', flush=True)\n"
+                               "granted.acquire()\n"),
 }
 
 
 def test_the_wait_sampler_tells_a_busy_sleep_a_lock_wait_a_sleep_and_a_running_process(tmp_path):
     """Real processes in real system calls: one in SQLite's busy handler behind the test's
     write transaction, one in Python's time.sleep, one blocked in flock on a held host
-    lock file, one in a record lock of another held file, one spinning; the sampler puts
+    lock file (and one whose thread is, its main thread waiting for that thread), one in a
+    record lock of another held file, one spinning; the sampler puts
     each in its class, and counts the lock waits as waits while the writer was held."""
     from conftest import wait_for
 
@@ -452,8 +463,8 @@ def test_the_wait_sampler_tells_a_busy_sleep_a_lock_wait_a_sleep_and_a_running_p
                                            text=True)
         for kind, proc in procs.items():
             assert proc.stdout.readline() == "ready\n"
-            wait_for(lambda: (waits.classify(proc.pid) or ("gone",))[0] == kind, timeout=60,
-                     message="%s classified as %s" % (proc.pid, kind))
+            wait_for(lambda: (waits.classify(proc.pid) or ("gone",))[0] == kind.split(",")[0],
+                     timeout=60, message="%s classified as %s" % (proc.pid, kind))
         assert waits.sqlite_writer_held(waits.held_locks(), waits._file_key(db + "-shm"))
         sampler = waits.Sampler("sqlite:///" + db,
                                 [procs[k].pid for k in ("busy_sleep", "host_lock", "file_lock")],
