@@ -75,6 +75,9 @@ def measure_rounds(backend, plan, rounds):
 def cell_of(job, runs, rounds):
     """One cell of the tables from {system name: [result of each round]}."""
     peer = next((p.name for p in PEERS if p.name in runs), None)
+    # The floor and the ceiling are read against the first variant of taskrunner measured
+    # (``taskrunner`` itself unless --variants leaves the default out).
+    ours = next((name for name in runs if name.startswith("taskrunner")), None)
     cell = {"workers": job.workers, "log_level": job.log_level, "task_ms": job.task_ms,
             "n": job.n, "rounds": rounds, "peer": peer, "systems": {}}
     for name, per_round in runs.items():
@@ -94,8 +97,8 @@ def cell_of(job, runs, rounds):
             # ÷ every other system of the cell (the floor, the ceiling, each peer).
             entry["over"] = {other: _ratios(per_round, runs[other]) for other in runs
                              if not other.startswith("taskrunner")}
-        if name in ("floor", "ceiling"):
-            entry["taskrunner_over"] = _ratios(runs["taskrunner"], per_round)["jobs_per_s"]
+        if name in ("floor", "ceiling") and ours is not None:
+            entry["taskrunner_over"] = _ratios(runs[ours], per_round)["jobs_per_s"]
         entry["runs"] = per_round
         cell["systems"][name] = entry
     return cell
