@@ -7,15 +7,16 @@ up front with one line naming the setting."""
 import json
 import os
 import shlex
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
 from conftest import REPO_DIR, TESTS_DIR, Database, taskrunner
 from taskrunner.config import Config
 from taskrunner.fleet import liveness
-from taskrunner.periodic.scheduler import add_periodic
-from taskrunner.runs import sql
+from taskrunner.periodic.scheduler import PeriodicScheduler, add_periodic
+from taskrunner.runs import lifecycle, sql
+from taskrunner.store.models import SUCCESS
 from taskrunner.verify import checker
 from taskrunner.verify.session import mount_of, preflight
 from taskrunner.errors import InputError
@@ -61,19 +62,31 @@ def clean_history():
     ]
 
 
-def periodic_history(first_finished=db(11.5)):
+def periodic_history(finished=11.5, next_start=None):
     """Periodic task p, every 1 s from 10; two schedulers whose last passes were at 12.2 and
-    12.5 (due times 10, 11, 12 were theirs); task 40 due at 10 (unfinished at 11: that due
-    time skipped), task 41 due at 12."""
-    return [
+    12.5 (due times 10, 11, 12 were theirs); task 40 due at 10, run 400 by pid 9, which
+    returned from it at `finished` and started its next run at `next_start` (None: it started
+    none); task 41 due at 12. Task 40 finished at 11.5 was unfinished at 11: that due time
+    skipped."""
+    events = [
         {"kind": "periodic", "name": "p", "every": 1, "first": db(10)},
         {"kind": "pass", "pid": 7, "now": db(12.5)},
         {"kind": "pass", "pid": 8, "now": db(12.2)},
         {"kind": "instance", "periodic": "p", "task": 40, "scheduled": db(10),
-         "created": db(10.01), "finished": first_finished},
+         "created": db(10.01), "finished": db(finished)},
         {"kind": "instance", "periodic": "p", "task": 41, "scheduled": db(12),
          "created": db(12.01), "finished": db(12.05)},
+        {"kind": "start", "task": 40, "run": 400, "pid": 9, "at": at(10.05),
+         "db_at": db(10.05)},
+        {"kind": "done", "task": 40, "run": 400, "pid": 9, "at": at(finished),
+         "db_at": db(finished)},
+        {"kind": "end", "task": 40, "run": 400, "attempt": 1, "status": "success",
+         "started": db(10.05), "finished": db(finished)},
     ]
+    if next_start is not None:
+        events.append({"kind": "start", "task": 43, "run": 430, "pid": 9, "at": at(next_start),
+                       "db_at": db(next_start)})
+    return events
 
 
 def failed(results):
@@ -130,15 +143,78 @@ def test_checker_reports_a_periodic_due_time_with_two_tasks_or_none():
          "created": db(12.02), "finished": db(12.1)}]))
     assert twice == {"periodic-once": "periodic task p: its due time 2026-01-01 00:00:12 "
                                       "yielded 2 tasks: 41, 42"}
-    missed = failed(checker.check(periodic_history(first_finished=db(10.5))))
+    # Task 40's end committed before 11: its runner started its next run at 10.6.
+    missed = failed(checker.check(periodic_history(finished=10.5, next_start=10.6)))
     assert missed == {"periodic-once": "periodic task p: its due time 2026-01-01 00:00:11 "
                                        "yielded no task, though its previous task 40 (due "
                                        "2026-01-01 00:00:10) had finished at 2026-01-01 "
-                                       "00:00:10.500"}
+                                       "00:00:10.500, its end committed by 2026-01-01 "
+                                       "00:00:10.600000"}
     # Created after the due time that has no task: a late pass's catch-up once.
-    late = periodic_history(first_finished=db(10.5))
+    late = periodic_history(finished=10.5, next_start=10.6)
     late[3]["created"] = db(11.2)
     assert failed(checker.check(late)) == {}
+
+
+def test_checker_skips_a_due_time_while_the_previous_tasks_end_has_not_committed():
+    """The counter-example of a loaded SQLite session: task 40's handler returned at 10.5,
+    the time its end stamped, but the end's transaction waited for the database's lock and
+    the pass at 11 went first — task 40 was unfinished there, and rule 9 skipped 11. Its
+    end committed before its runner started its next run, at 11.3; with no next run, its
+    commit is bounded by nothing."""
+    for next_start in (11.3, None):
+        results = checker.check(periodic_history(finished=10.5, next_start=next_start))
+        assert failed(results) == {}, next_start
+        assert results[-1].counts["skipped"] == 1
+
+
+def test_a_due_time_the_scheduler_skipped_before_the_previous_tasks_end_committed_holds(queue):
+    """Driven with chosen times, on each database: the scheduler submits task X at due time
+    D; X's handler returns at D + 0.5, the time its end stamps as finished_on, but the pass
+    at D + 1 goes before that end's transaction — X is unfinished there, so rule 9 skips
+    D + 1 — and the end commits after it. The history the session would record (X's runner
+    starts its next run once the end has committed) holds periodic-once."""
+    store = queue.store
+    t0 = datetime(2024, 1, 1, 12, 0, 0)
+    add_periodic(store, "p", "taskrunner.handlers.Echo", "every 1s", queue="periodic", now=t0)
+    due = t0 + timedelta(seconds=1)
+    scheduler = PeriodicScheduler(store)
+    [task] = scheduler.run_pending(now=due)["submitted"]
+    runner = liveness.register(store)
+    claimed = lifecycle.claim(store, runner.id, ("periodic",), now=due + timedelta(seconds=0.1))
+    returned = due + timedelta(seconds=0.5)
+    assert scheduler.run_pending(now=due + timedelta(seconds=1)) == {"submitted": [],
+                                                                     "skipped": ["p"]}
+    assert lifecycle.end_run(store, claimed.run_id, task, SUCCESS, runner.id, now=returned,
+                             periodic_task_id=claimed.periodic_task_id)
+    [following] = scheduler.run_pending(now=due + timedelta(seconds=2))["submitted"]
+
+    Task = store.Task
+    rows = {t.id: t for t in Task.select().where(Task.id.in_([task, following]))}
+    assert rows[task].finished_on == returned < due + timedelta(seconds=1)
+    assert rows[following].scheduled_on == due + timedelta(seconds=2)
+
+    def iso(value):       # a history's own time: this host's, with its zone
+        return value.isoformat() + "+00:00"
+    events = [{"kind": "periodic", "name": "p", "every": 1, "first": str(due)}]
+    events += [{"kind": "pass", "pid": 1, "now": str(due + timedelta(seconds=k))}
+               for k in (0, 1, 2)]
+    events += [{"kind": "instance", "periodic": "p", "task": t.id,
+                "scheduled": str(t.scheduled_on), "created": str(t.queued_on),
+                "finished": t.finished_on and str(t.finished_on)} for t in rows.values()]
+    events += [{"kind": "end", "task": task, "run": claimed.run_id, "attempt": 1,
+                "status": SUCCESS, "started": str(claimed.started_on), "finished": str(returned)},
+               {"kind": "start", "task": task, "run": claimed.run_id, "pid": 9,
+                "at": iso(claimed.started_on), "db_at": str(claimed.started_on)},
+               {"kind": "done", "task": task, "run": claimed.run_id, "pid": 9,
+                "at": iso(returned), "db_at": str(returned)},
+               {"kind": "start", "task": 99, "run": 990, "pid": 9,
+                "at": iso(due + timedelta(seconds=1.3)),
+                "db_at": str(due + timedelta(seconds=1.3))}]
+    results = checker.check(events)
+    assert failed(results) == {}
+    assert results[-1].counts == {"periodic tasks": 1, "due times": 3, "tasks": 2,
+                                  "skipped": 1, "passes": 3}
 
 
 def test_checker_holds_concurrency_and_rate_windows():

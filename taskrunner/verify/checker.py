@@ -18,9 +18,11 @@ The properties:
   rate over the window (flow control).
 - nothing-lost: every task enqueued ended ``success`` (rule 6).
 - periodic-once: each due time of a periodic task yielded at most one task, and none was
-  missed: a due time without a task is one rule 9 skips — its previous task was unfinished
-  then, or a late pass handled an earlier due time after it (catch-up once) (rule 9).
+  missed: a due time without a task is one rule 9 skips — its previous task's end had not
+  committed when a pass at or after that due time read it, or a late pass handled an
+  earlier due time after it (catch-up once) (rule 9).
 """
+import bisect
 from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any, Dict, List, NamedTuple, Optional
@@ -275,13 +277,50 @@ def _window_end(h):
     return min(last.values()) if last else None
 
 
+def _committed_by(h):
+    """{task: a time by which the end that finished it had certainly committed, on the
+    database's clock}, for the tasks whose runner recorded something afterwards. A task's
+    finished time is stamped when its handler returned, before the end's transaction, which
+    then waits for the database (its lock, a busy server, a runner stopped meanwhile): the
+    end commits some time after it. Its runner executes one run at a time and starts its
+    next only once that end has committed (the end and the next claim are one transaction,
+    or the claim follows it), so the first event the runner records after returning from the
+    task's last run bounds the commit. A runner that recorded nothing after it (killed,
+    idle until the end) leaves the task out: its end's commit is bounded by nothing."""
+    finished = {e["task"]: when(e["finished"]) for e in h["instance"] if e["finished"]}
+    last_run = {}
+    for end in h["end"]:
+        if end["task"] in finished and end.get("finished") \
+                and when(end["finished"]) == finished[end["task"]]:
+            last_run[end["run"]] = end["task"]
+    by_pid = defaultdict(list)
+    for event in h["start"] + h["exec"] + h["step"] + h["fanin"] + h["done"]:
+        by_pid[event["pid"]].append((when(event["at"]), when(event.get("db_at")
+                                                             or event["at"])))
+    for events in by_pid.values():
+        events.sort()
+    bound = {}
+    for done in h["done"]:
+        task = last_run.get(done["run"])
+        events = by_pid[done["pid"]]
+        after = bisect.bisect_right(events, (when(done["at"]), datetime.max))
+        if task is not None and after < len(events):
+            bound[task] = min(bound.get(task, datetime.max), events[after][1])
+    return bound
+
+
 def periodic_once(h):
     """The due times of each periodic task are its first one plus whole intervals, up to the
-    window's end; a task's due time is its scheduled_on (no jitter)."""
+    window's end; a task's due time is its scheduled_on (no jitter). A due time without a
+    task is a miss unless rule 9 explains it: the pass that handled it ran at or after it and
+    found the previous task unfinished — unfinished then, or finished but its end not
+    committed by the due time (`_committed_by`: a finished time before the due time is not
+    enough) — or a pass after it submitted the previous task (catch-up once)."""
     tasks = defaultdict(list)
     for event in h["instance"]:
         tasks[event["periodic"]].append(dict(event, due=when(event["scheduled"])))
     end, examples, due_times, skipped = _window_end(h), [], 0, 0
+    committed_by = _committed_by(h)
     for periodic in h["periodic"]:
         name, every = periodic["name"], timedelta(seconds=periodic["every"])
         mine = sorted(tasks[name], key=lambda t: (t["due"], t["task"]))
@@ -297,14 +336,17 @@ def periodic_once(h):
             if due not in by_due:
                 previous = ([t for t in mine if t["due"] < due] or [None])[-1]
                 if previous is not None and (
-                        not previous["finished"] or when(previous["finished"]) > due
-                        or when(previous["created"]) >= due):
+                        not previous["finished"] or when(previous["created"]) >= due
+                        or when(previous["finished"]) > due
+                        or committed_by.get(previous["task"], datetime.max) > due):
                     skipped += 1
                 else:
                     examples.append("periodic task %s: its due time %s yielded no task, %s" % (
                         name, due, "and none before it" if previous is None else
-                        "though its previous task %d (due %s) had finished at %s" % (
-                            previous["task"], previous["due"], previous["finished"])))
+                        "though its previous task %d (due %s) had finished at %s, its end "
+                        "committed by %s" % (previous["task"], previous["due"],
+                                             previous["finished"],
+                                             committed_by.get(previous["task"]))))
             due += every
     return _result("periodic-once", examples, {
         "periodic tasks": len(h["periodic"]), "due times": due_times,
