@@ -91,6 +91,74 @@ def test_claim_order_is_priority_then_fifo(queue, runner_id):
     assert lifecycle.claim(queue.store, runner_id) is None
 
 
+def _blocked_in_a_sleep(thread):
+    """Whether `thread` is asleep in a relative sleep: SQLite's busy handler (usleep)."""
+    try:
+        with open("/proc/self/task/%d/syscall" % thread.native_id) as fh:
+            return fh.read().split()[0] in ("35", "230")   # x86-64 nanosleep, clock_nanosleep
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("how", ["claim", "end and claim", "batched claim"])
+def test_a_run_starts_on_the_record_when_it_is_claimed_not_before_the_wait_for_the_lock(
+        sqlite_db, how):
+    """A claim that waited for the database's write lock (another process's transaction, a
+    busy host) records as the run's start the time it took the lock, not the time it began
+    to wait: run_timeout and max_runtime count from it. Before, a runner stamped the claim
+    before its write (a success's end and the next claim: the handler's return), and a run
+    claimed after a stall was timed out that much early (taskrunner verify: 0.14 s after its
+    handler started, the task's next run then executing beside it)."""
+    import sqlite3
+    import time
+    from taskrunner.runner import batches
+    from taskrunner.store.models import utcnow
+    queue = sqlite_db.queue()
+    try:
+        store, runner_id = queue.store, liveness.register(queue.store).id
+        if how == "end and claim":         # the run its runner ends as it claims the next
+            queue.add_task(ECHO)
+            first = lifecycle.claim(store, runner_id)
+        task_id = queue.add_task(ECHO)
+        handler_returned = utcnow()
+        results = {}
+
+        def claim():
+            if how == "claim":
+                results["claimed"] = lifecycle.claim(store, runner_id)
+            elif how == "end and claim":
+                results["ended"], results["claimed"] = lifecycle.end_run_and_claim(
+                    store, first.run_id, first.task_id, SUCCESS, runner_id, now=handler_returned)
+            else:
+                batch = batches.Batch(store, runner_id, 4, 1.0)
+                results["claimed"] = batch.next(["default"], None, 4)
+
+        holder = sqlite3.connect(sqlite_db.url[len("sqlite:///"):], isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        thread = threading.Thread(target=claim)
+        thread.start()
+        try:
+            from conftest import wait_for
+            wait_for(lambda: _blocked_in_a_sleep(thread), timeout=30,
+                     message="the claim waiting for SQLite's write lock")
+            time.sleep(1.0)                    # the lock held a second while it waits
+        finally:
+            released = utcnow()
+            holder.rollback()
+            holder.close()
+        thread.join(60)
+        claimed = results["claimed"]
+        assert claimed is not None and claimed.task_id == task_id
+        run = Run.get_by_id(claimed.run_id)
+        assert run.started_on >= released - timedelta(seconds=0.05), (run.started_on, released)
+        assert claimed.started_on == run.started_on
+        if how == "end and claim":         # the end keeps its handler's return
+            assert results["ended"]
+            assert Run.get_by_id(first.run_id).finished_on == handler_returned
+    finally:
+        queue.close()
+
+
 def test_a_claim_writes_the_run_alone_and_every_reader_sees_the_task_running(queue, runner_id):
     """Issue 41's data model: the claim writes the run row, not the task's (one row version
     fewer per job); `running` is read from the run."""

@@ -48,7 +48,7 @@ from ..host import claimfile
 from ..store import outage
 from . import outcomes
 from ..runs import lifecycle
-from ..store.models import CANCELLED, RUNNING, SUCCESS
+from ..store.models import CANCELLED, RUNNING, SUCCESS, utcnow
 
 log = logging.getLogger("taskrunner.runner")
 
@@ -136,7 +136,8 @@ class Batch:
     def next(self, queues, now, limit):
         """The next run to start, or None when no run waits (the successes are written
         either way). Successes due are written first, together with a re-read of the claimed
-        runs when it is older than `interval`, or with the next claim when none is left."""
+        runs when it is older than `interval`, or with the next claim when none is left.
+        `now`: a pinned clock, else None: the time the write holds its lock (`_write`)."""
         with self.lock:
             while True:
                 if self.claimed:
@@ -219,11 +220,14 @@ class Batch:
         done, store = self.done, self.store
 
         def step():
+            # The claim's time is read with the lock held, as a single claim's
+            # (lifecycle._claim_now): the runs' started_on is when they were claimed.
+            at = now or utcnow()
             ended = end_successes(store, self.runner_id, done) if done else set()
             if check:
-                kept = still_claimed(store, self.runner_id, list(self.claimed), now)
+                kept = still_claimed(store, self.runner_id, list(self.claimed), at)
             elif claim is not None:
-                kept = lifecycle.claim_many(store, self.runner_id, claim[0], now, claim[1],
+                kept = lifecycle.claim_many(store, self.runner_id, claim[0], at, claim[1],
                                             share=self.short, held_queues=self.held_queues)
             else:
                 kept = None

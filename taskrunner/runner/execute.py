@@ -75,7 +75,7 @@ class Execution:
         if claim_next and outcome.exc is None and not self._should_exit():
             ended, following = self._with_database(lambda: lifecycle.end_run_and_claim(
                 self.store, *args, queues=self._claim_order(), held_queues=self.held_queues,
-                **options),
+                claim_now=self.clock, **options),
                 reconnected=lambda: self._give_back_lost_claims(keep=claimed.run_id))
         else:
             ended, following = self._with_database(lambda: lifecycle.end_run(

@@ -312,11 +312,13 @@ class Runner(Idle, Execution, Chunks):
         claim order of its last look, however old (see _idle). The claims it makes while
         busy after that one trust the order for check_interval after it was read: so the
         next reads it again first."""
+        # The claim's time: the pinned clock, else when the claim holds the write lock
+        # (lifecycle._claim_now), not now, before the wait for it.
         if not self._unlooked:
-            return lifecycle.claim(self.store, self.runner_id, self._claim_order(), self.now(),
+            return lifecycle.claim(self.store, self.runner_id, self._claim_order(), self.clock,
                                    held_queues=self.held_queues)
         self._unlooked, self._order_read_at = False, None
-        return lifecycle.claim(self.store, self.runner_id, self.claim_order, self.now(),
+        return lifecycle.claim(self.store, self.runner_id, self.claim_order, self.clock,
                                guarded=True, held_queues=self.held_queues)
 
     def _register(self):
@@ -364,7 +366,7 @@ class Runner(Idle, Execution, Chunks):
         batch.start()
         while not self._should_exit():
             left = self.max_runs - self.runs_done if self.max_runs else size
-            claimed = self._with_database(lambda: batch.next(self._claim_order(), self.now(),
+            claimed = self._with_database(lambda: batch.next(self._claim_order(), self.clock,
                                                              left),
                                           reconnected=batch.give_back_lost_claims,
                                           while_stopping=False)

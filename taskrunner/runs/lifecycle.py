@@ -212,14 +212,14 @@ def claim(store, runner_id, queues=(DEFAULT_QUEUE,), now=None, guarded=False,
     to try) that has one: highest priority first, FIFO within a priority within a queue
     (rule 2; the race it closes: sql.claim). Returns a ClaimedRun or None. `guarded`: none
     from a queue paused meanwhile, and none while a rate key has a limit (sql.CLAIM_GUARD;
-    for `queues` without flow control only). `held_queues`: see `held`."""
-    now = now or utcnow()
-    at = store.database_time(now)
+    for `queues` without flow control only). `held_queues`: see `held`. `now`: the claim's
+    time (a test's pinned clock); by default the time it holds the write lock
+    (`_claim_now`)."""
     if store.backend == "postgresql":
         # One statement per queue tried, each its own transaction.
-        return _claim_step(store, runner_id, queues, now, at, guarded, held_queues)
-    return store.write(lambda: _claim_step(store, runner_id, queues, now, at, guarded,
-                                           held_queues))
+        return _claim_now(store, runner_id, queues, now, guarded, held_queues)
+    return store.write(lambda: _claim_now(store, runner_id, queues, now, guarded,
+                                          held_queues))
 
 
 def claim_many(store, runner_id, queues, now, limit, share=True, held_queues=None):
@@ -239,6 +239,20 @@ def claim_many(store, runner_id, queues, now, limit, share=True, held_queues=Non
             store, runner_id, queue, at, want, control,
             slot_check=held(queue, held_queues))]
     return claimed
+
+
+def _claim_now(store, runner_id, queues, now=None, guarded=False, held_queues=None):
+    """_claim_step at `now`, by default at the time it runs: inside the caller's write
+    transaction, once its lock is held. A run's started_on is when it was claimed, and its
+    run_timeout and max_runtime count from it, for its runner as for whoever times it out:
+    a time read before the wait for the lock (a busy host, a runner stopped or descheduled
+    meanwhile) would start the run seconds early on the record, and it would be timed out
+    that much before its time — taskrunner verify saw one timed out 0.14 s after its handler
+    started, its task's next run then executing beside it. A retried transaction reads the
+    time again."""
+    now = now or utcnow()
+    return _claim_step(store, runner_id, queues, now, store.database_time(now), guarded,
+                       held_queues)
 
 
 def _claim_step(store, runner_id, queues, now, at, guarded=False, held_queues=None):
@@ -373,12 +387,14 @@ def _end_run(store, run_id, task_id, status, at, runner_id=None, results=None, e
 def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, error_code=None,
                       error_message=None, now=None, periodic_task_id=None, retry_at=None,
                       traceback=None, queues=(DEFAULT_QUEUE,), waiting_for=None,
-                      give_up=False, held_queues=None):
+                      give_up=False, held_queues=None, claim_now=None):
     """end_run() of a runner's own run and claim() of its next from `queues` in one
     transaction, so a busy runner pays one commit per job (one statement on PostgreSQL for
     a success and a run of the first queue). Same rules as the two calls; the claim happens
     even when the end lost its race. Returns (ended, ClaimedRun or None). `held_queues`:
-    see `held`."""
+    see `held`. `now` is the end's time (when the handler returned); `claim_now` the
+    claim's, by default the time the transaction holds its lock (`_claim_now`); PostgreSQL's
+    one statement, which waits for no lock, claims at `now`."""
     now = now or utcnow()
     at = store.database_time(now)
     if _single_statement_end(store, status, runner_id, periodic_task_id) and queues \
@@ -390,15 +406,15 @@ def end_run_and_claim(store, run_id, task_id, status, runner_id, results=None, e
             ended = store.write(lambda: _end(store, run_id, task_id, status, runner_id,
                                              results, None, None, at, None, None, None))
         if claimed is None and len(queues) > 1:
-            claimed = _claim_step(store, runner_id, queues[1:], now, at,
-                                  held_queues=held_queues)
+            claimed = _claim_now(store, runner_id, queues[1:], claim_now,
+                                 held_queues=held_queues)
     else:
         retry_at = _on_database_clock(store, retry_at)
         ended, claimed = store.write(lambda: (
             _end(store, run_id, task_id, status, runner_id, results, error_code,
                  error_message, at, periodic_task_id, retry_at, traceback, waiting_for,
                  give_up),
-            _claim_step(store, runner_id, queues, now, at, held_queues=held_queues)))
+            _claim_now(store, runner_id, queues, claim_now, held_queues=held_queues)))
     if ended:
         store.wake_waiters()
     return ended, claimed
