@@ -116,7 +116,12 @@ SUCCESS_AND_CLAIM = success_and_claim()
 
 
 # Successes of one runner, each with its own end time and results, in one statement, inside
-# the caller's transaction: the ids of the runs ended, and their tasks' dependents.
+# the caller's transaction: the ids of the runs ended, and their tasks' dependents. Each row
+# comes from the task's UPDATE, whose RETURNING names the run it joined: a join of the two
+# CTEs after them was a nested loop (a CTE's rows are not estimated), B x B rows compared for
+# a batch of B (66k of 300k server instructions per job at B = 100, bench/server_phases.py).
+# One run per task ends here (rule 1: one non-final run per task), so each row of `ended`
+# has its task's row.
 SUCCESSES = """
     WITH done AS (
         SELECT * FROM unnest(%%s::bigint[], %%s::timestamp[], %%s::text[])
@@ -127,9 +132,8 @@ SUCCESSES = """
         RETURNING r.id, r.task_id, done.finished_on),
     ended_task AS (
         UPDATE task_queue AS t SET %s
-        FROM ended WHERE t.id = ended.task_id RETURNING t.id, t.dependents)
-    SELECT ended.id, ended.task_id, ended_task.dependents FROM ended
-    JOIN ended_task ON ended_task.id = ended.task_id""" % (
+        FROM ended WHERE t.id = ended.task_id RETURNING ended.id, t.id, t.dependents)
+    SELECT * FROM ended_task""" % (
     assignments(RUN_SUCCESS, "done.finished_on", "done.results"),
     assignments(TASK_SUCCESS, "ended.finished_on"))
 
