@@ -26,8 +26,8 @@ the output), for callgrind_annotate: where in the server the instructions go.
 What moves the figure between runs of one tree: a batched runner writes its successes when
 B wait or ``flush_interval`` (5 ms) after the first finished, and re-reads its claimed runs
 with them, so on a loaded machine (the client slower, the server under callgrind) it sends
-more statements per job — 90 to 111 planned statements per 1,000 jobs at B = 100 in three
-runs of one tree (s22), 514k to 604k per job; and the runner's second connection (its
+more statements per job — 71 and 111 statements per 1,000 jobs at B = 100 in two runs of
+one tree (s22; PortalRun's calls in its backend's callgrind file), 514k and 604k per job; and the runner's second connection (its
 heartbeat thread) is in the figure, not in the run with no task. bench/server_phases.py
 counts the claim and the success apart, each batch exactly B, and repeats to the instruction.
 
