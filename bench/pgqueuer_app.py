@@ -84,8 +84,8 @@ def install(dsn):
     asyncio.run(_install(dsn))
 
 
-def enqueue(dsn, n, ms=0):
-    asyncio.run(_enqueue(dsn, n, ms))
+def enqueue(dsn, n, ms=0, batch=5000):
+    asyncio.run(_enqueue(dsn, n, ms, batch))
 
 
 def enqueuer(dsn):

@@ -12,7 +12,24 @@ count while it ran. The figure is their instructions minus those of the same run
 task, per task: the statements the tree sends per job, as the wire protocol carries them,
 with the tree's own schema. Only user space is counted (a commit's fsync is the kernel's).
 ``--sql`` runs a statement on every database after its backlog (to weigh an index, say).
-``--batch B`` (repeatable): the runner with ``[runner] batch = B``.
+``--batch B`` (repeatable): the runner with ``[runner] batch = B``. ``--marginal``: the
+figure is a drain of 2N minus a drain of N instead, per task: the cost of a job once the
+connection is open and its statements are planned once for all (psycopg prepares a
+statement on its 5th execution, and PostgreSQL plans each of the first 5 executions of a
+prepared statement before it settles on a generic plan: about 10 claims of a batched runner
+are planned, 5 of PgQueuer's, whatever N), which a drain of N from none charges to the N
+jobs. With autovacuum off it is no steady state for PgQueuer: its 2N drain cost 4 times its
+N drain (1,963M against 511M instructions at N = 1,000, B = 100; s22). ``--keep DIR``
+copies each measured run's callgrind files into a directory of DIR of their own (named in
+the output), for callgrind_annotate: where in the server the instructions go.
+
+What moves the figure between runs of one tree: a batched runner writes its successes when
+B wait or ``flush_interval`` (5 ms) after the first finished, and re-reads its claimed runs
+with them, so on a loaded machine (the client slower, the server under callgrind) it sends
+more statements per job — 71 and 111 statements per 1,000 jobs at B = 100 in two runs of
+one tree (s22; PortalRun's calls in its backend's callgrind file), 514k and 604k per job; and the runner's second connection (its
+heartbeat thread) is in the figure, not in the run with no task. bench/server_phases.py
+counts the claim and the success apart, each batch exactly B, and repeats to the instruction.
 
 ``--pgqueuer`` (the bench extra): beside each B, PgQueuer's worker as the timed bench runs
 it (bench/pgqueuer_app.py: one QueueManager on one asyncpg connection, ``batch_size = B``,
@@ -103,6 +120,11 @@ class Cluster:
             total += int(found.group(1)) if found else 0
         return total
 
+    def keep(self, files, into):
+        os.makedirs(into, exist_ok=True)
+        for name in files:
+            shutil.copy(os.path.join(self.counts, name), into)
+
     def close(self):
         if getattr(self, "conn", None) is not None:
             self.conn.close()
@@ -114,7 +136,7 @@ class Cluster:
         shutil.rmtree(self.counts, ignore_errors=True)
 
 
-def served(cluster, root, count, scratch, sql=None, batch=1):
+def served(cluster, root, count, scratch, sql=None, batch=1, keep=None):
     """Instructions of the backends that served `taskrunner runner --burst` of the tree at
     `root` with `[runner] batch` draining `count` no-op tasks."""
     name = "srv_%d_%d" % (os.getpid(), len(os.listdir(scratch)))
@@ -135,10 +157,12 @@ def served(cluster, root, count, scratch, sql=None, batch=1):
                        url, "--log-level", "warning", "runner", "--burst"],
                 check=True, capture_output=True, timeout=3600)
     cluster.wait_gone(idle)
+    if keep:
+        cluster.keep(cluster.written() - before, keep)
     return cluster.instructions(cluster.written() - before)
 
 
-def pgqueuer_served(cluster, count, scratch, batch):
+def pgqueuer_served(cluster, count, scratch, batch, keep=None):
     """Instructions of the backends that served bench/pgqueuer_app.py's worker with
     `batch_size` `batch` draining `count` no-op jobs."""
     from bench import pgqueuer_app
@@ -180,7 +204,16 @@ def pgqueuer_served(cluster, count, scratch, batch):
         common.stop(proc)
         watch.close()
     cluster.wait_gone(idle)
+    if keep:
+        cluster.keep(cluster.written() - before, keep)
     return cluster.instructions(cluster.written() - before, but={watcher})
+
+
+def _keep(directory, name):
+    """Where the callgrind files of the run `name` go (none without --keep)."""
+    if not directory:
+        return None
+    return os.path.join(os.path.abspath(directory), name)
 
 
 def main(argv=None):
@@ -193,9 +226,15 @@ def main(argv=None):
     parser.add_argument("--pgqueuer", action="store_true",
                         help="PgQueuer too (skipped, saying why, without the bench extra)")
     parser.add_argument("--sql", help="a statement run on each database after its backlog")
+    parser.add_argument("--marginal", action="store_true",
+                        help="per job: a drain of 2N minus one of N (steady state), not N "
+                             "minus none")
+    parser.add_argument("--keep", help="copy the callgrind files of each run under this "
+                        "directory")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     batches = args.batch or [1]
+    base = args.tasks if args.marginal else 0
     if args.tasks < 1 or min(batches) < 1:
         parser.error("--tasks and --batch must be positive")
     for tree in args.tree:
@@ -221,15 +260,18 @@ def main(argv=None):
         for batch in batches:
             for tree in args.tree:
                 root = os.path.abspath(tree)
-                empty = served(cluster, root, 0, scratch, args.sql, batch)
-                full = served(cluster, root, args.tasks, scratch, args.sql, batch)
+                keep = _keep(args.keep, "%s-b%d" % (os.path.basename(root), batch))
+                empty = served(cluster, root, base, scratch, args.sql, batch,
+                               keep and keep + "-base")
+                full = served(cluster, root, base + args.tasks, scratch, args.sql, batch, keep)
                 results.append({"system": "taskrunner", "tree": root, "batch": batch,
                                 "instructions_per_job": round((full - empty) / args.tasks)})
                 print("%-40s batch %d, server: %.0fk instructions per job" % (
                     root, batch, (full - empty) / args.tasks / 1000), flush=True)
             if pgqueuer:
-                empty = pgqueuer_served(cluster, 0, scratch, batch)
-                full = pgqueuer_served(cluster, args.tasks, scratch, batch)
+                keep = _keep(args.keep, "pgqueuer-b%d" % batch)
+                empty = pgqueuer_served(cluster, base, scratch, batch, keep and keep + "-base")
+                full = pgqueuer_served(cluster, base + args.tasks, scratch, batch, keep)
                 peer = {"system": "pgqueuer", "batch": batch,
                         "instructions_per_job": round((full - empty) / args.tasks)}
                 print("%-40s batch %d, server: %.0fk instructions per job" % (
@@ -246,6 +288,7 @@ def main(argv=None):
         common.cleanup()
         shutil.rmtree(scratch, ignore_errors=True)
     common.write_json(args.json, {"machine": common.machine(), "tasks": args.tasks,
+                                  "marginal": args.marginal,
                                   "postgresql": version,
                                   "pgqueuer": common.package_version("pgqueuer"),
                                   "load_average": os.getloadavg(), "results": results})

@@ -231,6 +231,34 @@ def _mysql_rows(plan):
     return [ast.literal_eval(step) for step in plan.split(" | ")]
 
 
+@pytest.mark.timeout(120)
+def test_postgresql_batched_success_returns_its_rows_without_joining_its_ctes(tmp_path):
+    """A batched runner's successes (postgresql.SUCCESSES) come back from the task's UPDATE
+    itself: a final join of the runs' and the tasks' CTEs was planned as a nested loop (the
+    planner does not estimate a CTE's rows), B x B rows compared per batch of B — a fifth
+    of the statement's server instructions at B = 100 (bench/server_phases.py)."""
+    from conftest import Database
+    database = Database("postgresql", tmp_path)
+    try:
+        queue = database.queue()
+        queue.add_tasks([{"handler": "taskrunner.handlers.Echo"} for _ in range(300)])
+        queue.store.db.execute_sql("ANALYZE task_runs, task_queue")
+        runner_id = liveness.register(queue.store).id
+        now = utcnow()
+        with queue.store.db.atomic():
+            claimed = lifecycle.claim_many(queue.store, runner_id, ["default"], now, 100,
+                                           share=False)
+            ids = [c.run_id for c in claimed]
+            plan = [r[0] for r in queue.store.db.execute_sql(
+                "EXPLAIN " + postgresql.SUCCESSES,
+                (ids, [now] * len(ids), [None] * len(ids), runner_id))]
+        # The statement's own step (the plan's first line) reads one CTE: no join on top.
+        assert plan[0].startswith("CTE Scan on ended_task"), "\n".join(plan)
+        queue.close()
+    finally:
+        database.drop()
+
+
 @pytest.mark.timeout(180)
 def test_graph_success_guard_and_release_read_by_index(database):
     """Issue 26's statements on the hot path: the guard of a success reading the task's

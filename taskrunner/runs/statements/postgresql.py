@@ -21,12 +21,18 @@ OWN = ("SUCCESS_IN_TRANSACTION", "SUCCESS_AND_CLAIM", "success_and_claim", "SUCC
 # would wait there with other work due. FOR SHARE conflicts with every writer's lock (FOR
 # [NO KEY] UPDATE) and is no new row version: a lock bit in the row, not a copy of it.
 _SKIP_LOCKED = "FOR UPDATE OF task_runs SKIP LOCKED FOR SHARE OF t SKIP LOCKED"
-# What a runner reads of the task of each run `claimed` returned.
+# What a runner reads of the task of each run `claimed` returned: the columns `next` read
+# of the task row it locked (_TASK_COLUMNS), not a second lookup of that row per run. The
+# row is locked FOR SHARE from `next` on, so no writer changed it since; and `next` read its
+# latest version (a row updated as the claim waited is re-read under the lock), where a new
+# join would read the statement's snapshot.
+_TASK_COLUMNS = ("handler", "data", "max_runtime", "periodic_task_id")
+_NEXT_TASK = "".join(", t.%s AS task_%s" % (c, c) for c in _TASK_COLUMNS)
 _CLAIMED_TASK = """
     claimed_task AS (
-        SELECT claimed.id, claimed.task_id, claimed.attempt, t.handler, t.data,
-            t.max_runtime, t.periodic_task_id%s
-        FROM claimed JOIN task_queue AS t ON t.id = claimed.task_id)"""
+        SELECT claimed.id, claimed.task_id, claimed.attempt, %s%%s
+        FROM claimed JOIN next ON next.id = claimed.id)""" % ", ".join(
+    "next.task_%s" % c for c in _TASK_COLUMNS)
 
 
 def claim(limit, guarded=False, slot_check=True):
@@ -42,7 +48,7 @@ def _claim_ctes(limit, guarded=False, slot_check=True):
     order = limit > 1
     return """
     next AS (
-        SELECT task_runs.id FROM task_runs JOIN task_queue AS t ON t.id = task_runs.task_id
+        SELECT task_runs.id%s FROM task_runs JOIN task_queue AS t ON t.id = task_runs.task_id
         WHERE task_runs.status = 'scheduled' AND task_runs.queue = %%s
             AND %s%s
         ORDER BY %s LIMIT %d %s),
@@ -50,8 +56,8 @@ def _claim_ctes(limit, guarded=False, slot_check=True):
         UPDATE task_runs AS r SET status = 'running', runner_id = %%s, started_on = %%s,
             updated_on = %%s
         FROM next WHERE r.id = next.id RETURNING r.id, r.task_id, r.attempt%s),%s""" % (
-        may_claim("%s", "%s", slot_check), guard(guarded), claim_order_sql("task_runs."),
-        int(limit), _SKIP_LOCKED,
+        _NEXT_TASK, may_claim("%s", "%s", slot_check), guard(guarded),
+        claim_order_sql("task_runs."), int(limit), _SKIP_LOCKED,
         "".join(", r." + c for c, _ in CLAIM_ORDER if c != "id") if order else "",
         _CLAIMED_TASK % ("".join(", claimed." + c for c, _ in CLAIM_ORDER) if order else ""))
 
@@ -110,7 +116,12 @@ SUCCESS_AND_CLAIM = success_and_claim()
 
 
 # Successes of one runner, each with its own end time and results, in one statement, inside
-# the caller's transaction: the ids of the runs ended, and their tasks' dependents.
+# the caller's transaction: the ids of the runs ended, and their tasks' dependents. Each row
+# comes from the task's UPDATE, whose RETURNING names the run it joined: a join of the two
+# CTEs after them was a nested loop (a CTE's rows are not estimated), B x B rows compared for
+# a batch of B (66k of 300k server instructions per job at B = 100, bench/server_phases.py).
+# One run per task ends here (rule 1: one non-final run per task), so each row of `ended`
+# has its task's row.
 SUCCESSES = """
     WITH done AS (
         SELECT * FROM unnest(%%s::bigint[], %%s::timestamp[], %%s::text[])
@@ -121,9 +132,8 @@ SUCCESSES = """
         RETURNING r.id, r.task_id, done.finished_on),
     ended_task AS (
         UPDATE task_queue AS t SET %s
-        FROM ended WHERE t.id = ended.task_id RETURNING t.id, t.dependents)
-    SELECT ended.id, ended.task_id, ended_task.dependents FROM ended
-    JOIN ended_task ON ended_task.id = ended.task_id""" % (
+        FROM ended WHERE t.id = ended.task_id RETURNING ended.id, t.id, t.dependents)
+    SELECT * FROM ended_task""" % (
     assignments(RUN_SUCCESS, "done.finished_on", "done.results"),
     assignments(TASK_SUCCESS, "ended.finished_on"))
 
@@ -135,12 +145,12 @@ def flow_claim(rate, keys, fair, slot_check=True):
     if fair:
         ctes.append("pick AS %s" % fair_pick("postgresql", keys))
     ctes.append("""next AS (
-        SELECT task_runs.id, task_runs.rate_key, task_runs.tenant
+        SELECT task_runs.id, task_runs.rate_key, task_runs.tenant%s
         FROM task_runs JOIN task_queue AS t ON t.id = task_runs.task_id
         WHERE task_runs.status = 'scheduled' AND task_runs.queue = {q}
             %s%s AND %s
         ORDER BY %s LIMIT 1 %s)""" % (
-        "AND task_runs.tenant = (SELECT tenant FROM pick) " if fair else "",
+        _NEXT_TASK, "AND task_runs.tenant = (SELECT tenant FROM pick) " if fair else "",
         "AND " + key_filter("postgresql", "task_runs.rate_key") if keys else "",
         may_claim("{runner}", "{q}", slot_check), claim_order_sql("task_runs."), _SKIP_LOCKED))
     allowed = ""
