@@ -253,14 +253,16 @@ def end_success(store, run_id, task_id, runner_id, results, at):
             at, at, results, run_id, runner_id, at, at)).fetchone()
         return False if not ended else RELEASE if dependents else True
     if store.is_sqlite:
-        end_run, clear_run, end_task, clear_task = sqlite.SUCCESS
+        end_run, end_run_apart, end_task, end_task_apart, clear_task = sqlite.SUCCESS
         at = at.isoformat(" ")
-        shown = execute(end_run, (at, at, results, run_id, runner_id)).fetchone()
-        if shown is None:
+        # The run's own statement first; its second only when the first changed nothing: a
+        # run with a concurrency slot, or not this runner's running run any more (rule 4).
+        if not execute(end_run, (at, at, results, run_id, runner_id)).rowcount \
+                and not execute(end_run_apart, (at, at, results, run_id, runner_id)).rowcount:
             return False
-        if shown[0] is not None:
-            execute(clear_run, (run_id,))
-        task = execute(end_task, (at, at, task_id)).fetchone()
+        if execute(end_task, (at, at, task_id)).rowcount:
+            return True
+        task = execute(end_task_apart, (at, at, task_id)).fetchone()
         if task is not None and task[0] is not None:
             execute(clear_task, (task_id,))
         return RELEASE if task is not None and task[1] else True

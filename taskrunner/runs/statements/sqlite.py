@@ -42,17 +42,25 @@ def _apart(columns):
     return apart, apart[0] if len(apart) == 1 else "coalesce(%s)" % ", ".join(apart)
 
 
-# The success of a runner's run and its task: (the run's UPDATE, returning the SQLITE_APART
-# columns' values; their clearing when one is set; the task's UPDATE, returning its
-# SQLITE_APART values and dependents; their clearing). Race closed: rule 4, as every end.
-_RUN_APART, _RUN_SHOWS = _apart(RUN_SUCCESS)
+# The success of a runner's run and its task: (the run's UPDATE when its SQLITE_APART columns
+# are NULL, as for most runs; the run's UPDATE clearing them; the task's UPDATE when it has no
+# dependents and its SQLITE_APART columns are NULL; the task's UPDATE returning its
+# SQLITE_APART values and dependents; their clearing). The common case is two UPDATEs without
+# RETURNING, told apart by their changes(): an UPDATE ... RETURNING builds an ephemeral table
+# of its rows first, as much work as the UPDATE itself here (MySQL's SUCCESS reads dependents
+# the same way). Race closed: rule 4, as every end.
+_RUN_APART = _apart(RUN_SUCCESS)[0]
 _TASK_APART, _TASK_SHOWS = _apart(TASK_SUCCESS)
+_RUN_END = "UPDATE task_runs SET %s WHERE id = ? AND status = 'running' AND runner_id = ?"
+_TASK_END = "UPDATE task_queue SET %s WHERE id = ?"
 SUCCESS = (
-    "UPDATE task_runs SET %s WHERE id = ? AND status = 'running' AND runner_id = ? "
-    "RETURNING %s" % (assignments(RUN_SUCCESS, "?", "?", SQLITE_APART), _RUN_SHOWS),
-    "UPDATE task_runs SET %s WHERE id = ?" % ", ".join(c + " = NULL" for c in _RUN_APART),
-    "UPDATE task_queue SET %s WHERE id = ? RETURNING %s, dependents" % (
-        assignments(TASK_SUCCESS, "?", leave_out=SQLITE_APART), _TASK_SHOWS),
+    _RUN_END % assignments(RUN_SUCCESS, "?", "?", SQLITE_APART) + "".join(
+        " AND %s IS NULL" % c for c in _RUN_APART),
+    _RUN_END % assignments(RUN_SUCCESS, "?", "?"),
+    _TASK_END % assignments(TASK_SUCCESS, "?", leave_out=SQLITE_APART) + " AND dependents = 0"
+    + "".join(" AND %s IS NULL" % c for c in _TASK_APART),
+    _TASK_END % assignments(TASK_SUCCESS, "?", leave_out=SQLITE_APART) + " RETURNING %s, "
+    "dependents" % _TASK_SHOWS,
     "UPDATE task_queue SET %s WHERE id = ?" % ", ".join(c + " = NULL" for c in _TASK_APART))
 
 
