@@ -192,12 +192,16 @@ def claim(store, runner_id, queue, at, limit=1, flow=None, guarded=False, slot_c
         return in_claim_order(execute(statements, (queue, runner_id, *held, runner_id, at,
                                                    at)), CLAIMED_WIDTH)
     if store.is_sqlite:
-        claim_runs, claim_task = statements
         stamp = at.isoformat(" ")         # bound as text once
-        found = execute(claim_runs, (runner_id, stamp, stamp, queue, runner_id, *held))
         if limit == 1:                    # a busy runner's every claim: no order to restore
-            run = found.fetchone()
-            return [] if run is None else [run + execute(claim_task, (run[1],)).fetchone()]
+            pick, start = statements
+            run = execute(pick, (queue, runner_id, *held)).fetchone()
+            if run is None:
+                return []
+            execute(start, (runner_id, stamp, stamp, run[0]))
+            return [run]
+        claim_runs, claim_task = statements
+        found = execute(claim_runs, (runner_id, stamp, stamp, queue, runner_id, *held))
         return [run + execute(claim_task, (run[1],)).fetchone()
                 for run in in_claim_order(found, 3)]
     rows = execute(statements, (queue, runner_id, *held)).fetchall()
