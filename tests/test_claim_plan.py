@@ -28,8 +28,10 @@ def _plans(queue, backend, runner_id, name="default"):
         claim = runs_sql.claim_statements(backend, limit, slot_check=slot_check)
         held = (r, name) if slot_check else ()
         if backend == "sqlite":
+            # A claim of one reads its run (then starts it by id); of many, UPDATE ... RETURNING.
+            params = (name, r, *held) if limit == 1 else (r, now, now, name, r, *held)
             rows = queue.store.db.execute_sql("EXPLAIN QUERY PLAN " + claim[0],
-                                              (r, now, now, name, r, *held)).fetchall()
+                                              params).fetchall()
             plans.append(" | ".join(str(r[-1]) for r in rows))
         elif backend == "postgresql":
             plans.append(" | ".join(r[0] for r in queue.store.db.execute_sql(

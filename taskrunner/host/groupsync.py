@@ -73,7 +73,8 @@ SUFFIX = "-sync"
 # written, synced, flushes: native 8-byte words at aligned offsets.
 _COUNTERS = struct.Struct("QQQ")
 _WORD = struct.Struct("Q")
-_WRITTEN, _SYNCED, _FLUSHES = 0, 1, 2
+# Their byte offsets in the mapping (read and written in place: commit_done runs per job).
+_WRITTEN, _SYNCED, _FLUSHES = 0, _WORD.size, 2 * _WORD.size
 _reported = set()
 _instances = weakref.WeakSet()
 
@@ -176,12 +177,6 @@ class GroupSync:
             finally:
                 fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, 0)
 
-    def _word(self, index):
-        return _WORD.unpack_from(self._map, index * _WORD.size)[0]
-
-    def _set(self, index, value):
-        _WORD.pack_into(self._map, index * _WORD.size, value)
-
     def commit_done(self, connection):
         """Right after `connection` (this process's, open) committed: return once the WAL is
         durable up to that commit (waiting for, or doing, the fdatasync that covers it). An
@@ -194,28 +189,28 @@ class GroupSync:
             if not self.available:
                 self._fdatasync()
                 return
-            fd = self._fd
+            fd, shared, word = self._fd, self._map, _WORD
             # `written` changes under the counters' lock; `synced` and `flushes` under the
             # flush lock, whose holder alone reads them without the other.
             fcntl.lockf(fd, fcntl.LOCK_EX, 1, 0)
             try:
-                ticket = self._word(_WRITTEN) + 1
-                self._set(_WRITTEN, ticket)
+                ticket = word.unpack_from(shared, _WRITTEN)[0] + 1
+                word.pack_into(shared, _WRITTEN, ticket)
             finally:
                 fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
             self._thread.ticket = ticket
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                if self._word(_SYNCED) >= ticket:
+                if word.unpack_from(shared, _SYNCED)[0] >= ticket:
                     return
                 fcntl.lockf(fd, fcntl.LOCK_EX, 1, 0)
                 try:
-                    target = self._word(_WRITTEN)
+                    target = word.unpack_from(shared, _WRITTEN)[0]
                 finally:
                     fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
                 self._fdatasync()
-                self._set(_SYNCED, target)
-                self._set(_FLUSHES, self._word(_FLUSHES) + 1)
+                word.pack_into(shared, _SYNCED, target)
+                word.pack_into(shared, _FLUSHES, word.unpack_from(shared, _FLUSHES)[0] + 1)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 

@@ -192,12 +192,16 @@ def claim(store, runner_id, queue, at, limit=1, flow=None, guarded=False, slot_c
         return in_claim_order(execute(statements, (queue, runner_id, *held, runner_id, at,
                                                    at)), CLAIMED_WIDTH)
     if store.is_sqlite:
-        claim_runs, claim_task = statements
         stamp = at.isoformat(" ")         # bound as text once
-        found = execute(claim_runs, (runner_id, stamp, stamp, queue, runner_id, *held))
         if limit == 1:                    # a busy runner's every claim: no order to restore
-            run = found.fetchone()
-            return [] if run is None else [run + execute(claim_task, (run[1],)).fetchone()]
+            pick, start = statements
+            run = execute(pick, (queue, runner_id, *held)).fetchone()
+            if run is None:
+                return []
+            execute(start, (runner_id, stamp, stamp, run[0]))
+            return [run]
+        claim_runs, claim_task = statements
+        found = execute(claim_runs, (runner_id, stamp, stamp, queue, runner_id, *held))
         return [run + execute(claim_task, (run[1],)).fetchone()
                 for run in in_claim_order(found, 3)]
     rows = execute(statements, (queue, runner_id, *held)).fetchall()
@@ -253,14 +257,16 @@ def end_success(store, run_id, task_id, runner_id, results, at):
             at, at, results, run_id, runner_id, at, at)).fetchone()
         return False if not ended else RELEASE if dependents else True
     if store.is_sqlite:
-        end_run, clear_run, end_task, clear_task = sqlite.SUCCESS
+        end_run, end_run_apart, end_task, end_task_apart, clear_task = sqlite.SUCCESS
         at = at.isoformat(" ")
-        shown = execute(end_run, (at, at, results, run_id, runner_id)).fetchone()
-        if shown is None:
+        # The run's own statement first; its second only when the first changed nothing: a
+        # run with a concurrency slot, or not this runner's running run any more (rule 4).
+        if not execute(end_run, (at, at, results, run_id, runner_id)).rowcount \
+                and not execute(end_run_apart, (at, at, results, run_id, runner_id)).rowcount:
             return False
-        if shown[0] is not None:
-            execute(clear_run, (run_id,))
-        task = execute(end_task, (at, at, task_id)).fetchone()
+        if execute(end_task, (at, at, task_id)).rowcount:
+            return True
+        task = execute(end_task_apart, (at, at, task_id)).fetchone()
         if task is not None and task[0] is not None:
             execute(clear_task, (task_id,))
         return RELEASE if task is not None and task[1] else True
