@@ -127,8 +127,7 @@ def pgqueuer_enqueue(cluster, n, batch):
         code = ("import sys; from bench import pgqueuer_app; "
                 "pgqueuer_app.enqueue(sys.argv[1], int(sys.argv[2]), batch=int(sys.argv[3]))")
         subprocess.run([sys.executable, "-c", code, url, str(jobs), str(batch)], check=True,
-                       env=common.child_env(), cwd=os.path.dirname(os.path.dirname(
-                           os.path.abspath(__file__))), capture_output=True)
+                       env=common.child_env(), cwd=common.ROOT, capture_output=True)
         cluster.wait_gone(idle)
         counts.append(cluster.instructions(cluster.written() - before))
     return round((counts[1] - counts[0]) / n)
